@@ -1,0 +1,62 @@
+"""The stage interface: every stage module exposes ``run(ctx: StageContext) -> dict`` returning its report
+section (DESIGN.md §6 keys). A stage that cannot continue raises ``StageFailed`` with a message naming what
+was wrong; a stage whose section says "not passing" (align.passed false, load.ok false …) also stops the
+pipeline — the runner decides that with ``tiers.stage_passed``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class StageFailed(Exception):
+    """A stage could not produce passing evidence; the message goes to the report's ``error``."""
+
+
+class JobCancelled(Exception):
+    """Raised between steps when the job was cancelled."""
+
+
+# emit(kind, message, *, level="info", data=None): kinds are "stage_started", "stage_finished", "progress",
+# "log", "result". The agent turns these into ordered events posted to the portal; standalone `day0 adapt`
+# prints them.
+Emit = Callable[..., None]
+
+
+def _print_emit(kind: str, message: str, *, level: str = "info", data: dict | None = None, stage: str = "") -> None:
+    if kind != "progress":
+        print(f"[{stage or '-':>9}] {level:<7} {message}", flush=True)
+
+
+@dataclass
+class StageContext:
+    """Everything a stage needs. ``results`` holds the sections of the stages already run in this job."""
+
+    model_dir: Path | None  # None: config-only (meta device) for plan/inventory of huge models
+    config: dict[str, Any]  # the model's config.json
+    hardware: dict[str, Any]  # hardware spec: slug, memory_gb, devices_per_node, dtypes, operator_manifest …
+    dtype: str = "float32"
+    device: str = "cpu"  # torch device string of the target
+    tp: int | None = None  # plan override; None: the planner's choice clipped to local devices
+    ep: int | None = None
+    thresholds: dict[str, float] = field(default_factory=dict)  # overrides of DESIGN.md §4 defaults
+    bench: dict[str, Any] = field(default_factory=dict)  # concurrency, input_len, output_len, num_prompts …
+    workdir: Path = field(default_factory=lambda: Path("var/adapt"))
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    emit_fn: Emit = _print_emit
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    current_stage: str = ""
+    shared: dict[str, Any] = field(default_factory=dict)  # objects stages hand on (a loaded model, a server)
+
+    def emit(self, kind: str, message: str, *, level: str = "info", data: dict | None = None) -> None:
+        self.emit_fn(kind, message, level=level, data=data, stage=self.current_stage)
+
+    def progress(self, done: int, total: int, what: str) -> None:
+        self.emit("progress", f"{what}: {done}/{total}", data={"done": done, "total": total, "what": what})
+
+    def check_cancelled(self) -> None:
+        if self.cancel_event.is_set():
+            raise JobCancelled("job cancelled")

@@ -1,0 +1,1 @@
+"""`day0` subcommands that belong to the portal."""
