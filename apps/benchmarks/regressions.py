@@ -1,0 +1,190 @@
+"""Noise-aware regression detection for benchmark series (pure Python, no Django).
+
+A run is a regression when, against the last ``lookback`` runs of the same model, hardware and
+configuration, it is both *unusual* and *material*:
+
+* unusual: its robust z-score, ``(value - median) / spread`` signed so that positive means worse, is at
+  least ``z_threshold``. The spread is the MAD scaled to a normal sigma (×1.4826), floored at
+  ``spread_floor`` × |median| so that a near-constant history does not turn jitter into alarms;
+* material: its ratio to the baseline median passes the metric's relative limit — above
+  ``latency_ratio`` (default 1.2×) for lower-is-better metrics, below ``throughput_ratio`` (default 0.8×)
+  for higher-is-better ones.
+
+The baseline of each run holds only the runs before it, so a persistent step is flagged until it becomes
+the new median (about ``lookback / 2`` runs later): a regression that nobody fixed becomes the new normal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from statistics import median
+from typing import Any
+
+MAD_TO_SIGMA = 1.4826
+
+
+class Direction(StrEnum):
+    """Which way a metric gets better."""
+
+    LOWER_IS_BETTER = "lower_is_better"
+    HIGHER_IS_BETTER = "higher_is_better"
+
+
+# Metric names as stored per benchmark row (a latency family expands to its percentiles: ttft_ms_p50, ...).
+LATENCY_FAMILIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+THROUGHPUT_METRICS = ("output_tok_s", "req_s")
+MEMORY_METRICS = ("peak_memory_bytes",)
+
+
+def metric_direction(metric: str) -> Direction:
+    """The direction of a metric name such as ``ttft_ms_p90``, ``output_tok_s`` or ``peak_memory_bytes``."""
+    if metric in THROUGHPUT_METRICS:
+        return Direction.HIGHER_IS_BETTER
+    if metric in MEMORY_METRICS or any(metric == f or metric.startswith(f + "_") for f in LATENCY_FAMILIES):
+        return Direction.LOWER_IS_BETTER
+    raise ValueError(f"unknown benchmark metric {metric!r}: expected one of {', '.join(known_metrics())}")
+
+
+def known_metrics() -> list[str]:
+    """Every metric name the detector knows a direction for."""
+    names = [f"{family}_{stat}" for family in LATENCY_FAMILIES for stat in ("mean", "p50", "p90", "p99")]
+    return names + list(THROUGHPUT_METRICS) + list(MEMORY_METRICS)
+
+
+@dataclass(frozen=True)
+class RegressionRule:
+    """Parameters of the detector; checks its invariants on construction."""
+
+    lookback: int = 14
+    min_history: int = 5
+    z_threshold: float = 3.0
+    latency_ratio: float = 1.2
+    throughput_ratio: float = 0.8
+    spread_floor: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.lookback < 2:
+            raise ValueError(f"lookback must be at least 2 runs, got {self.lookback}")
+        if not 2 <= self.min_history <= self.lookback:
+            raise ValueError(f"min_history must be between 2 and lookback ({self.lookback}), got {self.min_history}")
+        if not self.z_threshold > 0:
+            raise ValueError(f"z_threshold must be positive, got {self.z_threshold}")
+        if not self.latency_ratio > 1:
+            raise ValueError(f"latency_ratio must be above 1, got {self.latency_ratio}")
+        if not 0 < self.throughput_ratio < 1:
+            raise ValueError(f"throughput_ratio must be between 0 and 1, got {self.throughput_ratio}")
+        if not self.spread_floor >= 0:
+            raise ValueError(f"spread_floor must be non-negative, got {self.spread_floor}")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> RegressionRule:
+        """Builds a rule from query parameters (strings), naming the parameter that is not a number."""
+        kwargs: dict[str, Any] = {}
+        for name, kind in (
+            ("lookback", int),
+            ("min_history", int),
+            ("z_threshold", float),
+            ("latency_ratio", float),
+            ("throughput_ratio", float),
+            ("spread_floor", float),
+        ):
+            raw = params.get(name)
+            if raw in (None, ""):
+                continue
+            try:
+                value = kind(raw)
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+            if kind is float and not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {raw!r}")
+            kwargs[name] = value
+        if "min_history" not in kwargs and "lookback" in kwargs:
+            kwargs["min_history"] = min(cls.min_history, kwargs["lookback"])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run's value of one metric."""
+
+    at: datetime
+    value: float
+    ref: Any = None  # what the caller wants back with a flag (a run id, a row)
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A flagged run: how far it is from its baseline, in ratio and robust sigmas."""
+
+    metric: str
+    direction: Direction
+    at: datetime
+    value: float
+    baseline_median: float
+    baseline_spread: float
+    baseline_runs: int
+    ratio: float
+    z: float
+    ref: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "direction": str(self.direction),
+            "at": self.at.isoformat(),
+            "value": self.value,
+            "baseline_median": self.baseline_median,
+            "baseline_spread": self.baseline_spread,
+            "baseline_runs": self.baseline_runs,
+            "ratio": round(self.ratio, 4),
+            "z": round(self.z, 2),
+        }
+
+
+def robust_spread(values: Sequence[float], center: float, floor: float) -> float:
+    """MAD scaled to sigma, at least ``floor`` × |center| (and never zero when center is zero)."""
+    mad = median(abs(v - center) for v in values) * MAD_TO_SIGMA
+    return max(mad, floor * abs(center), 1e-12)
+
+
+def detect_regressions(
+    points: Iterable[Point],
+    *,
+    metric: str,
+    rule: RegressionRule | None = None,
+    direction: Direction | None = None,
+) -> list[Regression]:
+    """Flags the runs of one series (one model, hardware, configuration and metric) that regressed.
+
+    ``points`` need not be sorted; they are taken in time order. A non-finite value raises ``ValueError``
+    naming the run's time.
+    """
+    rule = rule or RegressionRule()
+    direction = direction or metric_direction(metric)
+    ordered = sorted(points, key=lambda p: p.at)
+    for p in ordered:
+        if not math.isfinite(p.value):
+            raise ValueError(f"{metric} at {p.at.isoformat()} is not a finite number: {p.value!r}")
+    flagged: list[Regression] = []
+    for i in range(rule.min_history, len(ordered)):
+        window = [p.value for p in ordered[max(0, i - rule.lookback) : i]]
+        center = median(window)
+        if center <= 0:
+            continue  # a relative change has no meaning against a zero or negative baseline
+        point = ordered[i]
+        spread = robust_spread(window, center, rule.spread_floor)
+        worse = point.value - center if direction is Direction.LOWER_IS_BETTER else center - point.value
+        z = worse / spread
+        ratio = point.value / center
+        material = (
+            ratio > rule.latency_ratio if direction is Direction.LOWER_IS_BETTER else ratio < rule.throughput_ratio
+        )
+        if z >= rule.z_threshold and material:
+            flagged.append(
+                Regression(metric, direction, point.at, point.value, center, spread, len(window), ratio, z, point.ref)
+            )
+    return flagged
