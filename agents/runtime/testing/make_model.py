@@ -1,0 +1,129 @@
+"""Random-weight test models built with ``transformers`` from small configs, saved like a hub repository:
+config.json, sharded safetensors with an index, tokenizer.json, tokenizer_config.json (chat template),
+generation_config.json. Deterministic for a seed; ``cached_model`` builds each once per builder version."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from agents.runtime.testing import tokenizer as tokmod
+from agents.runtime.testing.configs import ARCHES, SIZES, model_config
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+_BUILDER_FILES = ("make_model.py", "configs.py", "tokenizer.py", "corpus.py")
+
+
+def builder_version() -> str:
+    """A short hash of the builder's source: a change to any of it invalidates the cache."""
+    digest = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for name in _BUILDER_FILES:
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def _check(arch: str, size: str) -> None:
+    if arch not in ARCHES:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHES)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}")
+
+
+def _shard_size(total_bytes: int) -> int:
+    # About a third of the model per shard: at least two shards (and an index) even for tiny models.
+    return max(total_bytes // 3 + 1, 1024)
+
+
+def make_model(arch: str, size: str = "tiny", seed: int = 0, out: Path | str = Path("model")) -> Path:
+    """Build a random-weight ``arch`` model of ``size`` into ``out`` (created; must be empty if it exists)."""
+    _check(arch, size)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"output directory {out} is not empty")
+    out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    cfg: dict[str, Any] = model_config(arch, size)
+    tok = tokmod.train_tokenizer(cfg["vocab_size"])
+    cfg["vocab_size"] = tok.get_vocab_size()
+    cfg.update(bos_token_id=tokmod.BOS_ID, eos_token_id=tokmod.EOS_ID, pad_token_id=tokmod.PAD_ID)
+
+    config_cls = transformers.AutoConfig.for_model(cfg.pop("model_type")).__class__
+    config = config_cls(**cfg)
+    model_cls = getattr(transformers, config.architectures[0])
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        model = model_cls(config).to(torch.float32).eval()
+    _perturb_constant_initialised(model, seed)
+    total_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    model.save_pretrained(out, max_shard_size=_shard_size(total_bytes))
+    model.generation_config.save_pretrained(out)
+    tokmod.save_tokenizer(tok, out, model_max_length=config.max_position_embeddings)
+    if not (out / "model.safetensors.index.json").exists():
+        raise RuntimeError(f"save_pretrained wrote no shard index in {out}")
+    for path in out.iterdir():
+        path.chmod(0o644)  # shared caches: readable by every user
+    return out
+
+
+def _perturb_constant_initialised(model: Any, seed: int) -> None:
+    """Tensors that ``transformers`` initialises to constants (norm weights = 1, routing-score correction
+    biases = 0) get small random offsets, so that a runtime ignoring or misplacing one shows up in alignment."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, tensor in sorted([*model.named_parameters(), *model.named_buffers()]):
+            if name.endswith("e_score_correction_bias"):
+                tensor.copy_(torch.rand(tensor.shape, generator=gen) * 0.1)  # bias: [experts]
+            elif "norm" in name and name.endswith(".weight"):
+                tensor.add_(torch.randn(tensor.shape, generator=gen) * 0.1)  # weight: [dim], around 1
+
+
+def models_dir() -> Path:
+    env = os.environ.get("DAY0_TEST_MODELS_DIR")
+    return Path(env) if env else REPO_ROOT / "var" / "test-models"
+
+
+def cached_model(arch: str, size: str = "tiny", seed: int = 0) -> Path:
+    """The path of a built test model, building it once (atomically, under a file lock) if needed."""
+    _check(arch, size)
+    root = models_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{arch}-{size}-s{seed}-{builder_version()}"
+    if (final / "config.json").exists():
+        return final
+    with open(root / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same model: wait for it
+        if (final / "config.json").exists():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+        try:
+            make_model(arch, size, seed, tmp / "m")
+            os.rename(tmp / "m", final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """Architecture, vocab and shard files of a built model (for the CLI's summary)."""
+    config = json.loads((path / "config.json").read_text())
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    return {
+        "architecture": config["architectures"][0],
+        "vocab_size": config["vocab_size"],
+        "layers": config["num_hidden_layers"],
+        "shards": sorted(set(index["weight_map"].values())),
+        "tensors": len(index["weight_map"]),
+    }
