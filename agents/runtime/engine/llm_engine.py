@@ -1,0 +1,216 @@
+"""The engine: requests in, tokens out, one ``step()`` at a time. ``add_request`` and ``abort`` are safe to
+call from another thread; ``step()`` runs in one thread (the server's engine loop)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agents.runtime.engine.block_manager import BlockManager
+from agents.runtime.engine.config import EngineConfig
+from agents.runtime.engine.model_runner import ModelRunner, size_kv_pool
+from agents.runtime.engine.outputs import QueueFullError, RequestError, RequestOutput
+from agents.runtime.engine.sampler import sample
+from agents.runtime.engine.sampling_params import SamplingParams
+from agents.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from agents.runtime.engine.sequence import Sequence
+from agents.runtime.engine.stopping import check_stop, emit_text
+from agents.runtime.engine.tokenizer import Tokenizer
+from agents.runtime.interface import RuntimeModel
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    """Continuous-batching engine over a model directory (or an already built ``model`` with its ``config``)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path | None,
+        *,
+        model: RuntimeModel | None = None,
+        config: dict[str, Any] | None = None,
+        tokenizer: Tokenizer | None = None,
+        **settings: Any,
+    ) -> None:
+        self.config = EngineConfig(**settings)
+        self.model_dir = Path(model_dir) if model_dir is not None else None
+        self.load_report: dict[str, Any] | None = None
+        if model is None:
+            from agents.runtime.loader import load_model
+
+            result = load_model(self.model_dir, dtype=self.config.dtype, device=self.config.device)
+            model, config, self.load_report = result.model, result.config, result.report
+        if config is None:
+            raise ValueError("LLMEngine needs the model's config when given a built model")
+        self.model = model
+        self.model_config = config
+        self.tokenizer = tokenizer or Tokenizer(self.model_dir)
+        self.device = torch.device(self.config.device)
+        context = int(config.get("max_position_embeddings") or 2048)
+        max_len = min(self.config.max_model_len or context, context)
+        spec = model.kv_cache_spec()
+        bs = self.config.block_size
+        if self.config.num_blocks is not None:
+            num_blocks = self.config.num_blocks
+        elif spec is not None:
+            fraction = self.config.fraction_for(self.device.type)
+            need = self.config.max_num_seqs * (max_len + bs)
+            num_blocks = size_kv_pool(spec, self.device, bs, memory_fraction=fraction, max_tokens=need)
+        else:  # recompute path: blocks only bound admission
+            num_blocks = self.config.max_num_seqs * (-(-max_len // bs))
+        self.max_model_len = min(max_len, num_blocks * bs)
+        self.blocks = BlockManager(num_blocks, bs)
+        self.runner = ModelRunner(model, self.device, bs, num_blocks)
+        paged = self.runner.paged
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=self.config.max_num_seqs,
+                max_num_batched_tokens=self.config.max_num_batched_tokens if paged else self.max_model_len,
+                max_model_len=self.max_model_len,
+                chunked_prefill=paged,
+            ),
+            self.blocks,
+        )
+        self.eos_token_ids = self.tokenizer.eos_token_ids
+        self.vocab_size = int(config.get("vocab_size") or self.tokenizer.vocab_size)
+        self._lock = threading.Lock()
+        self._inbox: list[Sequence] = []
+        self._aborts: list[str] = []
+        self._live: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        self.num_steps = 0
+
+    # ---- requests (any thread) ----
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Queue a prompt (text or token ids); RequestError names a bad prompt, QueueFullError when full."""
+        params = params or SamplingParams()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise RequestError("prompt is empty")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if len(ids) >= self.max_model_len:
+            raise RequestError(f"prompt is {len(ids)} tokens, the model's context is {self.max_model_len}")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the model's context "
+                f"of {self.max_model_len} tokens"
+            )
+        with self._lock:
+            if len(self._live) >= self.config.max_pending:
+                raise QueueFullError(f"engine queue is full ({self.config.max_pending} requests)")
+            request_id = request_id or f"req-{next(self._ids)}"
+            if request_id in self._live:
+                raise RequestError(f"request id {request_id!r} is already in use")
+            seq = Sequence(request_id, ids, params)
+            self._live[request_id] = seq
+            self._inbox.append(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its blocks are freed at the start of the next step."""
+        with self._lock:
+            self._aborts.append(request_id)
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._live or self._aborts)
+
+    # ---- the loop (engine thread) ----
+
+    def step(self) -> list[RequestOutput]:
+        """Admit, schedule, run one forward pass, sample; return what changed for each request."""
+        outputs: list[RequestOutput] = []
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for seq in inbox:
+            self.scheduler.add(seq)
+        for request_id in aborts:
+            seq = self.scheduler.abort(request_id)
+            if seq is not None:
+                outputs.append(self._output(seq, []))
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            return outputs
+        self.num_steps += 1
+        try:
+            seqs, logits = self.runner.run(batch, self.blocks)
+            self.scheduler.on_step_done(batch)
+            tokens = sample(logits, seqs) if seqs else []
+        except Exception as exc:  # a failing batch ends its requests, never the engine
+            log.exception("step failed; ending %d requests", len(batch.seqs))
+            for seq in batch.seqs:
+                self.scheduler.finish(seq, "error")
+                outputs.append(self._output(seq, [], error=f"{type(exc).__name__}: {exc}"))
+            return outputs
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.append_token(token)
+            reason = check_stop(seq, token, self.tokenizer, self.eos_token_ids, self.max_model_len)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+            outputs.append(self._output(seq, [token]))
+        return outputs
+
+    def _output(self, seq: Sequence, new_ids: list[int], error: str | None = None) -> RequestOutput:
+        if seq.is_finished:
+            with self._lock:
+                self._live.pop(seq.request_id, None)
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_ids,
+            new_text=emit_text(seq),
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            output_token_ids=seq.output_token_ids if seq.is_finished else None,
+            text=seq.text if seq.is_finished else None,
+            error=error,
+            arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time,
+            finish_time=seq.finish_time,
+        )
+
+    # ---- conveniences ----
+
+    def generate(
+        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run prompts to completion (batched continuously); the final output of each, in order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    def warmup(self) -> None:
+        """One short generation through every path (prefill, decode, sampling), so the first request is fast."""
+        self.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "num_waiting": len(self.scheduler.waiting) + len(self._inbox),
+            "num_running": len(self.scheduler.running),
+            "kv_blocks_total": self.blocks.num_blocks,
+            "kv_blocks_used": self.blocks.num_used_blocks,
+            "kv_blocks_free": self.blocks.num_free_blocks,
+            "kv_cache_bytes": self.runner.kv_cache_bytes,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_steps": self.num_steps,
+        }

@@ -1,0 +1,36 @@
+"""Next-token choice for a batch of last-token logits, each row with its own sampling settings."""
+
+from __future__ import annotations
+
+import torch
+
+from agents.runtime.engine.sequence import Sequence
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """Greedy rows take the argmax; the others are scaled by temperature, filtered by top-k and top-p,
+    and drawn with the request's own generator when it set a seed."""
+    logits = logits.float()  # logits: [N, V]
+    greedy = logits.argmax(dim=-1).tolist()
+    rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    if not rows:
+        return greedy
+    idx = torch.tensor(rows, dtype=torch.long)
+    temps = torch.tensor([seqs[i].params.temperature for i in rows], dtype=torch.float32)
+    scaled = logits.index_select(0, idx) / temps.unsqueeze(1)  # scaled: [R, V]
+    sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)  # both [R, V]
+    vocab = scaled.shape[1]
+    top_k = torch.tensor([seqs[i].params.top_k if seqs[i].params.top_k > 0 else vocab for i in rows])
+    ranks = torch.arange(vocab).unsqueeze(0)  # ranks: [1, V]
+    drop = ranks >= top_k.clamp(max=vocab).unsqueeze(1)  # drop: [R, V]
+    top_p = torch.tensor([seqs[i].params.top_p for i in rows], dtype=torch.float32)
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+    # keep a token while the mass before it is below top_p (the first token always stays)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop |= mass_before >= top_p.unsqueeze(1)
+    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)  # probs: [R, V]
+    out = list(greedy)
+    for j, i in enumerate(rows):
+        pick = torch.multinomial(probs[j], 1, generator=seqs[i].generator)
+        out[i] = int(sorted_ids[j, pick])
+    return out

@@ -1,0 +1,145 @@
+"""Text in and out: the model's tokenizer, its chat template (rendered with jinja2) and its stop tokens."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class ChatFormatError(ValueError):
+    """The messages of a chat request are malformed, or the model has no chat template."""
+
+
+def _token_str(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _raise(message: str) -> None:
+    raise ChatFormatError(f"chat template: {message}")
+
+
+class Tokenizer:
+    """``tokenizer.json`` through the fast ``tokenizers`` library (``transformers`` when it is absent)."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        model_dir = Path(model_dir)
+        self._fast = None
+        self._hf = None
+        if (model_dir / "tokenizer.json").exists():
+            from tokenizers import Tokenizer as FastTokenizer
+
+            self._fast = FastTokenizer.from_file(str(model_dir / "tokenizer.json"))
+        else:
+            from transformers import AutoTokenizer
+
+            self._hf = AutoTokenizer.from_pretrained(str(model_dir))
+        cfg_path = model_dir / "tokenizer_config.json"
+        self.config: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        self.bos_token = _token_str(self.config.get("bos_token"))
+        self.eos_token = _token_str(self.config.get("eos_token"))
+        template = self.config.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        jinja_path = model_dir / "chat_template.jinja"
+        if template is None and jinja_path.exists():
+            template = jinja_path.read_text()
+        self.chat_template: str | None = template
+        self._compiled = None
+        self.eos_token_ids = self._eos_ids(model_dir)
+
+    def _eos_ids(self, model_dir: Path) -> set[int]:
+        ids: set[int] = set()
+        gen_path = model_dir / "generation_config.json"
+        if gen_path.exists():
+            eos = json.loads(gen_path.read_text()).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if self.eos_token is not None:
+            tid = self.token_to_id(self.eos_token)
+            if tid is not None:
+                ids.add(tid)
+        return ids
+
+    @property
+    def vocab_size(self) -> int:
+        if self._fast is not None:
+            return self._fast.get_vocab_size(with_added_tokens=True)
+        return len(self._hf)
+
+    def token_to_id(self, token: str) -> int | None:
+        if self._fast is not None:
+            return self._fast.token_to_id(token)
+        tid = self._hf.convert_tokens_to_ids(token)
+        return None if tid == self._hf.unk_token_id else tid
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self._fast is not None:
+            return self._fast.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._hf.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._fast is not None:
+            return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
+        """Render validated ``messages`` with the model's template; ChatFormatError names what is wrong."""
+        check_messages(messages)
+        if not self.chat_template:
+            raise ChatFormatError("this model has no chat template (tokenizer_config.json chat_template)")
+        if self._compiled is None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
+            env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
+            env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._compiled = env.from_string(self.chat_template)
+        flat = [{**m, "content": _content_text(m["content"])} for m in messages]
+        try:
+            return self._compiled.render(
+                messages=flat,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+            )
+        except jinja2.TemplateError as exc:
+            raise ChatFormatError(f"chat template failed: {exc}") from exc
+
+    def encode_chat(self, messages: Any) -> list[int]:
+        text = self.apply_chat_template(messages)
+        # the template writes the BOS itself when the model wants one
+        return self.encode(text, add_special_tokens=False)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part["text"] for part in content)
+
+
+def check_messages(messages: Any) -> None:
+    """Raise ChatFormatError naming the first malformed message."""
+    if not isinstance(messages, list) or not messages:
+        raise ChatFormatError("'messages' must be a non-empty list")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise ChatFormatError(f"messages[{i}] must be an object")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise ChatFormatError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
+        content = msg.get("content")
+        if isinstance(content, str):
+            continue
+        if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+        ):
+            continue
+        raise ChatFormatError(f"messages[{i}].content must be a string or a list of text parts")
