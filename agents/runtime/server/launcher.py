@@ -1,0 +1,87 @@
+"""Start the server on a model directory: the HTTP port opens at once (``/health``), the weights load in the
+engine thread, ``/ready`` turns 200 after the warm-up step."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from agents.runtime.server.app import create_app
+
+log = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def build_server(
+    model_dir: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    model_name: str | None = None,
+    log_level: str = "info",
+    **engine_settings: Any,
+) -> uvicorn.Server:
+    """A uvicorn server whose app loads ``model_dir`` in its engine thread; a failed load stops the server."""
+    from agents.runtime.engine import LLMEngine
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").exists():
+        raise FileNotFoundError(f"{model_dir}: no config.json (not a model directory)")
+    holder: dict[str, uvicorn.Server] = {}
+
+    def fatal(message: str) -> None:
+        log.error("stopping: %s", message)
+        holder["server"].should_exit = True
+
+    app = create_app(lambda: LLMEngine(model_dir, **engine_settings), model_name or model_dir.name, on_fatal=fatal)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    holder["server"] = server
+    return server
+
+
+def serve(model_dir: str | Path, **kwargs: Any) -> int:
+    """Run until interrupted; exit code 1 when the model could not be loaded."""
+    torch_threads = os.environ.get("DAY0_TORCH_THREADS")
+    if torch_threads:
+        import torch
+
+        torch.set_num_threads(int(torch_threads))
+    server = build_server(model_dir, **kwargs)
+    server.run()
+    app_state = server.config.app.state  # type: ignore[union-attr]
+    return 1 if app_state.runtime.error else 0
+
+
+class ServerThread:
+    """A uvicorn server on a background thread (tests and benchmarks): ``with ServerThread(app) as url:``."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("server thread died during startup")
+            threading.Event().wait(0.02)
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
