@@ -1,0 +1,75 @@
+"""``plan_report``: the ``plan`` section of the stage report (DESIGN.md §6), from a config dict alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.runtime.params import count_params
+from agents.runtime.planner import search as _candidates
+from agents.runtime.planner.memory import PlanSettings, kv_bytes_per_token, normalize_dtype, weight_bytes
+from agents.runtime.spec import parse_config
+
+
+def plan_report(
+    config: dict[str, Any],
+    *,
+    memory_bytes: int,
+    devices_per_node: int,
+    dtype: str = "bfloat16",
+    max_nodes: int = 16,
+    shared_memory: bool = False,
+    tp: int | None = None,
+    pp: int | None = None,
+    ep: int | None = None,
+    settings: PlanSettings | None = None,
+    hardware_dtypes: list[str] | None = None,
+) -> dict[str, Any]:
+    """The ``plan`` section of the stage report for ``config`` on devices of ``memory_bytes`` each.
+
+    ``tp``/``pp``/``ep`` pin those degrees (the others are still searched). ``shared_memory``: the devices of a
+    node share ``memory_bytes`` (CPU processes). SpecError/ValueError on a bad config, dtype or setting."""
+    if memory_bytes <= 0 or devices_per_node <= 0:
+        raise ValueError(f"memory_bytes and devices_per_node must be positive, got {memory_bytes}, "
+                         f"{devices_per_node}")
+    dtype = normalize_dtype(dtype)
+    settings = settings or PlanSettings(max_nodes=max_nodes)
+    if settings.max_nodes != max_nodes:
+        settings = PlanSettings(**{**settings.__dict__, "max_nodes": max_nodes})
+    spec = parse_config(config)
+    counts = count_params(spec)
+    ctx = _candidates.Model.build(spec, counts, dtype, settings)
+    hw = _candidates.Devices(memory_bytes, devices_per_node, shared_memory)
+    plans = _candidates.search(ctx, hw, fixed={"tp": tp, "pp": pp, "ep": ep})
+    chosen = _candidates.choose(plans)
+    warnings = list(spec.warnings)
+    if hardware_dtypes and dtype not in hardware_dtypes and not (dtype == "int4" and "int8" in hardware_dtypes):
+        warnings.append(f"{dtype} is not a native dtype of this hardware ({', '.join(hardware_dtypes)})")
+    per_device = chosen.memory_per_device if chosen else memory_bytes
+    report: dict[str, Any] = {
+        "architecture": spec.architecture,
+        "family": spec.family,
+        "params_total": counts.total,
+        "params_active": counts.active,
+        "weight_bytes": weight_bytes(counts, dtype),
+        "kv_bytes_per_token": kv_bytes_per_token(spec, dtype),
+        "dtype": dtype,
+        "memory_per_device": per_device,
+        "devices_per_node": devices_per_node,
+        "headroom": settings.headroom,
+        "context_length": spec.context_length,
+        "plan": None,
+        "fits": False,
+        "bytes_per_device": None,
+        "max_context": 0,
+        "max_batch": 0,
+        "candidates": [plan.to_dict() for plan in _candidates.summary(plans)],
+        "warnings": warnings,
+    }
+    if chosen is None:
+        report["message"] = "no candidate plan satisfies the divisibility rules for the pinned degrees"
+        return report
+    report.update(chosen.to_dict(top_level=True))
+    if not chosen.fits:
+        report["message"] = chosen.shortfall_message()
+    return report
+
