@@ -77,7 +77,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, blocks: BlockManager) -> tuple[list[Sequence], torch.Tensor | None]:
         """Forward the batch; return the sequences that reach their end this step and their logits [N, V]."""
-        ends = [s.num_computed_tokens + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new_tokens)]
+        ends = [
+            s.num_computed_tokens + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
+        ]
         if not self.paged:
             return self._run_recompute(batch, ends)
         ids: list[int] = []
@@ -85,7 +87,7 @@ class ModelRunner:
         slots: list[int] = []
         cu = [0]
         seqlens_k: list[int] = []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             start = seq.num_computed_tokens
             ids.extend(seq.token_ids[start : start + n])
             positions.extend(range(start, start + n))
@@ -112,10 +114,10 @@ class ModelRunner:
         if not last:
             return [], None
         rows = hidden.index_select(0, torch.tensor(last, device=dev))  # rows: [N, D]
-        return [s for s, end in zip(batch.seqs, ends) if end], self.model.compute_logits(rows)
+        return [s for s, end in zip(batch.seqs, ends, strict=True) if end], self.model.compute_logits(rows)
 
     def _run_recompute(self, batch: ScheduledBatch, ends: list[bool]) -> tuple[list[Sequence], torch.Tensor | None]:
-        seqs = [s for s, end in zip(batch.seqs, ends) if end]
+        seqs = [s for s, end in zip(batch.seqs, ends, strict=True) if end]
         if not seqs:
             return [], None
         lengths = [s.num_tokens for s in seqs]

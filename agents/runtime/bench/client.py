@@ -1,0 +1,194 @@
+"""The serving benchmark: streamed OpenAI completions at a sweep of concurrencies (or a Poisson request rate),
+plus a long-context case; returns the ``bench`` section of the stage report."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+from typing import Any
+
+import httpx
+
+from agents.runtime.bench.metrics import RequestResult, summarize
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
+    result = RequestResult()
+    start = time.perf_counter()
+    last = start
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:300]
+                result.error = f"HTTP {resp.status_code}: {text}"
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.error = str(chunk["error"].get("message"))
+                    return result
+                now = time.perf_counter()
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    if result.ttft == 0.0:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    last = now
+                    result.output_tokens += 1  # replaced by usage when the server reports it
+                if chunk.get("usage"):
+                    result.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+        result.e2e = time.perf_counter() - start
+        result.ok = result.ttft > 0.0
+        if not result.ok:
+            result.error = "no token streamed"
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+def make_prompts(num: int, input_len: int, vocab_size: int | None, seed: int) -> list[Any]:
+    """Token-id prompts of exactly ``input_len`` tokens when the vocabulary is known, else word prompts."""
+    rng = random.Random(seed)
+    if vocab_size:
+        low = min(16, vocab_size // 4)  # stay clear of the special tokens at the bottom of the vocabulary
+        return [[rng.randrange(low, vocab_size) for _ in range(input_len)] for _ in range(num)]
+    words = ("alpha", "beta", "gamma", "delta", "model", "token", "serve", "cache", "block", "step")
+    return [" ".join(rng.choice(words) for _ in range(input_len)) for _ in range(num)]
+
+
+async def _run(
+    client: httpx.AsyncClient,
+    base: str,
+    prompts: list[Any],
+    *,
+    model: str,
+    output_len: int,
+    concurrency: int,
+    request_rate: float | None,
+    seed: int,
+) -> dict:
+    sem = asyncio.Semaphore(concurrency)
+    rng = random.Random(seed)
+    url = f"{base}/v1/completions"
+
+    async def limited(prompt: Any) -> RequestResult:
+        async with sem:
+            body = {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": output_len,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            return await _one(client, url, body)
+
+    start = time.perf_counter()
+    tasks = []
+    for prompt in prompts:
+        tasks.append(asyncio.create_task(limited(prompt)))
+        if request_rate:
+            await asyncio.sleep(rng.expovariate(request_rate))
+    results = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - start
+    return summarize(list(results), duration, concurrency=concurrency, request_rate=request_rate)
+
+
+async def _peak_memory(client: httpx.AsyncClient, base: str) -> int | None:
+    try:
+        text = (await client.get(f"{base}/metrics")).text
+    except httpx.HTTPError:
+        return None
+    for name in ("day0_peak_memory_bytes", "process_resident_memory_bytes"):
+        match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
+        if match:
+            return int(float(match.group(1)))
+    return None
+
+
+async def run_benchmark_async(
+    url: str,
+    *,
+    concurrency: list[int] = (1, 4, 16),  # type: ignore[assignment]
+    input_len: int = 128,
+    output_len: int = 64,
+    num_prompts: int = 32,
+    request_rate: float | None = None,
+    long_context: bool = True,
+    long_input_len: int | None = None,
+    seed: int = 0,
+    timeout: float = 600.0,
+) -> dict:
+    base = url.rstrip("/")
+    if input_len < 1 or output_len < 1 or num_prompts < 1 or not concurrency or min(concurrency) < 1:
+        raise ValueError("input_len, output_len, num_prompts and every concurrency must be >= 1")
+    limits = httpx.Limits(max_connections=max(concurrency) + 4, max_keepalive_connections=max(concurrency) + 4)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        card = (await client.get(f"{base}/v1/models")).json()["data"][0]
+        model, vocab, max_len = card["id"], card.get("vocab_size"), card.get("max_model_len")
+        if max_len and input_len + output_len > max_len:
+            raise ValueError(f"input_len + output_len = {input_len + output_len} exceeds the model's context {max_len}")
+        prompts = make_prompts(num_prompts, input_len, vocab, seed)
+        warm = await _one(
+            client, f"{base}/v1/completions", {"model": model, "prompt": prompts[0], "max_tokens": 2, "stream": True}
+        )
+        if not warm.ok:
+            raise RuntimeError(f"warm-up request failed: {warm.error}")
+        runs = []
+        for conc in concurrency:
+            runs.append(
+                await _run(
+                    client,
+                    base,
+                    prompts,
+                    model=model,
+                    output_len=output_len,
+                    concurrency=conc,
+                    request_rate=request_rate,
+                    seed=seed,
+                )
+            )
+        long_run = None
+        if long_context and max_len:
+            long_in = long_input_len or max_len - output_len - 1
+            long_in = min(long_in, max_len - output_len - 1)
+            if long_in > input_len:
+                long_prompts = make_prompts(2, long_in, vocab, seed + 1)
+                long_run = await _run(
+                    client,
+                    base,
+                    long_prompts,
+                    model=model,
+                    output_len=output_len,
+                    concurrency=1,
+                    request_rate=None,
+                    seed=seed,
+                )
+                long_run["input_len"] = long_in
+        peak = await _peak_memory(client, base)
+    return {
+        "endpoint": base,
+        "model": model,
+        "input_len": input_len,
+        "output_len": output_len,
+        "num_prompts": num_prompts,
+        "request_rate": request_rate,
+        "runs": runs,
+        "long_context": long_run,
+        "peak_memory_bytes": peak,
+    }
+
+
+def run_benchmark(url: str, **kwargs: Any) -> dict:
+    """Blocking wrapper of ``run_benchmark_async`` (the ``bench`` section of the stage report)."""
+    return asyncio.run(run_benchmark_async(url, **kwargs))

@@ -1,0 +1,80 @@
+"""Per-request timings and their summary, with vLLM serving-benchmark definitions: TTFT is the time to the first
+streamed token, TPOT = (e2e − TTFT) / (output tokens − 1), ITL is the gap between streamed chunks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    ttft: float = 0.0  # seconds
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+def stats_ms(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    arr = np.asarray(values, dtype=np.float64) * 1000.0
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {
+        "mean": round(float(arr.mean()), 3),
+        "p50": round(float(p50), 3),
+        "p90": round(float(p90), 3),
+        "p99": round(float(p99), 3),
+    }
+
+
+def summarize(results: list[RequestResult], duration: float, **extra: object) -> dict:
+    """One ``runs`` entry of the bench section."""
+    done = [r for r in results if r.ok]
+    output_tokens = sum(r.output_tokens for r in done)
+    return {
+        **extra,
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "duration_s": round(duration, 3),
+        "ttft_ms": stats_ms([r.ttft for r in done]),
+        "tpot_ms": stats_ms([r.tpot for r in done if r.tpot is not None]),
+        "itl_ms": stats_ms([gap for r in done for gap in r.itl]),
+        "e2e_ms": stats_ms([r.e2e for r in done]),
+        "input_tokens": sum(r.prompt_tokens for r in done),
+        "output_tokens": output_tokens,
+        "output_tok_s": round(output_tokens / duration, 3) if duration > 0 else 0.0,
+        "req_s": round(len(done) / duration, 3) if duration > 0 else 0.0,
+        "errors": sorted({r.error for r in results if r.error})[:5],
+    }
+
+
+def format_table(section: dict) -> str:
+    """The runs of a bench section as a fixed-width table."""
+    head = f"{'case':<10}{'conc':>5}{'ok':>5}{'fail':>5}{'out tok/s':>11}{'req/s':>8}"
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        head += f"{name + ' p50':>11}{name + ' p99':>11}"
+    lines = [head, "-" * len(head)]
+    runs = [("sweep", r) for r in section.get("runs", [])]
+    if section.get("long_context"):
+        runs.append(("long", section["long_context"]))
+    for case, run in runs:
+        line = f"{case:<10}{run['concurrency']:>5}{run['completed']:>5}{run['failed']:>5}"
+        line += f"{run['output_tok_s']:>11.1f}{run['req_s']:>8.2f}"
+        for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            for q in ("p50", "p99"):
+                value = run[name][q]
+                line += f"{'-' if value is None else f'{value:.1f}':>11}"
+        lines.append(line)
+    lines.append("(latencies in ms)")
+    if section.get("peak_memory_bytes"):
+        lines.append(f"server peak memory: {section['peak_memory_bytes'] / 2**20:.0f} MiB")
+    return "\n".join(lines)

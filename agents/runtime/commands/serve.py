@@ -1,0 +1,47 @@
+"""``day0 serve MODEL_DIR``: the OpenAI-compatible server on a model directory."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    p.add_argument("model_dir", help="model directory (config.json, safetensors, tokenizer)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (1 on this build)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV-cache blocks (default: from free memory)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--memory-fraction", type=float, default=None, help="share of free memory for the KV cache")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--served-model-name", default=None)
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.tp != 1:
+        print("day0 serve: --tp > 1 is not supported by this server yet (use --tp 1)", flush=True)
+        return 2
+    from agents.runtime.server.launcher import serve
+
+    return serve(
+        args.model_dir,
+        host=args.host,
+        port=args.port,
+        model_name=args.served_model_name,
+        dtype=args.dtype,
+        device=args.device,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        memory_fraction=args.memory_fraction,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+    )
