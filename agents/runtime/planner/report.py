@@ -64,12 +64,14 @@ def plan_report(
         "max_batch": 0,
         "candidates": [plan.to_dict() for plan in _candidates.summary(plans)],
         "warnings": warnings,
+        "spec": spec.to_dict(),
     }
     if chosen is None:
         report["message"] = "no candidate plan satisfies the divisibility rules for the pinned degrees"
         return report
     report.update(chosen.to_dict(top_level=True))
     if not chosen.fits:
-        report["message"] = chosen.shortfall_message()
+        report["message"] = (f"{chosen.shortfall_message()} (searched plans on up to {max_nodes} node(s) of "
+                             f"{devices_per_node} device(s) at {dtype})")
     return report
 
