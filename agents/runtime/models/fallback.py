@@ -1,0 +1,236 @@
+"""Generic fallback: any architecture ``transformers`` knows runs through its own modeling code behind the
+``RuntimeModel`` interface and the same strict weight checks as the native families.
+
+It has no paged cache (``kv_cache_spec()`` is None), so the engine recomputes each whole sequence every step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from agents.runtime.context import ForwardContext
+from agents.runtime.interface import ForwardOutput, KVCacheSpec
+
+
+class FallbackError(ValueError):
+    """The config or the weights cannot run on the fallback path; the message names what is wrong."""
+
+
+@dataclass
+class _Target:
+    """Where one checkpoint tensor goes: a view of a parameter, or flat element indices over fused parameters."""
+
+    view: torch.Tensor | None = None
+    alias_of: str | None = None
+    index: torch.Tensor | None = None  # same shape as the checkpoint tensor: global element index
+    sources: list[tuple[int, torch.Tensor]] | None = None  # (first global index, parameter) in index order
+    shape: tuple[int, ...] = ()
+
+    @property
+    def shape_(self) -> tuple[int, ...]:
+        return tuple(self.view.shape) if self.view is not None else self.shape
+
+    @property
+    def dtype_(self) -> torch.dtype:
+        return self.view.dtype if self.view is not None else self.sources[0][1].dtype
+
+    @torch.no_grad()
+    def write(self, tensor: torch.Tensor) -> None:
+        if self.view is not None:
+            self.view.copy_(tensor)
+            return
+        flat_index, values = self.index.reshape(-1), tensor.reshape(-1)
+        for start, param in self.sources:
+            hit = (flat_index >= start) & (flat_index < start + param.numel())
+            if bool(hit.any()):
+                param.view(-1)[flat_index[hit] - start] = values[hit].to(param.dtype)
+
+
+def _hf_config(config: dict[str, Any]) -> Any:
+    from transformers import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if not model_type:
+        raise FallbackError("config.json has no 'model_type': the fallback cannot pick transformers' modeling code")
+    if model_type not in CONFIG_MAPPING:
+        raise FallbackError(f"model_type {model_type!r} is unknown to the installed transformers")
+    return CONFIG_MAPPING[model_type].from_dict(dict(config))
+
+
+def _hf_model_class(config: dict[str, Any], hf_config: Any) -> type[nn.Module]:
+    """The class named by ``architectures[0]`` when transformers exports it, else the causal-LM auto class."""
+    import transformers
+
+    archs = config.get("architectures") or []
+    cls = getattr(transformers, archs[0], None) if archs else None
+    if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+        return cls
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
+    except KeyError:
+        raise FallbackError(
+            f"transformers has no causal-LM class for architecture {archs[:1]} (model_type {config.get('model_type')!r})"
+        ) from None
+
+
+def _decoder_layers(model: nn.Module, num_layers: int | None) -> nn.ModuleList | None:
+    """The ModuleList of decoder blocks: the longest ModuleList whose length is the configured layer count."""
+    best: nn.ModuleList | None = None
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and (num_layers is None or len(module) == num_layers):
+            if best is None or len(module) > len(best):
+                best = module
+    return best
+
+
+class FallbackModel(nn.Module):
+    """A ``transformers`` causal LM wrapped as a ``RuntimeModel`` (path "fallback")."""
+
+    path = "fallback"
+
+    def __init__(self, config: dict[str, Any], *, dtype: torch.dtype = torch.float32, device: Any = "cpu") -> None:
+        super().__init__()
+        self.config = dict(config)
+        hf_config = _hf_config(config)
+        cls = _hf_model_class(config, hf_config)
+        with torch.device(device):
+            # full construction (random init included): some architectures compute buffers in their init hooks,
+            # and those buffers are not in the checkpoint
+            model = cls(hf_config)
+        self.hf_model = model.to(dtype=dtype).eval()
+        self.dtype = dtype
+        self.device = torch.device(device)
+        num_layers = getattr(hf_config, "num_hidden_layers", None)
+        self._layers = _decoder_layers(self.hf_model, num_layers)
+        self._layout: dict[str, _Target] | None = None
+        self._unexpected_ok = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or [])]
+
+    # ---- weights ---------------------------------------------------------------------------------------------
+    def _checkpoint_layout(self) -> dict[str, _Target]:
+        """Checkpoint name -> where it lands. transformers renames and fuses some weights in memory (fused experts,
+        renamed heads) and reverts that on save; reverting the live state dict gives the on-disk names and shapes.
+        A reverted tensor that is a view of a parameter is written in place; any other (a fused layout) is located
+        by reverting a state dict of element indices instead."""
+        if self._layout is not None:
+            return self._layout
+        from transformers.core_model_loading import revert_weight_conversion
+
+        state = self.hf_model.state_dict()
+        owner = {t.untyped_storage().data_ptr(): t for t in state.values()}
+        reverted = revert_weight_conversion(self.hf_model, state)
+        layout: dict[str, _Target] = {}
+        seen: dict[tuple, str] = {}
+        copied: list[str] = []
+        for name, t in reverted.items():
+            if t.untyped_storage().data_ptr() not in owner:
+                copied.append(name)
+                continue
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+            layout[name] = _Target(view=t, alias_of=seen.get(key))  # a tied weight aliases its owner
+            seen.setdefault(key, name)
+        if copied:
+            in_place = {t.view.untyped_storage().data_ptr() for t in layout.values()}
+            fused = {n: t for n, t in state.items() if t.untyped_storage().data_ptr() not in in_place}
+            offsets, index_state, start = [], {}, 0
+            for n, t in fused.items():
+                index_state[n] = torch.arange(start, start + t.numel(), dtype=torch.int64).view(t.shape)
+                offsets.append((start, t))
+                start += t.numel()
+            index_reverted = revert_weight_conversion(self.hf_model, index_state)
+            for name in copied:
+                if name not in index_reverted:
+                    raise FallbackError(f"cannot locate checkpoint tensor {name!r} in the transformers model")
+                layout[name] = _Target(index=index_reverted[name], sources=offsets, shape=tuple(reverted[name].shape))
+        self._layout = layout
+        return layout
+
+    def expected_tensors(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the checkpoint must hold, with its shape (tied aliases are optional, so not listed)."""
+        return {n: t.shape_ for n, t in self._checkpoint_layout().items() if t.alias_of is None}
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors into the model as they stream, strictly: an unknown name, a wrong shape or a
+        missing name is an error naming the tensor. Returns the names loaded."""
+        layout = self._checkpoint_layout()
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            target = layout.get(name)
+            if target is None:
+                if any(p.search(name) for p in self._unexpected_ok):
+                    continue
+                raise FallbackError(f"unexpected tensor {name!r}: {type(self.hf_model).__name__} has no such weight")
+            if tuple(tensor.shape) != target.shape_:
+                raise FallbackError(f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {target.shape_}")
+            if not tensor.dtype.is_floating_point and target.dtype_.is_floating_point:
+                raise FallbackError(f"tensor {name!r} has dtype {tensor.dtype}, the model expects {target.dtype_}")
+            target.write(tensor)
+            loaded.add(target.alias_of or name)
+        missing = sorted(set(self.expected_tensors()) - loaded)
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise FallbackError(f"missing tensor {missing[0]!r}{more}")
+        return loaded
+
+    # ---- RuntimeModel ----------------------------------------------------------------------------------------
+    def kv_cache_spec(self) -> KVCacheSpec | None:
+        return None
+
+    def bind_kv_cache(self, caches: list[tuple[torch.Tensor, ...]]) -> None:
+        if caches:
+            raise FallbackError("the fallback path has no paged KV cache (kv_cache_spec() is None)")
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        ctx: ForwardContext,
+        output_hidden_states: bool = False,
+    ) -> ForwardOutput:
+        if ctx.uses_cache:
+            raise FallbackError("the fallback path takes no-cache contexts only (whole sequences every step)")
+        if not bool(torch.equal(ctx.seqlens_k.to(torch.int64), ctx.cu_seqlens_q.diff().to(torch.int64))):
+            raise FallbackError("the fallback path needs whole sequences: seqlens_k must equal the query lengths")
+        captured: list[torch.Tensor] = []
+        hooks = []
+        if output_hidden_states:
+            if self._layers is None:
+                raise FallbackError("cannot find the decoder layer list to report per-layer hidden states")
+            for layer in self._layers:
+                hooks.append(layer.register_forward_hook(lambda _m, _i, out: captured.append(
+                    out[0] if isinstance(out, tuple) else out)))
+        base = self.hf_model.base_model
+        finals: list[torch.Tensor] = []
+        per_seq_layers: list[list[torch.Tensor]] = []
+        try:
+            cu = ctx.cu_seqlens_q.tolist()
+            for start, end in zip(cu[:-1], cu[1:], strict=True):
+                captured.clear()
+                ids = input_ids[start:end].unsqueeze(0)  # [1, L]
+                pos = positions[start:end].unsqueeze(0)  # [1, L]
+                out = base(input_ids=ids, position_ids=pos, use_cache=False)
+                finals.append(out.last_hidden_state[0])  # [L, hidden]
+                per_seq_layers.append([h[0] for h in captured])
+        finally:
+            for hook in hooks:
+                hook.remove()
+        hidden = torch.cat(finals, 0) if finals else input_ids.new_zeros((0,), dtype=self.dtype)  # [T, hidden]
+        layer_hidden = None
+        if output_hidden_states:
+            layer_hidden = [torch.cat([seq[i] for seq in per_seq_layers], 0) for i in range(len(self._layers))]
+        return ForwardOutput(hidden=hidden, layer_hidden=layer_hidden)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self.hf_model.get_output_embeddings()
+        if head is None:
+            raise FallbackError(f"{type(self.hf_model).__name__} has no output embeddings (not a causal LM)")
+        return head(hidden).float()  # [N, vocab]
