@@ -1,0 +1,157 @@
+"""Rank, world size and collectives for tensor and expert parallelism.
+
+One process group spans all ranks. Tensor parallelism (TP) and expert parallelism (EP) each use either one
+rank or the whole world: attention and dense MLPs shard over TP, experts partition over EP, and every partial
+sum is combined with one ``all_reduce`` over the world. At world size 1 every collective is a no-op, so a
+single process never touches ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+@dataclass(frozen=True)
+class ParallelState:
+    tp_rank: int = 0
+    tp_size: int = 1
+    ep_rank: int = 0
+    ep_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name, rank, size in (("tp", self.tp_rank, self.tp_size), ("ep", self.ep_rank, self.ep_size)):
+            if size < 1 or not 0 <= rank < size:
+                raise ValueError(f"{name} rank {rank} is outside world size {size}")
+
+
+_STATE = ParallelState()
+
+
+def get_tp_rank() -> int:
+    return _STATE.tp_rank
+
+
+def get_tp_world_size() -> int:
+    return _STATE.tp_size
+
+
+def get_ep_rank() -> int:
+    return _STATE.ep_rank
+
+
+def get_ep_world_size() -> int:
+    return _STATE.ep_size
+
+
+def _collectives_active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def set_parallel_state(tp_size: int = 1, ep_size: int = 1, rank: int = 0) -> None:
+    """Set TP/EP sizes for this process (each 1 or the world size) without touching process groups."""
+    global _STATE
+    _STATE = ParallelState(rank % tp_size, tp_size, rank % ep_size, ep_size)
+
+
+def init_distributed(
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    tp_size: int | None = None,
+    ep_size: int = 1,
+    init_method: str | None = None,
+    backend: str | None = None,
+) -> None:
+    """Join the process group (gloo on CPU, NCCL on CUDA) and record the TP/EP layout.
+
+    ``tp_size`` defaults to ``world_size``; each of ``tp_size`` and ``ep_size`` must be 1 or ``world_size``.
+    """
+    tp = world_size if tp_size is None else tp_size
+    for name, size in (("tp_size", tp), ("ep_size", ep_size)):
+        if size not in (1, world_size):
+            raise ValueError(f"{name}={size} must be 1 or the world size {world_size}")
+    if world_size > 1 and not dist.is_initialized():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size)
+    set_parallel_state(tp, ep_size, rank)
+
+
+def destroy_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    set_parallel_state()
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum ``x`` over all ranks in place (no-op at world size 1)."""
+    if _collectives_active():
+        dist.all_reduce(x)
+    return x
+
+
+def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate each rank's ``x`` along ``dim`` in rank order (identity at world size 1)."""
+    if not _collectives_active():
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=dim)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world_size: int, port: int, tp_size: int, ep_size: int, fn: Callable, args: tuple,
+            results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    try:
+        init_distributed(rank, world_size, tp_size=tp_size, ep_size=ep_size)
+        results[rank] = ("ok", fn(*args))
+    except BaseException as exc:  # surfaced in the parent with the rank that failed
+        import traceback
+
+        results[rank] = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    finally:
+        destroy_distributed()
+
+
+def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None, ep_size: int = 1) -> list[Any]:
+    """Run ``fn(*args)`` in ``world_size`` processes on this machine and return each rank's result.
+
+    ``fn`` must be importable (module level) and its result picklable. A failure on any rank raises
+    ``RuntimeError`` naming the rank and carrying its traceback.
+    """
+    tp = world_size if tp_size is None else tp_size
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        results = manager.dict()
+        port = free_port()
+        procs = [
+            ctx.Process(target=_worker, args=(r, world_size, port, tp, ep_size, fn, args, results))
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        out = dict(results)
+    failed = [r for r in range(world_size) if r not in out or out[r][0] != "ok"]
+    if failed:
+        r = failed[0]
+        detail = out[r][1] if r in out else f"exit code {procs[r].exitcode}"
+        raise RuntimeError(f"rank {r} of {world_size} failed: {detail}")
+    return [out[r][1] for r in range(world_size)]

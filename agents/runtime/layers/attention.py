@@ -1,0 +1,131 @@
+"""Attention over a ``ForwardContext``: no cache, paged prefill (chunked, with a cached prefix) and a
+vectorised paged decode. K/V caches are ``[num_blocks, block_size, kv_heads_local, head_dim]``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agents.runtime.context import ForwardContext
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything the layers derive from a ``ForwardContext``, computed once per forward (not per layer)."""
+
+    ctx: ForwardContext
+    cos: torch.Tensor | None = None  # [T, 1, rot/2]
+    sin: torch.Tensor | None = None
+    q_bounds: list[tuple[int, int, int]] | None = None  # per sequence: (q start, q len, k len)
+    slots: torch.Tensor | None = None  # [T'] valid cache slots of the new tokens
+    slot_rows: torch.Tensor | None = None  # [T'] rows of the batch those slots belong to; None: all rows
+    decode_blocks: torch.Tensor | None = None  # [B, nb] block ids (padding clamped to 0)
+    decode_keys: torch.Tensor | None = None  # [B, nb * block_size] key positions
+
+    @classmethod
+    def build(cls, ctx: ForwardContext) -> AttentionMetadata:
+        meta = cls(ctx)
+        if ctx.uses_cache:
+            slots = ctx.slot_mapping
+            valid = slots >= 0
+            if bool(valid.all()):
+                meta.slots = slots
+            else:
+                meta.slot_rows = valid.nonzero().squeeze(1)
+                meta.slots = slots[meta.slot_rows]
+        if not ctx.is_decode:
+            starts = ctx.cu_seqlens_q.tolist()
+            meta.q_bounds = [(s, e - s, k) for s, e, k in zip(starts[:-1], starts[1:], ctx.seqlens_k.tolist(), strict=False)]
+        return meta
+
+
+def _key_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Causal (and sliding-window) mask ``[Lq, Lk]`` from absolute positions."""
+    mask = k_pos[None, :] <= q_pos[:, None]
+    if window is not None:
+        mask &= k_pos[None, :] > q_pos[:, None] - window
+    return mask
+
+
+class Attention(nn.Module):
+    """Scaled dot-product attention with GQA over local heads; the cache is bound by the model."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: int | None = None) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.group = num_heads // num_kv_heads
+        self.scale = scale
+        self.sliding_window = sliding_window
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
+        ctx = meta.ctx
+        if not ctx.uses_cache:
+            return self._prefill(q, lambda _i, s, n: (k[s : s + n], v[s : s + n]), meta)
+        if self.k_cache is None:
+            raise RuntimeError("paged attention called before bind_kv_cache")
+        self._store(k, v, meta)
+        if ctx.is_decode:
+            return self._decode(q, meta)
+        return self._prefill(q, lambda i, _s, _n: self._gather_sequence(ctx, i), meta)
+
+    def _store(self, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
+        k_flat = self.k_cache.view(-1, self.num_kv_heads, self.head_dim)  # [slots, Hkv, D]
+        v_flat = self.v_cache.view(-1, self.num_kv_heads, self.head_dim)
+        if meta.slot_rows is not None:
+            k, v = k[meta.slot_rows], v[meta.slot_rows]
+        k_flat.index_copy_(0, meta.slots, k.to(k_flat.dtype))
+        v_flat.index_copy_(0, meta.slots, v.to(v_flat.dtype))
+
+    def _gather_sequence(self, ctx: ForwardContext, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k_len = int(ctx.seqlens_k[index])
+        blocks = ctx.block_tables[index, : -(-k_len // self.k_cache.shape[1])].long()
+        k = self.k_cache[blocks].flatten(0, 1)[:k_len]  # k: [Lk, Hkv, D]
+        v = self.v_cache[blocks].flatten(0, 1)[:k_len]
+        return k, v
+
+    def _prefill(self, q: torch.Tensor, keys_of, meta: AttentionMetadata) -> torch.Tensor:
+        out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
+        for i, (start, q_len, k_len) in enumerate(meta.q_bounds):
+            if q_len == 0:
+                continue
+            k, v = keys_of(i, start, q_len)
+            qi = q[start : start + q_len].transpose(0, 1).unsqueeze(0)  # qi: [1, H, Lq, D]
+            ki = k.to(q.dtype).transpose(0, 1).unsqueeze(0)  # ki: [1, Hkv, Lk, D]
+            vi = v.to(q.dtype).transpose(0, 1).unsqueeze(0)
+            if q_len == k_len and self.sliding_window is None:
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
+            else:
+                q_pos = torch.arange(k_len - q_len, k_len, device=q.device)
+                mask = _key_mask(q_pos, torch.arange(k_len, device=q.device), self.sliding_window)
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            out[start : start + q_len] = o[0].transpose(0, 1).flatten(1)  # [Lq, H * D]
+        return out
+
+    def _decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        ctx = meta.ctx
+        block_size = self.k_cache.shape[1]
+        if meta.decode_blocks is None:
+            nb = -(-ctx.max_seqlen_k // block_size)
+            meta.decode_blocks = ctx.block_tables[:, :nb].clamp(min=0).long()
+            meta.decode_keys = torch.arange(nb * block_size, device=q.device)
+        b, nb = meta.decode_blocks.shape
+        k = self.k_cache[meta.decode_blocks].view(b, nb * block_size, self.num_kv_heads, self.head_dim)
+        v = self.v_cache[meta.decode_blocks].view(b, nb * block_size, self.num_kv_heads, self.head_dim)
+        seqlens = ctx.seqlens_k.long()[:, None]  # [B, 1]
+        mask = meta.decode_keys[None, :] < seqlens  # mask: [B, Lk]
+        if self.sliding_window is not None:
+            mask &= meta.decode_keys[None, :] >= seqlens - self.sliding_window
+        # Query heads of one KV group ride the "query length" axis, so no K/V repeat is needed.
+        qg = q.view(b, self.num_kv_heads, self.group, self.head_dim)  # qg: [B, Hkv, G, D]
+        o = F.scaled_dot_product_attention(
+            qg, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype),
+            attn_mask=mask[:, None, None, :], scale=self.scale,
+        )  # o: [B, Hkv, G, D]
+        return o.reshape(b, self.num_heads * self.head_dim)

@@ -1,0 +1,52 @@
+"""Vocabulary-parallel embedding and LM head: each TP rank holds a contiguous slice of the (padded) vocab."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agents.runtime.distributed import all_gather, all_reduce, get_tp_rank, get_tp_world_size
+from agents.runtime.layers.weights import bind_loader, check_shape, make_param
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden: int) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        self.vocab_size = vocab_size
+        self.vocab_local = -(-vocab_size // self.tp_size)  # padded so every rank holds the same count
+        self.vocab_start = self.tp_rank * self.vocab_local
+        full = (vocab_size, hidden)
+
+        def load(p: nn.Parameter, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
+            check_shape(loaded, full)
+            rows = max(0, min(self.vocab_local, vocab_size - self.vocab_start))
+            p.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
+            p.data[rows:].zero_()
+
+        self.weight = bind_loader(make_param((self.vocab_local, hidden)), load, [None], lambda _s: full)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)  # [T, hidden]
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.vocab_local)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)  # out: [T, hidden]
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        return all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits over this rank's vocab slice, gathered to the full vocab in ``compute_logits``."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, self.weight)  # logits: [N, vocab_local]
+        if self.tp_size > 1:
+            logits = all_gather(logits, dim=-1)  # [N, vocab_local * tp]
+        return logits[..., : self.vocab_size]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.compute_logits(hidden)

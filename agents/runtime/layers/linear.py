@@ -1,0 +1,127 @@
+"""Tensor-parallel linears: column (output split), row (input split, ``all_reduce`` in forward), merged
+gate/up and packed QKV. Weights are ``[out_local, in_local]`` like ``nn.Linear``."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agents.runtime.distributed import all_reduce, get_tp_rank, get_tp_world_size
+from agents.runtime.layers.weights import bind_loader, check_shape, make_param, replicated, split
+
+
+class ReplicatedLinear(nn.Module):
+    """Full weight on every rank (routers, small projections)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = replicated(make_param((out_features, in_features)))
+        self.bias = replicated(make_param((out_features,))) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(nn.Module):
+    """``y = x W^T`` with W's rows (outputs) split over TP ranks; the output stays sharded."""
+
+    def __init__(self, in_features: int, output_sizes: Sequence[int], bias: bool = False) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        self.in_features = in_features
+        self.output_sizes = list(output_sizes)
+        self.local_sizes = [split(s, self.tp_size, "output size") for s in self.output_sizes]
+        out_local = sum(self.local_sizes)
+        self.weight = self._bind(make_param((out_local, in_features)), with_input=True)
+        self.bias = self._bind(make_param((out_local,)), with_input=False) if bias else None
+
+    def shard_ids(self) -> list[Hashable]:
+        return [None] if len(self.output_sizes) == 1 else list(range(len(self.output_sizes)))
+
+    def shard_layout(self, shard_id: Hashable) -> tuple[int, int, int]:
+        """(checkpoint rows, destination offset, rows taken) for one shard on this rank."""
+        index = 0 if shard_id is None else int(shard_id)
+        offset = sum(self.local_sizes[:index])
+        return self.output_sizes[index], offset, self.local_sizes[index]
+
+    def source_start(self, shard_id: Hashable) -> int:
+        return self.tp_rank * self.shard_layout(shard_id)[2]
+
+    def _bind(self, param: nn.Parameter, with_input: bool) -> nn.Parameter:
+        tail = (self.in_features,) if with_input else ()
+
+        def shape_of(shard_id: Hashable) -> tuple[int, ...]:
+            return (self.shard_layout(shard_id)[0], *tail)
+
+        def load(p: nn.Parameter, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
+            check_shape(loaded, shape_of(shard_id))
+            _, offset, rows = self.shard_layout(shard_id)
+            p.data.narrow(0, offset, rows).copy_(loaded.narrow(0, self.source_start(shard_id), rows))
+
+        return bind_loader(param, load, self.shard_ids(), shape_of)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (gate and up: shard ids 0 and 1)."""
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Packed q/k/v projection (shard ids "q", "k", "v"). KV heads are split over TP ranks, or replicated
+    when there are fewer KV heads than ranks."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False) -> None:
+        tp = get_tp_world_size()
+        self.num_heads = split(num_heads, tp, "num_attention_heads") if num_heads else 0
+        if num_kv_heads >= tp:
+            self.num_kv_heads = split(num_kv_heads, tp, "num_key_value_heads")
+        else:
+            if tp % num_kv_heads:
+                raise ValueError(f"num_key_value_heads={num_kv_heads} does not divide the TP size {tp}")
+            self.num_kv_heads = 1
+        self.head_dim = head_dim
+        self.kv_replicas = max(1, tp // num_kv_heads)
+        self.total_sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+        super().__init__(hidden, [self.num_heads * head_dim * tp] + [self.num_kv_heads * head_dim * tp] * 2, bias)
+        self.output_sizes = self.total_sizes
+
+    def shard_ids(self) -> list[Hashable]:
+        return ["q", "k", "v"]
+
+    def shard_layout(self, shard_id: Hashable) -> tuple[int, int, int]:
+        index = {"q": 0, "k": 1, "v": 2}[shard_id]
+        return self.total_sizes[index], sum(self.local_sizes[:index]), self.local_sizes[index]
+
+    def source_start(self, shard_id: Hashable) -> int:
+        rows = self.shard_layout(shard_id)[2]
+        rank = self.tp_rank if shard_id == "q" else self.tp_rank // self.kv_replicas
+        return rank * rows
+
+
+class RowParallelLinear(nn.Module):
+    """``y = x W^T`` with W's columns (inputs) split over TP ranks; partial outputs summed by ``all_reduce``."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, reduce_results: bool = True) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        self.in_local = split(in_features, self.tp_size, "input size")
+        self.reduce_results = reduce_results
+        full = (out_features, in_features)
+
+        def load(p: nn.Parameter, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
+            check_shape(loaded, full)
+            p.data.copy_(loaded.narrow(1, self.tp_rank * self.in_local, self.in_local))
+
+        self.weight = bind_loader(make_param((out_features, self.in_local)), load, [None], lambda _s: full)
+        self.bias = replicated(make_param((out_features,))) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight)  # y: [T, out] partial sum over this rank's inputs
+        if self.reduce_results and self.tp_size > 1:
+            y = all_reduce(y)
+        return y if self.bias is None else y + self.bias

@@ -1,0 +1,132 @@
+"""Mixture of experts: a router returning (topk_weights [T, k], topk_ids [T, k]), fused expert weights
+(``w13: [E_local, 2I, H]``, ``w2: [E_local, H, I]``) partitioned over EP ranks (or split on I over TP ranks
+when EP is 1), optional shared experts, and one ``all_reduce`` to combine partial sums."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agents.runtime.distributed import (
+    all_reduce,
+    get_ep_rank,
+    get_ep_world_size,
+    get_tp_rank,
+    get_tp_world_size,
+)
+from agents.runtime.layers.mlp import silu_and_mul
+from agents.runtime.layers.weights import bind_loader, check_shape, make_param, replicated, split
+
+
+class TopKRouter(nn.Module):
+    """Softmax over expert logits, then top-k, optionally renormalised (Mixtral, Qwen3-MoE)."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, renormalize: bool) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = top_k, renormalize
+        self.weight = replicated(make_param((num_experts, hidden)))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, self.weight)  # logits: [T, E]
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k] each
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+
+class FusedExperts(nn.Module):
+    """Routed SwiGLU experts stored fused. Checkpoint shard ids are ``(expert_id, "w1"|"w3"|"w2")``."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        ep_size = get_ep_world_size()
+        self.tp_size, self.tp_rank = (get_tp_world_size(), get_tp_rank()) if ep_size == 1 else (1, 0)
+        self.num_local = split(num_experts, ep_size, "num_experts")
+        self.first = get_ep_rank() * self.num_local
+        self.inter = intermediate
+        self.inter_local = split(intermediate, self.tp_size, "expert intermediate size")
+        ids = range(num_experts)
+        self.w13 = bind_loader(make_param((self.num_local, 2 * self.inter_local, hidden)), self._load,
+                               [(e, w) for e in ids for w in ("w1", "w3")], self._shape)
+        self.w2 = bind_loader(make_param((self.num_local, hidden, self.inter_local)), self._load,
+                              [(e, "w2") for e in ids], self._shape)
+        self.hidden = hidden
+
+    def _shape(self, shard_id: Hashable) -> tuple[int, int]:
+        return (self.hidden, self.inter) if shard_id[1] == "w2" else (self.inter, self.hidden)
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
+        expert, which = shard_id
+        check_shape(loaded, self._shape(shard_id))
+        local = expert - self.first
+        if not 0 <= local < self.num_local:
+            return  # another EP rank holds this expert
+        n, start = self.inter_local, self.tp_rank * self.inter_local
+        if which == "w2":
+            param.data[local].copy_(loaded.narrow(1, start, n))
+        else:
+            param.data[local].narrow(0, 0 if which == "w1" else n, n).copy_(loaded.narrow(0, start, n))
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(silu_and_mul(F.linear(x, self.w13[e])), self.w2[e])  # [n, H]
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x: [T, H], weights/ids: [T, k] -> this rank's partial sum [T, H]."""
+        tokens, top_k = ids.shape
+        out = torch.zeros_like(x)
+        if tokens == 1:  # decode at batch 1: no sort, no gather
+            for j, e in enumerate(ids[0].tolist()):
+                local = e - self.first
+                if 0 <= local < self.num_local:
+                    out += (self._expert(local, x) * weights[:, j : j + 1]).to(x.dtype)
+            return out
+        flat = ids.flatten()  # [T * k]
+        order = torch.argsort(flat)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        flat_w = weights.flatten()
+        pos = sum(counts[: self.first])
+        for local in range(self.num_local):
+            n = counts[self.first + local]
+            if n == 0:
+                continue
+            idx = order[pos : pos + n]
+            pos += n
+            tok = idx // top_k
+            y = self._expert(local, x[tok]) * flat_w[idx, None]  # y: [n, H]
+            out.index_add_(0, tok, y.to(x.dtype))
+        return out
+
+
+class MoEBlock(nn.Module):
+    """``gate`` routes, ``experts`` compute; shared experts (built with ``reduce_results=False``) are added
+    before the single ``all_reduce`` when TP-sharded and after it when replicated."""
+
+    def __init__(self, gate: nn.Module, experts: FusedExperts, shared_experts: nn.Module | None = None,
+                 shared_gate: nn.Module | None = None) -> None:
+        super().__init__()
+        self.gate = gate
+        self.experts = experts
+        self.shared_experts = shared_experts
+        self.shared_expert_gate = shared_gate
+        self.tp_size = get_tp_world_size()
+
+    def _shared(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.shared_experts(x)  # y: [T, H]
+        if self.shared_expert_gate is not None:
+            y = torch.sigmoid(self.shared_expert_gate(x)) * y
+        return y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = self.experts(x, weights, ids)  # out: [T, H] partial
+        if self.shared_experts is not None and self.tp_size > 1:
+            out += self._shared(x)
+        out = all_reduce(out)
+        if self.shared_experts is not None and self.tp_size == 1:
+            out += self._shared(x)
+        return out

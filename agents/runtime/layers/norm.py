@@ -1,0 +1,21 @@
+"""RMSNorm, computed in fp32 and cast back like the reference implementations."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from agents.runtime.layers.weights import make_param, replicated
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = replicated(make_param((dim,)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)  # xf: [..., dim]
+        return self.weight * xf.to(dtype)

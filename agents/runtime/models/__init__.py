@@ -1,0 +1,1 @@
+"""Native model families (one file each) and the registry keyed by ``config.architectures[0]``."""
