@@ -45,10 +45,14 @@ def _checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _fallback(model_dir: Path) -> FallbackModel:
-    config = json.loads((model_dir / "config.json").read_text())
-    model = FallbackModel(config)
-    model.load_weights(_checkpoint(model_dir).items())
-    return model
+    """Through the real loader: the registry has no native class for these architectures, so it builds the
+    fallback, and the loader's strict checks run against the fallback's on-disk names."""
+    from agents.runtime.loader import load_model
+
+    result = load_model(model_dir, dtype="float32")
+    assert result.report["path"] == "fallback" and result.report["ok"]
+    assert isinstance(result.model, FallbackModel)
+    return result.model
 
 
 def _block_outputs(hf, ids: torch.Tensor) -> list[torch.Tensor]:  # noqa: ANN001
@@ -121,6 +125,32 @@ def test_fallback_loading_is_strict_and_names_the_tensor(saved) -> None:  # noqa
         FallbackModel(config).load_weights(bad.items())
 
 
+def test_loader_refuses_a_fallback_checkpoint_missing_a_tensor(saved, tmp_path) -> None:  # noqa: ANN001
+    from safetensors.torch import save_file
+
+    from agents.runtime.loader import LoadError, load_model
+
+    _, model_dir = saved
+    weights = _checkpoint(model_dir)
+    victim = sorted(weights)[0]
+    (tmp_path / "config.json").write_text((model_dir / "config.json").read_text())
+    save_file({k: v.contiguous() for k, v in weights.items() if k != victim}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(LoadError, match=f"missing tensor '{victim}'"):
+        load_model(tmp_path)
+    save_file({**weights, "extra.weight": torch.zeros(3)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(LoadError, match="unexpected tensor 'extra.weight'"):
+        load_model(tmp_path)
+
+
+def test_registry_builds_the_fallback_only_for_architectures_without_a_native_family() -> None:
+    from agents.runtime.models.registry import build_model, model_class_for
+
+    config = {**_tiny("GPTNeoXForCausalLM").config.to_dict(), "architectures": ["GPTNeoXForCausalLM"]}
+    assert model_class_for("GPTNeoXForCausalLM") is None
+    assert build_model(config).path == "fallback"
+    assert model_class_for("LlamaForCausalLM") is not None
+
+
 def test_fallback_refuses_cache_contexts_and_unknown_model_types() -> None:
     with pytest.raises(FallbackError, match="model_type 'no_such_model'"):
         FallbackModel({"model_type": "no_such_model", "architectures": ["NoSuchForCausalLM"]})
@@ -138,7 +168,8 @@ def test_fallback_loads_per_expert_checkpoints_into_fused_experts(tmp_path) -> N
                                      num_experts_per_tok=2, eos_token_id=None)
     hf = transformers.MixtralForCausalLM(cfg).eval()
     hf.save_pretrained(tmp_path)
-    model = _fallback(tmp_path)
+    model = FallbackModel(json.loads((tmp_path / "config.json").read_text()))  # Mixtral is native: build directly
+    model.load_weights(_checkpoint(tmp_path).items())
     assert "model.layers.1.block_sparse_moe.experts.2.w1.weight" in model.expected_tensors()  # on-disk names, not fused ones
     ids = torch.tensor([3, 9, 27, 81, 243, 1])
     out = model(ids, torch.arange(6), ForwardContext.for_prompts([6]))

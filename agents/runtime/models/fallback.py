@@ -152,9 +152,16 @@ class FallbackModel(nn.Module):
         self._layout = layout
         return layout
 
-    def expected_tensors(self) -> dict[str, tuple[int, ...]]:
-        """Every tensor the checkpoint must hold, with its shape (tied aliases are optional, so not listed)."""
-        return {n: t.shape_ for n, t in self._checkpoint_layout().items() if t.alias_of is None}
+    def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Every tensor the checkpoint must hold: on-disk name -> (shape, dtype in this model). Tied aliases are
+        optional, so not listed (``is_ignored`` accepts them)."""
+        return {n: (t.shape_, t.dtype_) for n, t in self._checkpoint_layout().items() if t.alias_of is None}
+
+    def is_ignored(self, name: str) -> bool:
+        """Names the loader may see without an entry in ``expected_tensors``: tied aliases, and the patterns the
+        transformers class itself ignores on load."""
+        target = self._checkpoint_layout().get(name)
+        return (target is not None and target.alias_of is not None) or any(p.search(name) for p in self._unexpected_ok)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy checkpoint tensors into the model as they stream, strictly: an unknown name, a wrong shape or a
@@ -164,7 +171,7 @@ class FallbackModel(nn.Module):
         for name, tensor in weights:
             target = layout.get(name)
             if target is None:
-                if any(p.search(name) for p in self._unexpected_ok):
+                if self.is_ignored(name):
                     continue
                 raise FallbackError(f"unexpected tensor {name!r}: {type(self.hf_model).__name__} has no such weight")
             if tuple(tensor.shape) != target.shape_:
