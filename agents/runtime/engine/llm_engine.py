@@ -96,6 +96,8 @@ class LLMEngine:
     ) -> str:
         """Queue a prompt (text or token ids); RequestError names a bad prompt, QueueFullError when full."""
         params = params or SamplingParams()
+        if isinstance(prompt, str) and not prompt.strip():
+            raise RequestError("prompt is empty")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise RequestError("prompt is empty")
