@@ -1,0 +1,75 @@
+"""The ``align`` stage: the target (our runtime model on the job's device and dtype) against the reference
+(``transformers`` fp32 on CPU, same weights) — per operator (``align_ops``), per layer, end to end, and the
+KV-cache consistency check (``align_kv``). Thresholds: DESIGN.md §4 defaults, overridable per job."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from agents.pipeline.align_common import align_thresholds, encode, reference_model, target_model
+from agents.pipeline.align_e2e import PROMPTS, run_e2e
+from agents.pipeline.align_layers import run_layers
+from agents.pipeline.base import StageContext
+
+# optional parts owned by other modules: section key -> module
+PARTS: dict[str, str] = {"ops": "agents.pipeline.align_ops", "kv_cache": "agents.pipeline.align_kv"}
+
+
+def _optional_part(ctx: StageContext, key: str, module_name: str) -> tuple[Any, str | None]:
+    """The part's result, or (None, a note) when its module is absent."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None, f"{key} not checked: {module_name} is not available"
+        raise
+    ctx.emit("log", f"align: {key} check started")
+    return module.run(ctx), None
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    """The align section: passed, thresholds, ops, layers, e2e, kv_cache (DESIGN.md §6)."""
+    thresholds = align_thresholds(ctx)
+    target = target_model(ctx)
+    ctx.emit("log", "align: loading the transformers fp32 CPU reference")
+    ref = reference_model(ctx)
+    notes: list[str] = []
+    section: dict[str, Any] = {"passed": False, "thresholds": thresholds,
+                               "reference": "transformers fp32 cpu", "target": {"device": ctx.device,
+                                                                                  "dtype": ctx.dtype}}
+    steps = 4
+    ctx.progress(0, steps, "alignment checks")
+    part, note = _optional_part(ctx, "ops", PARTS["ops"])
+    if part is not None:
+        section["ops"] = part if isinstance(part, list) else part.get("ops", part)
+    notes += [note] if note else []
+    ctx.check_cancelled()
+    ctx.progress(1, steps, "alignment checks")
+
+    seqs, enc_notes = encode(ctx, list(PROMPTS))
+    notes += enc_notes
+    section["layers"], layer_notes = run_layers(ctx, target, ref, seqs, thresholds)
+    notes += layer_notes
+    ctx.check_cancelled()
+    ctx.progress(2, steps, "alignment checks")
+
+    section["e2e"], e2e_notes = run_e2e(ctx, target, ref, thresholds)
+    notes += e2e_notes
+    ctx.check_cancelled()
+    ctx.progress(3, steps, "alignment checks")
+
+    part, note = _optional_part(ctx, "kv_cache", PARTS["kv_cache"])
+    if part is not None:
+        section["kv_cache"] = part
+    notes += [note] if note else []
+    ctx.progress(4, steps, "alignment checks")
+
+    ops_ok = all(row.get("passed") for row in section.get("ops") or [])
+    layers_ok = bool(section["layers"]) and all(row["passed"] for row in section["layers"])
+    kv_ok = "kv_cache" not in section or bool(section["kv_cache"].get("passed"))
+    section["passed"] = ops_ok and layers_ok and section["e2e"]["passed"] and kv_ok
+    section["checks"] = {"ops": ops_ok if "ops" in section else None, "layers": layers_ok,
+                         "e2e": section["e2e"]["passed"], "kv_cache": kv_ok if "kv_cache" in section else None}
+    section["notes"] = notes
+    return section

@@ -1,0 +1,162 @@
+"""What the align and eval stages share: the reference (``transformers`` fp32 on CPU, same weights), the target
+(our runtime model on the job's device and dtype), the tokenizer, thresholds, and batched forwards on both."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from agents.pipeline.base import StageContext, StageFailed
+from agents.runtime.context import ForwardContext
+
+# DESIGN.md §4 defaults (every dtype), overridable per job through ctx.thresholds.
+DEFAULT_THRESHOLDS: dict[str, float] = {
+    "op_cosine": 0.999,
+    "op_max_rel_err": 1e-2,
+    "layer_cosine": 0.99,
+    "e2e_top_k": 5,  # near-tie: each side's token within the other's top-k
+    "perplexity_rel_tol": 0.05,  # |ppl_target - ppl_ref| / ppl_ref
+}
+
+
+def align_thresholds(ctx: StageContext) -> dict[str, float]:
+    """The defaults overlaid with the job's overrides (unknown keys are kept: other checks may read them)."""
+    merged = dict(DEFAULT_THRESHOLDS)
+    merged.update({k: float(v) for k, v in ctx.thresholds.items()})
+    return merged
+
+
+def target_model(ctx: StageContext) -> Any:
+    """Our runtime model: the one the load stage left in ``ctx.shared``, else loaded now."""
+    model = ctx.shared.get("model")
+    if model is not None:
+        return model
+    if ctx.model_dir is None:
+        raise StageFailed(f"{ctx.current_stage} needs the model's weights, but this job has no model directory")
+    from agents.runtime.loader import LoadError, load_model
+
+    try:
+        result = load_model(ctx.model_dir, dtype=ctx.dtype, device=ctx.device)
+    except LoadError as exc:
+        raise StageFailed(f"cannot load the target model: {exc}") from exc
+    ctx.shared["model"] = result.model
+    return result.model
+
+
+def reference_model(ctx: StageContext) -> nn.Module:
+    """``transformers``' own implementation in fp32 on CPU, loaded from the same checkpoint (cached)."""
+    ref = ctx.shared.get("reference_model")
+    if ref is not None:
+        return ref
+    if ctx.model_dir is None:
+        raise StageFailed(f"{ctx.current_stage} needs the model's weights, but this job has no model directory")
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
+    except (ValueError, OSError, KeyError) as exc:
+        raise StageFailed(f"the transformers reference cannot load {ctx.model_dir}: {exc}") from exc
+    ref.eval()
+    ctx.shared["reference_model"] = ref
+    return ref
+
+
+def tokenizer(ctx: StageContext) -> Any | None:
+    """The model's own tokenizer, or None when the checkpoint ships none (cached)."""
+    if "tokenizer" in ctx.shared:
+        return ctx.shared["tokenizer"]
+    tok = None
+    if ctx.model_dir is not None and any((ctx.model_dir / n).exists() for n in ("tokenizer.json", "tokenizer.model")):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(ctx.model_dir)
+    ctx.shared["tokenizer"] = tok
+    return tok
+
+
+def vocab_size(ctx: StageContext) -> int:
+    return int(ctx.config.get("vocab_size") or ctx.config.get("text_config", {}).get("vocab_size"))
+
+
+def encode(ctx: StageContext, texts: list[str], *, chat: tuple[bool, ...] = ()) -> tuple[list[list[int]], list[str]]:
+    """Token ids of ``texts`` with the model's tokenizer (chat-rendered where ``chat[i]`` and the tokenizer has a
+    template). Without a tokenizer: fixed pseudo-random ids, and a note saying so."""
+    tok = tokenizer(ctx)
+    notes: list[str] = []
+    if tok is None:
+        gen = torch.Generator().manual_seed(1234)
+        notes.append("the checkpoint has no tokenizer: prompts are fixed pseudo-random token ids")
+        return [torch.randint(4, vocab_size(ctx), (12,), generator=gen).tolist() for _ in texts], notes
+    seqs: list[list[int]] = []
+    for i, text in enumerate(texts):
+        if i < len(chat) and chat[i] and getattr(tok, "chat_template", None):
+            rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                               tokenize=False)
+            seqs.append(list(tok(rendered, add_special_tokens=False)["input_ids"]))
+        else:
+            seqs.append(list(tok(text)["input_ids"]))
+    return seqs, notes
+
+
+def decode_token(ctx: StageContext, token: int) -> str:
+    tok = tokenizer(ctx)
+    return tok.decode([token]) if tok is not None else str(token)
+
+
+def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
+    """The reference's list of decoder blocks (the ModuleList with the configured number of layers)."""
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == num_layers:
+            return module
+    raise StageFailed(f"cannot find the {num_layers} decoder layers in the reference {type(model).__name__}")
+
+
+def _device_of(model: Any, ctx: StageContext) -> torch.device:
+    return torch.device(getattr(model, "device", None) or ctx.device)
+
+
+@torch.inference_mode()
+def target_forward(
+    ctx: StageContext, model: Any, seqs: list[list[int]], *, hidden_states: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+    """One flattened no-cache forward of every sequence on the target. Returns per-sequence logits [L, V]
+    (fp32, CPU) and, when asked, per-layer hidden states [T, hidden] (fp32, CPU, sequences concatenated)."""
+    device = _device_of(model, ctx)
+    lengths = [len(s) for s in seqs]
+    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=device)  # [T]
+    pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths]).to(device)  # [T]
+    out = model.forward(ids, pos, ForwardContext.for_prompts(lengths, device=device), output_hidden_states=hidden_states)
+    logits = model.compute_logits(out.hidden).float().cpu()  # [T, V]
+    per_seq = list(torch.split(logits, lengths))
+    layers = None
+    if hidden_states and out.layer_hidden is not None:
+        layers = [h.float().cpu() for h in out.layer_hidden]  # each [T, hidden]
+    return per_seq, layers
+
+
+@torch.inference_mode()
+def reference_forward(ref: nn.Module, seq: list[int], layers: nn.ModuleList | None = None
+                      ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The reference on one sequence: logits [L, V] and, with ``layers``, each block's output [L, hidden]."""
+    captured: list[torch.Tensor] = []
+    hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out))
+             for layer in (layers or [])]
+    try:
+        out = ref(input_ids=torch.tensor([seq], dtype=torch.long), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    per_layer = [h[0].float() for h in captured] if layers is not None else None  # each [L, hidden]
+    return out.logits[0].float(), per_layer
+
+
+def perplexity(logits: torch.Tensor, seq: list[int]) -> float:
+    """exp(mean next-token NLL) of ``seq`` under ``logits`` [L, V]."""
+    logprobs = torch.log_softmax(logits[:-1].double(), dim=-1)  # [L-1, V]
+    targets = torch.tensor(seq[1:], dtype=torch.long)
+    nll = -logprobs.gather(1, targets[:, None]).mean()
+    return float(torch.exp(nll))

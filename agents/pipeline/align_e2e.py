@@ -1,0 +1,131 @@
+"""End-to-end alignment. The reference decodes greedily from each fixed prompt; the target then scores the
+same sequences in one no-cache forward, so at every step both sides see the same prefix. Up to the first
+divergence this is exactly the target's own greedy decode; past it, the comparison stays meaningful:
+a step where the tokens differ is a near-tie when each side's token is within the other's top-k. The e2e
+check passes when every step matches or is a near-tie, and the perplexity of a fixed text agrees."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from agents.pipeline.align_common import (
+    decode_token,
+    encode,
+    perplexity,
+    reference_forward,
+    target_forward,
+    tokenizer,
+)
+from agents.pipeline.base import StageContext
+
+PROMPTS: tuple[str, ...] = (
+    "The harbour woke before the sun, and",
+    "Question: Which planet is closest to the sun?\nAnswer:",
+    "Write one sentence about rivers.",  # rendered with the chat template when the tokenizer has one
+)
+CHAT: tuple[bool, ...] = (False, False, True)
+NEW_TOKENS = 16
+MAX_RECORDED_DIVERGENCES = 32
+PERPLEXITY_TEXT = (
+    "Every morning the baker weighed the flour, the salt, the water and the yeast. She mixed them slowly, "
+    "let the dough rest, folded it, and rested it again."
+)
+
+
+def _top(ctx: StageContext, logits: torch.Tensor, k: int) -> list[dict[str, Any]]:
+    logprobs = torch.log_softmax(logits.double(), dim=-1)  # [V]
+    values, ids = logprobs.topk(k)
+    return [{"token": int(t), "text": decode_token(ctx, int(t)), "logprob": round(float(v), 6)}
+            for v, t in zip(values, ids, strict=True)]
+
+
+def compare_step(ref_logits: torch.Tensor, target_logits: torch.Tensor, ref_token: int, k: int) -> tuple[int, bool]:
+    """The target's greedy token at one step and whether a mismatch is a near-tie (each side's token within
+    the other's top-k). Both logits [V]."""
+    target_token = int(target_logits.argmax())
+    if target_token == ref_token:
+        return target_token, False
+    ref_top = set(ref_logits.topk(k).indices.tolist())
+    target_top = set(target_logits.topk(k).indices.tolist())
+    return target_token, target_token in ref_top and ref_token in target_top
+
+
+def reference_greedy(ref: torch.nn.Module, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """The reference's greedy continuation (no cache, whole sequence each step) and each step's logits [V]."""
+    seq = list(prompt)
+    step_logits: list[torch.Tensor] = []
+    for _ in range(steps):
+        logits, _ = reference_forward(ref, seq)
+        step_logits.append(logits[-1])  # [V]
+        seq.append(int(logits[-1].argmax()))
+    return seq[len(prompt):], step_logits
+
+
+def run_e2e(ctx: StageContext, target: Any, ref: torch.nn.Module, thresholds: dict[str, float],
+            new_tokens: int = NEW_TOKENS) -> tuple[dict[str, Any], list[str]]:
+    """The ``e2e`` block of the align section, and notes."""
+    k = int(thresholds["e2e_top_k"])
+    prompts, notes = encode(ctx, list(PROMPTS), chat=CHAT)
+    ref_runs = []
+    for prompt in prompts:
+        ctx.check_cancelled()
+        ref_runs.append(reference_greedy(ref, prompt, new_tokens))
+    # target: the prompt plus the reference's tokens (the last one needs no prediction)
+    scored = [prompt + tokens[:-1] for prompt, (tokens, _) in zip(prompts, ref_runs, strict=True)]
+    target_logits, _ = target_forward(ctx, target, scored)
+
+    divergences: list[dict[str, Any]] = []
+    first: list[int | None] = []
+    matches = hard = 0
+    logits_err = 0.0
+    for p, (prompt, (ref_tokens, ref_logits)) in enumerate(zip(prompts, ref_runs, strict=True)):
+        tgt = target_logits[p][len(prompt) - 1:]  # [new_tokens, V]: predictions of each generated position
+        first.append(None)
+        for pos, ref_token in enumerate(ref_tokens):
+            logits_err = max(logits_err, float((tgt[pos] - ref_logits[pos]).abs().max()))
+            target_token, near_tie = compare_step(ref_logits[pos], tgt[pos], ref_token, k)
+            if target_token == ref_token:
+                matches += 1
+                continue
+            if first[p] is None:
+                first[p] = pos
+            ref_top, tgt_top = _top(ctx, ref_logits[pos], k), _top(ctx, tgt[pos], k)
+            hard += not near_tie
+            if len(divergences) < MAX_RECORDED_DIVERGENCES:
+                divergences.append({"prompt": p, "position": pos, "ref_token": ref_token,
+                                    "target_token": target_token, "ref_top5": ref_top, "target_top5": tgt_top,
+                                    "near_tie": near_tie})
+    total = sum(len(tokens) for tokens, _ in ref_runs)
+    if total - matches > len(divergences):
+        notes.append(f"{total - matches} divergent steps, the first {len(divergences)} recorded")
+
+    ppl_ids, _ = encode(ctx, [PERPLEXITY_TEXT])
+    ppl_ref = perplexity(reference_forward(ref, ppl_ids[0])[0], ppl_ids[0])
+    ppl_target = perplexity(target_forward(ctx, target, ppl_ids)[0][0], ppl_ids[0])
+    ppl_rel = abs(ppl_target - ppl_ref) / ppl_ref
+    ppl_ok = ppl_rel <= thresholds["perplexity_rel_tol"]
+    block = {
+        "prompts": len(prompts),
+        "tokens": total,
+        "new_tokens": new_tokens,
+        "prompt_texts": list(PROMPTS),
+        "ref_texts": [_text(ctx, tokens) for tokens, _ in ref_runs],
+        "token_match_rate": matches / total if total else 1.0,
+        "exact": matches == total,
+        "first_divergence": first,
+        "divergences": divergences,
+        "logits_max_abs_err": logits_err,
+        "perplexity_ref": ppl_ref,
+        "perplexity_target": ppl_target,
+        "perplexity_rel_diff": ppl_rel,
+        "perplexity_passed": ppl_ok,
+        "passed": hard == 0 and ppl_ok,
+    }
+    return block, notes
+
+
+def _text(ctx: StageContext, tokens: list[int]) -> str:
+    tok = tokenizer(ctx)
+    return tok.decode(tokens) if tok is not None else " ".join(map(str, tokens))

@@ -1,0 +1,53 @@
+"""Per-layer alignment: the hidden state after every decoder block, target against the reference, on the
+fixed prompts. ``cosine`` is the worst per-token cosine similarity (a fault at one position shows);
+``max_rel_err`` is the largest absolute difference over the reference's largest magnitude in that layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from agents.pipeline.align_common import decoder_layers, reference_forward, target_forward
+from agents.pipeline.base import StageContext
+
+
+def compare(target: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """Cosine (worst row), max relative and max absolute error of ``target`` vs ``ref``, both [T, D]."""
+    t, r = target.double(), ref.double()
+    cos = torch.nn.functional.cosine_similarity(t, r, dim=-1, eps=1e-12)  # [T]
+    diff = (t - r).abs()
+    scale = r.abs().max().clamp_min(1e-12)
+    return {
+        "cosine": float(cos.min()),
+        "max_rel_err": float(diff.max() / scale),
+        "max_abs_err": float(diff.max()),
+    }
+
+
+def run_layers(ctx: StageContext, target: Any, ref: torch.nn.Module, seqs: list[list[int]],
+               thresholds: dict[str, float]) -> tuple[list[dict[str, Any]], list[str]]:
+    """One row per decoder layer: {layer, cosine, max_rel_err, max_abs_err, passed}; plus notes."""
+    num_layers = int(ctx.config["num_hidden_layers"])
+    _, target_layers = target_forward(ctx, target, seqs, hidden_states=True)
+    if target_layers is None:
+        return [], ["the target returned no per-layer hidden states: layers cannot be compared"]
+    ref_blocks = decoder_layers(ref, num_layers)
+    per_seq = [reference_forward(ref, seq, ref_blocks)[1] for seq in seqs]
+    ref_layers = [torch.cat([layers[i] for layers in per_seq], 0) for i in range(num_layers)]  # each [T, hidden]
+    notes: list[str] = []
+    if len(target_layers) != num_layers:
+        notes.append(f"the target reported {len(target_layers)} layers, the reference has {num_layers}")
+    rows: list[dict[str, Any]] = []
+    limit = thresholds["layer_cosine"]
+    max_rel = thresholds.get("layer_max_rel_err")  # optional gate, off unless a job sets it
+    for i in range(num_layers):
+        if i >= len(target_layers) or target_layers[i].shape != ref_layers[i].shape:
+            got = tuple(target_layers[i].shape) if i < len(target_layers) else None
+            rows.append({"layer": i, "cosine": None, "max_rel_err": None, "max_abs_err": None, "passed": False,
+                         "problem": f"target hidden state shape {got}, reference {tuple(ref_layers[i].shape)}"})
+            continue
+        row = {"layer": i, **compare(target_layers[i], ref_layers[i])}
+        row["passed"] = row["cosine"] >= limit and (max_rel is None or row["max_rel_err"] <= max_rel)
+        rows.append(row)
+    return rows, notes

@@ -1,0 +1,159 @@
+"""`day0 adapt`: run pipeline stages standalone (no portal) and write the stage report (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "adapt",
+        help="run the adaptation pipeline on a model directory and write the stage report",
+        description=__doc__,
+    )
+    parser.add_argument("model_dir", type=Path, metavar="MODEL_DIR",
+                        help="a model directory (config.json, safetensors, tokenizer) or a config.json alone")
+    parser.add_argument("--hardware", required=True, metavar="SLUG", help="hardware slug of the catalog, or cpu")
+    parser.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                        help=f"comma-separated, run in pipeline order; of {','.join(STAGE_ORDER)}")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--device", default="cpu", help="torch device of the target (default cpu)")
+    parser.add_argument("--tp", type=int, default=None, help="pin the plan's tensor-parallel degree")
+    parser.add_argument("--ep", type=int, default=None, help="pin the plan's expert-parallel degree")
+    parser.add_argument("--report", type=Path, default=None, metavar="FILE", help="write the report JSON here")
+    parser.add_argument("--threshold", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a threshold, e.g. layer_cosine=0.995 (repeatable)")
+    parser.add_argument("--workdir", type=Path, default=Path("var/adapt"))
+    parser.add_argument("--quiet", action="store_true", help="print only the summary")
+    parser.set_defaults(handler=handle)
+
+
+def parse_thresholds(items: list[str]) -> dict[str, float]:
+    """``["key=value", …]`` -> {key: float}; a malformed item is a ValueError naming it."""
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--threshold {item!r} is not KEY=VALUE")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--threshold {item!r}: {value!r} is not a number") from None
+    return out
+
+
+class ConsoleEmitter:
+    """Prints stage events; progress at most once a second per stage (and when a stage's work completes)."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self._last: dict[str, float] = {}
+
+    def __call__(self, kind: str, message: str, *, level: str = "info", data: dict | None = None,
+                 stage: str = "") -> None:
+        if kind == "result":
+            return
+        if level == "error" and kind == "log":
+            print(message, file=sys.stderr, flush=True)
+            return
+        if self.quiet:
+            return
+        if kind == "progress":
+            data = data or {}
+            now = time.monotonic()
+            if data.get("done") != data.get("total") and now - self._last.get(stage, 0.0) < 1.0:
+                return
+            self._last[stage] = now
+        print(f"[{stage or '-':>9}] {message}", flush=True)
+
+
+def _load_job(model_arg: Path) -> tuple[Path | None, dict[str, Any]]:
+    """(model_dir or None for a config alone, parsed config.json)."""
+    if model_arg.is_file():
+        config_path, model_dir = model_arg, None
+    elif model_arg.is_dir():
+        config_path, model_dir = model_arg / "config.json", model_arg
+    else:
+        raise ValueError(f"{model_arg} does not exist")
+    if not config_path.is_file():
+        raise ValueError(f"{model_arg} has no config.json")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config_path} is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} does not hold a JSON object")
+    return model_dir, config
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The human summary printed after a run."""
+    lines = [f"model {report['model'].get('name')} ({report['model'].get('architecture')}, "
+             f"{report['model'].get('path') or 'path unknown'}) on {report['hardware']}, {report['dtype']}"]
+    for stage in report.get("stages_requested", []):
+        if stage in report["stages"] and stage != report["failed_stage"]:
+            state = "passed"
+        elif stage == report["failed_stage"]:
+            state = "FAILED"
+        else:
+            state = "not run"
+        secs = report["seconds"].get(stage)
+        lines.append(f"  {stage:<10} {state}" + (f"  {secs:.1f} s" if secs is not None else ""))
+    lines.append(f"tier {report['tier']} ({report['tier_name']})")
+    if report["failed_stage"]:
+        lines.append(f"failed at {report['failed_stage']}: {report['error']}")
+    lines += [f"note: {note}" for note in report.get("notes", [])]
+    return lines
+
+
+def handle(args: argparse.Namespace) -> int:
+    from agents.pipeline.base import StageContext
+    from agents.pipeline.runner import parse_stages, run_pipeline
+
+    try:
+        stages = parse_stages(args.stages)
+        thresholds = parse_thresholds(args.threshold)
+        model_dir, config = _load_job(args.model_dir)
+        for name, value in (("--tp", args.tp), ("--ep", args.ep)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        from agents.runtime.hardware import get_hardware
+
+        try:
+            hardware = get_hardware(args.hardware).to_dict()
+        except KeyError as exc:
+            raise ValueError(str(exc.args[0]) if exc.args else f"unknown hardware {args.hardware!r}") from None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    ctx = StageContext(model_dir=model_dir, config=config, hardware=hardware, dtype=args.dtype, device=args.device,
+                       tp=args.tp, ep=args.ep, thresholds=thresholds, workdir=args.workdir,
+                       emit_fn=ConsoleEmitter(args.quiet))
+
+    def on_sigint(_sig: int, _frame: Any) -> None:
+        # first Ctrl-C: stop between steps and still write the report; second: abort at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("cancelling after the current step (Ctrl-C again to abort)", file=sys.stderr, flush=True)
+        ctx.cancel_event.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        report = run_pipeline(ctx, stages)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if args.report is not None:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    print("\n".join(summary_lines(report)), flush=True)
+    if args.report is not None:
+        print(f"report written to {args.report}")
+    return 1 if report["failed_stage"] else 0

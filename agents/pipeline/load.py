@@ -1,0 +1,47 @@
+"""The ``load`` stage: strict streaming load of the checkpoint with the bundled runtime's loader. The loaded
+model goes to ``ctx.shared["model"]`` so later stages (inventory, align, eval) run on it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agents.pipeline.base import StageContext, StageFailed
+
+PROGRESS_INTERVAL_S = 0.5
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    """Load the weights on ``ctx.device`` in ``ctx.dtype``; the section is the loader's report."""
+    if ctx.model_dir is None:
+        raise StageFailed("load needs the model's weights, but this job has no model directory (config only)")
+    if not ctx.model_dir.is_dir():
+        raise StageFailed(f"model directory {ctx.model_dir} does not exist")
+    from agents.runtime.loader import LoadError, load_model
+
+    last = {"time": 0.0, "done": -1}
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done != last["done"] and (done == total or now - last["time"] >= PROGRESS_INTERVAL_S):
+            last.update(time=now, done=done)
+            ctx.progress(done, total, "tensors loaded")
+        ctx.check_cancelled()
+
+    try:
+        result = load_model(
+            ctx.model_dir,
+            dtype=ctx.dtype,
+            device=ctx.device,
+            manifest=ctx.shared.get("manifest"),
+            fail_on_nonfinite=bool(ctx.thresholds.get("fail_on_nonfinite", 0)),
+            progress=progress,
+        )
+    except LoadError as exc:
+        raise StageFailed(str(exc)) from exc
+    ctx.shared["model"] = result.model
+    ctx.shared["model_config"] = result.config
+    section = dict(result.report)
+    section.setdefault("path", getattr(result.model, "path", None))
+    section.setdefault("tp", 1)  # loaded in this process; multi-process TP runs under serve/bench
+    return section

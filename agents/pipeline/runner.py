@@ -1,0 +1,134 @@
+"""Run the requested stages of the pipeline in DESIGN order and assemble the stage report (DESIGN.md §6).
+
+The runner stops at the first stage that raises (``StageFailed`` or any other exception) or whose section is
+not passing evidence (``tiers.stage_passed``); the report then names that stage and why. ``JobCancelled``
+ends the run with the stage it interrupted and the error "cancelled"."""
+
+from __future__ import annotations
+
+import importlib
+import time
+import traceback
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
+
+from agents.pipeline import report as report_mod
+from agents.pipeline import tiers
+from agents.pipeline.base import JobCancelled, StageContext, StageFailed
+
+
+def parse_stages(stages: Iterable[str] | str) -> list[str]:
+    """The requested stages in DESIGN order; an unknown name is a ValueError naming it."""
+    names = [s.strip() for s in (stages.split(",") if isinstance(stages, str) else stages) if s.strip()]
+    unknown = [s for s in names if s not in tiers.STAGE_ORDER]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(map(repr, unknown))}; stages are {', '.join(tiers.STAGE_ORDER)}")
+    if not names:
+        raise ValueError("no stages requested")
+    return [s for s in tiers.STAGE_ORDER if s in names]
+
+
+def import_stage(stage: str) -> ModuleType:
+    """``agents.pipeline.<stage>``; an absent module is a StageFailed naming it."""
+    name = f"agents.pipeline.{stage}"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            raise StageFailed(f"stage {stage!r} is not available: module {name} is absent") from exc
+        raise
+    if not callable(getattr(module, "run", None)):
+        raise StageFailed(f"stage {stage!r} is not available: module {name} has no run(ctx)")
+    return module
+
+
+def model_info(ctx: StageContext) -> dict[str, Any]:
+    """The report's ``model`` block: name, architecture, and which runtime path runs it."""
+    archs = ctx.config.get("architectures") or []
+    architecture = archs[0] if archs else None
+    name = ctx.model_dir.name if ctx.model_dir is not None else (ctx.config.get("_name_or_path") or architecture)
+    model = ctx.shared.get("model")
+    path = getattr(model, "path", None)
+    if path is None and architecture:
+        try:
+            from agents.runtime.models.registry import model_class_for
+        except ImportError:
+            path = None
+        else:
+            path = "native" if model_class_for(architecture) is not None else "fallback"
+    return {"name": name, "architecture": architecture, "path": path}
+
+
+def _hardware_slug(ctx: StageContext) -> str | None:
+    hw = ctx.hardware
+    return hw.get("slug") if isinstance(hw, dict) else getattr(hw, "slug", None)
+
+
+def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, Any]:
+    """Run ``stages`` (in DESIGN order) on ``ctx`` and return the whole stage report."""
+    requested = parse_stages(stages)
+    started = time.time()
+    report: dict[str, Any] = {
+        "model": model_info(ctx),
+        "hardware": _hardware_slug(ctx),
+        "dtype": ctx.dtype,
+        "device": ctx.device,
+        "tier": 0,
+        "failed_stage": None,
+        "error": None,
+        "stages_requested": requested,
+        "stages": {},
+        "seconds": {},
+        "notes": [],
+    }
+    for stage in requested:
+        ctx.current_stage = stage
+        t0 = time.perf_counter()
+        section: dict[str, Any] | None = None
+        error: str | None = None
+        try:
+            ctx.check_cancelled()
+            ctx.emit("stage_started", f"{stage} started", data={"stage": stage})
+            section = import_stage(stage).run(ctx)
+            if not isinstance(section, dict):
+                raise StageFailed(f"stage {stage!r} returned {type(section).__name__}, not its report section")
+            section = report_mod.json_safe(section)
+            missing = report_mod.section_problems(stage, section)
+            if missing:
+                raise StageFailed(f"stage {stage!r} returned a section without required keys: {', '.join(missing)}")
+            if tiers.stage_passed(stage, section) is False:
+                error = report_mod.failure_reason(stage, section)
+        except JobCancelled:
+            error = "cancelled"
+        except StageFailed as exc:
+            error = str(exc) or f"{stage} failed"
+        except Exception as exc:  # a bug or an environment problem: the report says what, the log says where
+            error = f"{type(exc).__name__}: {exc}"
+            ctx.emit("log", traceback.format_exc(), level="error")
+        seconds = round(time.perf_counter() - t0, 3)
+        report["seconds"][stage] = seconds
+        if section is not None:
+            report["stages"][stage] = section
+            ctx.results[stage] = section
+            ctx.emit("result", f"{stage} section", data={"stage": stage, "section": section})
+        passed = error is None
+        ctx.emit(
+            "stage_finished",
+            f"{stage} passed in {seconds:.1f} s" if passed else f"{stage} failed: {error}",
+            level="info" if passed else ("warning" if error == "cancelled" else "error"),
+            data={"stage": stage, "passed": passed, "seconds": seconds, "error": error},
+        )
+        if not passed:
+            report["failed_stage"], report["error"] = stage, error
+            break
+    ctx.current_stage = ""
+    report["model"] = model_info(ctx)  # the load stage knows which path runs it
+    report["notes"] += [f"{name}: {note}" for name, sec in report["stages"].items() for note in sec.get("notes", [])]
+    report["tier"] = tiers.tier_of_report(report["stages"])
+    report["tier_name"] = tiers.TIER_NAMES[report["tier"]]
+    report["seconds"]["total"] = round(time.time() - started, 3)
+    problems = report_mod.report_problems(report)
+    if problems:  # the runner's own contract: a bug here, never a model problem
+        raise RuntimeError(f"stage report violates DESIGN.md §6: {', '.join(problems)}")
+    return report

@@ -1,0 +1,70 @@
+"""The align stage against transformers fp32: a faithful target passes, a perturbed weight is caught per layer
+and end to end, near-ties are told apart from real divergences, absent parts are noted."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from agents.pipeline.align_e2e import compare_step
+from agents.pipeline.runner import run_pipeline
+
+
+def _perturb(model: torch.nn.Module, layer: int) -> str:
+    """Add noise to one projection weight of decoder block ``layer`` in the loaded target (not on disk)."""
+    names = [n for n, p in model.named_parameters() if f"layers.{layer}." in n and p.dim() == 2]
+    name = next(n for n in names if "o_proj" in n)
+    param = dict(model.named_parameters())[name]
+    with torch.no_grad():
+        param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
+    return name
+
+
+def test_a_perturbed_weight_fails_align_from_that_layer_with_the_divergence_reported(make_ctx) -> None:
+    ctx, _ = make_ctx("llama")
+    assert run_pipeline(ctx, ["load"])["failed_stage"] is None
+    _perturb(ctx.shared["model"], layer=1)
+    report = run_pipeline(ctx, ["align"])
+    align = report["stages"]["align"]
+    assert report["failed_stage"] == "align" and align["passed"] is False
+    assert [row["passed"] for row in align["layers"]] == [True, False]
+    assert align["layers"][0]["cosine"] > 0.9999 and align["layers"][1]["cosine"] < 0.99
+    e2e = align["e2e"]
+    assert e2e["token_match_rate"] < 1.0 and e2e["divergences"]
+    first = e2e["divergences"][0]
+    assert first["ref_token"] != first["target_token"]
+    assert len(first["ref_top5"]) == len(first["target_top5"]) == 5
+    assert first["ref_top5"][0]["token"] == first["ref_token"] and first["target_top5"][0]["token"] == first["target_token"]
+    assert {"token", "text", "logprob"} <= set(first["ref_top5"][0])
+    assert e2e["first_divergence"][first["prompt"]] == first["position"]
+    assert "layer 1" in report["error"]
+
+
+def test_a_moe_model_aligns_in_bfloat16_within_thresholds(make_ctx) -> None:
+    ctx, _ = make_ctx("mixtral", dtype="bfloat16")
+    report = run_pipeline(ctx, ["load", "align"])
+    align = report["stages"]["align"]
+    assert report["failed_stage"] is None, report["error"]
+    assert all(row["cosine"] >= 0.99 for row in align["layers"])
+    assert all(d["near_tie"] for d in align["e2e"]["divergences"])  # bf16 may flip only near-ties
+
+
+def test_near_tie_needs_each_token_in_the_others_top_k() -> None:
+    ref = torch.tensor([5.0, 4.99, 1.0, 0.0, -1.0, -2.0, -3.0])
+    close = torch.tensor([4.99, 5.0, 1.0, 0.0, -1.0, -2.0, -3.0])
+    assert compare_step(ref, close, 0, 5) == (1, True)
+    far = torch.tensor([-9.0, 5.0, 1.0, 0.9, 0.8, 0.7, 0.6])  # the reference's token fell out of the top 5
+    assert compare_step(ref, far, 0, 5) == (1, False)
+    assert compare_step(ref, ref, 0, 5) == (0, False)
+
+
+def test_absent_optional_parts_are_noted_and_omitted(make_ctx, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "agents.pipeline.align_kv", None)
+    monkeypatch.setitem(sys.modules, "agents.pipeline.align_ops", None)
+    ctx, _ = make_ctx("llama")
+    report = run_pipeline(ctx, ["load", "align"])
+    align = report["stages"]["align"]
+    assert "kv_cache" not in align and "ops" not in align and align["passed"] is True
+    assert "align: kv_cache not checked: agents.pipeline.align_kv is not available" in report["notes"]
+    assert "align: ops not checked: agents.pipeline.align_ops is not available" in report["notes"]

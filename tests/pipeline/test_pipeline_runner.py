@@ -1,0 +1,71 @@
+"""run_pipeline: DESIGN order, events, stopping at the first failure, cancellation, absent stage modules."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from agents.pipeline.runner import parse_stages, run_pipeline
+
+
+def test_stages_run_in_design_order_and_emit_started_and_finished(make_ctx) -> None:
+    ctx, log = make_ctx("llama")
+    report = run_pipeline(ctx, ["env", "plan"])
+    assert report["stages_requested"] == ["plan", "env"]
+    assert log.kinds("stage_started", "stage_finished") == [
+        ("stage_started", "plan"), ("stage_finished", "plan"), ("stage_started", "env"), ("stage_finished", "env")]
+    assert report["failed_stage"] is None and report["error"] is None
+    assert report["tier"] == 1 and report["tier_name"] == "planned"
+    assert report["model"] == {"name": ctx.model_dir.name, "architecture": "LlamaForCausalLM", "path": "native"}
+    assert report["hardware"] == "cpu" and report["dtype"] == "float32"
+
+
+def test_unknown_stage_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="unknown stage.*'aling'"):
+        parse_stages("plan,aling")
+    with pytest.raises(ValueError, match="no stages"):
+        parse_stages(" , ")
+
+
+def test_a_plan_that_does_not_fit_stops_the_pipeline_at_plan(make_ctx) -> None:
+    ctx, log = make_ctx("llama", hardware={"slug": "pocket", "memory_bytes": 10_000, "devices_per_node": 1})
+    report = run_pipeline(ctx, ["plan", "load", "align"])
+    assert report["failed_stage"] == "plan" and report["tier"] == 0
+    assert report["error"] and "fit" in report["error"]
+    assert report["stages"]["plan"]["fits"] is False  # the evidence is kept
+    assert "load" not in report["stages"] and ("stage_started", "load") not in log.kinds("stage_started")
+
+
+def test_an_absent_stage_module_is_a_clear_failure(make_ctx, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "agents.pipeline.bench", None)  # as if the module were not installed
+    ctx, _ = make_ctx("llama")
+    report = run_pipeline(ctx, ["plan", "bench"])
+    assert report["failed_stage"] == "bench"
+    assert report["error"] == "stage 'bench' is not available: module agents.pipeline.bench is absent"
+    assert report["tier"] == 1
+
+
+def test_cancellation_ends_with_the_interrupted_stage_and_cancelled(make_ctx) -> None:
+    ctx, log = make_ctx("llama")
+    ctx.cancel_event.set()
+    report = run_pipeline(ctx, ["plan", "load"])
+    assert (report["failed_stage"], report["error"]) == ("plan", "cancelled")
+    finished = [e for e in log.events if e["kind"] == "stage_finished"]
+    assert finished[0]["data"]["passed"] is False and finished[0]["level"] == "warning"
+
+
+def test_a_stage_that_raises_names_the_problem(make_ctx) -> None:
+    ctx, _ = make_ctx("llama", model_dir=None)  # config only: nothing to load
+    report = run_pipeline(ctx, ["plan", "load"])
+    assert report["failed_stage"] == "load" and "no model directory" in report["error"]
+    assert report["tier"] == 1
+
+
+def test_load_leaves_the_model_for_later_stages_and_reports_progress(make_ctx) -> None:
+    ctx, log = make_ctx("qwen3")
+    report = run_pipeline(ctx, ["load"])
+    assert report["stages"]["load"]["ok"] is True and report["failed_stage"] is None
+    assert ctx.shared["model"].path == report["model"]["path"]
+    progress = [e["data"] for e in log.events if e["kind"] == "progress"]
+    assert progress and progress[-1]["done"] == progress[-1]["total"] == report["stages"]["load"]["tensors"]
