@@ -1,0 +1,1 @@
+"""The portal's Django apps, one per concern."""

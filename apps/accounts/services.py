@@ -1,0 +1,82 @@
+"""Organizations, members and API tokens."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+
+from apps.accounts.access import Actor
+from apps.accounts.authentication import hash_secret
+from apps.accounts.choices import SCOPES_FOR_ROLE, Role, Scope
+from apps.accounts.models import ApiToken, Membership, Organization
+
+TOKEN_PREFIX_LEN = 8
+
+
+def do_create_organization(*, slug: str, name: str) -> Organization:
+    org = Organization(slug=slug, name=name)
+    org.full_clean()
+    org.save()
+    return org
+
+
+def do_set_membership(org: Organization, user, role: str) -> Membership:  # noqa: ANN001
+    """Adds ``user`` to ``org`` with ``role``, or changes their role."""
+    if role not in Role.values:
+        raise ValidationError({"role": f"must be one of {', '.join(Role.values)}"})
+    membership, _ = Membership.objects.update_or_create(organization=org, user=user, defaults={"role": role})
+    return membership
+
+
+@transaction.atomic
+def do_create_api_token(*, organization: Organization, user, name: str, scopes: list[str],  # noqa: ANN001
+                        hardware_id: int | None = None) -> tuple[ApiToken, str]:
+    """Creates a token and returns it with its secret; only the secret's sha256 is stored."""
+    unknown = sorted(set(scopes) - set(Scope.values))
+    if not scopes or unknown:
+        raise ValidationError({"scopes": f"must be a non-empty subset of {', '.join(Scope.values)}"})
+    if Scope.AGENT in scopes and hardware_id is None:
+        raise ValidationError({"hardware": "an agent token must be bound to a hardware"})
+    if Scope.AGENT not in scopes and hardware_id is not None:
+        raise ValidationError({"hardware": "only agent tokens are bound to a hardware"})
+    secret = f"d0_{secrets.token_urlsafe(32)}"
+    token = ApiToken.objects.create(organization=organization, user=user, name=name,
+                                    prefix=secret[:TOKEN_PREFIX_LEN], key_hash=hash_secret(secret),
+                                    scopes=sorted(set(scopes) | {Scope.READ}), hardware_id=hardware_id)
+    return token, secret
+
+
+def check_create_api_token(actor: Actor, *, organization: Organization, name: str, scopes: list[str],
+                           hardware_id: int | None = None) -> tuple[ApiToken, str]:
+    """Members create tokens within their role; agent tokens need an admin. Tokens cannot mint tokens."""
+    if actor.token is not None:
+        raise PermissionDenied("tokens are created from a signed-in session, not with another token")
+    role = actor.role_in(organization.pk)
+    allowed = SCOPES_FOR_ROLE[Role.ADMIN] if actor.is_staff else SCOPES_FOR_ROLE.get(role or "", set())
+    if not allowed:
+        raise PermissionDenied(f"you are not a member of {organization.slug}")
+    beyond = sorted(set(scopes) - allowed)
+    if beyond:
+        raise PermissionDenied(f"your role ({role or 'staff'}) cannot grant the scopes {beyond}")
+    user = get_user_model().objects.get(pk=actor.user_id)
+    return do_create_api_token(organization=organization, user=user, name=name, scopes=scopes,
+                               hardware_id=hardware_id)
+
+
+def do_revoke_api_token(token: ApiToken) -> ApiToken:
+    from django.utils import timezone
+
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+    return token
+
+
+def check_revoke_api_token(actor: Actor, token: ApiToken) -> ApiToken:
+    """A token's owner or an admin of its organization revokes it."""
+    if not (actor.user_id == token.user_id or actor.is_admin_of(token.organization_id)):
+        raise PermissionDenied("only the token's owner or an organization admin can revoke it")
+    return do_revoke_api_token(token)

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from apps.catalog.models import Hardware, ModelRelease
+
+
+@admin.register(ModelRelease)
+class ModelReleaseAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "organization", "architecture", "params_total", "params_active", "released_at",
+                    "visibility"]
+    list_filter = ["family", "visibility", "organization"]
+    search_fields = ["slug", "name", "hf_repo"]
+    readonly_fields = ["architecture", "family", "params_total", "params_active", "context_length", "dtype"]
+
+
+@admin.register(Hardware)
+class HardwareAdmin(admin.ModelAdmin):
+    list_display = ["slug", "vendor", "name", "memory_bytes", "devices_per_node"]
+    list_filter = ["vendor"]
+    search_fields = ["slug", "name", "vendor"]

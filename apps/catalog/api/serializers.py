@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import serializers
+
+from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.services import model_fields_from_config
+
+DTYPE_NAMES = frozenset({"float64", "float32", "tfloat32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2",
+                         "float8_e4m3fnuz", "float8_e5m2fnuz", "hifloat8", "int8", "int4", "mxfp4", "mxfp8", "nvfp4",
+                         "float4_e2m1fn"})
+
+
+class ModelReleaseSerializer(serializers.ModelSerializer):
+    organization = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    config = serializers.JSONField(write_only=False)
+
+    class Meta:
+        model = ModelRelease
+        fields = ["id", "slug", "name", "organization", "hf_repo", "architecture", "family", "params_total",
+                  "params_active", "published_params_total", "published_params_active", "context_length", "dtype",
+                  "modalities", "released_at", "visibility", "config", "created_at", "updated_at"]
+        read_only_fields = ["id", "architecture", "family", "params_total", "params_active", "context_length",
+                            "dtype", "created_at", "updated_at"]
+
+    def validate_config(self, value: Any) -> dict[str, Any]:
+        try:
+            model_fields_from_config(value)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict["config"]) from exc
+        return value
+
+    def validate_modalities(self, value: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise serializers.ValidationError("must be a list of strings such as ['text', 'image']")
+        return value
+
+
+class ModelReleaseListSerializer(ModelReleaseSerializer):
+    """The list omits the (large) config."""
+
+    class Meta(ModelReleaseSerializer.Meta):
+        fields = [f for f in ModelReleaseSerializer.Meta.fields if f != "config"]
+
+
+class HardwareSerializer(serializers.ModelSerializer):
+    memory_gb = serializers.FloatField(read_only=True)
+
+    class Meta:
+        model = Hardware
+        fields = ["id", "slug", "vendor", "name", "memory_bytes", "memory_gb", "devices_per_node", "intra_node_gbps",
+                  "inter_node_gbps", "memory_bandwidth_gbps", "dtypes", "peak_tflops", "operator_manifest",
+                  "shared_memory", "notes", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+
+    def validate_memory_bytes(self, value: int) -> int:
+        if value <= 0:
+            raise serializers.ValidationError("must be positive (bytes of memory per device)")
+        return value
+
+    def validate_devices_per_node(self, value: int) -> int:
+        if value < 1:
+            raise serializers.ValidationError("must be at least 1")
+        return value
+
+    def validate_dtypes(self, value: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise serializers.ValidationError("must be a list of dtype names")
+        unknown = sorted(set(value) - DTYPE_NAMES)
+        if unknown:
+            raise serializers.ValidationError(f"unknown dtypes {unknown}; known: {sorted(DTYPE_NAMES)}")
+        return value
+
+    def validate_peak_tflops(self, value: Any) -> dict[str, float]:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+            for k, v in value.items()
+        ):
+            raise serializers.ValidationError("must map dtype names to non-negative numbers")
+        return value
+
+    def validate_operator_manifest(self, value: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise serializers.ValidationError("must be a list of operator names")
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        for name in ("intra_node_gbps", "inter_node_gbps", "memory_bandwidth_gbps"):
+            if (attrs.get(name) or 0) < 0:
+                raise serializers.ValidationError({name: "must not be negative"})
+        return attrs

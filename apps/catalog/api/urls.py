@@ -1,0 +1,6 @@
+from __future__ import annotations
+
+from apps.catalog.api.views import HardwareViewSet, ModelReleaseViewSet
+
+routes = [("models", ModelReleaseViewSet, "model"), ("hardware", HardwareViewSet, "hardware")]
+urlpatterns: list = []

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import django_filters
+from rest_framework import mixins, viewsets
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.choices import Scope
+from apps.accounts.models import Organization
+from apps.catalog import services
+from apps.catalog.api.serializers import HardwareSerializer, ModelReleaseListSerializer, ModelReleaseSerializer
+from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.selectors import all_hardware, visible_models
+from apps.core.api.mixins import get_actor, get_or_404, require
+
+
+class ModelReleaseFilter(django_filters.FilterSet):
+    organization = django_filters.CharFilter(field_name="organization__slug")
+    released_after = django_filters.IsoDateTimeFilter(field_name="released_at", lookup_expr="gte")
+    released_before = django_filters.IsoDateTimeFilter(field_name="released_at", lookup_expr="lte")
+
+    class Meta:
+        model = ModelRelease
+        fields = ["family", "architecture", "visibility", "organization"]
+
+
+class ModelReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                          mixins.UpdateModelMixin, viewsets.GenericViewSet):
+    """Model releases. Parameter counts, architecture and context length are computed from ``config``."""
+
+    lookup_field = "slug"
+    lookup_value_regex = r"[-a-zA-Z0-9_.]+"
+    filterset_class = ModelReleaseFilter
+    search_fields = ["slug", "name", "hf_repo"]
+    ordering_fields = ["released_at", "params_total", "params_active", "name", "slug", "created_at"]
+
+    def get_queryset(self):  # noqa: ANN201
+        return visible_models(get_actor(self.request))
+
+    def get_serializer_class(self):  # noqa: ANN201
+        return ModelReleaseListSerializer if self.action == "list" else ModelReleaseSerializer
+
+    def get_object(self) -> ModelRelease:
+        return get_or_404(self.get_queryset(), "model", slug=self.kwargs["slug"])
+
+    def create(self, request: Request, *args, **kwargs) -> Response:  # noqa: ANN002, ANN003
+        actor = get_actor(request)
+        require(actor.has_scope(Scope.SUBMIT), actor, "creating a model needs the submit scope")
+        return super().create(request, *args, **kwargs)
+
+    def perform_create(self, serializer: ModelReleaseSerializer) -> None:
+        actor = get_actor(self.request)
+        org_slug = self.request.data.get("organization") if isinstance(self.request.data, dict) else None
+        if org_slug:
+            org = Organization.objects.filter(slug=org_slug).first()
+            if org is None:
+                raise ValidationError({"organization": f"no organization with slug {org_slug!r}"})
+            org_id = org.pk
+        else:
+            org_id = actor.default_org_id()
+            if org_id is None:
+                if not actor.authenticated:
+                    raise PermissionDenied("creating a model needs the submit scope")
+                raise ValidationError({"organization": "is required: you belong to several organizations"})
+        if not actor.has_scope(Scope.SUBMIT, org_id):
+            raise PermissionDenied("creating a model needs the submit scope in its organization")
+        data = dict(serializer.validated_data)
+        serializer.instance = services.do_create_model_release(organization_id=org_id, **data)
+
+    def update(self, request: Request, *args, **kwargs) -> Response:  # noqa: ANN002, ANN003
+        model = self.get_object()
+        actor = get_actor(request)
+        require(actor.has_scope(Scope.SUBMIT, model.organization_id), actor,
+                "changing a model needs the submit scope in its organization")
+        serializer = ModelReleaseSerializer(model, data=request.data, partial=kwargs.get("partial", False))
+        serializer.is_valid(raise_exception=True)
+        model = services.do_update_model_release(model, **serializer.validated_data)
+        return Response(ModelReleaseSerializer(model).data)
+
+
+class HardwareViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                      mixins.UpdateModelMixin, viewsets.GenericViewSet):
+    """Accelerators. Creating or editing one recomputes the fits estimates of its column."""
+
+    lookup_field = "slug"
+    lookup_value_regex = r"[-a-zA-Z0-9_.]+"
+    serializer_class = HardwareSerializer
+    filterset_fields = ["vendor"]
+    search_fields = ["slug", "name", "vendor"]
+    ordering_fields = ["slug", "vendor", "memory_bytes", "devices_per_node"]
+
+    def get_queryset(self):  # noqa: ANN201
+        return all_hardware()
+
+    def get_object(self) -> Hardware:
+        return get_or_404(self.get_queryset(), "hardware", slug=self.kwargs["slug"])
+
+    def initial(self, request: Request, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().initial(request, *args, **kwargs)
+        if request.method not in ("GET", "HEAD", "OPTIONS"):
+            actor = get_actor(request)
+            require(actor.is_catalog_admin(), actor, "editing hardware needs an organization admin or staff")
+
+    def perform_create(self, serializer: HardwareSerializer) -> None:
+        serializer.instance = services.do_create_hardware(**serializer.validated_data)
+
+    def perform_update(self, serializer: HardwareSerializer) -> None:
+        serializer.instance = services.do_update_hardware(serializer.instance, **serializer.validated_data)

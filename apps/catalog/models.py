@@ -1,0 +1,70 @@
+"""The catalog: open-weights model releases and accelerators."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from apps.catalog.choices import Visibility
+from apps.core.validators import slug_validator
+
+
+class ModelRelease(models.Model):
+    """A released (or embargoed) model, described by its ``config.json``. Parameter counts, architecture,
+    family and context length are computed from the config, never typed in."""
+
+    slug = models.CharField(max_length=100, unique=True, validators=[slug_validator])
+    name = models.CharField(max_length=200)
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.PROTECT, related_name="models")
+    hf_repo = models.CharField(max_length=200, blank=True)
+    architecture = models.CharField(max_length=100)
+    family = models.CharField(max_length=32, db_index=True)
+    params_total = models.BigIntegerField()
+    params_active = models.BigIntegerField()
+    published_params_total = models.BigIntegerField(null=True, blank=True)
+    published_params_active = models.BigIntegerField(null=True, blank=True)
+    context_length = models.IntegerField()
+    dtype = models.CharField(max_length=32, default="bfloat16")
+    modalities = models.JSONField(default=list, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    config = models.JSONField()
+    visibility = models.CharField(max_length=16, choices=Visibility.choices, default=Visibility.PUBLIC)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = [models.F("released_at").desc(nulls_last=True), "slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Hardware(models.Model):
+    """An accelerator pool: one device's memory, devices per node, bandwidths, dtypes, peak TFLOP/s per dtype
+    and the names of operators its library implements natively."""
+
+    slug = models.CharField(max_length=64, unique=True, validators=[slug_validator])
+    vendor = models.CharField(max_length=64, db_index=True)
+    name = models.CharField(max_length=200)
+    memory_bytes = models.BigIntegerField(help_text="memory per device, bytes")
+    devices_per_node = models.PositiveIntegerField()
+    intra_node_gbps = models.FloatField(null=True, blank=True)
+    inter_node_gbps = models.FloatField(null=True, blank=True)
+    memory_bandwidth_gbps = models.FloatField(null=True, blank=True)
+    shared_memory = models.BooleanField(default=False, help_text="devices share one memory (a CPU host)")
+    notes = models.TextField(blank=True)
+    dtypes = models.JSONField(default=list)
+    peak_tflops = models.JSONField(default=dict, blank=True)
+    operator_manifest = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["vendor", "slug"]
+        verbose_name_plural = "hardware"
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def memory_gb(self) -> float:
+        return self.memory_bytes / 1e9

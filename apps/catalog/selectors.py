@@ -1,0 +1,43 @@
+"""Read-side queries of the catalog, shared by pages and the API. Visibility is decided here only."""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from apps.accounts.access import Actor
+from apps.catalog.choices import Visibility
+from apps.catalog.models import Hardware, ModelRelease
+
+
+def public_models_q(prefix: str = "") -> Q:
+    """Public models, and private ones whose release time has passed (the embargo is over)."""
+    return Q(**{f"{prefix}visibility": Visibility.PUBLIC}) | Q(**{f"{prefix}released_at__lte": timezone.now()})
+
+
+def visible_models_q(actor: Actor, prefix: str = "") -> Q:
+    """What ``actor`` may see: public models plus its organizations' private ones (staff see everything)."""
+    if actor.is_staff:
+        return Q()
+    q = public_models_q(prefix)
+    if actor.org_ids:
+        q |= Q(**{f"{prefix}organization_id__in": sorted(actor.org_ids)})
+    return q
+
+
+def model_is_public(model: ModelRelease) -> bool:
+    return model.visibility == Visibility.PUBLIC or (
+        model.released_at is not None and model.released_at <= timezone.now()
+    )
+
+
+def can_see_model(actor: Actor, model: ModelRelease) -> bool:
+    return actor.is_staff or model_is_public(model) or model.organization_id in actor.org_ids
+
+
+def visible_models(actor: Actor) -> QuerySet[ModelRelease]:
+    return ModelRelease.objects.filter(visible_models_q(actor)).select_related("organization")
+
+
+def all_hardware() -> QuerySet[Hardware]:
+    return Hardware.objects.all()

@@ -1,0 +1,102 @@
+"""Writes to the catalog. Every create/update of a model or hardware refreshes the affected matrix cells
+(their fits estimate) in the same transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from agents.runtime.params import count_params
+from agents.runtime.spec import SpecError, parse_config
+from apps.catalog.models import Hardware, ModelRelease
+
+# Fields derived from config.json; clients cannot set them.
+DERIVED_MODEL_FIELDS: tuple[str, ...] = ("architecture", "family", "params_total", "params_active",
+                                         "context_length", "dtype")
+HARDWARE_FIELDS: tuple[str, ...] = ("slug", "vendor", "name", "memory_bytes", "devices_per_node", "intra_node_gbps",
+                                    "inter_node_gbps", "memory_bandwidth_gbps", "dtypes", "peak_tflops",
+                                    "operator_manifest", "shared_memory", "notes")
+
+
+def model_fields_from_config(config: Any) -> dict[str, Any]:
+    """Architecture, family, parameter counts, context length and dtype computed from a ``config.json``.
+
+    Raises ``ValidationError({"config": ...})`` naming the missing or bad key."""
+    if not isinstance(config, dict):
+        raise ValidationError({"config": "config must be a JSON object (the model's config.json)"})
+    try:
+        spec = parse_config(config)
+        counts = count_params(spec)
+    except SpecError as exc:
+        raise ValidationError({"config": str(exc)}) from exc
+    except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+        raise ValidationError({"config": f"config cannot be parsed: {exc}"}) from exc
+    return {
+        "architecture": spec.architecture,
+        "family": spec.family,
+        "params_total": counts.total,
+        "params_active": counts.active,
+        "context_length": spec.context_length,
+        "dtype": spec.torch_dtype or "bfloat16",
+    }
+
+
+def _refresh_model_cells(model: ModelRelease) -> None:
+    from apps.matrix.services import refresh_cells
+
+    refresh_cells(models=[model])
+
+
+@transaction.atomic
+def do_create_model_release(*, config: dict[str, Any], **fields: Any) -> ModelRelease:
+    """Creates a model from its config (derived fields computed here) and its matrix row."""
+    model = ModelRelease(config=config, **fields, **model_fields_from_config(config))
+    model.full_clean()
+    model.save()
+    _refresh_model_cells(model)
+    return model
+
+
+@transaction.atomic
+def do_update_model_release(model: ModelRelease, **fields: Any) -> ModelRelease:
+    """Updates a model; a new config recomputes the derived fields and the fits of its cells."""
+    config_changed = "config" in fields and fields["config"] != model.config
+    for name, value in fields.items():
+        setattr(model, name, value)
+    if config_changed:
+        for name, value in model_fields_from_config(model.config).items():
+            setattr(model, name, value)
+    model.full_clean()
+    model.save()
+    if config_changed:
+        _refresh_model_cells(model)
+    else:  # visibility or release date may change what the matrix shows; cells themselves are unchanged
+        from apps.matrix.events import broadcast_matrix_changed
+
+        transaction.on_commit(lambda: broadcast_matrix_changed(model_id=model.pk))
+    return model
+
+
+@transaction.atomic
+def do_create_hardware(**fields: Any) -> Hardware:
+    hardware = Hardware(**fields)
+    hardware.full_clean()
+    hardware.save()
+    from apps.matrix.services import refresh_cells
+
+    refresh_cells(hardware=[hardware])
+    return hardware
+
+
+@transaction.atomic
+def do_update_hardware(hardware: Hardware, **fields: Any) -> Hardware:
+    for name, value in fields.items():
+        setattr(hardware, name, value)
+    hardware.full_clean()
+    hardware.save()
+    from apps.matrix.services import refresh_cells
+
+    refresh_cells(hardware=[hardware])
+    return hardware

@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class EvidenceConfig(AppConfig):
+    name = "apps.evidence"
+    label = "evidence"
+    verbose_name = "Evidence: stage results"

@@ -1,0 +1,201 @@
+"""The evidence each pipeline stage leaves, as queryable rows (DESIGN.md §6, the stage report).
+
+Every stage result is one ``StageResult`` (the section as it arrived, and whether it passes the tier rule)
+plus typed rows derived from it. Posting a stage again for the same job replaces its rows."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class StageResult(models.Model):
+    """One stage's section of one job's report. ``passed`` is ``agents.pipeline.tiers.stage_passed``."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="stage_results")
+    stage = models.CharField(max_length=32)
+    passed = models.BooleanField()
+    section = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["job_id", "created_at"]
+        constraints = [models.UniqueConstraint(fields=["job", "stage"], name="uniq_stage_result")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}:{self.stage} {'pass' if self.passed else 'fail'}"
+
+
+class PlanEvidence(models.Model):
+    """The resource plan: parameters, bytes and the chosen TP × PP × EP layout."""
+
+    result = models.OneToOneField(StageResult, on_delete=models.CASCADE, related_name="plan")
+    params_total = models.BigIntegerField(null=True)
+    params_active = models.BigIntegerField(null=True)
+    weight_bytes = models.BigIntegerField(null=True)
+    kv_bytes_per_token = models.BigIntegerField(null=True)
+    tp = models.IntegerField(null=True)
+    pp = models.IntegerField(null=True)
+    ep = models.IntegerField(null=True)
+    devices = models.IntegerField(null=True)
+    fits = models.BooleanField(default=False)
+    bytes_per_device = models.BigIntegerField(null=True)
+    max_context = models.BigIntegerField(null=True)
+    max_batch = models.IntegerField(null=True)
+    dtype = models.CharField(max_length=32, blank=True)
+
+
+class LoadReport(models.Model):
+    """Weight loading: tensors verified, bytes, speed, peak RSS."""
+
+    result = models.OneToOneField(StageResult, on_delete=models.CASCADE, related_name="load")
+    ok = models.BooleanField()
+    tensors = models.IntegerField(null=True)
+    bytes = models.BigIntegerField(null=True)
+    seconds = models.FloatField(null=True)
+    gb_per_s = models.FloatField(null=True)
+    peak_rss_bytes = models.BigIntegerField(null=True)
+
+
+class ShardChecksum(models.Model):
+    """A checkpoint shard's sha256 as loaded."""
+
+    load = models.ForeignKey(LoadReport, on_delete=models.CASCADE, related_name="shards")
+    file = models.CharField(max_length=255)
+    sha256 = models.CharField(max_length=64)
+
+
+class LoadProblem(models.Model):
+    """A tensor that failed verification (missing, unexpected, wrong shape or dtype, non-finite)."""
+
+    load = models.ForeignKey(LoadReport, on_delete=models.CASCADE, related_name="problems")
+    tensor = models.CharField(max_length=255)
+    problem = models.TextField()
+
+
+class OperatorCheck(models.Model):
+    """One row of the operator checklist: an aten op seen in prefill/decode and its support status."""
+
+    result = models.ForeignKey(StageResult, on_delete=models.CASCADE, related_name="operators")
+    op = models.CharField(max_length=200)
+    count = models.IntegerField(default=0)
+    dtypes = models.JSONField(default=list)
+    status = models.CharField(max_length=16, db_index=True)  # native | decomposed | fallback | missing
+    decomposes_to = models.JSONField(default=list)
+
+
+class AlignmentReport(models.Model):
+    """Alignment against the fp32 reference: end-to-end and KV-cache summaries; ops and layers as rows."""
+
+    result = models.OneToOneField(StageResult, on_delete=models.CASCADE, related_name="alignment")
+    passed = models.BooleanField()
+    thresholds = models.JSONField(default=dict)
+    e2e_prompts = models.IntegerField(null=True)
+    e2e_tokens = models.IntegerField(null=True)
+    token_match_rate = models.FloatField(null=True)
+    perplexity_ref = models.FloatField(null=True)
+    perplexity_target = models.FloatField(null=True)
+    kv_passed = models.BooleanField(null=True)
+    kv_max_abs_err = models.FloatField(null=True)
+    kv_lengths = models.JSONField(default=list)
+
+
+class AlignmentOp(models.Model):
+    """Per-operator alignment on fixed random inputs."""
+
+    report = models.ForeignKey(AlignmentReport, on_delete=models.CASCADE, related_name="ops")
+    op = models.CharField(max_length=200)
+    cosine = models.FloatField(null=True)
+    max_rel_err = models.FloatField(null=True)
+    max_abs_err = models.FloatField(null=True)
+    passed = models.BooleanField()
+
+
+class AlignmentLayer(models.Model):
+    """Per-layer hidden-state alignment."""
+
+    report = models.ForeignKey(AlignmentReport, on_delete=models.CASCADE, related_name="layers")
+    layer = models.IntegerField()
+    cosine = models.FloatField(null=True)
+    max_rel_err = models.FloatField(null=True)
+    passed = models.BooleanField()
+
+
+class TokenDivergence(models.Model):
+    """Where greedy decoding first diverged from the reference, with both sides' top-5."""
+
+    report = models.ForeignKey(AlignmentReport, on_delete=models.CASCADE, related_name="divergences")
+    prompt = models.IntegerField()
+    position = models.IntegerField()
+    ref_token = models.BigIntegerField(null=True)
+    target_token = models.BigIntegerField(null=True)
+    ref_top5 = models.JSONField(default=list)
+    target_top5 = models.JSONField(default=list)
+    near_tie = models.BooleanField(default=False)
+
+
+class ServeReport(models.Model):
+    """The runtime server came up and answered the text path."""
+
+    result = models.OneToOneField(StageResult, on_delete=models.CASCADE, related_name="serve")
+    ready_seconds = models.FloatField(null=True)
+    endpoint = models.CharField(max_length=255, blank=True)
+    text_path_ok = models.BooleanField()
+
+
+class BenchmarkRun(models.Model):
+    """A serving benchmark of one job; model and hardware are denormalized for time-series queries."""
+
+    result = models.OneToOneField(StageResult, on_delete=models.CASCADE, related_name="benchmark")
+    model = models.ForeignKey("catalog.ModelRelease", on_delete=models.CASCADE, related_name="benchmark_runs")
+    hardware = models.ForeignKey("catalog.Hardware", on_delete=models.CASCADE, related_name="benchmark_runs")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["model", "hardware", "created_at"], name="bench_series")]
+
+
+LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+LATENCY_STATS: tuple[str, ...] = ("mean", "p50", "p90", "p99")
+
+
+class BenchmarkPoint(models.Model):
+    """One concurrency level of a benchmark run: latency percentiles and throughput."""
+
+    run = models.ForeignKey(BenchmarkRun, on_delete=models.CASCADE, related_name="points")
+    concurrency = models.IntegerField()
+    ttft_ms_mean = models.FloatField(null=True)
+    ttft_ms_p50 = models.FloatField(null=True)
+    ttft_ms_p90 = models.FloatField(null=True)
+    ttft_ms_p99 = models.FloatField(null=True)
+    tpot_ms_mean = models.FloatField(null=True)
+    tpot_ms_p50 = models.FloatField(null=True)
+    tpot_ms_p90 = models.FloatField(null=True)
+    tpot_ms_p99 = models.FloatField(null=True)
+    itl_ms_mean = models.FloatField(null=True)
+    itl_ms_p50 = models.FloatField(null=True)
+    itl_ms_p90 = models.FloatField(null=True)
+    itl_ms_p99 = models.FloatField(null=True)
+    e2e_ms_mean = models.FloatField(null=True)
+    e2e_ms_p50 = models.FloatField(null=True)
+    e2e_ms_p90 = models.FloatField(null=True)
+    e2e_ms_p99 = models.FloatField(null=True)
+    output_tok_s = models.FloatField(null=True)
+    req_s = models.FloatField(null=True)
+    peak_memory_bytes = models.BigIntegerField(null=True)
+    failed = models.IntegerField(default=0)
+
+    class Meta:
+        ordering = ["run_id", "concurrency"]
+
+
+class EnvLock(models.Model):
+    """The versions a job ran with."""
+
+    result = models.OneToOneField(StageResult, on_delete=models.CASCADE, related_name="env")
+    runtime_commit = models.CharField(max_length=64, blank=True)
+    torch = models.CharField(max_length=64, blank=True)
+    python = models.CharField(max_length=64, blank=True)
+    device = models.CharField(max_length=200, blank=True)
+    device_count = models.IntegerField(null=True)
+    dispatch_key = models.CharField(max_length=64, blank=True)
+    driver = models.CharField(max_length=200, blank=True)

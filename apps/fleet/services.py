@@ -1,0 +1,53 @@
+"""Agent registration and heartbeats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.access import Actor
+from apps.accounts.choices import Scope
+from apps.fleet.models import Agent
+from apps.jobs.models import Job
+
+
+@transaction.atomic
+def do_register_agent(*, hardware_id: int, hostname: str, token_id: int | None, capabilities: dict[str, Any],
+                      versions: dict[str, Any]) -> tuple[Agent, bool]:
+    """Registers (or re-registers) the agent on ``hostname`` for a hardware; counts as a heartbeat."""
+    agent, created = Agent.objects.update_or_create(
+        hardware_id=hardware_id, hostname=hostname,
+        defaults={"token_id": token_id, "capabilities": capabilities, "versions": versions,
+                  "last_heartbeat_at": timezone.now()},
+    )
+    return agent, created
+
+
+def check_register_agent(actor: Actor, *, hardware_slug: str | None, hostname: str, capabilities: dict[str, Any],
+                         versions: dict[str, Any]) -> tuple[Agent, bool]:
+    """Only an agent token registers, and only for the hardware it is bound to."""
+    if not actor.has_scope(Scope.AGENT):
+        raise PermissionDenied("registering an agent needs an agent token")
+    token = actor.token
+    if hardware_slug and hardware_slug != token.hardware.slug:
+        raise PermissionDenied(f"this agent token is bound to {token.hardware.slug}, not {hardware_slug}")
+    return do_register_agent(hardware_id=token.hardware_id, hostname=hostname, token_id=token.pk,
+                             capabilities=capabilities, versions=versions)
+
+
+def do_heartbeat_agent(agent: Agent, *, current_job_id: int | None = None) -> Agent:
+    if current_job_id is not None and not Job.objects.filter(pk=current_job_id, hardware_id=agent.hardware_id).exists():
+        raise ValidationError({"current_job": f"no job {current_job_id} on this agent's hardware"})
+    agent.last_heartbeat_at = timezone.now()
+    agent.current_job_id = current_job_id
+    agent.save(update_fields=["last_heartbeat_at", "current_job"])
+    return agent
+
+
+def check_heartbeat_agent(actor: Actor, agent: Agent, *, current_job_id: int | None = None) -> Agent:
+    if not actor.has_scope(Scope.AGENT) or actor.hardware_id != agent.hardware_id:
+        raise PermissionDenied("heartbeats come from an agent token bound to the agent's hardware")
+    return do_heartbeat_agent(agent, current_job_id=current_job_id)

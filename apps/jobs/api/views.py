@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import django_filters
+from django.conf import settings
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.choices import Scope
+from apps.catalog.models import Hardware
+from apps.catalog.selectors import visible_models
+from apps.core.api.mixins import get_actor, get_or_404, require
+from apps.fleet.models import Agent
+from apps.jobs import services
+from apps.jobs.api.serializers import JobCreateSerializer, JobEventSerializer, JobSerializer, JobStateSerializer
+from apps.jobs.models import Job
+from apps.jobs.selectors import job_events_after, visible_jobs
+
+EVENTS_PAGE_DEFAULT = 500
+EVENTS_PAGE_MAX = 5000
+
+
+class JobFilter(django_filters.FilterSet):
+    model = django_filters.CharFilter(field_name="model__slug")
+    hardware = django_filters.CharFilter(field_name="hardware__slug")
+
+    class Meta:
+        model = Job
+        fields = ["state", "model", "hardware"]
+
+
+def _int_param(request: Request, name: str, default: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ValidationError({name: f"must be an integer, got {raw!r}"}) from exc
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ValidationError({name: f"must be between {minimum} and {maximum}"})
+    return value
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Adaptation jobs: submit, list, follow, cancel; agents post events, results and state here."""
+
+    serializer_class = JobSerializer
+    filterset_class = JobFilter
+    ordering_fields = ["created_at", "finished_at", "state"]
+
+    def get_queryset(self):  # noqa: ANN201
+        return visible_jobs(get_actor(self.request))
+
+    def get_object(self) -> Job:
+        pk = self.kwargs["pk"]
+        if not str(pk).isdigit():
+            raise ValidationError({"id": f"job ids are integers, got {pk!r}"})
+        return get_or_404(self.get_queryset(), "job", pk=int(pk))
+
+    def create(self, request: Request) -> Response:
+        actor = get_actor(request)
+        require(actor.has_scope(Scope.SUBMIT), actor, "creating a job needs the submit scope")
+        serializer = JobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        model = visible_models(actor).filter(slug=data["model"]).first()
+        if model is None:
+            raise ValidationError({"model": f"no model with slug {data['model']!r}"})
+        hardware = Hardware.objects.filter(slug=data["hardware"]).first()
+        if hardware is None:
+            raise ValidationError({"hardware": f"no hardware with slug {data['hardware']!r}"})
+        spec = serializer.spec()
+        if spec["dtype"] is None:
+            spec["dtype"] = "bfloat16" if "bfloat16" in hardware.dtypes or not hardware.dtypes else "float32"
+        elif hardware.dtypes and spec["dtype"] not in hardware.dtypes:
+            raise ValidationError({"dtype": f"{hardware.slug} does not support {spec['dtype']} "
+                                            f"(it supports {', '.join(hardware.dtypes)})"})
+        job = services.check_create_job(actor, model=model, hardware=hardware, spec=spec)
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        actor = get_actor(request)
+        require(actor.authenticated, actor, "")
+        services.check_cancel_job(actor, job)
+        return Response(JobSerializer(job).data)
+
+    @action(detail=True, methods=["get", "post"])
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        """GET ``?after=SEQ&limit=N``: events in seq order. POST (agent): a batch, stored idempotently."""
+        job = self.get_object()
+        if request.method == "POST":
+            actor = get_actor(request)
+            require(actor.authenticated, actor, "")
+            services.check_agent_for_job(actor, job)
+            events = services.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
+            acked = services.do_store_job_events(job, events)
+            return Response({"acked": acked})
+        after = _int_param(request, "after", 0)
+        limit = _int_param(request, "limit", EVENTS_PAGE_DEFAULT, minimum=1, maximum=EVENTS_PAGE_MAX)
+        rows = job_events_after(job, after, limit + 1)
+        has_more = len(rows) > limit
+        rows = rows[:limit]
+        return Response({
+            "job": job.pk, "state": job.state, "acked": job.events_acked,
+            "events": JobEventSerializer(rows, many=True).data,
+            "next_after": rows[-1].seq if rows else after, "has_more": has_more,
+        })
+
+    @action(detail=True, methods=["post"])
+    def results(self, request: Request, pk: str | None = None) -> Response:
+        """POST (agent): one stage's section ``{"stage", "section"}`` or a whole stage report."""
+        job = self.get_object()
+        actor = get_actor(request)
+        require(actor.authenticated, actor, "")
+        services.check_agent_for_job(actor, job)
+        results = services.do_record_job_results(job, request.data)
+        from apps.matrix.models import Cell
+
+        cell = Cell.objects.get(model_id=job.model_id, hardware_id=job.hardware_id)
+        return Response({"job": job.pk, "stored": [{"stage": r.stage, "passed": r.passed} for r in results],
+                         "cell": {"tier": cell.tier, "tier_name": cell.tier_name, "failed_stage": cell.failed_stage}},
+                        status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def state(self, request: Request, pk: str | None = None) -> Response:
+        """POST (agent): ``{"state", "failed_stage", "error", "agent"}`` moves the job through its state machine."""
+        job = self.get_object()
+        actor = get_actor(request)
+        require(actor.authenticated, actor, "")
+        services.check_agent_for_job(actor, job)
+        serializer = JobStateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        agent_id = data.get("agent")
+        if agent_id is not None and not Agent.objects.filter(pk=agent_id, hardware_id=job.hardware_id).exists():
+            raise ValidationError({"agent": f"no agent {agent_id} on {job.hardware.slug}"})
+        services.do_transition_job(job, data["state"], failed_stage=data.get("failed_stage"),
+                                   error=data.get("error"), agent_id=agent_id)
+        return Response(JobSerializer(job).data)

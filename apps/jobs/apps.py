@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class JobsConfig(AppConfig):
+    name = "apps.jobs"
+    label = "jobs"
+    verbose_name = "Adaptation jobs"

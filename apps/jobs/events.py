@@ -1,0 +1,68 @@
+"""Channels messages about jobs, sent to the group ``job.<id>`` (consumed by ``/ws/jobs/<id>/``).
+
+Producers broadcast only through ``broadcast_job_events`` and ``broadcast_job_state``, after the rows they
+describe are committed: the portal persists every event before it broadcasts it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal, TypedDict
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+logger = logging.getLogger(__name__)
+
+
+def job_group(job_id: int) -> str:
+    return f"job.{job_id}"
+
+
+class JobEventPayload(TypedDict):
+    seq: int
+    ts: str
+    stage: str
+    kind: str
+    level: str
+    message: str
+    data: dict[str, Any] | None
+
+
+class JobEventsMessage(TypedDict):
+    """Newly stored events of one job, in seq order (a consumer handles it in ``job_events``)."""
+
+    type: Literal["job.events"]
+    job: int
+    events: list[JobEventPayload]
+
+
+class JobStateMessage(TypedDict):
+    """A job changed state (a consumer handles it in ``job_state``)."""
+
+    type: Literal["job.state"]
+    job: int
+    state: str
+    attempts: int
+    failed_stage: str
+    error: str
+
+
+def _send(group: str, message: JobEventsMessage | JobStateMessage) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(group, message)
+    except Exception:  # stored already; a client replays from its last seq when it reconnects
+        logger.exception("broadcast to %s failed", group)
+
+
+def broadcast_job_events(job_id: int, events: Sequence[JobEventPayload]) -> None:
+    """Sends stored events of ``job_id`` to ``job.<id>`` as one ``job.events`` message."""
+    if events:
+        _send(job_group(job_id), JobEventsMessage(type="job.events", job=job_id, events=list(events)))
+
+
+def broadcast_job_state(message: JobStateMessage) -> None:
+    _send(job_group(message["job"]), message)

@@ -1,0 +1,66 @@
+"""Adaptation jobs and their ordered event log."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from apps.jobs.choices import EventLevel, JobState
+
+
+class Job(models.Model):
+    """One adaptation run of a model on a hardware. ``spec`` holds what was asked (stages, dtype, plan
+    overrides, thresholds, bench settings). State changes only through ``services.do_transition_job``."""
+
+    model = models.ForeignKey("catalog.ModelRelease", on_delete=models.CASCADE, related_name="jobs")
+    hardware = models.ForeignKey("catalog.Hardware", on_delete=models.CASCADE, related_name="jobs")
+    organization = models.ForeignKey(
+        "accounts.Organization", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    spec = models.JSONField(default=dict)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    agent = models.ForeignKey("fleet.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    failed_stage = models.CharField(max_length=32, blank=True)
+    error = models.TextField(blank=True)
+    events_acked = models.BigIntegerField(default=0, help_text="highest contiguous event seq stored")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["model", "hardware", "-created_at"], name="job_cell_newest")]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.model_id}x{self.hardware_id} {self.state}"
+
+    @property
+    def stages(self) -> list[str]:
+        return list(self.spec.get("stages") or [])
+
+
+class JobEvent(models.Model):
+    """One event an agent reported, stored before it is broadcast. ``seq`` starts at 1 and orders a job's log;
+    storing is idempotent on (job, seq)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    ts = models.DateTimeField()
+    stage = models.CharField(max_length=32, blank=True)
+    kind = models.CharField(max_length=32)
+    level = models.CharField(max_length=8, choices=EventLevel.choices, default=EventLevel.INFO)
+    message = models.TextField(blank=True)
+    data = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="uniq_job_event_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.seq} {self.kind}"

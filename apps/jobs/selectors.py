@@ -1,0 +1,26 @@
+"""Read-side queries of jobs and their events."""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from apps.accounts.access import Actor
+from apps.accounts.choices import Scope
+from apps.catalog.selectors import visible_models_q
+from apps.jobs.models import Job, JobEvent
+
+
+def visible_jobs(actor: Actor) -> QuerySet[Job]:
+    """Jobs whose model the actor may see (a job on a private model is its organization's only); an agent token
+    also sees every job of its hardware, whatever the model's organization."""
+    q = visible_models_q(actor, prefix="model__")
+    if actor.has_scope(Scope.AGENT):
+        q |= Q(hardware_id=actor.hardware_id)
+    return Job.objects.filter(q).select_related(
+        "model", "hardware", "organization", "requested_by"
+    )
+
+
+def job_events_after(job: Job, after: int, limit: int) -> list[JobEvent]:
+    """Up to ``limit`` events of ``job`` with seq > ``after``, in order."""
+    return list(JobEvent.objects.filter(job=job, seq__gt=after).order_by("seq")[:limit])

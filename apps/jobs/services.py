@@ -1,0 +1,256 @@
+"""Every write to jobs: creation, state transitions, cancellation, event ingest and result ingest."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.access import Actor
+from apps.accounts.choices import Scope
+from apps.catalog.models import Hardware, ModelRelease
+from apps.core.errors import ConflictError
+from apps.jobs import dispatch
+from apps.jobs.choices import ACTIVE_STATES, ALLOWED_TRANSITIONS, FINISHED_STATES, EventLevel, JobState
+from apps.jobs.events import JobEventPayload, JobStateMessage, broadcast_job_events, broadcast_job_state
+from apps.jobs.models import Job, JobEvent
+
+
+class InvalidTransition(ConflictError):
+    """A state change the job's state machine does not allow; the message names both states."""
+
+
+# --- creation and state -------------------------------------------------------------------------------------
+
+
+def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, spec: dict[str, Any]) -> Job:
+    """Submitters (of the model's organization for a private model) create jobs."""
+    from apps.catalog.selectors import model_is_public
+
+    org_id = actor.default_org_id()
+    if not model_is_public(model):
+        org_id = model.organization_id
+    if not actor.has_scope(Scope.SUBMIT, org_id):
+        raise PermissionDenied("creating a job needs the submit scope (a submitter or admin role)")
+    return do_create_job(model=model, hardware=hardware, spec=spec, organization_id=org_id,
+                         requested_by_id=actor.user_id)
+
+
+@transaction.atomic
+def do_create_job(*, model: ModelRelease, hardware: Hardware, spec: dict[str, Any],
+                  organization_id: int | None = None, requested_by_id: int | None = None) -> Job:
+    """Stores a queued job and hands it to ``dispatch.enqueue_job`` once the transaction commits."""
+    job = Job.objects.create(model=model, hardware=hardware, spec=spec, organization_id=organization_id,
+                             requested_by_id=requested_by_id, state=JobState.QUEUED)
+    from apps.matrix.services import recompute_cell
+
+    recompute_cell(model.pk, hardware.pk)
+    job_id = job.pk
+    transaction.on_commit(lambda: dispatch.enqueue_job(job_id))
+    return job
+
+
+def _state_message(job: Job) -> JobStateMessage:
+    return JobStateMessage(type="job.state", job=job.pk, state=job.state, attempts=job.attempts,
+                           failed_stage=job.failed_stage, error=job.error)
+
+
+@transaction.atomic
+def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = None, error: str | None = None,
+                      agent_id: int | None = None) -> Job:
+    """Moves ``job`` to ``to_state`` if the state machine allows it (``choices.ALLOWED_TRANSITIONS``).
+
+    Sets the timestamps, counts an attempt on each dispatch, stores failed stage and error, recomputes the
+    cell when the job finishes and broadcasts the new state after commit. Raises ``InvalidTransition``."""
+    if to_state not in JobState.values:
+        raise InvalidTransition(f"unknown job state {to_state!r}; states are {', '.join(JobState.values)}")
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if to_state not in ALLOWED_TRANSITIONS[locked.state]:
+        raise InvalidTransition(f"job {job.pk} cannot go from {locked.state} to {to_state}")
+    now = timezone.now()
+    locked.state = to_state
+    if agent_id is not None:
+        locked.agent_id = agent_id
+    if to_state == JobState.DISPATCHED:
+        locked.attempts += 1
+        locked.dispatched_at = now
+    elif to_state == JobState.RUNNING:
+        if locked.dispatched_at is None:
+            locked.attempts += 1
+            locked.dispatched_at = now
+        locked.started_at = locked.started_at or now
+    elif to_state == JobState.QUEUED:
+        locked.finished_at = None
+        locked.failed_stage, locked.error = "", ""
+    if to_state in FINISHED_STATES:
+        locked.finished_at = now
+    if failed_stage is not None:
+        locked.failed_stage = failed_stage[:32]
+    if error is not None:
+        locked.error = error
+    locked.save()
+    for name in ("state", "attempts", "agent_id", "dispatched_at", "started_at", "finished_at", "failed_stage",
+                 "error", "updated_at"):
+        setattr(job, name, getattr(locked, name))
+    if to_state in FINISHED_STATES or to_state == JobState.QUEUED:
+        from apps.matrix.services import recompute_cell
+
+        recompute_cell(locked.model_id, locked.hardware_id)
+    message = _state_message(locked)
+    transaction.on_commit(lambda: broadcast_job_state(message))
+    return job
+
+
+def check_cancel_job(actor: Actor, job: Job) -> Job:
+    """The requester, or a submitter of the job's organization, cancels a queued, dispatched or running job."""
+    if not (actor.user_id is not None and (actor.user_id == job.requested_by_id or actor.is_staff
+                                           or actor.has_scope(Scope.SUBMIT, job.organization_id))):
+        raise PermissionDenied("cancelling this job needs the submit scope in its organization")
+    if job.state not in ACTIVE_STATES:
+        raise InvalidTransition(f"job {job.pk} is {job.state}; only queued, dispatched or running jobs can be cancelled")
+    return do_transition_job(job, JobState.CANCELLED, error="cancelled by user")
+
+
+def check_agent_for_job(actor: Actor, job: Job) -> None:
+    """Agents report only on jobs of the hardware their token is bound to."""
+    if not actor.has_scope(Scope.AGENT):
+        raise PermissionDenied("this needs an agent token")
+    if actor.hardware_id != job.hardware_id:
+        raise PermissionDenied(f"the agent token is bound to another hardware than job {job.pk}'s")
+
+
+# --- events -------------------------------------------------------------------------------------------------
+
+EVENT_LEVELS = frozenset(EventLevel.values)
+
+
+def parse_event_batch(raw: Any, *, max_events: int) -> list[dict[str, Any]]:
+    """Validates a batch ``[{seq, ts, stage, kind, level, message, data}]``; errors name the item and key.
+
+    Hand-written rather than a DRF serializer: ingest must take ≥ 10,000 events/s."""
+    if isinstance(raw, dict) and "events" in raw:
+        raw = raw["events"]
+    if not isinstance(raw, list):
+        raise ValidationError({"events": "must be a list of events"})
+    if len(raw) > max_events:
+        raise ValidationError({"events": f"a batch holds at most {max_events} events, got {len(raw)}"})
+    events = []
+    seen: set[int] = set()
+    for i, item in enumerate(raw):
+        at = f"events[{i}]"
+        if not isinstance(item, dict):
+            raise ValidationError({at: "must be an object"})
+        seq = item.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq < 2**62:
+            raise ValidationError({f"{at}.seq": "must be an integer ≥ 1"})
+        if seq in seen:
+            raise ValidationError({f"{at}.seq": f"seq {seq} appears twice in the batch"})
+        seen.add(seq)
+        ts = item.get("ts")
+        try:
+            when = datetime.fromisoformat(ts) if isinstance(ts, str) else None
+        except ValueError:
+            when = None
+        if when is None:
+            raise ValidationError({f"{at}.ts": "must be an ISO 8601 time"})
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        level = item.get("level") or "info"
+        if level not in EVENT_LEVELS:
+            raise ValidationError({f"{at}.level": f"must be one of {', '.join(sorted(EVENT_LEVELS))}"})
+        kind, stage, message = item.get("kind"), item.get("stage") or "", item.get("message") or ""
+        if not isinstance(kind, str) or not kind or len(kind) > 32:
+            raise ValidationError({f"{at}.kind": "must be a non-empty string of at most 32 characters"})
+        if not isinstance(stage, str) or len(stage) > 32:
+            raise ValidationError({f"{at}.stage": "must be a string of at most 32 characters"})
+        if not isinstance(message, str):
+            raise ValidationError({f"{at}.message": "must be a string"})
+        data = item.get("data")
+        if data is not None and not isinstance(data, dict):
+            raise ValidationError({f"{at}.data": "must be an object or null"})
+        events.append({"seq": seq, "ts": when, "stage": stage, "kind": kind, "level": level, "message": message,
+                       "data": data})
+    return events
+
+
+@transaction.atomic
+def do_store_job_events(job: Job, events: list[dict[str, Any]]) -> int:
+    """Stores events idempotently on (job, seq) and returns the highest contiguous seq stored.
+
+    The job row is locked so concurrent batches of one job serialize; events new to the database are
+    broadcast to ``job.<id>`` after commit, in seq order."""
+    locked = Job.objects.select_for_update().only("id", "events_acked").get(pk=job.pk)
+    if events:
+        seqs = [e["seq"] for e in events]
+        existing = set(
+            JobEvent.objects.filter(job_id=job.pk, seq__gte=min(seqs), seq__lte=max(seqs)).values_list("seq", flat=True)
+        )
+        fresh = sorted((e for e in events if e["seq"] not in existing), key=lambda e: e["seq"])
+        JobEvent.objects.bulk_create([JobEvent(job_id=job.pk, **e) for e in fresh], ignore_conflicts=True)
+    else:
+        fresh = []
+    acked = locked.events_acked
+    if fresh:
+        stored = JobEvent.objects.filter(job_id=job.pk, seq__gt=acked).order_by("seq").values_list("seq", flat=True)
+        for seq in stored.iterator(chunk_size=2000):
+            if seq != acked + 1:
+                break
+            acked = seq
+        if acked != locked.events_acked:
+            Job.objects.filter(pk=job.pk).update(events_acked=acked)
+    job.events_acked = acked
+    if fresh:
+        payloads = [JobEventPayload(seq=e["seq"], ts=e["ts"].isoformat(), stage=e["stage"], kind=e["kind"],
+                                    level=e["level"], message=e["message"], data=e["data"]) for e in fresh]
+        job_id = job.pk
+        transaction.on_commit(lambda: broadcast_job_events(job_id, payloads))
+    return acked
+
+
+# --- results ------------------------------------------------------------------------------------------------
+
+
+def parse_result_document(doc: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Accepts ``{"stage": s, "section": {...}}`` or a whole stage report ``{"stages": {...}, "failed_stage",
+    "error", ...}``. Returns (sections by stage, report-level fields)."""
+    if not isinstance(doc, dict):
+        raise ValidationError({"detail": "the result document must be a JSON object"})
+    if "stage" in doc:
+        stage = doc.get("stage")
+        if not isinstance(stage, str):
+            raise ValidationError({"stage": "must be a stage name"})
+        if "section" not in doc:
+            raise ValidationError({"section": "is required with 'stage'"})
+        return {stage: doc["section"]}, {}
+    if "stages" in doc:
+        stages = doc["stages"]
+        if not isinstance(stages, dict) or not stages:
+            raise ValidationError({"stages": "must be a non-empty object of stage sections"})
+        extra = {k: doc[k] for k in ("failed_stage", "error") if doc.get(k) is not None}
+        for key, value in extra.items():
+            if not isinstance(value, str):
+                raise ValidationError({key: "must be a string or null"})
+        return dict(stages), extra
+    raise ValidationError({"detail": "expected {'stage', 'section'} or a stage report with 'stages'"})
+
+
+@transaction.atomic
+def do_record_job_results(job: Job, doc: Any) -> list:
+    """Stores a stage section or a whole report of ``job`` as evidence and recomputes its cell."""
+    from apps.evidence.services import do_record_stage_results, validate_stage_names
+    from apps.matrix.services import recompute_cell
+
+    sections, extra = parse_result_document(doc)
+    validate_stage_names(job, list(sections))
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if locked.state not in ACTIVE_STATES:
+        raise InvalidTransition(f"job {job.pk} is {locked.state}; results are taken only while it is active")
+    results = do_record_stage_results(locked, sections)
+    if extra:
+        Job.objects.filter(pk=job.pk).update(failed_stage=(extra.get("failed_stage") or "")[:32],
+                                             error=extra.get("error") or "")
+    recompute_cell(job.model_id, job.hardware_id)
+    return results

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from apps.matrix.api.views import CellView, MatrixView
+
+routes: list = []
+urlpatterns = [
+    path("matrix/", MatrixView.as_view(), name="matrix"),
+    path("cells/<str:model>/<str:hardware>/", CellView.as_view(), name="cell"),
+]

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agents.pipeline.tiers import TIER_NAMES
+from apps.catalog.models import Hardware
+from apps.catalog.selectors import visible_models
+from apps.core.api.mixins import get_actor, get_or_404
+from apps.evidence.selectors import cell_evidence
+from apps.jobs.api.serializers import JobSerializer
+from apps.jobs.models import Job
+from apps.matrix.models import Cell
+from apps.matrix.selectors import MatrixFilters, build_matrix, lead_hours
+
+
+def parse_filters(params: Any) -> MatrixFilters:
+    """``?vendor=&family=&tier=`` (tier: the minimum tier a row must reach on some hardware)."""
+    tier = params.get("tier") or None
+    if tier is not None:
+        if not str(tier).isdigit() or int(tier) not in TIER_NAMES:
+            names = {str(k): v for k, v in TIER_NAMES.items()}
+            by_name = {v: k for k, v in TIER_NAMES.items()}
+            if tier in by_name:
+                tier = by_name[tier]
+            else:
+                raise ValidationError({"tier": f"must be 0-6 or a tier name ({', '.join(names.values())})"})
+        tier = int(tier)
+    return MatrixFilters(vendor=params.get("vendor", "").strip(), family=params.get("family", "").strip(),
+                         min_tier=tier)
+
+
+class MatrixView(APIView):
+    """The whole matrix: one row per visible model (newest release first), one cell per hardware."""
+
+    def get(self, request: Request) -> Response:
+        matrix = build_matrix(get_actor(request), parse_filters(request.query_params))
+        hardware = [{"slug": h.slug, "vendor": h.vendor, "name": h.name, "memory_bytes": h.memory_bytes,
+                     "devices_per_node": h.devices_per_node} for h in matrix.hardware]
+        rows = []
+        for m in matrix.models:
+            cells = {}
+            for h, cell in zip(matrix.hardware, matrix.row(m), strict=True):
+                cells[h.slug] = cell.as_dict() if cell is not None else None
+            rows.append({"slug": m.slug, "name": m.name, "organization": m.organization.slug,
+                         "architecture": m.architecture, "family": m.family, "params_total": m.params_total,
+                         "params_active": m.params_active,
+                         "released_at": m.released_at.isoformat() if m.released_at else None, "cells": cells})
+        return Response({"tiers": TIER_NAMES, "hardware": hardware, "models": rows})
+
+
+class CellView(APIView):
+    """A cell's evidence: tier, fits estimate, the newest result of each stage, checklist, alignment,
+    benchmarks and jobs."""
+
+    def get(self, request: Request, model: str, hardware: str) -> Response:
+        actor = get_actor(request)
+        model_row = get_or_404(visible_models(actor), "model", slug=model)
+        hardware_row = get_or_404(Hardware.objects.all(), "hardware", slug=hardware)
+        cell = Cell.objects.filter(model=model_row, hardware=hardware_row).first()
+        if cell is None:  # a cell is created with its model or hardware; this only guards a half-seeded catalog
+            cell = Cell(model=model_row, hardware=hardware_row)
+        reached = {int(k): v for k, v in (cell.tier_reached_at or {}).items()}
+        from datetime import datetime
+
+        lead = {TIER_NAMES[t]: lead_hours(datetime.fromisoformat(at), model_row.released_at)
+                for t, at in sorted(reached.items())}
+        jobs = Job.objects.filter(model=model_row, hardware=hardware_row).select_related(
+            "model", "hardware", "organization", "requested_by")[:20]
+        return Response({
+            "model": model_row.slug, "hardware": hardware_row.slug,
+            "tier": cell.tier, "tier_name": cell.tier_name,
+            "failed_stage": cell.failed_stage or None, "error": cell.error or None,
+            "stage_passed": cell.stage_passed,
+            "tier_reached_at": {TIER_NAMES[t]: at for t, at in sorted(reached.items())},
+            "lead_time_hours": lead,
+            "fits": {"fits": cell.fits, "devices": cell.fits_devices, "plan": cell.fits_plan,
+                     "error": cell.fits_error or None},
+            "evidence": cell_evidence(model_row.pk, hardware_row.pk),
+            "jobs": JobSerializer(jobs, many=True).data,
+        })

@@ -1,0 +1,39 @@
+"""The compatibility matrix: one cell per model × hardware, its tier computed from evidence."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from agents.pipeline.tiers import TIER_NAMES
+
+
+class Cell(models.Model):
+    """A model on a hardware. Written only by ``apps.matrix.services``: the tier from the newest evidence of
+    each stage, "failed at <stage>" from the newest finished job, and the fits estimate from the config."""
+
+    model = models.ForeignKey("catalog.ModelRelease", on_delete=models.CASCADE, related_name="cells")
+    hardware = models.ForeignKey("catalog.Hardware", on_delete=models.CASCADE, related_name="cells")
+    tier = models.PositiveSmallIntegerField(default=0, db_index=True)
+    stage_passed = models.JSONField(default=dict, blank=True)  # stage -> newest evidence passes
+    tier_reached_at = models.JSONField(default=dict, blank=True)  # "tier" -> ISO time it was first reached
+    current_tier_reached_at = models.DateTimeField(null=True, blank=True)
+    failed_stage = models.CharField(max_length=32, blank=True)
+    error = models.TextField(blank=True)
+    last_job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    job_count = models.PositiveIntegerField(default=0)
+    # the fits estimate, from the model's config alone (agents.runtime.planner.plan_report)
+    fits = models.BooleanField(null=True)
+    fits_devices = models.PositiveIntegerField(null=True, blank=True)
+    fits_plan = models.JSONField(default=dict, blank=True)
+    fits_error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "hardware"], name="uniq_cell")]
+
+    def __str__(self) -> str:
+        return f"{self.model_id}x{self.hardware_id}: {self.tier}"
+
+    @property
+    def tier_name(self) -> str:
+        return TIER_NAMES[self.tier]

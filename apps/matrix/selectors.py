@@ -1,0 +1,108 @@
+"""Read-side queries of the matrix, shared by the page and the API. A constant number of queries whatever the
+number of models, hardware or jobs: models, hardware, cells (one query each)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Q
+
+from agents.pipeline.tiers import TIER_NAMES
+from apps.accounts.access import Actor
+from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.selectors import visible_models_q
+from apps.matrix.models import Cell
+
+CELL_COLUMNS = ("model_id", "hardware_id", "tier", "failed_stage", "fits", "fits_devices", "current_tier_reached_at",
+                "job_count")
+
+
+@dataclass(frozen=True)
+class MatrixFilters:
+    vendor: str = ""
+    family: str = ""
+    min_tier: int | None = None
+
+
+@dataclass
+class CellView:
+    """What a matrix cell shows."""
+
+    tier: int
+    failed_stage: str
+    fits: bool | None
+    fits_devices: int | None
+    reached_at: datetime | None
+    lead_hours: float | None
+    job_count: int
+
+    @property
+    def tier_name(self) -> str:
+        return TIER_NAMES[self.tier]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tier": self.tier, "tier_name": self.tier_name, "failed_stage": self.failed_stage or None,
+                "fits": self.fits, "fits_devices": self.fits_devices,
+                "reached_at": self.reached_at.isoformat() if self.reached_at else None,
+                "lead_time_hours": self.lead_hours, "jobs": self.job_count}
+
+
+@dataclass
+class Matrix:
+    models: list[ModelRelease]
+    hardware: list[Hardware]
+    cells: dict[tuple[int, int], CellView] = field(default_factory=dict)
+
+    def row(self, model: ModelRelease) -> list[CellView | None]:
+        return [self.cells.get((model.pk, hw.pk)) for hw in self.hardware]
+
+
+def lead_hours(reached_at: datetime | None, released_at: datetime | None) -> float | None:
+    """The Day-0 lead time: hours from the model's release to the time the tier was reached."""
+    if reached_at is None or released_at is None:
+        return None
+    return round((reached_at - released_at).total_seconds() / 3600, 1)
+
+
+def build_matrix(actor: Actor, filters: MatrixFilters | None = None) -> Matrix:
+    """The models ``actor`` may see (newest release first) × hardware, with their cells."""
+    filters = filters or MatrixFilters()
+    models_q = visible_models_q(actor)
+    if filters.family:
+        models_q &= Q(family=filters.family)
+    hardware_qs = Hardware.objects.all()
+    if filters.vendor:
+        hardware_qs = hardware_qs.filter(vendor__iexact=filters.vendor)
+    hardware = list(hardware_qs.only("id", "slug", "vendor", "name", "memory_bytes", "devices_per_node"))
+    models = list(
+        ModelRelease.objects.filter(models_q).select_related("organization").only(
+            "id", "slug", "name", "architecture", "family", "params_total", "params_active", "context_length",
+            "released_at", "visibility", "organization__slug", "organization__name",
+        )
+    )
+    released = {m.pk: m.released_at for m in models}
+    cells_q = Q(model_id__in=[m.pk for m in models]) if len(models) < 1000 else Q(
+        visible_models_q(actor, prefix="model__"))
+    if filters.vendor:
+        cells_q &= Q(hardware_id__in=[h.pk for h in hardware])
+    cells: dict[tuple[int, int], CellView] = {}
+    for model_id, hw_id, tier, failed, fits, devices, reached, jobs in Cell.objects.filter(cells_q).values_list(
+        *CELL_COLUMNS
+    ):
+        if model_id in released:
+            cells[(model_id, hw_id)] = CellView(tier, failed, fits, devices, reached,
+                                                lead_hours(reached, released[model_id]), jobs)
+    if filters.min_tier:
+        keep = {mid for (mid, _), cell in cells.items() if cell.tier >= filters.min_tier}
+        models = [m for m in models if m.pk in keep]
+    return Matrix(models=models, hardware=hardware, cells=cells)
+
+
+def family_choices() -> list[str]:
+    return list(ModelRelease.objects.order_by("family").values_list("family", flat=True).distinct())
+
+
+def vendor_choices() -> list[str]:
+    return list(Hardware.objects.order_by("vendor").values_list("vendor", flat=True).distinct())

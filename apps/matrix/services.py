@@ -1,0 +1,142 @@
+"""The only writer of ``Cell``: fits estimates from configs, tiers from evidence."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents.pipeline.tiers import TIER_GATES, TIER_NAMES, compute_tier
+from apps.catalog.models import Hardware, ModelRelease
+from apps.evidence.models import StageResult
+from apps.jobs.choices import FINISHED_STATES, JobState
+from apps.jobs.models import Job
+from apps.matrix.events import CellChangedMessage, broadcast_cell_changed, broadcast_matrix_changed
+from apps.matrix.models import Cell
+
+logger = logging.getLogger(__name__)
+
+FIT_FIELDS = ("fits", "fits_devices", "fits_plan", "fits_error")
+
+
+def plan_dtype(model: ModelRelease, hardware: Hardware) -> str:
+    """The dtype a plan assumes: the model's own when the hardware supports it, else bfloat16."""
+    return model.dtype if model.dtype in (hardware.dtypes or []) else "bfloat16"
+
+
+def estimate_fit(model: ModelRelease, hardware: Hardware) -> dict[str, Any]:
+    """The fits estimate of a cell from the config alone, via ``agents.runtime.planner.plan_report``."""
+    try:
+        from agents.runtime.planner import plan_report
+    except ImportError as exc:
+        return {"fits": None, "fits_devices": None, "fits_plan": {}, "fits_error": f"planner unavailable: {exc}"}
+    try:
+        report = plan_report(
+            model.config,
+            memory_bytes=hardware.memory_bytes,
+            devices_per_node=hardware.devices_per_node,
+            dtype=plan_dtype(model, hardware),
+            shared_memory=hardware.shared_memory,
+        )
+    except Exception as exc:  # a config the planner cannot plan is shown on the cell, never a crash
+        return {"fits": None, "fits_devices": None, "fits_plan": {}, "fits_error": f"{type(exc).__name__}: {exc}"}
+    summary = {k: v for k, v in report.items() if k not in ("candidates", "spec")}
+    plan = report.get("plan") or {}
+    fits = bool(report.get("fits"))
+    return {
+        "fits": fits,
+        "fits_devices": plan.get("devices") if fits else None,
+        "fits_plan": summary,
+        "fits_error": "",
+    }
+
+
+def refresh_cells(*, models: Iterable[ModelRelease] | None = None,
+                  hardware: Iterable[Hardware] | None = None) -> int:
+    """Creates the missing cells of the given models (all hardware) or hardware (all models) and recomputes
+    their fits estimates. Returns the number of cells refreshed."""
+    model_list = list(models) if models is not None else list(ModelRelease.objects.all())
+    hardware_list = list(hardware) if hardware is not None else list(Hardware.objects.all())
+    if not model_list or not hardware_list:
+        return 0
+    Cell.objects.bulk_create(
+        [Cell(model=m, hardware=h) for m in model_list for h in hardware_list], ignore_conflicts=True
+    )
+    cells = {
+        (c.model_id, c.hardware_id): c
+        for c in Cell.objects.filter(model__in=model_list, hardware__in=hardware_list)
+    }
+    changed = []
+    for m in model_list:
+        for h in hardware_list:
+            cell = cells[(m.pk, h.pk)]
+            for name, value in estimate_fit(m, h).items():
+                setattr(cell, name, value)
+            changed.append(cell)
+    Cell.objects.bulk_update(changed, FIT_FIELDS, batch_size=500)
+    model_id = model_list[0].pk if len(model_list) == 1 else None
+    hardware_id = hardware_list[0].pk if len(hardware_list) == 1 else None
+    transaction.on_commit(lambda: broadcast_matrix_changed(model_id=model_id, hardware_id=hardware_id))
+    return len(changed)
+
+
+def _newest_pass_flags(model_id: int, hardware_id: int) -> tuple[dict[str, bool], dict[str, datetime]]:
+    """stage -> pass flag of its newest evidence in this cell, and when that evidence arrived."""
+    flags: dict[str, bool] = {}
+    times: dict[str, datetime] = {}
+    rows = (
+        StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
+        .order_by("stage", "-created_at", "-id")
+        .values_list("stage", "passed", "created_at")
+    )
+    for stage, passed, created_at in rows:
+        if stage not in flags:
+            flags[stage] = passed
+            times[stage] = created_at
+    return flags, times
+
+
+@transaction.atomic
+def recompute_cell(model_id: int, hardware_id: int) -> Cell:
+    """Recomputes a cell's tier from the newest evidence of each stage, its "failed at" from the newest
+    finished job, and the first time each tier was reached. Broadcasts the change after commit."""
+    Cell.objects.bulk_create([Cell(model_id=model_id, hardware_id=hardware_id)], ignore_conflicts=True)
+    cell = Cell.objects.select_for_update().select_related("model", "hardware").get(
+        model_id=model_id, hardware_id=hardware_id
+    )
+    before = (cell.tier, cell.failed_stage, cell.error)
+    flags, times = _newest_pass_flags(model_id, hardware_id)
+    tier = compute_tier(flags)
+    now = timezone.now()
+    reached = dict(cell.tier_reached_at or {})
+    for level, stage in TIER_GATES:
+        if level > tier:
+            break
+        if str(level) not in reached:
+            reached[str(level)] = (times.get(stage) or now).isoformat()
+    jobs = Job.objects.filter(model_id=model_id, hardware_id=hardware_id)
+    newest_finished = jobs.filter(state__in=FINISHED_STATES).order_by("-finished_at", "-id").first()
+    cell.tier = tier
+    cell.stage_passed = flags
+    cell.tier_reached_at = reached
+    cell.current_tier_reached_at = datetime.fromisoformat(reached[str(tier)]) if tier else None
+    if newest_finished is not None and newest_finished.state in (JobState.FAILED, JobState.LOST):
+        cell.failed_stage = newest_finished.failed_stage or str(newest_finished.state)
+        cell.error = newest_finished.error
+    else:
+        cell.failed_stage, cell.error = "", ""
+    cell.last_job = jobs.order_by("-created_at", "-id").first()
+    cell.job_count = jobs.count()
+    cell.save()
+    if (cell.tier, cell.failed_stage, cell.error) != before:
+        message = CellChangedMessage(
+            type="cell.changed", model=cell.model.slug, hardware=cell.hardware.slug, tier=cell.tier,
+            tier_name=TIER_NAMES[cell.tier], failed_stage=cell.failed_stage, fits=cell.fits,
+            fits_devices=cell.fits_devices,
+        )
+        transaction.on_commit(lambda: broadcast_cell_changed(message))
+    return cell

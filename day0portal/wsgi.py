@@ -1,0 +1,10 @@
+"""WSGI entry point (HTTP only; WebSockets need the ASGI application)."""
+
+from __future__ import annotations
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "day0portal.settings")
+application = get_wsgi_application()

@@ -1,0 +1,71 @@
+"""Stage report sections (DESIGN.md §6) for tests: passing ones, and how each stage fails."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+PASSING: dict[str, dict[str, Any]] = {
+    "plan": {"params_total": 1_100_048_384, "params_active": 1_100_048_384, "weight_bytes": 2_200_096_768,
+             "kv_bytes_per_token": 22528, "plan": {"tp": 1, "pp": 1, "ep": 1, "devices": 1}, "fits": True,
+             "bytes_per_device": 3_000_000_000},
+    "load": {"ok": True, "tensors": 201, "bytes": 2_200_096_768, "seconds": 1.5, "gb_per_s": 1.47,
+             "peak_rss_bytes": 2_600_000_000,
+             "shards": [{"file": "model-00001-of-00002.safetensors", "sha256": "a" * 64},
+                        {"file": "model-00002-of-00002.safetensors", "sha256": "b" * 64}],
+             "problems": []},
+    "inventory": {"ops": [{"op": "aten::mm", "count": 154, "dtypes": ["bfloat16"], "status": "native",
+                           "decomposes_to": []},
+                          {"op": "aten::silu", "count": 22, "dtypes": ["bfloat16"], "status": "decomposed",
+                           "decomposes_to": ["aten::sigmoid", "aten::mul"]},
+                          {"op": "aten::_scaled_dot_product_flash_attention", "count": 22, "dtypes": ["bfloat16"],
+                           "status": "fallback", "decomposes_to": []}],
+                  "summary": {"native": 1, "decomposed": 1, "fallback": 1, "missing": 0}},
+    "align": {"passed": True, "thresholds": {"op_cosine": 0.999, "layer_cosine": 0.99},
+              "ops": [{"op": "aten::mm", "cosine": 0.99999, "max_rel_err": 1e-4, "max_abs_err": 1e-5, "passed": True}],
+              "layers": [{"layer": 0, "cosine": 0.9999, "max_rel_err": 1e-3, "passed": True},
+                         {"layer": 1, "cosine": 0.9998, "max_rel_err": 2e-3, "passed": True}],
+              "e2e": {"prompts": 4, "tokens": 64, "token_match_rate": 0.984,
+                      "divergences": [{"prompt": 2, "position": 17, "ref_token": 311, "target_token": 279,
+                                       "ref_top5": [[311, -0.69], [279, -0.70]], "target_top5": [[279, -0.69],
+                                                                                                  [311, -0.70]],
+                                       "near_tie": True}],
+                      "perplexity_ref": 12.1, "perplexity_target": 12.1},
+              "kv_cache": {"lengths": [512, 2048], "max_abs_err": 1e-5, "passed": True}},
+    "serve": {"ready_seconds": 3.2, "endpoint": "http://127.0.0.1:8100", "text_path_ok": True},
+    "bench": {"runs": [
+        {"concurrency": c, "ttft_ms": {"mean": 50.0 * c, "p50": 48.0 * c, "p90": 60.0 * c, "p99": 70.0 * c},
+         "tpot_ms": {"mean": 10.0, "p50": 9.5, "p90": 12.0, "p99": 15.0},
+         "itl_ms": {"mean": 10.0, "p50": 9.5, "p90": 12.0, "p99": 15.0},
+         "e2e_ms": {"mean": 700.0, "p50": 690.0, "p90": 800.0, "p99": 900.0},
+         "output_tok_s": 90.0 * c, "req_s": 1.2 * c, "failed": 0} for c in (1, 4, 16)]},
+    "env": {"runtime_commit": "abc1234", "torch": "2.13.0", "python": "3.11.7", "device": "cpu", "device_count": 1,
+            "dispatch_key": "CPU", "driver": ""},
+    "eval": {"passed": True, "tasks": {"arith": {"score": 0.9, "reference": 0.91}}},
+}
+
+# What makes each stage's section fail the tier rule.
+FAILING_PATCH: dict[str, dict[str, Any]] = {
+    "plan": {"fits": False},
+    "load": {"ok": False, "problems": [{"tensor": "model.layers.0.mlp.up_proj.weight", "problem": "shape mismatch"}]},
+    "serve": {"text_path_ok": False},
+    "align": {"passed": False},
+    "bench": {"runs": [{"concurrency": 1, "output_tok_s": 0, "failed": 8}]},
+    "eval": {"passed": False},
+}
+
+# tier -> the stages a job must pass to reach it (in order)
+TIER_STAGES: dict[int, list[str]] = {
+    1: ["plan"], 2: ["plan", "load"], 3: ["plan", "load", "serve"], 4: ["plan", "load", "serve", "align"],
+    5: ["plan", "load", "serve", "align", "bench"], 6: ["plan", "load", "serve", "align", "bench", "eval"],
+}
+
+
+def passing(stage: str) -> dict[str, Any]:
+    return copy.deepcopy(PASSING[stage])
+
+
+def failing(stage: str) -> dict[str, Any]:
+    section = passing(stage)
+    section.update(copy.deepcopy(FAILING_PATCH[stage]))
+    return section

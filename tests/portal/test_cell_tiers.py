@@ -1,0 +1,124 @@
+"""The cell's tier is computed from the newest evidence of each stage (DESIGN.md §3), never set by hand."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.jobs.choices import JobState
+from apps.jobs.services import do_record_job_results, do_transition_job
+from apps.matrix.models import Cell
+from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory
+from tests.portal.reports import TIER_STAGES, failing, passing
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def cell_pair():  # noqa: ANN201
+    return ModelReleaseFactory(), HardwareFactory()
+
+
+def _cell(model, hardware) -> Cell:  # noqa: ANN001
+    return Cell.objects.get(model=model, hardware=hardware)
+
+
+def test_a_new_model_has_an_untested_cell_with_a_fits_estimate(cell_pair) -> None:  # noqa: ANN001
+    model, hardware = cell_pair
+    cell = _cell(model, hardware)
+    assert cell.tier == 0 and cell.tier_name == "untested"
+    assert cell.fits is True and cell.fits_devices == 1  # a ~1.1B model on one 80 GB device
+    assert cell.fits_plan["plan"]["tp"] == 1
+
+
+@pytest.mark.parametrize("tier", sorted(TIER_STAGES))
+def test_each_tier_is_reached_by_passing_its_gate_and_all_below(cell_pair, tier: int) -> None:  # noqa: ANN001
+    model, hardware = cell_pair
+    job = JobFactory(model=model, hardware=hardware)
+    do_record_job_results(job, {"stages": {s: passing(s) for s in TIER_STAGES[tier]}})
+    cell = _cell(model, hardware)
+    assert cell.tier == tier
+    assert set(cell.tier_reached_at) == {str(t) for t in range(1, tier + 1)}
+    assert cell.current_tier_reached_at is not None
+
+
+@pytest.mark.parametrize("stage", ["plan", "load", "serve", "align", "bench", "eval"])
+def test_a_failing_gate_stops_the_tier_below_it(cell_pair, stage: str) -> None:  # noqa: ANN001
+    model, hardware = cell_pair
+    job = JobFactory(model=model, hardware=hardware)
+    stages = TIER_STAGES[6]
+    index = stages.index(stage)
+    sections = {s: passing(s) for s in stages}
+    sections[stage] = failing(stage)
+    do_record_job_results(job, {"stages": sections})
+    assert _cell(model, hardware).tier == index  # the tier reached before the failing gate
+
+
+def test_a_passing_gate_above_a_missing_one_does_not_count(cell_pair) -> None:  # noqa: ANN001
+    model, hardware = cell_pair
+    job = JobFactory(model=model, hardware=hardware)
+    do_record_job_results(job, {"stages": {"plan": passing("plan"), "serve": passing("serve")}})
+    assert _cell(model, hardware).tier == 1
+
+
+def test_kv_cache_failure_fails_alignment(cell_pair) -> None:  # noqa: ANN001
+    model, hardware = cell_pair
+    job = JobFactory(model=model, hardware=hardware)
+    align = passing("align")
+    align["kv_cache"]["passed"] = False
+    do_record_job_results(job, {"stages": {"plan": passing("plan"), "load": passing("load"),
+                                           "serve": passing("serve"), "align": align}})
+    assert _cell(model, hardware).tier == 3
+
+
+def test_newest_evidence_of_a_stage_wins_and_first_reached_time_is_kept(cell_pair) -> None:  # noqa: ANN001
+    model, hardware = cell_pair
+    first = JobFactory(model=model, hardware=hardware)
+    do_record_job_results(first, {"stages": {s: passing(s) for s in TIER_STAGES[3]}})
+    reached = dict(_cell(model, hardware).tier_reached_at)
+    second = JobFactory(model=model, hardware=hardware)
+    do_record_job_results(second, {"stage": "load", "section": failing("load")})
+    cell = _cell(model, hardware)
+    assert cell.tier == 1  # the newest load evidence fails
+    assert cell.tier_reached_at == reached  # when tiers were first reached does not move
+    third = JobFactory(model=model, hardware=hardware)
+    do_record_job_results(third, {"stage": "load", "section": passing("load")})
+    assert _cell(model, hardware).tier == 3
+
+
+def test_a_failed_job_shows_failed_at_its_stage_over_the_tier_reached(cell_pair) -> None:  # noqa: ANN001
+    model, hardware = cell_pair
+    job = JobFactory(model=model, hardware=hardware)
+    do_record_job_results(job, {"stages": {"plan": passing("plan"), "load": passing("load")}})
+    do_transition_job(job, JobState.FAILED, failed_stage="serve", error="server did not become ready in 120 s")
+    cell = _cell(model, hardware)
+    assert (cell.tier, cell.failed_stage) == (2, "serve")
+    assert "ready" in cell.error
+    retry = JobFactory(model=model, hardware=hardware, state=JobState.RUNNING)
+    do_record_job_results(retry, {"stage": "serve", "section": passing("serve")})
+    do_transition_job(retry, JobState.SUCCEEDED)
+    cell = _cell(model, hardware)
+    assert (cell.tier, cell.failed_stage, cell.error) == (3, "", "")
+
+
+def test_a_lost_job_is_shown_as_lost(cell_pair) -> None:  # noqa: ANN001
+    model, hardware = cell_pair
+    job = JobFactory(model=model, hardware=hardware)
+    do_transition_job(job, JobState.LOST, error="no heartbeat for 300 s")
+    assert _cell(model, hardware).failed_stage == "lost"
+
+
+def test_lead_time_is_reached_minus_release(cell_pair, api_client) -> None:  # noqa: ANN001
+    model, hardware = cell_pair
+    model.released_at = timezone.now() - timedelta(hours=30)
+    model.save()
+    job = JobFactory(model=model, hardware=hardware)
+    do_record_job_results(job, {"stage": "plan", "section": passing("plan")})
+    body = api_client.get(f"/api/v1/cells/{model.slug}/{hardware.slug}/").json()
+    assert body["tier_name"] == "planned"
+    assert body["lead_time_hours"]["planned"] == pytest.approx(30.0, abs=0.2)
+    matrix = api_client.get("/api/v1/matrix/").json()
+    row = next(r for r in matrix["models"] if r["slug"] == model.slug)
+    assert row["cells"][hardware.slug]["lead_time_hours"] == pytest.approx(30.0, abs=0.2)
