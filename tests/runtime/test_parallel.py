@@ -1,0 +1,71 @@
+"""Tensor and expert parallelism over 2 gloo processes reproduce the single-process logits (fp32, 1e-5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agents.runtime.context import ForwardContext
+from agents.runtime.distributed import get_ep_world_size, get_tp_world_size, launch
+from agents.runtime.loader import load_model
+from agents.runtime.models.simple_decode import greedy_decode
+from agents.runtime.testing.make_model import cached_model
+
+LENGTHS = [5, 9, 2]
+
+
+def _prompts(vocab: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(0, vocab, (n,), generator=gen) for n in LENGTHS]
+
+
+def run_model(arches: list[str]) -> dict[str, tuple]:
+    """Per arch: full-vocab logits of a prompt batch, 8 paged greedy tokens, and the TP/EP layout seen."""
+    out = {}
+    for arch in arches:
+        model = load_model(cached_model(arch)).model
+        prompts = _prompts(model.config["vocab_size"])
+        positions = torch.cat([torch.arange(len(p)) for p in prompts])
+        hidden = model.forward(torch.cat(prompts), positions, ForwardContext.for_prompts(LENGTHS)).hidden
+        tokens = greedy_decode(model, [p.tolist() for p in prompts], 8, block_size=4)
+        out[arch] = (model.compute_logits(hidden), tokens, get_tp_world_size(), get_ep_world_size())
+    return out
+
+
+@pytest.fixture(scope="module")
+def single():
+    for arch in ("llama", "qwen3", "mixtral", "qwen3-moe"):
+        cached_model(arch)  # built once here, not raced by the ranks
+    return run_model(["llama", "qwen3", "mixtral", "qwen3-moe"])
+
+
+def _check(results: list[dict], single: dict, tp: int, ep: int) -> None:
+    for rank_out in results:
+        for arch, (logits, tokens, tp_seen, ep_seen) in rank_out.items():
+            assert (tp_seen, ep_seen) == (tp, ep)
+            torch.testing.assert_close(logits, single[arch][0], atol=1e-5, rtol=0, msg=lambda m, a=arch: f"{a}: {m}")
+            assert tokens == single[arch][1], arch
+
+
+def test_tp2_matches_single_process(single):
+    results = launch(run_model, 2, ["llama", "qwen3", "qwen3-moe"], tp_size=2, ep_size=1)
+    _check(results, single, 2, 1)
+
+
+def test_ep2_matches_single_process(single):
+    results = launch(run_model, 2, ["mixtral", "qwen3-moe"], tp_size=1, ep_size=2)
+    _check(results, single, 1, 2)
+
+
+def test_tp2_with_ep2_matches_single_process(single):
+    results = launch(run_model, 2, ["mixtral"], tp_size=2, ep_size=2)
+    _check(results, single, 2, 2)
+
+
+def _fail() -> None:
+    raise ValueError("boom on purpose")
+
+
+def test_launch_reports_the_failing_rank():
+    with pytest.raises(RuntimeError, match="rank 0 of 2 failed: ValueError: boom on purpose"):
+        launch(_fail, 2)
