@@ -51,6 +51,15 @@ def test_weight_bytes_per_dtype() -> None:
     assert weight_bytes(counts, "int8") < weight_bytes(counts, "fp8") < weight_bytes(counts, "bf16")
 
 
+def test_auto_dtype_is_the_checkpoint_format() -> None:
+    oss = plan("gpt-oss-120b", dtype="auto")  # MXFP4 experts, bf16 attention: one 80 GB GPU (as published)
+    assert oss["dtype"] == "mxfp4" and oss["plan"]["devices"] == 1
+    assert 60e9 < oss["weight_bytes"] < 70e9  # the published checkpoint is about 65 GB
+    v3 = plan("deepseek-v3", H200, dtype="auto")
+    assert v3["dtype"] == "float8_e4m3fn" and v3["plan"]["devices"] == 8
+    assert plan("qwen3-32b", dtype="auto")["dtype"] == "bfloat16"
+
+
 def test_unknown_dtype_is_named() -> None:
     with pytest.raises(ValueError, match="'int3'"):
         normalize_dtype("int3")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ GIB = 1 << 30
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("estimate", help="plan a model on a hardware from its config alone",
-                                   description=__doc__)
+                                   description=__doc__,
+                                   epilog="exit status: 0 fits, 1 does not fit, 2 bad input")
     parser.add_argument("config", metavar="CONFIG", help="config.json, a model directory, or a catalog slug")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--hardware", metavar="SLUG", help="a hardware slug of the catalog, or 'cpu' for this host")
@@ -23,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--devices-per-node", type=int, metavar="N",
                         help="devices per node (default: the hardware's, or 8 with --memory-gb)")
     parser.add_argument("--dtype", default="bfloat16",
-                        help="weight dtype: float32, bfloat16, float16, fp8, int8, int4 (default bfloat16)")
+                        help="weight dtype: float32, bfloat16, float16, fp8, int8, int4, mxfp4, or auto (the "
+                             "checkpoint's own format); default bfloat16")
     parser.add_argument("--max-nodes", type=int, default=16, metavar="N", help="largest plan to consider (16)")
     parser.add_argument("--tp", type=int, help="pin the tensor-parallel degree")
     parser.add_argument("--pp", type=int, help="pin the pipeline-parallel degree")
@@ -87,6 +90,8 @@ def format_report(report: dict[str, Any], source: str, target: str) -> str:
         if report["fits"]:
             lines.append(f"longest      {report['max_context']:,} tokens of context, batch {report['max_batch']} at "
                          f"that length ({report['kv_tokens']:,} KV tokens in all)")
+            pairs = " · ".join(f"{row['context']:,} × {row['batch']}" for row in report["context_batch"])
+            lines.append(f"context×batch {pairs}")
         else:
             lines.append(f"shortfall    {report['message']}")
     lines += ["", "candidates (best per device count)",
@@ -133,8 +138,9 @@ def handle(args: argparse.Namespace) -> int:
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(format_report(report, source, target))
+    text = json.dumps(report, indent=2) if args.json else format_report(report, source, target)
+    try:
+        print(text)
+    except BrokenPipeError:  # `day0 estimate … | head`: the reader left, nothing more to say
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 — keeps the interpreter's final flush quiet
     return 0 if report["fits"] else 1

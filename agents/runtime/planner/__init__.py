@@ -26,6 +26,7 @@ from agents.runtime.planner.memory import (
     kv_bytes_per_token,
     kv_layer_bytes,
     normalize_dtype,
+    resolve_dtype,
     weight_bytes,
 )
 from agents.runtime.planner.report import plan_report
@@ -37,6 +38,7 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_layer_bytes",
     "normalize_dtype",
+    "resolve_dtype",
     "plan_report",
     "weight_bytes",
 ]

@@ -6,7 +6,7 @@ from typing import Any
 
 from agents.runtime.params import count_params
 from agents.runtime.planner import search as _candidates
-from agents.runtime.planner.memory import PlanSettings, kv_bytes_per_token, normalize_dtype, weight_bytes
+from agents.runtime.planner.memory import PlanSettings, kv_bytes_per_token, resolve_dtype, weight_bytes
 from agents.runtime.spec import parse_config
 
 
@@ -26,18 +26,18 @@ def plan_report(
 ) -> dict[str, Any]:
     """The ``plan`` section of the stage report for ``config`` on devices of ``memory_bytes`` each.
 
-    ``tp``/``pp``/``ep`` pin those degrees (the others are still searched). ``shared_memory``: the devices of a
+    ``dtype`` may be ``"auto"``: the checkpoint's own format (see ``resolve_dtype``). ``tp``/``pp``/``ep`` pin those degrees (the others are still searched). ``shared_memory``: the devices of a
     node share ``memory_bytes`` (CPU processes). SpecError/ValueError on a bad config, dtype or setting."""
     if memory_bytes <= 0 or devices_per_node <= 0:
         raise ValueError(f"memory_bytes and devices_per_node must be positive, got {memory_bytes}, "
                          f"{devices_per_node}")
-    dtype = normalize_dtype(dtype)
+    dtype, keep_attention = resolve_dtype(dtype, config) if isinstance(config, dict) else (dtype, False)
     settings = settings or PlanSettings(max_nodes=max_nodes)
     if settings.max_nodes != max_nodes:
         settings = PlanSettings(**{**settings.__dict__, "max_nodes": max_nodes})
     spec = parse_config(config)
     counts = count_params(spec)
-    ctx = _candidates.Model.build(spec, counts, dtype, settings)
+    ctx = _candidates.Model.build(spec, counts, dtype, settings, keep_attention)
     hw = _candidates.Devices(memory_bytes, devices_per_node, shared_memory)
     plans = _candidates.search(ctx, hw, fixed={"tp": tp, "pp": pp, "ep": ep})
     chosen = _candidates.choose(plans)
@@ -50,7 +50,7 @@ def plan_report(
         "family": spec.family,
         "params_total": counts.total,
         "params_active": counts.active,
-        "weight_bytes": weight_bytes(counts, dtype),
+        "weight_bytes": weight_bytes(counts, dtype, keep_attention),
         "kv_bytes_per_token": kv_bytes_per_token(spec, dtype),
         "dtype": dtype,
         "memory_per_device": per_device,
@@ -62,7 +62,7 @@ def plan_report(
         "bytes_per_device": None,
         "max_context": 0,
         "max_batch": 0,
-        "candidates": [plan.to_dict() for plan in _candidates.summary(plans)],
+        "candidates": [plan.to_dict() for plan in _candidates.summary(plans, chosen)],
         "warnings": warnings,
         "spec": spec.to_dict(),
     }

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.runtime.params import LayerParams, ParamCount
-from agents.runtime.planner.memory import DTYPES, PlanSettings, activation_bytes, kv_layer_bytes
+from agents.runtime.planner.memory import DTYPES, PlanSettings, activation_bytes, kv_layer_bytes, layer_bits
 from agents.runtime.spec import ModelSpec
 
 
@@ -24,11 +24,9 @@ class LayerBytes:
     stage_sharded: float  # routed experts: split over all devices of a pipeline stage
 
     @classmethod
-    def of(cls, layer: LayerParams, dtype: str) -> LayerBytes:
-        q_bits, rest_bits, scale_bits = DTYPES[dtype]
-        q = (q_bits + scale_bits) / 8
-        return cls((layer.attn_sharded + layer.mlp + layer.shared_experts) * q,
-                   layer.attn_replicated * q + layer.small * rest_bits / 8, layer.experts * q)
+    def of(cls, layer: LayerParams, dtype: str, keep_attention: bool) -> LayerBytes:
+        sharded, replicated, experts = layer_bits(layer, dtype, keep_attention)
+        return cls(sharded / 8, replicated / 8, experts / 8)
 
     def per_device(self, tp: int, stage: int) -> float:
         return self.tp_sharded / tp + self.replicated + self.stage_sharded / stage
@@ -47,14 +45,15 @@ class Model:
     act_bytes: int
 
     @classmethod
-    def build(cls, spec: ModelSpec, counts: ParamCount, dtype: str, settings: PlanSettings) -> Model:
+    def build(cls, spec: ModelSpec, counts: ParamCount, dtype: str, settings: PlanSettings,
+              keep_attention: bool = False) -> Model:
         moe = set(spec.moe_layers)
         types = spec.layer_types or (("sliding_attention",) * spec.num_layers if spec.sliding_window else ())
         sliding = {i for i, kind in enumerate(types) if kind == "sliding_attention"}
         kind_of = [2 * (i in moe) + (i in sliding) for i in range(spec.num_layers)]
         kinds = [LayerBytes(0, 0, 0)] * 4
         for i, kind in enumerate(kind_of):
-            kinds[kind] = LayerBytes.of(counts.layers[i], dtype)
+            kinds[kind] = LayerBytes.of(counts.layers[i], dtype, keep_attention)
         prefix = []
         for kind in range(4):
             running, acc = [0], 0
@@ -91,6 +90,7 @@ class Plan:
     max_context: int = 0
     max_batch: int = 0
     breakdown: dict[str, int] = field(default_factory=dict)
+    context_batch: list[dict[str, int]] = field(default_factory=list)
 
     @property
     def shortfall_bytes(self) -> int:
@@ -109,7 +109,8 @@ class Plan:
                "memory_per_device": self.memory_per_device, "usable_per_device": self.usable_per_device,
                "kv_tokens": self.kv_tokens, "max_context": self.max_context, "max_batch": self.max_batch}
         if top_level:
-            return {"plan": plan, **out, "breakdown": dict(self.breakdown), "shortfall_bytes": self.shortfall_bytes}
+            return {"plan": plan, **out, "breakdown": dict(self.breakdown), "shortfall_bytes": self.shortfall_bytes,
+                    "context_batch": list(self.context_batch)}
         return {**plan, **out}
 
 
@@ -192,15 +193,17 @@ def evaluate(model: Model, hw: Devices, tp: int, pp: int, ep: int) -> Plan:
                       "kv_pool": int(max(0, usable - static))}
     plan.fits = required <= usable
     if plan.fits:
-        pool = usable - static
-        if kv_tok:
-            longest = int((pool - kv_seq) // kv_tok)
-        else:
-            longest = spec.context_length
+        pool, replicas = usable - static, stage // tp
+        longest = int((pool - kv_seq) // kv_tok) if kv_tok else spec.context_length
         plan.max_context = min(spec.context_length, longest)
-        seq_cost = kv_tok * plan.max_context + kv_seq
-        replicas = stage // tp
-        plan.max_batch = int(pool // seq_cost) * replicas if seq_cost else s.max_seqs * replicas
+
+        def batch(length: int) -> int:  # sequences of ``length`` tokens the pools hold, engine cap included
+            cost = kv_tok * length + kv_seq * min(length, window) / max(window, 1)
+            return min(int(pool // cost) if cost else s.max_seqs, s.max_seqs) * replicas
+
+        plan.max_batch = batch(plan.max_context)
+        lengths = sorted({n for n in (4096, 32768, 131072) if n < plan.max_context} | {plan.max_context})
+        plan.context_batch = [{"context": n, "batch": batch(n)} for n in lengths]
         plan.kv_tokens = (int(pool // kv_tok) if kv_tok else plan.max_context * plan.max_batch) * replicas
     return plan
 
@@ -213,7 +216,9 @@ def search(model: Model, hw: Devices, fixed: dict[str, int | None]) -> list[Plan
     if fixed.get("tp"):
         tps = [fixed["tp"]] if _tp_ok(spec, fixed["tp"]) else []
     else:
-        tps = [t for t in _divisors(spec.num_attention_heads, hw.devices_per_node) if _tp_ok(spec, t)]
+        # a tensor-parallel group never straddles two nodes
+        tps = [t for t in _divisors(spec.num_attention_heads, hw.devices_per_node)
+               if _tp_ok(spec, t) and (hw.shared_memory or hw.devices_per_node % t == 0)]
     if fixed.get("ep"):
         eps = [fixed["ep"]]
     else:
@@ -252,12 +257,18 @@ def choose(plans: list[Plan]) -> Plan | None:
     return min(plans, key=lambda p: (p.bytes_per_device / max(p.usable_per_device, 1), p.devices))
 
 
-def summary(plans: list[Plan], limit: int = 24) -> list[Plan]:
-    """The best candidate for each device count, fewest devices first."""
+def summary(plans: list[Plan], chosen: Plan | None, before: int = 12, after: int = 8) -> list[Plan]:
+    """The best candidate for each device count, fewest devices first: up to ``before`` counts below the chosen
+    plan's, the chosen one, and up to ``after`` above it."""
     best: dict[int, Plan] = {}
     for plan in plans:
         current = best.get(plan.devices)
         key = (not plan.fits, *_rank(plan), plan.bytes_per_device)
         if current is None or key < (not current.fits, *_rank(current), current.bytes_per_device):
             best[plan.devices] = plan
-    return [best[d] for d in sorted(best)][:limit]
+    counts = sorted(best)
+    if chosen is not None and chosen.devices in best:
+        best[chosen.devices] = chosen
+        at = counts.index(chosen.devices)
+        counts = counts[max(0, at - before): at + after + 1]
+    return [best[d] for d in counts]
