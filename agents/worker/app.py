@@ -1,0 +1,58 @@
+"""The agent's Celery app: a worker on an accelerator host consuming the queue ``hw.<hardware-slug>``.
+
+It loads no Django settings and holds no database credentials: only the broker URL, the portal URL and an
+agent token. One job at a time (solo pool, concurrency 1, prefetch 1); acknowledgement after the task ends and
+rejection when the worker is lost, so a killed agent's message is delivered again (the task ignores a stale
+delivery: the portal's attempt counter decides)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from celery import Celery
+
+TASK_NAME = "day0.run_job"
+
+
+def queue_name(hardware_slug: str) -> str:
+    return f"hw.{hardware_slug}"
+
+
+def default_broker_url() -> str:
+    """``DAY0_AGENT_BROKER``, else ``DAY0_REDIS_URL``, else the filesystem broker the embedded portal uses."""
+    return os.environ.get("DAY0_AGENT_BROKER") or os.environ.get("DAY0_REDIS_URL") or "filesystem://"
+
+
+def filesystem_options(data_dir: Path | None = None) -> dict:
+    """kombu filesystem transport folders shared with the portal (``$DAY0_DATA_DIR/broker``)."""
+    root = Path(data_dir or os.environ.get("DAY0_DATA_DIR") or Path(__file__).resolve().parents[2] / "var")
+    queue, processed = root / "broker" / "queue", root / "broker" / "processed"
+    queue.mkdir(parents=True, exist_ok=True)
+    processed.mkdir(parents=True, exist_ok=True)
+    return {"data_folder_in": str(queue), "data_folder_out": str(queue), "processed_folder": str(processed),
+            "store_processed": False}
+
+
+def make_app(broker_url: str | None = None) -> Celery:
+    broker = broker_url or default_broker_url()
+    app = Celery("day0agent", broker=broker, include=["agents.worker.tasks"])
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        worker_concurrency=1,
+        task_default_queue="hw.default",
+        task_track_started=False,
+        result_backend=None,
+        task_ignore_result=True,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    if broker.startswith("filesystem://"):
+        app.conf.broker_transport_options = filesystem_options()
+    return app
+
+
+app = make_app()

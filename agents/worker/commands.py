@@ -1,0 +1,235 @@
+"""``day0 agent`` (a Celery worker for one hardware pool) and ``day0 jobs submit|watch`` (vendors' terminal)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+def register(subparsers: Any) -> None:
+    agent = subparsers.add_parser("agent", help="run an adaptation agent for one hardware pool")
+    agent.add_argument("--hardware", required=True, help="hardware slug; the agent consumes queue hw.<slug>")
+    agent.add_argument("--portal", default=os.environ.get("DAY0_PORTAL_URL", "http://127.0.0.1:8000"))
+    agent.add_argument("--token", default=os.environ.get("DAY0_AGENT_TOKEN"), help="agent token bound to the hardware")
+    agent.add_argument("--models-dir", default=os.environ.get("DAY0_AGENT_MODELS_DIR", ""),
+                       help="folder holding <model-slug>/ with config.json and weights")
+    agent.add_argument("--broker", default=None, help="broker URL (default: DAY0_REDIS_URL or the filesystem broker)")
+    agent.add_argument("--device", default=os.environ.get("DAY0_AGENT_DEVICE"), help="torch device (default: cuda if present)")
+    agent.add_argument("--hostname", default=None, help="name of this agent (default: the host name)")
+    agent.add_argument("--heartbeat", type=float, default=float(os.environ.get("DAY0_AGENT_HEARTBEAT", "5")))
+    agent.set_defaults(handler=run_agent)
+
+    jobs = subparsers.add_parser("jobs", help="submit and watch adaptation jobs")
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION")
+    submit = jobs_sub.add_parser("submit", help="submit a job")
+    submit.add_argument("--model", required=True)
+    submit.add_argument("--hardware", required=True)
+    submit.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
+    submit.add_argument("--dtype", default=None)
+    submit.add_argument("--watch", action="store_true", help="watch the job after submitting it")
+    _portal_args(submit)
+    submit.set_defaults(handler=run_submit)
+    watch = jobs_sub.add_parser("watch", help="follow a job live: a progress bar per stage, then the tier")
+    watch.add_argument("job_id", type=int)
+    watch.add_argument("--after", type=int, default=0, help="replay events after this seq")
+    _portal_args(watch)
+    watch.set_defaults(handler=run_watch)
+
+
+def _portal_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--portal", default=os.environ.get("DAY0_PORTAL_URL", "http://127.0.0.1:8000"))
+    parser.add_argument("--token", default=os.environ.get("DAY0_TOKEN"), help="API token (or DAY0_TOKEN)")
+
+
+# ---------------------------------------------------------------- day0 agent
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    if not args.token:
+        print("day0 agent: --token (or DAY0_AGENT_TOKEN) is required: an agent token bound to the hardware",
+              file=sys.stderr)
+        return 2
+    env = {"DAY0_AGENT_PORTAL": args.portal, "DAY0_AGENT_TOKEN": args.token, "DAY0_AGENT_HARDWARE": args.hardware,
+           "DAY0_AGENT_MODELS_DIR": args.models_dir or ""}
+    if args.device:
+        env["DAY0_AGENT_DEVICE"] = args.device
+    if args.hostname:
+        env["DAY0_AGENT_HOSTNAME"] = args.hostname
+    if args.broker:
+        env["DAY0_AGENT_BROKER"] = args.broker
+    os.environ.update(env)
+
+    from agents.pipeline.env import environment_lock
+    from agents.worker.agent_state import STATE
+    from agents.worker.app import app, queue_name
+    from agents.worker.client import PortalClient, PortalError
+    from agents.worker.heartbeat import Heartbeat
+
+    client = PortalClient(STATE.portal_url, STATE.token)
+    versions = environment_lock(STATE.device)
+    capabilities = {"device": STATE.device, "device_name": versions.get("device"),
+                    "device_count": versions.get("device_count"), "dispatch_key": versions.get("dispatch_key"),
+                    "queue": queue_name(args.hardware)}
+    for attempt in range(60):
+        try:
+            agent = client.register_agent(hostname=STATE.hostname, capabilities=capabilities, versions=versions)
+            break
+        except PortalError as exc:
+            if exc.status in (401, 403):
+                print(f"day0 agent: the portal refused the token: {exc}", file=sys.stderr)
+                return 2
+            if exc.status and exc.status < 500:
+                print(f"day0 agent: registration refused: {exc}", file=sys.stderr)
+                return 2
+            print(f"day0 agent: portal not reachable ({exc}); retrying ({attempt + 1}/60)", file=sys.stderr)
+            time.sleep(2)
+    else:
+        return 1
+    STATE.agent_id = int(agent["id"])
+    os.environ["DAY0_AGENT_ID"] = str(STATE.agent_id)
+    print(f"agent {STATE.agent_id} ({STATE.hostname}) registered for {args.hardware}; consuming "
+          f"{queue_name(args.hardware)} on {app.conf.broker_url.split('@')[-1]}", flush=True)
+    heartbeat = Heartbeat(STATE, interval=args.heartbeat).start()
+    try:
+        app.worker_main([
+            "worker", "-Q", queue_name(args.hardware), "--pool", "solo", "--concurrency", "1",
+            "--prefetch-multiplier", "1", "-n", f"agent-{args.hardware}-{STATE.agent_id}@{STATE.hostname}",
+            "--loglevel", os.environ.get("DAY0_AGENT_LOGLEVEL", "INFO"), "--without-gossip", "--without-mingle",
+        ])
+    finally:
+        heartbeat.stop()
+    return 0
+
+
+# ---------------------------------------------------------------- day0 jobs
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from agents.worker.client import PortalClient
+
+    return PortalClient(args.portal, args.token)
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from agents.worker.client import PortalError
+
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    with _client(args) as client:
+        try:
+            job = client.create_job(model=args.model, hardware=args.hardware, stages=stages, dtype=args.dtype)
+        except PortalError as exc:
+            print(f"day0 jobs submit: {exc}", file=sys.stderr)
+            return 1
+    print(f"job {job['id']} queued: {args.portal.rstrip('/')}/jobs/{job['id']}/", flush=True)
+    if args.watch:
+        args.job_id, args.after = int(job["id"]), 0
+        return run_watch(args)
+    return 0
+
+
+class ProgressView:
+    """One line per stage: a bar while it runs, its outcome when it ends; then the tier."""
+
+    WIDTH = 30
+
+    def __init__(self, out: Any = sys.stdout) -> None:
+        self.out = out
+        self.passed: dict[str, bool] = {}
+        self.last_seq = 0
+        self._live = False
+
+    def _line(self, text: str, final: bool) -> None:
+        if self.out.isatty():
+            self.out.write("\r\033[K" + text + ("\n" if final else ""))
+        elif final:
+            self.out.write(text + "\n")
+        self.out.flush()
+        self._live = not final
+
+    def event(self, ev: dict[str, Any]) -> None:
+        seq = int(ev.get("seq") or 0)
+        if seq <= self.last_seq:
+            return  # a replay overlapping what was shown
+        self.last_seq = seq
+        kind, stage, data = ev.get("kind"), ev.get("stage") or "-", ev.get("data") or {}
+        if kind == "progress" and data.get("total"):
+            done, total = int(data.get("done", 0)), int(data["total"])
+            fill = int(self.WIDTH * done / max(total, 1))
+            bar = "#" * fill + "." * (self.WIDTH - fill)
+            self._line(f"{stage:<9} [{bar}] {done}/{total} {data.get('what', '')}", final=False)
+        elif kind == "stage_started":
+            self._line(f"{stage:<9} [{'.' * self.WIDTH}] started", final=False)
+        elif kind == "stage_finished":
+            ok = bool(data.get("passed"))
+            self.passed[data.get("stage") or stage] = ok
+            mark = "passed" if ok else f"FAILED: {data.get('error')}"
+            self._line(f"{stage:<9} [{'#' * self.WIDTH if ok else '!' * self.WIDTH}] {mark} "
+                       f"({data.get('seconds', 0)} s)", final=True)
+        elif ev.get("level") in ("warning", "error"):
+            self._line(f"{stage:<9} {ev.get('level')}: {ev.get('message', '').splitlines()[-1:]}", final=True)
+
+    def finish(self, job: dict[str, Any]) -> int:
+        from agents.pipeline.tiers import TIER_NAMES, compute_tier
+
+        tier = job.get("tier")
+        if tier is None:
+            tier = compute_tier(self.passed)
+        line = f"job {job.get('id')} {job.get('state')}: tier {tier} ({TIER_NAMES.get(int(tier), '?')})"
+        if job.get("failed_stage"):
+            line += f", failed at {job['failed_stage']}: {job.get('error')}"
+        self._line(line, final=True)
+        return 0 if job.get("state") == "succeeded" else 1
+
+
+def _ws_url(portal: str, job_id: int, after: int, token: str | None) -> str:
+    from urllib.parse import urlencode
+
+    base = portal.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+    query = {"after": after, **({"token": token} if token else {})}
+    return f"{base}/ws/jobs/{job_id}/?{urlencode(query)}"
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    """Follows the job over its WebSocket; falls back to polling ``events/?after=`` when it cannot connect."""
+    from agents.worker.client import PortalError
+
+    view = ProgressView()
+    view.last_seq = args.after
+    with _client(args) as client:
+        try:
+            job = client.get_job(args.job_id)
+        except PortalError as exc:
+            print(f"day0 jobs watch: {exc}", file=sys.stderr)
+            return 1
+        try:
+            _watch_ws(args, view)
+        except Exception as exc:  # noqa: BLE001 — no WebSocket (proxy, old portal): poll instead
+            print(f"(websocket unavailable: {exc}; polling)", file=sys.stderr)
+        while True:
+            for ev in client.job_events(args.job_id, after=view.last_seq):
+                view.event(ev)
+            job = client.get_job(args.job_id)
+            if job.get("state") in TERMINAL_STATES:
+                for ev in client.job_events(args.job_id, after=view.last_seq):
+                    view.event(ev)
+                return view.finish(job)
+            time.sleep(1.0)
+
+
+def _watch_ws(args: argparse.Namespace, view: ProgressView) -> None:
+    from websockets.sync.client import connect
+
+    with connect(_ws_url(args.portal, args.job_id, view.last_seq, args.token), open_timeout=10) as ws:
+        while True:
+            message = json.loads(ws.recv(timeout=None))
+            if message.get("type") == "events":
+                for ev in message.get("events", []):
+                    view.event(ev)
+            elif message.get("type") == "state" and message.get("state") in TERMINAL_STATES:
+                return

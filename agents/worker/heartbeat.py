@@ -1,0 +1,42 @@
+"""The agent's heartbeat: a daemon thread telling the portal every few seconds that this agent is alive and
+which job it runs. A job whose agent stops heartbeating is declared lost by the portal and re-queued."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from agents.worker.agent_state import AgentState
+from agents.worker.client import PortalClient, PortalError
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(self, state: AgentState, interval: float = 5.0) -> None:
+        self.state = state
+        self.interval = interval
+        self.beats = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="day0-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        client = PortalClient(self.state.portal_url, self.state.token, timeout=10)
+        while True:
+            if self.state.agent_id is not None:
+                try:
+                    client.heartbeat(self.state.agent_id, current_job=self.state.current_job)
+                    self.beats += 1
+                except PortalError as exc:
+                    logger.warning("heartbeat failed: %s", exc)
+            if self._stop.wait(self.interval):
+                break
+        client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,203 @@
+"""The agent's one Celery task: run a job's pipeline and report it to the portal.
+
+Thin by design: the task checks that the delivery is current, builds a ``StageContext`` from the job spec the
+payload carries, and calls ``run_pipeline``. Events go through the durable spool; each stage's section is
+posted as it is produced; a watcher polls the job's state and sets ``ctx.cancel_event`` when it is cancelled,
+which the pipeline honours between steps."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.worker.agent_state import STATE
+from agents.worker.app import TASK_NAME, app
+from agents.worker.client import PortalClient, PortalError, PortalUnavailable
+from agents.worker.spool import JobSpool, SpoolSender
+
+logger = logging.getLogger(__name__)
+
+CANCEL_POLL_SECONDS = float(os.environ.get("DAY0_AGENT_CANCEL_POLL", "1.0"))
+FLUSH_SECONDS = float(os.environ.get("DAY0_AGENT_FLUSH_SECONDS", "600"))
+
+
+class ResultOutbox:
+    """Stage sections waiting to be posted, in order; retried while the portal is away."""
+
+    def __init__(self, client: PortalClient, job_id: int) -> None:
+        self.client, self.job_id = client, job_id
+        self._items: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def add(self, stage: str, section: dict[str, Any]) -> None:
+        with self._lock:
+            self._items.append((stage, section))
+
+    def drain(self) -> None:
+        """Posts what is waiting; raises ``PortalUnavailable`` (kept for a later try) when the portal is away."""
+        while True:
+            with self._lock:
+                if not self._items:
+                    return
+                stage, section = self._items[0]
+            try:
+                self.client.post_result(self.job_id, stage, section)
+            except PortalUnavailable:
+                raise
+            except PortalError as exc:  # refused for good (e.g. the job was cancelled): log, do not retry
+                logger.warning("job %s: result of %s refused: %s", self.job_id, stage, exc)
+            with self._lock:
+                self._items.pop(0)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+def _model_dir(spec: dict[str, Any]) -> Path | None:
+    """``--models-dir/<model-slug>``, else a path the job spec names (local demo models), else None."""
+    model = spec.get("model") or {}
+    candidates = []
+    if STATE.models_dir and model.get("slug"):
+        candidates.append(Path(STATE.models_dir) / model["slug"])
+    if model.get("path"):
+        candidates.append(Path(model["path"]))
+    for path in candidates:
+        if (path / "config.json").is_file():
+            return path
+    return None
+
+
+def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
+    """The ``StageContext`` of a job spec (as ``apps.jobs.dispatch`` builds it)."""
+    from agents.pipeline.base import StageContext
+
+    model_dir = _model_dir(spec)
+    config = (spec.get("model") or {}).get("config")
+    if model_dir is not None:
+        config = json.loads((model_dir / "config.json").read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"job {job_id}: no model files and no config in the job spec")
+    hardware = dict(spec.get("hardware") or {})
+    hardware.setdefault("memory_gb", (hardware.get("memory_bytes") or 0) / 1e9)
+    workdir = Path(STATE.work_dir) / f"job-{job_id}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    return StageContext(
+        model_dir=model_dir, config=config, hardware=hardware, dtype=spec.get("dtype") or "float32",
+        device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), thresholds=dict(spec.get("thresholds") or {}),
+        bench=dict(spec.get("bench") or {}), workdir=workdir, emit_fn=emit_fn,
+    )
+
+
+def _watch_cancel(client: PortalClient, job_id: int, cancel: threading.Event, done: threading.Event) -> None:
+    while not done.wait(CANCEL_POLL_SECONDS):
+        try:
+            if client.get_job(job_id).get("state") == "cancelled":
+                cancel.set()
+                return
+        except PortalError:
+            continue  # the portal is away: keep running, check again later
+
+
+def _is_current(job: dict[str, Any], spec: dict[str, Any]) -> str | None:
+    """Why this delivery must not run (a stale redelivery or a finished job), or None."""
+    if job.get("state") not in ("queued", "dispatched"):
+        return f"job is {job.get('state')}"
+    attempt = spec.get("attempt")
+    if attempt is not None and job.get("attempts") not in (None, attempt):
+        return f"delivery of attempt {attempt} but the job is at attempt {job.get('attempts')}"
+    return None
+
+
+@app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """Runs job ``job_id`` as its ``spec`` says; returns a short summary (or None when skipped)."""
+    from agents.pipeline.runner import run_pipeline
+    from agents.pipeline.tiers import DEFAULT_STAGES
+
+    client = PortalClient(STATE.portal_url, STATE.token)
+    try:
+        job = client.get_job(job_id)
+    except PortalUnavailable as exc:
+        raise self.retry(exc=exc, countdown=5) from exc
+    except PortalError as exc:
+        logger.warning("job %s: cannot read it (%s); dropping the delivery", job_id, exc)
+        return None
+    reason = _is_current(job, spec)
+    if reason:
+        logger.info("job %s: skipping delivery (%s)", job_id, reason)
+        return None
+
+    spool = JobSpool(Path(STATE.spool_dir), job_id, portal_acked=int(job.get("events_acked") or 0))
+    outbox = ResultOutbox(client, job_id)
+    sender_client = PortalClient(STATE.portal_url, STATE.token)
+
+    def post(jid: int, events: list[dict[str, Any]]) -> int:
+        acked = sender_client.post_events(jid, events)
+        outbox.drain()  # results follow the events that announce them
+        return acked
+
+    sender = SpoolSender(spool, post).start()
+
+    def emit(kind: str, message: str, *, level: str = "info", data: dict | None = None, stage: str = "") -> None:
+        if kind == "result" and data and "section" in data:
+            outbox.add(data.get("stage") or stage, data["section"])
+            data = {"stage": data.get("stage") or stage}  # the section travels once, as a result
+        spool.append(stage=stage, kind=kind, message=message, level=level, data=data)
+        if kind != "progress":
+            sender.wake()
+
+    STATE.current_job = job_id
+    done = threading.Event()
+    try:
+        client.set_job_state(job_id, "running", agent_id=STATE.agent_id)
+        ctx = build_context(job_id, spec, emit)
+        watcher = threading.Thread(target=_watch_cancel, args=(client, job_id, ctx.cancel_event, done), daemon=True)
+        watcher.start()
+        emit("log", f"agent {STATE.hostname} runs job {job_id} (attempt {spec.get('attempt')}) on {ctx.device}")
+        report = run_pipeline(ctx, spec.get("stages") or list(DEFAULT_STAGES))
+    except Exception as exc:  # noqa: BLE001 — any failure before or around the pipeline fails the job, named
+        logger.exception("job %s failed outside the pipeline", job_id)
+        emit("log", f"{type(exc).__name__}: {exc}", level="error")
+        report = {"failed_stage": "agent", "error": f"{type(exc).__name__}: {exc}", "tier": 0, "stages": {}}
+    finally:
+        done.set()
+    cancelled = report.get("error") == "cancelled"
+    _finish(client, sender, outbox, job_id, report, cancelled)
+    spool.close()
+    sender_client.close()
+    client.close()
+    STATE.current_job = None
+    return {"job": job_id, "tier": report.get("tier"), "failed_stage": report.get("failed_stage")}
+
+
+def _finish(client: PortalClient, sender: SpoolSender, outbox: ResultOutbox, job_id: int, report: dict[str, Any],
+            cancelled: bool) -> None:
+    """Delivers every event and result, then the final state (a cancelled job is already final)."""
+    flushed = sender.flush(FLUSH_SECONDS)
+    sender.stop()
+    deadline = time.monotonic() + FLUSH_SECONDS
+    while True:
+        try:
+            outbox.drain()
+            if cancelled:
+                return
+            failed = report.get("failed_stage")
+            if failed:
+                client.set_job_state(job_id, "failed", failed_stage=failed, error=report.get("error") or "failed")
+            else:
+                client.set_job_state(job_id, "succeeded")
+            return
+        except PortalUnavailable:
+            if time.monotonic() > deadline:
+                logger.error("job %s: portal unreachable; the final state was not delivered", job_id)
+                return
+            time.sleep(2)
+        except PortalError as exc:
+            logger.warning("job %s: final report refused: %s (events flushed: %s)", job_id, exc, flushed)
+            return

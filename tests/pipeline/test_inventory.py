@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agents.pipeline import inventory
+from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.report import section_problems
+
+TINY_MOE = {
+    "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 512, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 512,
+    "hidden_act": "silu",
+}
+LLAMA_70B = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 8192,
+    "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+}
+
+
+def _run(config: dict, events: list, **hardware) -> dict:
+    def emit(kind, message, *, level="info", data=None, stage=""):
+        events.append((kind, data))
+
+    ctx = StageContext(model_dir=None, config=config, hardware={"slug": "cpu", **hardware}, emit_fn=emit)
+    ctx.current_stage = "inventory"
+    return inventory.run(ctx)
+
+
+@pytest.fixture(scope="module")
+def tiny_section() -> tuple[dict, list]:
+    events: list = []
+    return _run(TINY_MOE, events), events
+
+
+def test_tiny_moe_checklist_counts_prefill_and_decode(tiny_section):
+    section, _ = tiny_section
+    assert section_problems("inventory", section) == []
+    assert section["trace_device"] == "cpu" and section["dispatch_key"] == "CPU"
+    ops = {op["op"]: op for op in section["ops"]}
+    # every layer's RMSNorm (2 per layer + final) squares its input once per step: 2 steps x 5 norms
+    assert ops["aten.rsqrt.default"]["count"] == 10
+    assert ops["aten.topk.default"]["phases"] == ["prefill", "decode"]
+    assert "float32" in ops["aten.mul.Tensor"]["dtypes"]
+    assert sum(section["summary"].values()) == len(section["ops"])
+    assert section["summary"]["missing"] == 0  # everything runs on this CPU build of torch
+
+
+def test_decomposed_ops_name_native_targets(tiny_section):
+    section, _ = tiny_section
+    by_name = {op["op"]: op for op in section["ops"]}
+    linear = by_name["aten.linear.default"]
+    assert linear["status"] == "decomposed" and "aten.mm.default" in linear["decomposes_to"]
+    classifier = inventory.Classifier("CPU")
+    for op in section["ops"]:
+        if op["status"] == "decomposed":
+            for name in op["decomposes_to"]:
+                namespace, packet, overload = name.split(".")
+                target = getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+                assert classifier.is_native(target) or classifier.is_view(target), (op["op"], name)
+
+
+def test_progress_events_count_operators(tiny_section):
+    section, events = tiny_section
+    progress = [data for kind, data in events if kind == "progress"]
+    assert progress[0]["done"] == 0 and progress[-1]["done"] == progress[-1]["total"] == len(section["ops"])
+
+
+def test_manifest_makes_an_operator_native_on_an_out_of_tree_backend():
+    recorder, _ = inventory.capture(TINY_MOE, dtype="float32", device="cpu")
+    bare = inventory.classify_ops(recorder, "PrivateUse1")
+    with_manifest = inventory.classify_ops(recorder, "PrivateUse1", manifest=["aten::mm", "aten.rsqrt"])
+    status = {op["op"]: op["status"] for op in bare["ops"]}
+    status_m = {op["op"]: op["status"] for op in with_manifest["ops"]}
+    assert status["aten.rsqrt.default"] == "missing"  # this torch has no PrivateUse1 kernels
+    assert status_m["aten.rsqrt.default"] == "native"
+    assert status_m["aten.linear.default"] == "decomposed"  # linear -> mm (manifest) + t (a view)
+    assert with_manifest["summary"]["missing"] < bare["summary"]["missing"]
+
+
+def test_huge_config_runs_on_meta_without_weights():
+    events: list = []
+    section = _run(LLAMA_70B, events)
+    assert section["trace_device"] == "meta"
+    assert section["weight_bytes"] > 100e9
+    counts = {op["op"]: op["count"] for op in section["ops"]}
+    assert counts["aten.rsqrt.default"] == 2 * (2 * 80 + 1)  # 80 layers x 2 norms + the final norm, 2 steps
+
+
+def test_config_without_vocab_is_named():
+    with pytest.raises(StageFailed, match="vocab_size"):
+        _run({"model_type": "llama"}, [])
