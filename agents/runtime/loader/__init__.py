@@ -116,7 +116,8 @@ def load_model(
     try:
         model = build_model(config, dtype=torch_dtype(dtype), device=device)
     except (ValueError, NotImplementedError) as exc:
-        raise LoadError(f"config.json: {exc}") from exc
+        arch = (config.get("architectures") or [None])[0]
+        raise LoadError(f"config.json: architecture {arch!r}: {exc}") from exc
     _validate(ckpt, model, config)
 
     report: dict[str, Any] = {"ok": True, "path": model.path, "architecture": config.get("architectures", [None])[0],

@@ -1,0 +1,206 @@
+"""The strict loader: every refusal names the file and the tensor; reports checksums, stats and NaN/Inf."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from agents.runtime.loader import LoadError, load_model
+from agents.runtime.testing.make_model import cached_model
+
+
+@pytest.fixture()
+def model_dir(tmp_path: Path) -> Path:
+    dst = tmp_path / "model"
+    shutil.copytree(cached_model("llama"), dst)
+    return dst
+
+
+def _index(d: Path) -> dict:
+    return json.loads((d / "model.safetensors.index.json").read_text())
+
+
+def _shard_of(d: Path, tensor: str) -> Path:
+    return d / _index(d)["weight_map"][tensor]
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    edit(header)
+    new = json.dumps(header).encode()
+    new += b" " * (-len(new) % 8)
+    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])
+
+
+def _replace_tensors(path: Path, edit) -> None:
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _set_index(d: Path, edit) -> None:
+    idx = _index(d)
+    edit(idx["weight_map"])
+    (d / "model.safetensors.index.json").write_text(json.dumps(idx))
+
+
+def _refused(d: Path, *parts: str, **kw) -> str:
+    with pytest.raises(LoadError) as err:
+        load_model(d, **kw)
+    for part in parts:
+        assert part in str(err.value), str(err.value)
+    return str(err.value)
+
+
+EMBED = "model.embed_tokens.weight"
+K_PROJ = "model.layers.0.self_attn.k_proj.weight"
+
+
+def test_clean_load_reports_checksums_stats_and_rate(model_dir):
+    result = load_model(model_dir)
+    report = result.report
+    assert report["ok"] and report["path"] == "native" and report["problems"] == []
+    files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    assert [s["file"] for s in report["shards"]] == files
+    for shard in report["shards"]:
+        assert shard["sha256"] == hashlib.sha256((model_dir / shard["file"]).read_bytes()).hexdigest()
+    embed = load_file(_shard_of(model_dir, EMBED))[EMBED]
+    st = report["stats"][EMBED]
+    assert st["mean"] == pytest.approx(embed.mean().item(), abs=1e-6)
+    assert st["absmax"] == pytest.approx(embed.abs().max().item())
+    assert st["nan"] == st["inf"] == 0
+    assert report["tensors"] == len(report["stats"]) and report["bytes"] > 0 and report["gb_per_s"] > 0
+    assert report["peak_rss_bytes"] > 0
+    torch.testing.assert_close(result.model.model.embed_tokens.weight, embed)
+
+
+def test_progress_is_called_up_to_the_total(model_dir):
+    calls = []
+    load_model(model_dir, progress=lambda done, total: calls.append((done, total)))
+    assert calls[-1][0] == calls[-1][1] == len(_index(model_dir)["weight_map"])
+
+
+def test_single_file_checkpoint_loads(model_dir):
+    tensors = {}
+    for shard in sorted(model_dir.glob("model-*.safetensors")):
+        tensors.update(load_file(shard))
+        shard.unlink()
+    (model_dir / "model.safetensors.index.json").unlink()
+    save_file(tensors, model_dir / "model.safetensors")
+    assert load_model(model_dir).report["shards"][0]["file"] == "model.safetensors"
+
+
+def test_truncated_shard_is_refused(model_dir):
+    shard = _shard_of(model_dir, EMBED)
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-100])
+    _refused(model_dir, shard.name, "truncated")
+
+
+def test_header_ranges_past_the_file_are_refused(model_dir):
+    shard = _shard_of(model_dir, K_PROJ)
+    _rewrite_header(shard, lambda h: h[K_PROJ].update(data_offsets=[h[K_PROJ]["data_offsets"][0], 10**9]))
+    _refused(model_dir, shard.name, K_PROJ, "past the end")
+
+
+def test_overlapping_header_ranges_are_refused(model_dir):
+    shard = _shard_of(model_dir, K_PROJ)
+
+    def overlap(h: dict) -> None:
+        ordered = sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])
+        assert len(ordered) > 1, "the shard needs a second tensor for this test"
+        later = ordered[1]
+        begin, end = h[later]["data_offsets"]
+        h[later]["data_offsets"] = [begin - 4, end - 4]  # same size, now 4 bytes into the previous tensor
+
+    _rewrite_header(shard, overlap)
+    _refused(model_dir, shard.name, "overlap")
+
+
+def test_wrong_shape_is_refused(model_dir):
+    shard = _shard_of(model_dir, K_PROJ)
+    _replace_tensors(shard, lambda t: t.update({K_PROJ: torch.zeros(t[K_PROJ].shape[0] + 1, t[K_PROJ].shape[1])}))
+    _refused(model_dir, shard.name, K_PROJ, "shape")
+
+
+def test_wrong_dtype_is_refused(model_dir):
+    shard = _shard_of(model_dir, K_PROJ)
+    _replace_tensors(shard, lambda t: t.update({K_PROJ: t[K_PROJ].half()}))
+    _refused(model_dir, shard.name, K_PROJ, "dtype F16")
+
+
+def test_missing_tensor_is_refused(model_dir):
+    shard = _shard_of(model_dir, K_PROJ)
+    _replace_tensors(shard, lambda t: t.pop(K_PROJ))
+    _set_index(model_dir, lambda m: m.pop(K_PROJ))
+    _refused(model_dir, "model.safetensors.index.json", "missing tensor", K_PROJ)
+
+
+def test_extra_tensor_is_refused(model_dir):
+    shard = _shard_of(model_dir, K_PROJ)
+    extra = "model.layers.0.self_attn.extra_proj.weight"
+    _replace_tensors(shard, lambda t: t.update({extra: torch.zeros(2, 2)}))
+    _set_index(model_dir, lambda m: m.update({extra: shard.name}))
+    _refused(model_dir, shard.name, "unexpected tensor", extra)
+
+
+def test_tensor_in_a_shard_but_not_in_the_index_is_refused(model_dir):
+    shard = _shard_of(model_dir, K_PROJ)
+    extra = "model.layers.0.self_attn.stray.weight"
+    _replace_tensors(shard, lambda t: t.update({extra: torch.zeros(2, 2)}))
+    _refused(model_dir, shard.name, extra)
+
+
+def test_shard_named_in_index_but_absent_is_refused(model_dir):
+    shard = _shard_of(model_dir, K_PROJ)
+    shard.unlink()
+    _refused(model_dir, shard.name, "absent")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_weights_are_reported_and_fatal_on_request(model_dir, bad):
+    shard = _shard_of(model_dir, K_PROJ)
+
+    def poison(t: dict) -> None:
+        t[K_PROJ][0, :3] = bad
+
+    _replace_tensors(shard, poison)
+    report = load_model(model_dir).report
+    assert not report["ok"]
+    [problem] = report["problems"]
+    assert problem["tensor"] == K_PROJ and problem["file"] == shard.name
+    kind = "nan" if bad != bad else "inf"
+    assert report["stats"][K_PROJ][kind] == 3
+    _refused(model_dir, shard.name, K_PROJ, "NaN", fail_on_nonfinite=True)
+
+
+def test_manifest_is_checked(model_dir):
+    report = load_model(model_dir).report
+    manifest = {s["file"]: s["sha256"] for s in report["shards"]}
+    assert load_model(model_dir, manifest=manifest).report["ok"]
+    first = next(iter(manifest))
+    _refused(model_dir, first, "does not match", manifest={**manifest, first: "0" * 64})
+    _refused(model_dir, first, "not listed", manifest={k: v for k, v in manifest.items() if k != first})
+
+
+def test_bfloat16_load_casts_weights(model_dir):
+    model = load_model(model_dir, dtype="bfloat16").model
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert model.kv_cache_spec().dtype == torch.bfloat16
+
+
+def test_unknown_architecture_without_fallback_support_names_it(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"], "model_type": "nosuch"}))
+    save_file({"w": torch.zeros(1)}, d / "model.safetensors")
+    _refused(d, "NoSuch")
