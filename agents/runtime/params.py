@@ -95,8 +95,8 @@ def _attention(spec: ModelSpec) -> tuple[int, int, int]:
     return weights, 0, small
 
 
-def count_layer(spec: ModelSpec, index: int, moe: bool) -> LayerParams:
-    """Parameters of decoder layer ``index`` (``moe``: whether its MLP is the routed MoE block)."""
+def count_layer(spec: ModelSpec, moe: bool) -> LayerParams:
+    """Parameters of one decoder layer (``moe``: whether its MLP is the routed MoE block)."""
     h = spec.hidden_size
     attn_sharded, attn_repl, small = _attention(spec)
     small += 2 * h  # input and post-attention norms
@@ -118,7 +118,7 @@ def count_params(spec: ModelSpec) -> ParamCount:
     """Exact total and active parameter counts of ``spec`` (see the module docstring for what is counted)."""
     moe = set(spec.moe_layers)
     # layers of one kind are identical: count each kind once
-    kinds = {kind: count_layer(spec, 0, kind) for kind in {i in moe for i in range(spec.num_layers)}}
+    kinds = {kind: count_layer(spec, kind) for kind in {i in moe for i in range(spec.num_layers)}}
     layers = tuple(kinds[i in moe] for i in range(spec.num_layers))
     embedding = spec.vocab_size * spec.hidden_size
     lm_head = 0 if spec.tie_word_embeddings else embedding

@@ -184,7 +184,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, str, dict[str, Any] | None]:
 def _moe_layers(cfg: dict[str, Any], family: str, num_layers: int, num_experts: int) -> tuple[int, ...]:
     if not num_experts:
         return ()
-    if family == "deepseek_v3":
+    if family == "deepseek_v3":  # DeepSeek's own code; transformers ignores moe_layer_freq (1 in every release)
         first = _int(cfg, "first_k_dense_replace", cfg.get("first_k_dense_replace", 0))
         freq = _int(cfg, "moe_layer_freq", cfg.get("moe_layer_freq", 1))
         return tuple(i for i in range(num_layers) if i >= first and i % max(freq, 1) == 0)
