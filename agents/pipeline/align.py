@@ -10,7 +10,7 @@ from typing import Any
 from agents.pipeline.align_common import align_thresholds, encode, reference_model, target_model
 from agents.pipeline.align_e2e import PROMPTS, run_e2e
 from agents.pipeline.align_layers import run_layers
-from agents.pipeline.base import StageContext
+from agents.pipeline.base import JobCancelled, StageContext
 
 # optional parts owned by other modules: section key -> module
 PARTS: dict[str, str] = {"ops": "agents.pipeline.align_ops", "kv_cache": "agents.pipeline.align_kv"}
@@ -28,6 +28,24 @@ def _optional_part(ctx: StageContext, key: str, module_name: str) -> tuple[Any, 
     return module.run(ctx), None
 
 
+def _run_part(ctx: StageContext, section: dict[str, Any], notes: list[str], key: str) -> None:
+    """Merge an optional part into ``section``; a part that crashes fails the check but keeps the rest."""
+    try:
+        part, note = _optional_part(ctx, key, PARTS[key])
+    except (JobCancelled, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # the other checks' evidence is still worth keeping
+        section.setdefault("part_errors", {})[key] = f"{type(exc).__name__}: {exc}"
+        notes.append(f"{key} check failed to run: {type(exc).__name__}: {exc}")
+        return
+    if note:
+        notes.append(note)
+    elif key == "ops":
+        section["ops"] = part if isinstance(part, list) else part.get("ops", [])
+    else:
+        section[key] = part
+
+
 def run(ctx: StageContext) -> dict[str, Any]:
     """The align section: passed, thresholds, ops, layers, e2e, kv_cache (DESIGN.md §6)."""
     thresholds = align_thresholds(ctx)
@@ -40,10 +58,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                                                                                   "dtype": ctx.dtype}}
     steps = 4
     ctx.progress(0, steps, "alignment checks")
-    part, note = _optional_part(ctx, "ops", PARTS["ops"])
-    if part is not None:
-        section["ops"] = part if isinstance(part, list) else part.get("ops", part)
-    notes += [note] if note else []
+    _run_part(ctx, section, notes, "ops")
     ctx.check_cancelled()
     ctx.progress(1, steps, "alignment checks")
 
@@ -59,16 +74,14 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.check_cancelled()
     ctx.progress(3, steps, "alignment checks")
 
-    part, note = _optional_part(ctx, "kv_cache", PARTS["kv_cache"])
-    if part is not None:
-        section["kv_cache"] = part
-    notes += [note] if note else []
+    _run_part(ctx, section, notes, "kv_cache")
     ctx.progress(4, steps, "alignment checks")
 
     ops_ok = all(row.get("passed") for row in section.get("ops") or [])
     layers_ok = bool(section["layers"]) and all(row["passed"] for row in section["layers"])
     kv_ok = "kv_cache" not in section or bool(section["kv_cache"].get("passed"))
-    section["passed"] = ops_ok and layers_ok and section["e2e"]["passed"] and kv_ok
+    parts_ok = not section.get("part_errors")
+    section["passed"] = ops_ok and layers_ok and section["e2e"]["passed"] and kv_ok and parts_ok
     section["checks"] = {"ops": ops_ok if "ops" in section else None, "layers": layers_ok,
                          "e2e": section["e2e"]["passed"], "kv_cache": kv_ok if "kv_cache" in section else None}
     section["notes"] = notes

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,6 +47,22 @@ def target_model(ctx: StageContext) -> Any:
     return result.model
 
 
+def _check_reference_fits(ctx: StageContext) -> None:
+    """The fp32 reference must fit in this host's available memory; say so up front rather than swap or die."""
+    params = (ctx.results.get("plan") or {}).get("params_total")
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return
+    match = re.search(r"^MemAvailable:\s+(\d+) kB", meminfo, re.M)
+    if not params or not match:
+        return
+    need, available = int(params) * 4, int(match.group(1)) * 1024
+    if need > 0.9 * available:
+        raise StageFailed(f"the transformers fp32 reference needs {need / 2**30:.1f} GiB, "
+                          f"this host has {available / 2**30:.1f} GiB available")
+
+
 def reference_model(ctx: StageContext) -> nn.Module:
     """``transformers``' own implementation in fp32 on CPU, loaded from the same checkpoint (cached)."""
     ref = ctx.shared.get("reference_model")
@@ -52,6 +70,7 @@ def reference_model(ctx: StageContext) -> nn.Module:
         return ref
     if ctx.model_dir is None:
         raise StageFailed(f"{ctx.current_stage} needs the model's weights, but this job has no model directory")
+    _check_reference_fits(ctx)
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

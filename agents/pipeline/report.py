@@ -132,6 +132,8 @@ def align_failure_reason(section: Mapping[str, Any]) -> str:
                        f"token match rate {e2e.get('token_match_rate')}")
     if e2e.get("perplexity_passed") is False:
         reasons.append(f"perplexity {e2e.get('perplexity_target')} vs reference {e2e.get('perplexity_ref')}")
+    for key, error in (section.get("part_errors") or {}).items():
+        reasons.append(f"the {key} check could not run ({error})")
     kv = section.get("kv_cache")
     if isinstance(kv, Mapping) and not kv.get("passed"):
         reasons.append(f"KV-cache consistency failed (max abs err {kv.get('max_abs_err')})")
