@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agents.runtime.layers.weights import make_param, replicated
+
 
 def grouped_topk(
     router_logits: torch.Tensor,  # [T, E] fp32
@@ -70,9 +72,10 @@ class GroupedTopKRouter(nn.Module):
         super().__init__()
         self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
         self.scoring, self.renormalize, self.scaling_factor = scoring, renormalize, scaling_factor
-        self.weight = nn.Parameter(torch.zeros(num_experts, hidden_size, dtype=torch.float32), requires_grad=False)
-        bias = torch.zeros(num_experts, dtype=torch.float32) if use_correction_bias else None
-        self.e_score_correction_bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.weight = replicated(make_param((num_experts, hidden_size), dtype=torch.float32))
+        self.e_score_correction_bias = (
+            replicated(make_param((num_experts,), dtype=torch.float32)) if use_correction_bias else None
+        )
         grouped_topk(torch.zeros(1, num_experts), top_k, n_group, topk_group, scoring=scoring)  # validate early
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001 - nn.Module signature

@@ -6,6 +6,7 @@ only ``[latent | rope key]``. Prefill up-projects the latents through ``kv_b_pro
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 from agents.runtime.context import ForwardContext
 from agents.runtime.distributed import get_tp_world_size
+from agents.runtime.layers.attention import AttentionMetadata
 from agents.runtime.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from agents.runtime.layers.norm import RMSNorm
 from agents.runtime.layers.rotary import RotaryEmbedding, rope_parameters
@@ -21,8 +23,6 @@ from agents.runtime.layers.weights import split
 
 
 def _yarn_mscale(scale: float, mscale: float) -> float:
-    import math
-
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -53,9 +53,10 @@ def gather_latents(
 
 
 class MLAttention(nn.Module):
-    """One MLA layer: ``forward(positions [T], hidden [T, hidden], ctx) -> [T, hidden]``."""
+    """One MLA layer: ``forward(hidden [T, hidden], meta) -> [T, hidden]``. ``rotary`` (over the rope part,
+    shared by all layers) rotates with the cos/sin the model put in ``meta``."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], rotary: RotaryEmbedding) -> None:
         super().__init__()
         hidden, eps = config["hidden_size"], config.get("rms_norm_eps", 1e-6)
         self.num_heads = split(config["num_attention_heads"], get_tp_world_size(), "num_attention_heads")
@@ -75,7 +76,9 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps)
         self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, [heads * (self.nope_dim + self.v_dim)])
         self.o_proj = RowParallelLinear(heads * self.v_dim, hidden, bias=bias)
-        self.rotary = RotaryEmbedding(self.rope_dim, config, interleaved=bool(config.get("rope_interleave", True)))
+        if rotary.rotary_dim != self.rope_dim:
+            raise ValueError(f"rotary dim {rotary.rotary_dim} != qk_rope_head_dim {self.rope_dim}")
+        self.rotary = [rotary]  # shared across layers; a list keeps it out of this module's children
         self.scale = mla_softmax_scale(config)
         self.cache: torch.Tensor | None = None  # [num_blocks, block_size, kv_lora_rank + rope_dim]
 
@@ -83,8 +86,8 @@ class MLAttention(nn.Module):
     def latent_dim(self) -> int:
         return self.kv_lora_rank + self.rope_dim
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        t = hidden.shape[0]
+    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        ctx, t = meta.ctx, hidden.shape[0]
         if self.q_lora_rank is None:
             q = self.q_proj(hidden)  # q: [T, H * qk]
         else:
@@ -92,18 +95,20 @@ class MLAttention(nn.Module):
         q_nope, q_pe = q.view(t, self.num_heads, self.qk_dim).split([self.nope_dim, self.rope_dim], dim=-1)
         latent, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora_rank, self.rope_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)  # [T, C]
-        q_pe, k_pe = self.rotary(positions, q_pe, k_pe.unsqueeze(1), max_position=None)  # [T, H, R], [T, 1, R]
+        rope = self.rotary[0]
+        q_pe = rope.rotate(q_pe, meta.cos, meta.sin)  # [T, H, R]
+        k_pe = rope.rotate(k_pe.unsqueeze(1), meta.cos, meta.sin)  # [T, 1, R]
         fresh = torch.cat([latent, k_pe.squeeze(1)], dim=-1)  # [T, C + R]
         if ctx.uses_cache:
             if self.cache is None:
                 raise RuntimeError("MLA layer has no bound latent cache but the context uses the paged cache")
-            rows = (ctx.slot_mapping >= 0).nonzero().squeeze(1)  # padding slots (-1) are not stored
             flat = self.cache.view(-1, self.latent_dim)  # [slots, C + R]
-            flat.index_copy_(0, ctx.slot_mapping[rows], fresh[rows].to(flat.dtype))
+            rows = fresh if meta.slot_rows is None else fresh[meta.slot_rows]  # padding slots (-1) not stored
+            flat.index_copy_(0, meta.slots, rows.to(flat.dtype))
         if ctx.uses_cache and ctx.is_decode:
             out = self._decode_absorbed(q_nope, q_pe, ctx)  # [T, H, V]
         else:
-            out = self._prefill(q_nope, q_pe, fresh, ctx)  # [T, H, V]
+            out = self._prefill(q_nope, q_pe, fresh, meta)  # [T, H, V]
         return self.o_proj(out.reshape(t, self.num_heads * self.v_dim))  # [T, hidden]
 
     def _expand(self, lat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,13 +119,13 @@ class MLAttention(nn.Module):
         k_pe = lat[:, None, self.kv_lora_rank :].expand(k, self.num_heads, self.rope_dim)  # [K, H, R]
         return torch.cat([k_nope, k_pe], dim=-1), v
 
-    def _prefill(self, q_nope: torch.Tensor, q_pe: torch.Tensor, fresh: torch.Tensor, ctx: ForwardContext,
+    def _prefill(self, q_nope: torch.Tensor, q_pe: torch.Tensor, fresh: torch.Tensor, meta: AttentionMetadata,
                  ) -> torch.Tensor:
+        ctx = meta.ctx
         q = torch.cat([q_nope, q_pe], dim=-1)  # [T, H, qk]
         out = q.new_empty(q.shape[0], self.num_heads, self.v_dim)  # [T, H, V]
-        cu, seqlens_k = ctx.cu_seqlens_q.tolist(), ctx.seqlens_k.tolist()
-        for b, (start, end) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
-            q_len, k_len = end - start, seqlens_k[b]
+        for b, (start, q_len, k_len) in enumerate(meta.q_bounds):
+            end = start + q_len
             if q_len == 0:
                 continue
             if ctx.uses_cache:
