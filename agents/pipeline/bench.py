@@ -1,0 +1,46 @@
+"""The ``bench`` stage: the serving benchmark against the server the serve stage left running (or one started
+here), with small defaults suited to the tiny test models; ``ctx.bench`` overrides them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.pipeline import serve
+from agents.pipeline.base import StageContext, StageFailed
+
+DEFAULTS: dict[str, Any] = {
+    "concurrency": [1, 4],
+    "input_len": 32,
+    "output_len": 16,
+    "num_prompts": 8,
+    "request_rate": None,
+    "long_context": True,
+    "long_input_len": 256,
+}
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    """The bench section: runs (one per concurrency), long_context, peak_memory_bytes."""
+    import httpx
+
+    from agents.runtime.bench import format_table, run_benchmark
+
+    settings = {**DEFAULTS, **{k: v for k, v in ctx.bench.items() if k in DEFAULTS}}
+    if isinstance(settings["concurrency"], str):
+        settings["concurrency"] = [int(c) for c in settings["concurrency"].split(",")]
+    started_here = ctx.shared.get("server") is None
+    if started_here:
+        server = serve.start_server(ctx)
+        server.wait_ready(float(ctx.bench.get("ready_timeout", 900)), ctx)
+    url = ctx.shared["server"].url
+    try:
+        section = run_benchmark(url, **settings)
+    except (ValueError, RuntimeError, httpx.HTTPError) as exc:
+        raise StageFailed(f"benchmark against {url} failed: {exc}") from exc
+    finally:
+        serve.stop(ctx)  # the bench is the server's last user
+    ctx.emit("log", "benchmark:\n" + format_table(section))
+    failed = sum(run["failed"] for run in section["runs"])
+    if failed:
+        section["notes"] = [f"{failed} request(s) failed: {section['runs'][0].get('errors')}"]
+    return section

@@ -1,0 +1,200 @@
+"""The ``serve`` stage: start ``day0 serve`` on the model as a subprocess on a free port, wait for ``/ready``,
+exercise the text path through ``/v1/completions`` (plain and streamed) and ``/v1/chat/completions``. The
+server stays up in ``ctx.shared["server"]`` for the bench stage; ``stop(ctx)`` (also run at exit) ends it."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agents.pipeline.base import StageContext, StageFailed
+
+
+class ServerProcess:
+    """A ``day0 serve`` child process; a context manager that stops it."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        dtype: str,
+        device: str,
+        tp: int | None,
+        log_path: Path,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        from agents.runtime.server.launcher import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        cmd = [
+            sys.executable,
+            "-m",
+            "day0portal.cli",
+            "serve",
+            str(model_dir),
+            "--port",
+            str(self.port),
+            "--dtype",
+            dtype,
+            "--device",
+            device,
+            *(["--tp", str(tp)] if tp else []),
+            *(extra_args or []),
+        ]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[2]
+        )
+        atexit.register(self.stop)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float, ctx: StageContext | None = None) -> float:
+        """Seconds until ``/ready`` answered 200; StageFailed with the log tail if it died or timed out."""
+        deadline = self.started + timeout
+        while time.monotonic() < deadline:
+            if ctx is not None:
+                ctx.check_cancelled()
+            if self.proc.poll() is not None:
+                raise StageFailed(f"server exited with code {self.proc.returncode} before ready:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                    return time.monotonic() - self.started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise StageFailed(f"server not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if not self._log.closed:
+            self._log.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_server(ctx: StageContext) -> ServerProcess:
+    if ctx.model_dir is None:
+        raise StageFailed("serve needs the model's weights, but this job has no model directory")
+    extra = [str(a) for a in ctx.bench.get("serve_args", [])]
+    server = ServerProcess(
+        Path(ctx.model_dir),
+        dtype=ctx.dtype,
+        device=ctx.device,
+        tp=ctx.tp if ctx.tp != 1 else None,
+        log_path=Path(ctx.workdir) / "serve.log",
+        extra_args=extra,
+    )
+    ctx.shared["server"] = server
+    ctx.shared["server_url"] = server.url
+    return server
+
+
+def stop(ctx: StageContext) -> None:
+    """Stop the server this pipeline started (safe to call twice)."""
+    server = ctx.shared.pop("server", None)
+    ctx.shared.pop("server_url", None)
+    if server is not None:
+        server.stop()
+
+
+def _check(name: str, fn: Any) -> dict[str, Any]:
+    try:
+        detail = fn()
+        return {"name": name, "ok": True, "detail": detail}
+    except (AssertionError, httpx.HTTPError, KeyError, ValueError, IndexError) as exc:
+        return {"name": name, "ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+
+
+def text_path_checks(url: str, has_chat_template: bool) -> list[dict[str, Any]]:
+    client = httpx.Client(base_url=url, timeout=120)
+    req = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+
+    def completion() -> str:
+        r = client.post("/v1/completions", json=req)
+        assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}"
+        body = r.json()
+        assert body["usage"]["completion_tokens"] >= 1, "no token generated"
+        return body["choices"][0]["text"]
+
+    def streamed() -> str:
+        chunks, done = [], False
+        with client.stream(
+            "POST", "/v1/completions", json={**req, "stream": True, "stream_options": {"include_usage": True}}
+        ) as r:
+            assert r.status_code == 200, f"HTTP {r.status_code}"
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    chunks.append(json.loads(line[6:]))
+        assert done and chunks and chunks[-1]["usage"]["completion_tokens"] >= 1, "stream did not end with usage"
+        return f"{len(chunks)} chunks"
+
+    def chat() -> str:
+        r = client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0},
+        )
+        assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}"
+        return r.json()["choices"][0]["message"]["content"]
+
+    checks = [_check("completions", completion), _check("completions_stream", streamed)]
+    if has_chat_template:
+        checks.append(_check("chat_completions", chat))
+    client.close()
+    return checks
+
+
+def run(ctx: StageContext) -> dict[str, Any]:
+    """The serve section: ready_seconds, endpoint, text_path_ok, checks."""
+    stop(ctx)  # a server left by an earlier run of this stage
+    server = start_server(ctx)
+    timeout = float(ctx.bench.get("ready_timeout", 900))
+    try:
+        ready_seconds = server.wait_ready(timeout, ctx)
+    except BaseException:
+        stop(ctx)
+        raise
+    tok_cfg = Path(ctx.model_dir) / "tokenizer_config.json"
+    has_template = tok_cfg.exists() and bool(json.loads(tok_cfg.read_text()).get("chat_template"))
+    checks = text_path_checks(server.url, has_template)
+    ok = all(c["ok"] for c in checks)
+    notes = [] if has_template else ["no chat template: /v1/chat/completions not exercised"]
+    if not ok:
+        notes.append(f"server log tail:\n{server.log_tail()}")
+        stop(ctx)
+    return {
+        "ready_seconds": round(ready_seconds, 3),
+        "endpoint": server.url,
+        "text_path_ok": ok,
+        "checks": checks,
+        "notes": notes,
+    }

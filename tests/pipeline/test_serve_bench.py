@@ -1,0 +1,71 @@
+"""The serve, bench and KV-cache stages on the tiny Llama: a real ``day0 serve`` subprocess, real HTTP."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+from agents.pipeline import align_kv, bench, serve
+from agents.pipeline.base import StageContext, StageFailed
+from agents.runtime.testing.make_model import cached_model
+
+
+def _ctx(model_dir, tmp_path, **kw) -> StageContext:
+    config = json.loads((model_dir / "config.json").read_text())
+    return StageContext(
+        model_dir=model_dir,
+        config=config,
+        hardware={"slug": "cpu"},
+        workdir=tmp_path,
+        emit_fn=lambda *a, **k: None,
+        **kw,
+    )
+
+
+def test_serve_then_bench_then_stop(tmp_path):
+    ctx = _ctx(
+        cached_model("llama"),
+        tmp_path,
+        bench={"concurrency": [1, 2], "input_len": 16, "output_len": 8, "num_prompts": 4, "long_input_len": 96},
+    )
+    try:
+        section = serve.run(ctx)
+        assert section["text_path_ok"], section
+        assert {c["name"] for c in section["checks"]} == {"completions", "completions_stream", "chat_completions"}
+        assert section["ready_seconds"] > 0 and section["endpoint"].startswith("http://127.0.0.1:")
+        proc = ctx.shared["server"].proc
+        result = bench.run(ctx)
+    finally:
+        serve.stop(ctx)
+    assert proc.poll() is not None  # the server is gone after the bench
+    assert [r["concurrency"] for r in result["runs"]] == [1, 2]
+    for run in result["runs"]:
+        assert run["failed"] == 0 and run["completed"] == 4 and run["output_tokens"] == 32
+        assert run["output_tok_s"] > 0 and run["ttft_ms"]["p50"] > 0 and run["tpot_ms"]["p99"] is not None
+        assert set(run["itl_ms"]) == {"mean", "p50", "p90", "p99"}
+    assert result["long_context"]["input_len"] == 96 and result["long_context"]["failed"] == 0
+    assert result["peak_memory_bytes"] > 0
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{section['endpoint']}/health", timeout=2)
+
+
+def test_serve_fails_with_the_server_log_when_weights_are_broken(tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(cached_model("llama"), broken)
+    for shard in broken.glob("*.safetensors"):
+        shard.write_bytes(b"not a safetensors file")
+    ctx = _ctx(broken, tmp_path)
+    with pytest.raises(StageFailed, match="exited with code"):
+        serve.run(ctx)
+    assert "server" not in ctx.shared
+
+
+def test_kv_cache_check_passes_and_reuses_blocks(tmp_path):
+    ctx = _ctx(cached_model("llama"), tmp_path, thresholds={"kv_cache_max_len": 200})
+    section = align_kv.run(ctx)
+    assert section["passed"] and section["lengths"] == [12, 50, 200]
+    assert 0 <= section["max_abs_err"] <= 1e-4
+    assert section["blocks_reused"] and section["blocks_freed"]
