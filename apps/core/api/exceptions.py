@@ -16,6 +16,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, DjangoValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}
         exc = exceptions.ValidationError(detail)
+    if isinstance(exc, exceptions.ValidationError) and isinstance(exc.detail, dict):
+        # one shape for every 400: {"field": ["message", ...]}
+        exc.detail = {k: v if isinstance(v, list | dict) else [v] for k, v in exc.detail.items()}
     if isinstance(exc, ConflictError):
         return Response({"detail": str(exc)}, status=409)
     return drf_exception_handler(exc, context)

@@ -1,0 +1,12 @@
+"""WebSocket routes (collected by ``day0portal/asgi.py``)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from apps.jobs.consumers import JobEventsConsumer, MatrixConsumer
+
+websocket_urlpatterns = [
+    path("ws/jobs/<int:job_id>/", JobEventsConsumer.as_asgi()),
+    path("ws/matrix/", MatrixConsumer.as_asgi()),
+]

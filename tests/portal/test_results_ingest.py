@@ -1,0 +1,121 @@
+"""Agents post stage results; they become queryable evidence rows and the cell is recomputed. A document for
+the wrong stage, job or hardware stores nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.evidence.models import (
+    AlignmentLayer,
+    AlignmentOp,
+    BenchmarkPoint,
+    EnvLock,
+    LoadReport,
+    OperatorCheck,
+    PlanEvidence,
+    ShardChecksum,
+    StageResult,
+    TokenDivergence,
+)
+from apps.jobs.choices import JobState
+from apps.matrix.models import Cell
+from tests.factories import HardwareFactory, JobFactory, OrganizationFactory, auth, make_token
+from tests.portal.reports import PASSING, passing
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def agent_job():  # noqa: ANN201
+    hardware = HardwareFactory()
+    job = JobFactory(hardware=hardware)
+    token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
+    return job, token
+
+
+def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None:  # noqa: ANN001
+    job, token = agent_job
+    report = {"model": {"name": "x", "architecture": "LlamaForCausalLM", "path": "native"}, "hardware": "h",
+              "dtype": "bfloat16", "tier": 6, "failed_stage": None, "error": None, "stages": PASSING}
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", report, format="json", **auth(token))
+    assert response.status_code == 201, response.content
+    assert response.json()["cell"] == {"tier": 6, "tier_name": "validated", "failed_stage": ""}
+    assert PlanEvidence.objects.get(result__job=job).devices == 1
+    assert LoadReport.objects.get(result__job=job).ok and ShardChecksum.objects.filter(load__result__job=job).count() == 2
+    assert set(OperatorCheck.objects.filter(result__job=job).values_list("status", flat=True)) == {
+        "native", "decomposed", "fallback"}
+    assert AlignmentOp.objects.filter(report__result__job=job).count() == 1
+    assert AlignmentLayer.objects.filter(report__result__job=job).count() == 2
+    divergence = TokenDivergence.objects.get(report__result__job=job)
+    assert divergence.near_tie and divergence.position == 17
+    points = BenchmarkPoint.objects.filter(run__result__job=job).order_by("concurrency")
+    assert [p.concurrency for p in points] == [1, 4, 16] and points[2].ttft_ms_p99 == 70.0 * 16
+    assert EnvLock.objects.get(result__job=job).torch == "2.13.0"
+    detail = api_client.get(f"/api/v1/cells/{job.model.slug}/{job.hardware.slug}/").json()
+    assert detail["tier"] == 6 and len(detail["evidence"]["benchmarks"][0]["points"]) == 3
+    assert detail["evidence"]["alignment"]["divergences"][0]["near_tie"] is True
+
+
+def test_stage_by_stage_posts_replace_a_stage_and_climb(api_client, agent_job) -> None:  # noqa: ANN001
+    job, token = agent_job
+    url = f"/api/v1/jobs/{job.pk}/results/"
+    for stage, tier in (("plan", 1), ("load", 2), ("load", 2), ("serve", 3)):
+        response = api_client.post(url, {"stage": stage, "section": passing(stage)}, format="json", **auth(token))
+        assert response.status_code == 201 and response.json()["cell"]["tier"] == tier
+    assert StageResult.objects.filter(job=job, stage="load").count() == 1  # posted twice, replaced
+    assert LoadReport.objects.filter(result__job=job).count() == 1
+
+
+@pytest.mark.parametrize(("doc", "key"), [
+    ({"stage": "dance", "section": {}}, "stage"),
+    ({"stage": "plan"}, "section"),
+    ({"stage": "plan", "section": {"params_total": 5}}, "stages.plan.fits"),
+    ({"stage": "load", "section": {"ok": "yes"}}, "stages.load.ok"),
+    ({"stage": "bench", "section": {"runs": [{"concurrency": "many"}]}}, "stages.bench.runs[0].concurrency"),
+    ({"stage": "inventory", "section": {"ops": [{"op": "aten::mm", "status": "perhaps"}]}},
+     "stages.inventory.ops[0].status"),
+    ({"stages": {"plan": PASSING["plan"], "align": {"passed": True, "layers": [{"layer": "x", "passed": True}]}}},
+     "stages.align.layers[0].layer"),
+    ([1, 2, 3], "detail"),
+])
+def test_bad_documents_are_400_naming_the_path_and_store_nothing(api_client, agent_job, doc, key) -> None:  # noqa: ANN001
+    job, token = agent_job
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", doc, format="json", **auth(token))
+    assert response.status_code == 400 and key in response.json(), response.content
+    assert not StageResult.objects.exists() and not PlanEvidence.objects.exists()
+
+
+def test_a_stage_the_job_did_not_request_is_refused(api_client) -> None:  # noqa: ANN001
+    hardware = HardwareFactory()
+    job = JobFactory(hardware=hardware, spec={"stages": ["plan"]})
+    token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", {"stage": "load", "section": passing("load")},
+                               format="json", **auth(token))
+    assert response.status_code == 400 and "not requested" in response.json()["stage"][0]
+    assert not StageResult.objects.exists()
+
+
+def test_wrong_hardware_or_scope_is_403_and_a_finished_job_409(api_client, agent_job) -> None:  # noqa: ANN001
+    job, token = agent_job
+    url = f"/api/v1/jobs/{job.pk}/results/"
+    body = {"stage": "plan", "section": passing("plan")}
+    other = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=HardwareFactory())
+    assert api_client.post(url, body, format="json", **auth(other)).status_code == 403
+    assert api_client.post(url, body, format="json", **auth(make_token(organization=job.organization))
+                           ).status_code == 403
+    job.state = JobState.CANCELLED
+    job.save()
+    assert api_client.post(url, body, format="json", **auth(token)).status_code == 409
+    assert not StageResult.objects.exists()
+    assert Cell.objects.get(model=job.model, hardware=job.hardware).tier == 0
+
+
+def test_agents_report_state_through_the_state_machine(api_client, agent_job) -> None:  # noqa: ANN001
+    job, token = agent_job
+    url = f"/api/v1/jobs/{job.pk}/state/"
+    response = api_client.post(url, {"state": "failed", "failed_stage": "align", "error": "layer 3 cosine 0.91"},
+                               format="json", **auth(token))
+    assert response.status_code == 200 and response.json()["state"] == "failed"
+    cell = Cell.objects.get(model=job.model, hardware=job.hardware)
+    assert cell.failed_stage == "align" and "0.91" in cell.error
+    assert api_client.post(url, {"state": "running"}, format="json", **auth(token)).status_code == 409

@@ -1,0 +1,84 @@
+"""API tokens: hashed at rest, shown once, scoped, revocable, with a last-used time."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from apps.accounts.choices import Role
+from apps.accounts.models import ApiToken, Membership
+from tests.factories import HardwareFactory, OrganizationFactory, UserFactory, auth, make_token
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client):  # noqa: ANN001, ANN201
+    org = OrganizationFactory(slug="vendor")
+    user = UserFactory()
+    Membership.objects.create(organization=org, user=user, role=Role.ADMIN)
+    client.force_login(user)
+    return client, org, user
+
+
+def test_a_token_is_shown_once_and_stored_hashed(admin_client) -> None:  # noqa: ANN001
+    client, org, _ = admin_client
+    response = client.post("/api/v1/tokens/", {"name": "ci", "scopes": ["submit"]}, content_type="application/json")
+    assert response.status_code == 201, response.content
+    secret = response.json()["token"]
+    row = ApiToken.objects.get(pk=response.json()["id"])
+    assert row.key_hash == hashlib.sha256(secret.encode()).hexdigest()
+    assert secret not in str(ApiToken.objects.filter(pk=row.pk).values().first())
+    assert secret.startswith(row.prefix) and sorted(row.scopes) == ["read", "submit"]
+    listed = client.get("/api/v1/tokens/").json()["results"]
+    assert listed[0]["prefix"] == row.prefix and "token" not in listed[0]
+
+
+def test_bearer_and_token_headers_authenticate_and_record_last_use(api_client) -> None:  # noqa: ANN001
+    token = make_token(organization=OrganizationFactory())
+    assert token.last_used_at is None
+    assert api_client.get("/api/v1/tokens/", HTTP_AUTHORIZATION=f"Bearer {token.secret}").status_code == 200
+    assert api_client.get("/api/v1/tokens/", **auth(token)).status_code == 200
+    token.refresh_from_db()
+    assert token.last_used_at is not None
+
+
+def test_a_revoked_or_unknown_token_is_refused(api_client) -> None:  # noqa: ANN001
+    token = make_token(organization=OrganizationFactory())
+    response = api_client.post(f"/api/v1/tokens/{token.pk}/revoke/", **auth(token))
+    assert response.status_code == 200 and response.json()["revoked_at"]
+    assert api_client.get("/api/v1/models/", **auth(token)).status_code == 401
+    assert api_client.get("/api/v1/models/", HTTP_AUTHORIZATION="Token d0_wrong").status_code == 401
+
+
+def test_scopes_are_limited_by_role_and_agent_tokens_need_a_hardware(admin_client) -> None:  # noqa: ANN001
+    client, org, user = admin_client
+    response = client.post("/api/v1/tokens/", {"name": "a", "scopes": ["agent"]}, content_type="application/json")
+    assert response.status_code == 400 and "hardware" in response.json()
+    hw = HardwareFactory()
+    response = client.post("/api/v1/tokens/", {"name": "a", "scopes": ["agent"], "hardware": hw.slug},
+                           content_type="application/json")
+    assert response.status_code == 201 and response.json()["hardware"] == hw.slug
+    Membership.objects.filter(user=user).update(role=Role.SUBMITTER)
+    response = client.post("/api/v1/tokens/", {"name": "a", "scopes": ["agent"], "hardware": hw.slug},
+                           content_type="application/json")
+    assert response.status_code == 403
+    response = client.post("/api/v1/tokens/", {"name": "a", "scopes": ["root"]}, content_type="application/json")
+    assert response.status_code == 400 and "scopes" in response.json()
+
+
+def test_tokens_cannot_mint_tokens(api_client) -> None:  # noqa: ANN001
+    token = make_token(organization=OrganizationFactory(), role=Role.ADMIN)
+    response = api_client.post("/api/v1/tokens/", {"name": "x", "scopes": ["read"]}, format="json", **auth(token))
+    assert response.status_code == 403
+
+
+def test_session_writes_need_csrf(admin_client) -> None:  # noqa: ANN001
+    from django.test import Client
+
+    _, _, user = admin_client
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user)
+    response = strict.post("/api/v1/tokens/", {"name": "x", "scopes": ["read"]}, content_type="application/json")
+    assert response.status_code == 403 and "CSRF" in response.json()["detail"]
