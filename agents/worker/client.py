@@ -69,7 +69,7 @@ class PortalClient:
     def register_agent(self, *, hostname: str, capabilities: dict, versions: dict) -> dict:
         """Registers (idempotently on hardware and hostname) and returns the agent row; the hardware comes
         from the agent token."""
-        return self.request("POST", "/agents/register/",
+        return self.request("POST", "/agents/",
                             json={"hostname": hostname, "capabilities": capabilities, "versions": versions})
 
     def heartbeat(self, agent_id: int, *, current_job: int | None = None) -> dict:
@@ -112,17 +112,12 @@ class PortalClient:
     def job_events(self, job_id: int, after: int = 0) -> list[dict[str, Any]]:
         """Stored events with seq > ``after``, in order (every page)."""
         events: list[dict[str, Any]] = []
-        page: Any = self.request("GET", f"/jobs/{job_id}/events/", params={"after": after})
         while True:
-            if isinstance(page, dict):
-                events.extend(page.get("results") or page.get("events") or [])
-                nxt = page.get("next")
-            else:
-                events.extend(page or [])
-                nxt = None
-            if not nxt:
+            page = self.request("GET", f"/jobs/{job_id}/events/", params={"after": after, "limit": 5000})
+            events.extend(page["events"])
+            after = int(page["next_after"])
+            if not page.get("has_more"):
                 return events
-            page = self.request("GET", str(nxt).split(API_PREFIX, 1)[-1])
 
     def wait_for_portal(self, timeout: float = 30.0) -> None:
         """Blocks until ``/healthz`` answers, or raises ``PortalUnavailable``."""

@@ -228,8 +228,8 @@ def _watch_ws(args: argparse.Namespace, view: ProgressView) -> None:
     with connect(_ws_url(args.portal, args.job_id, view.last_seq, args.token), open_timeout=10) as ws:
         while True:
             message = json.loads(ws.recv(timeout=None))
-            if message.get("type") == "events":
+            if message.get("type") == "job.events":
                 for ev in message.get("events", []):
                     view.event(ev)
-            elif message.get("type") == "state" and message.get("state") in TERMINAL_STATES:
+            elif message.get("type") == "job.state" and message.get("state") in TERMINAL_STATES:
                 return
