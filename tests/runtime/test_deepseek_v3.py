@@ -223,3 +223,47 @@ def test_the_shared_tiny_test_model_matches_transformers() -> None:
             ref = hf(ids[start : start + n][None]).logits[0]
         torch.testing.assert_close(logits[start : start + n], ref, rtol=0, atol=1e-4)
         start += n
+
+
+@pytest.mark.parametrize("groups", [(4, 2), (1, 1), (8, 3)], ids=["4g-top2", "1g", "8g-top3"])
+def test_grouped_router_picks_the_same_experts_and_weights_as_transformers(groups) -> None:  # noqa: ANN001
+    from transformers import DeepseekV3Config
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
+
+    from agents.runtime.layers.grouped_router import GroupedTopKRouter
+
+    n_group, topk_group = groups
+    torch.manual_seed(0)
+    cfg = DeepseekV3Config(hidden_size=32, n_routed_experts=16, num_experts_per_tok=4, n_group=n_group,
+                           topk_group=topk_group, routed_scaling_factor=2.5, norm_topk_prob=True)
+    ref = DeepseekV3TopkRouter(cfg)
+    with torch.no_grad():
+        ref.weight.normal_()
+        ref.e_score_correction_bias.copy_(torch.rand(16))
+    mine = GroupedTopKRouter(32, 16, 4, n_group=n_group, topk_group=topk_group, scaling_factor=2.5)
+    mine.weight.weight_loader(mine.weight, ref.weight.detach())
+    mine.e_score_correction_bias.weight_loader(mine.e_score_correction_bias, ref.e_score_correction_bias)
+    x = torch.randn(64, 32)
+    _, ref_w, ref_ids = ref(x)
+    weights, ids = mine(x)
+    order, ref_order = ids.argsort(-1), ref_ids.argsort(-1)  # both pick sets; compare them in expert order
+    assert torch.equal(ids.gather(1, order), ref_ids.gather(1, ref_order))
+    torch.testing.assert_close(weights.gather(1, order), ref_w.gather(1, ref_order), rtol=0, atol=1e-6)
+
+
+def test_grouped_router_limits_groups_and_keeps_the_bias_out_of_the_weights() -> None:
+    from agents.runtime.layers.grouped_router import grouped_topk
+
+    # 4 experts in 2 groups. Expert 0 scores best alone, but group {2, 3} scores best as a pair.
+    logits = torch.tensor([[3.0, -3.0, 2.0, 2.0]])
+    weights, ids = grouped_topk(logits, top_k=2, n_group=2, topk_group=1, renormalize=False)
+    assert sorted(ids[0].tolist()) == [2, 3]
+    torch.testing.assert_close(weights[0], torch.sigmoid(torch.tensor([2.0, 2.0])))
+    # a bias on expert 1 changes the choice (group {0, 1} now wins) but not the weights of what is chosen
+    bias = torch.tensor([0.0, 5.0, 0.0, 0.0])
+    weights, ids = grouped_topk(logits, 2, 2, 1, correction_bias=bias, renormalize=False, scaling_factor=2.0)
+    chosen = ids[0].tolist()
+    assert sorted(chosen) == [0, 1]
+    torch.testing.assert_close(weights[0], 2.0 * torch.sigmoid(logits[0, chosen]))
+    with pytest.raises(ValueError, match="n_group=3 must divide the number of experts 4"):
+        grouped_topk(logits, 2, 3, 1)

@@ -175,7 +175,9 @@ class FallbackModel(nn.Module):
                     continue
                 raise FallbackError(f"unexpected tensor {name!r}: {type(self.hf_model).__name__} has no such weight")
             if tuple(tensor.shape) != target.shape_:
-                raise FallbackError(f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {target.shape_}")
+                raise FallbackError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {target.shape_}"
+                )
             if not tensor.dtype.is_floating_point and target.dtype_.is_floating_point:
                 raise FallbackError(f"tensor {name!r} has dtype {tensor.dtype}, the model expects {target.dtype_}")
             target.write(tensor)
@@ -212,8 +214,11 @@ class FallbackModel(nn.Module):
             if self._layers is None:
                 raise FallbackError("cannot find the decoder layer list to report per-layer hidden states")
             for layer in self._layers:
-                hooks.append(layer.register_forward_hook(lambda _m, _i, out: captured.append(
-                    out[0] if isinstance(out, tuple) else out)))
+                hooks.append(
+                    layer.register_forward_hook(
+                        lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out)
+                    )
+                )
         base = self.hf_model.base_model
         finals: list[torch.Tensor] = []
         per_seq_layers: list[list[torch.Tensor]] = []
@@ -240,4 +245,4 @@ class FallbackModel(nn.Module):
         head = self.hf_model.get_output_embeddings()
         if head is None:
             raise FallbackError(f"{type(self.hf_model).__name__} has no output embeddings (not a causal LM)")
-        return head(hidden).float()  # [N, vocab]
+        return head(hidden)  # [N, vocab], in the model dtype like the native heads
