@@ -36,7 +36,7 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult
                     result.error = str(chunk["error"].get("message"))
                     return result
                 now = time.perf_counter()
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                if chunk.get("choices"):  # one chunk per engine step that produced tokens
                     if result.ttft == 0.0:
                         result.ttft = now - start
                     else:

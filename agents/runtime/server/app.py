@@ -105,7 +105,7 @@ def create_app(
                 if out.finish_reason == "error":
                     yield _sse({"error": {"message": out.error, "type": "server_error", "code": 500}})
                     break
-                if out.new_text or out.finished:
+                if out.new_token_ids or out.finished:
                     choice = {"index": 0, "text": out.new_text, "logprobs": None, "finish_reason": out.finish_reason}
                     yield _sse(_chunk(rid, "text_completion", created, model_name, [choice]))
                 if out.finished and with_usage:
@@ -142,7 +142,7 @@ def create_app(
                 if out.finish_reason == "error":
                     yield _sse({"error": {"message": out.error, "type": "server_error", "code": 500}})
                     break
-                if out.new_text or out.finished:
+                if out.new_token_ids or out.finished:
                     delta = {"content": out.new_text} if out.new_text else {}
                     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": out.finish_reason}
                     yield _sse(_chunk(rid, kind, created, model_name, [choice]))

@@ -1,0 +1,41 @@
+"""Benchmark metric definitions (vLLM's): TPOT excludes the first token, ITL is per streamed chunk."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.runtime.bench.client import make_prompts
+from agents.runtime.bench.metrics import RequestResult, format_table, stats_ms, summarize
+
+
+def test_tpot_excludes_the_first_token_and_itl_is_per_chunk():
+    ok = RequestResult(ok=True, ttft=0.5, e2e=1.5, itl=[0.25, 0.25, 0.5], prompt_tokens=10, output_tokens=5)
+    assert ok.tpot == pytest.approx(0.25)  # (1.5 - 0.5) / (5 - 1)
+    single = RequestResult(ok=True, ttft=0.2, e2e=0.2, output_tokens=1)
+    failed = RequestResult(error="HTTP 400: bad")
+    run = summarize([ok, single, failed], duration=2.0, concurrency=4)
+    assert run["concurrency"] == 4 and run["completed"] == 2 and run["failed"] == 1
+    assert run["output_tokens"] == 6 and run["output_tok_s"] == 3.0 and run["req_s"] == 1.0
+    assert run["tpot_ms"]["mean"] == 250.0  # the one-token request has no TPOT
+    assert run["itl_ms"]["p50"] == 250.0 and run["itl_ms"]["mean"] == pytest.approx(333.333, abs=1e-3)
+    assert run["ttft_ms"]["mean"] == pytest.approx(350.0)
+    assert run["errors"] == ["HTTP 400: bad"]
+
+
+def test_percentiles_interpolate_like_numpy():
+    values = [i / 1000 for i in range(1, 101)]  # 1..100 ms
+    s = stats_ms(values)
+    assert s["p50"] == pytest.approx(50.5) and s["p90"] == pytest.approx(90.1) and s["p99"] == pytest.approx(99.01)
+    assert stats_ms([]) == {"mean": None, "p50": None, "p90": None, "p99": None}
+
+
+def test_prompts_have_the_exact_length_and_are_reproducible():
+    a = make_prompts(3, 17, vocab_size=512, seed=1)
+    assert [len(p) for p in a] == [17, 17, 17] and a == make_prompts(3, 17, vocab_size=512, seed=1)
+    assert all(16 <= t < 512 for p in a for t in p)
+
+
+def test_table_lists_sweep_and_long_context():
+    run = summarize([RequestResult(ok=True, ttft=0.1, e2e=0.3, itl=[0.1, 0.1], output_tokens=3)], 1.0, concurrency=1)
+    text = format_table({"runs": [run], "long_context": {**run, "input_len": 900}, "peak_memory_bytes": 2**30})
+    assert "sweep" in text and "long" in text and "1024 MiB" in text
