@@ -1,0 +1,278 @@
+"""Seeded evidence for development, demos and tests: adaptation jobs soon after each release (some failing at
+a stage), and a history of daily benchmark runs with a planted regression.
+
+Everything goes through the portal's services (job transitions, result ingest, cell recomputation, event
+storage) under a *simulated clock*: ``django.utils.timezone.now`` returns the seeded time while the history is
+written, so rows, tier-reached times and lead times carry historic timestamps exactly as if the jobs had run
+then. Seeded jobs are created as rows (``spec.seeded``) rather than through ``do_create_job``, which would hand
+them to real agents."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from unittest import mock
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agents.pipeline.tiers import STAGE_ORDER
+from apps.benchmarks import sections as sec
+from apps.catalog.models import Hardware, ModelRelease
+from apps.jobs.choices import JobState
+from apps.jobs.models import Job
+from apps.jobs.services import do_record_job_results, do_store_job_events, do_transition_job, parse_event_batch
+from apps.matrix.models import Cell
+from apps.matrix.services import recompute_cell
+
+# Hours each stage takes, (low, high)
+STAGE_HOURS: dict[str, tuple[float, float]] = {
+    "plan": (0.05, 0.2), "load": (0.4, 2.5), "inventory": (0.2, 0.6), "align": (0.8, 3.5), "serve": (0.2, 0.8),
+    "bench": (0.8, 2.5), "env": (0.02, 0.05), "eval": (2.0, 9.0),
+}
+# outcome -> (stages run, the stage that fails or None); weights below
+OUTCOMES: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "validated": (STAGE_ORDER, None),
+    "baselined": (("plan", "load", "inventory", "align", "serve", "bench", "env"), None),
+    "align-fails": (("plan", "load", "inventory", "align"), "align"),
+    "load-fails": (("plan", "load"), "load"),
+    "serves": (("plan", "load", "inventory", "serve"), None),
+}
+OUTCOME_WEIGHTS = {"validated": 3, "baselined": 4, "align-fails": 2, "load-fails": 1, "serves": 1}
+
+
+class Clock:
+    """The simulated time; ``advance`` moves it forward."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def advance(self, **delta: float) -> datetime:
+        self.now += timedelta(**delta)
+        return self.now
+
+    def set(self, when: datetime) -> datetime:
+        self.now = when
+        return when
+
+
+@contextmanager
+def simulated_clock(start: datetime) -> Iterator[Clock]:
+    """``django.utils.timezone.now()`` returns ``clock.now`` inside the block (auto_now fields included)."""
+    clock = Clock(start)
+    with mock.patch.object(timezone, "now", lambda: clock.now):
+        yield clock
+
+
+@dataclass
+class PlantedRegression:
+    model: str
+    hardware: str
+    at: datetime
+    latency_factor: float
+    throughput_factor: float
+
+
+@dataclass
+class SeedSummary:
+    jobs: int = 0
+    cells: list[tuple[str, str, str]] = field(default_factory=list)  # (model, hardware, outcome)
+    history: list[tuple[str, str, int]] = field(default_factory=list)  # (model, hardware, runs)
+    regression: PlantedRegression | None = None
+
+
+def profile_for(model: ModelRelease, hardware: Hardware, cell: Cell | None, dtype: str = "bfloat16") -> sec.CellProfile:
+    config = model.config or {}
+    layers = int(config.get("num_hidden_layers") or 32)
+    kv_heads = int(config.get("num_key_value_heads") or config.get("num_attention_heads") or 8)
+    head_dim = int(config.get("head_dim") or (config.get("hidden_size", 4096) // max(config.get("num_attention_heads")
+                                                                                        or 32, 1)))
+    devices = (cell.fits_devices if cell and cell.fits_devices else None) or max(
+        1, -(-model.params_total * 2 * 108 // 100 // int(hardware.memory_bytes * 0.9)))
+    return sec.CellProfile(params_total=model.params_total, params_active=model.params_active, layers=layers,
+                           kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
+                           memory_bytes=hardware.memory_bytes, bandwidth_gbps=hardware.memory_bandwidth_gbps or 1000,
+                           devices=int(devices), dtype=dtype,
+                           device_bytes=(cell.fits_plan or {}).get("bytes_per_device") if cell else None)
+
+
+def _job(model: ModelRelease, hardware: Hardware, stages: tuple[str, ...], dtype: str, **bench: Any) -> Job:
+    spec = {"stages": list(stages), "dtype": dtype, "tp": None, "ep": None, "thresholds": {},
+            "bench": {"concurrency": [1, 4, 16, 64], "input_len": 512, "output_len": 128, **bench}, "seeded": True}
+    return Job.objects.create(model=model, hardware=hardware, organization=model.organization, spec=spec,
+                              state=JobState.QUEUED)
+
+
+class _Events:
+    """Numbers and stores a job's events through the ingest service (what an agent's batches become)."""
+
+    def __init__(self, job: Job, clock: Clock) -> None:
+        self.job, self.clock, self.seq, self.batch = job, clock, 0, []
+
+    def add(self, stage: str, kind: str, message: str, level: str = "info", data: dict | None = None) -> None:
+        self.seq += 1
+        self.batch.append({"seq": self.seq, "ts": self.clock.now.isoformat(), "stage": stage, "kind": kind,
+                           "level": level, "message": message, "data": data})
+
+    def flush(self) -> None:
+        if self.batch:
+            do_store_job_events(self.job, parse_event_batch(self.batch, max_events=10_000))
+            self.batch = []
+
+
+def run_adaptation(model: ModelRelease, hardware: Hardware, outcome: str, clock: Clock, rng: random.Random,
+                   *, with_events: bool = True) -> Job:
+    """One adaptation job, stage by stage at the clock's time: events, results, transitions, cell recompute."""
+    stages, failing = OUTCOMES[outcome]
+    cell = Cell.objects.filter(model=model, hardware=hardware).first()
+    if cell is not None and cell.fits is False:
+        stages, failing = ("plan",), "plan"
+    dtype = "bfloat16" if "bfloat16" in (hardware.dtypes or ["bfloat16"]) else "float16"
+    profile = profile_for(model, hardware, cell, dtype)
+    job = _job(model, hardware, stages, dtype)
+    events = _Events(job, clock)
+    do_transition_job(job, JobState.RUNNING)
+    for stage in stages:
+        passed = stage != failing
+        events.add(stage, "stage_started", f"{stage} started", data={"stage": stage})
+        if with_events and stage in ("load", "inventory", "bench"):
+            total = {"load": profile.layers * 9 + 3, "inventory": len(sec.OPS), "bench": 4}[stage]
+            for done in (total // 4, total // 2, total):
+                events.add(stage, "progress", f"{stage}: {done}/{total}",
+                           data={"done": done, "total": total, "what": stage})
+        if with_events:
+            events.add(stage, "log", f"{stage}: working on {hardware.slug}", level="debug")
+        hours = rng.uniform(*STAGE_HOURS[stage])
+        clock.advance(hours=hours)
+        section = (sec.plan_section(profile, cell.fits_plan if cell else None) if stage == "plan"
+                   else _section(stage, profile, hardware, rng, passed))
+        if stage == "plan" and failing == "plan":
+            section["fits"] = False
+        do_record_job_results(job, {"stage": stage, "section": section})
+        error = None if passed else _failure(stage)
+        events.add(stage, "stage_finished", f"{stage} passed" if passed else f"{stage} failed: {error}",
+                   level="info" if passed else "error", data={"stage": stage, "passed": passed, "seconds": round(hours * 3600, 1),
+                                                              "error": error})
+        events.flush()
+        if not passed:
+            do_transition_job(job, JobState.FAILED, failed_stage=stage, error=error)
+            return job
+    do_transition_job(job, JobState.SUCCEEDED)
+    return job
+
+
+def _failure(stage: str) -> str:
+    return {"plan": "the model does not fit within 16 nodes", "load": "1 tensor failed verification",
+            "align": "layer cosine below 0.99 from layer 17 on",
+            "serve": "server not ready within 600 s"}.get(stage, f"{stage} failed")
+
+
+def _section(stage: str, p: sec.CellProfile, hw: Hardware, rng: random.Random, passed: bool) -> dict[str, Any]:
+    if stage == "plan":
+        return sec.plan_section(p)
+    if stage == "load":
+        return sec.load_section(p, rng, ok=passed)
+    if stage == "inventory":
+        return sec.inventory_section(list(hw.operator_manifest or []), rng, missing=rng.choice((0, 0, 1)))
+    if stage == "align":
+        return sec.align_section(p, rng, passed=passed)
+    if stage == "serve":
+        return sec.serve_section(rng)
+    if stage == "bench":
+        return sec.bench_section(p, rng)
+    if stage == "env":
+        return sec.env_section(hw.name, p.devices, rng)
+    return sec.eval_section(rng, passed=passed)
+
+
+def run_benchmark_history(model: ModelRelease, hardware: Hardware, clock: Clock, rng: random.Random, *,
+                          start: datetime, days: int, regression_day: int | None = None,
+                          regression: tuple[float, float] = (1.6, 0.6)) -> list[Job]:
+    """One bench-only job a day for ``days`` days from ``start``; on ``regression_day`` (and the day after)
+    latency is multiplied and throughput divided by the planted factors."""
+    cell = Cell.objects.filter(model=model, hardware=hardware).first()
+    profile = profile_for(model, hardware, cell)
+    jobs = []
+    for day in range(days):
+        clock.set(start + timedelta(days=day, minutes=rng.randint(0, 90)))
+        drift = 1 - 0.08 * day / max(days, 1)  # the runtime gets a little faster over the year
+        latency, throughput = drift, 1.0
+        if regression_day is not None and regression_day <= day <= regression_day + 1:
+            latency, throughput = drift * regression[0], regression[1] * regression[0]
+        with transaction.atomic():  # one commit per run, as an agent's result post would be
+            job = _job(model, hardware, ("bench",), profile.dtype)
+            do_transition_job(job, JobState.RUNNING)
+            clock.advance(minutes=rng.uniform(20, 50))
+            section = sec.bench_section(profile, rng, sec.BenchShape(latency=latency, throughput=throughput))
+            do_record_job_results(job, {"stage": "bench", "section": section})
+            do_transition_job(job, JobState.SUCCEEDED)
+        jobs.append(job)
+    return jobs
+
+
+def seed_evidence(*, models: list[ModelRelease] | None = None, hardware: list[Hardware] | None = None,
+                  days: int = 365, history_cells: int = 2, hardware_per_model: int = 5, seed: int = 0,
+                  now: datetime | None = None, regression_days_ago: int = 10,
+                  outcomes: list[str] | None = None) -> SeedSummary:
+    """Adaptation jobs for each released model on up to ``hardware_per_model`` hardware, then ``days`` of
+    daily benchmark runs for ``history_cells`` baselined cells, the first with a planted regression
+    ``regression_days_ago`` days before ``now``. ``outcomes`` (keys of ``OUTCOMES``) fixes, in order, what
+    happens on the first hardware of the list instead of drawing at random."""
+    unknown = [o for o in outcomes or [] if o not in OUTCOMES]
+    if unknown:
+        raise ValueError(f"unknown outcomes {unknown}; known: {', '.join(OUTCOMES)}")
+    rng = random.Random(seed)
+    now = now or datetime.now(UTC)
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        with connection.cursor() as cursor:  # seeded history is reproducible: no need to wait for each fsync
+            cursor.execute("SET synchronous_commit TO OFF")
+    models = [m for m in (models if models is not None else ModelRelease.objects.all()) if m.released_at]
+    hardware = list(hardware if hardware is not None else Hardware.objects.exclude(slug="cpu"))
+    summary = SeedSummary()
+    hw_speed = {h.pk: rng.uniform(0.3, 3.0) for h in hardware}  # some vendors adapt faster than others
+    baselined: list[tuple[ModelRelease, Hardware, datetime]] = []
+    with simulated_clock(now) as clock:
+        for model in models:
+            if outcomes:
+                chosen, planned = hardware[:len(outcomes)], list(outcomes)
+            else:
+                chosen = rng.sample(hardware, min(hardware_per_model, len(hardware)))
+                planned = rng.choices(list(OUTCOME_WEIGHTS), weights=list(OUTCOME_WEIGHTS.values()), k=len(chosen))
+            for hw, outcome in zip(chosen, planned, strict=False):
+                start = model.released_at + timedelta(hours=rng.uniform(-6, 20) * hw_speed[hw.pk])
+                if start > now - timedelta(days=1):
+                    continue  # not released long enough ago to have a history
+                clock.set(start)
+                with transaction.atomic():
+                    job = run_adaptation(model, hw, outcome, clock, rng)
+                summary.jobs += 1
+                summary.cells.append((model.slug, hw.slug, outcome if job.state == JobState.SUCCEEDED
+                                      else f"failed at {job.failed_stage}"))
+                if job.state == JobState.SUCCEEDED and "bench" in job.stages:
+                    baselined.append((model, hw, clock.now))
+        for i, (model, hw, finished) in enumerate(baselined[:history_cells]):
+            start = max(finished + timedelta(days=1), now - timedelta(days=days))
+            start = start.replace(hour=2, minute=0, second=0, microsecond=0)
+            count = max((now - start).days, 0)
+            regression_day = count - regression_days_ago if i == 0 and count > regression_days_ago + 15 else None
+            jobs = run_benchmark_history(model, hw, clock, rng, start=start, days=count,
+                                         regression_day=regression_day)
+            summary.jobs += len(jobs)
+            summary.history.append((model.slug, hw.slug, len(jobs)))
+            if regression_day is not None:
+                run = jobs[regression_day].stage_results.get(stage="bench").benchmark
+                summary.regression = PlantedRegression(model.slug, hw.slug, run.created_at, 1.6, 0.6)
+    return summary
+
+
+def delete_seeded_jobs() -> int:
+    """Deletes every seeded job (and so its evidence) and recomputes the cells they were in."""
+    cells = set(Job.objects.filter(spec__seeded=True).values_list("model_id", "hardware_id").distinct())
+    deleted, _ = Job.objects.filter(spec__seeded=True).delete()
+    for model_id, hardware_id in cells:
+        recompute_cell(model_id, hardware_id)
+    return deleted

@@ -1,0 +1,77 @@
+"""Chart payloads for static/js/charts.js (ECharts options are built in the browser from these)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.benchmarks.selectors import TREND_FAMILIES, Series, display_value
+from apps.dashboards.selectors import CellPage, Day0Timeline
+
+LATENCY_KEYS = (("ttft_ms_p50", "TTFT p50"), ("ttft_ms_p99", "TTFT p99"), ("tpot_ms_p50", "TPOT p50"),
+                ("tpot_ms_p99", "TPOT p99"), ("itl_ms_p50", "ITL p50"), ("itl_ms_p99", "ITL p99"))
+
+
+def _ms(at: Any) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def layer_chart(page: CellPage) -> dict[str, Any] | None:
+    if not page.align_layers:
+        return None
+    thresholds = page.results["align"].alignment.thresholds or {}
+    return {"layers": [{"layer": la.layer, "cosine": la.cosine, "max_rel_err": la.max_rel_err}
+                       for la in page.align_layers],
+            "cosine_threshold": thresholds.get("layer_cosine", 0.99)}
+
+
+def bench_chart(page: CellPage) -> dict[str, Any] | None:
+    if not page.bench_points:
+        return None
+    runs = [{"concurrency": p.concurrency, "output_tok_s": p.output_tok_s,
+             **{key: getattr(p, key) for key, _ in LATENCY_KEYS}} for p in page.bench_points]
+    return {"runs": runs, "latency": [{"field": key, "label": label} for key, label in LATENCY_KEYS]}
+
+
+def _short_labels(series: list[Series]) -> tuple[dict[Any, str], str]:
+    """Line labels naming only what differs between configurations, and what they share."""
+    configs = {s.config for s in series}
+    same = len({(c.dtype, c.input_len, c.output_len) for c in configs}) == 1
+    if not same:
+        return {c: c.label for c in configs}, ""
+    c0 = next(iter(configs), None)
+    shared = "" if c0 is None else c0.label.split(" · ", 1)[1] if " · " in c0.label else ""
+    return {c: f"c={c.concurrency}" for c in configs}, shared
+
+
+def trend_charts(series: list[Series], stat: str) -> tuple[list[dict[str, Any]], str]:
+    """One chart per metric family; one line per configuration; regressions as marked points. Also returns
+    the configuration every line shares (dtype, lengths), shown once above the charts."""
+    labels, shared = _short_labels(series)
+    charts = []
+    for family, title, unit in TREND_FAMILIES:
+        metric = f"{family}_{stat}" if family.endswith("_ms") else family
+        lines = []
+        for s in series:
+            if s.metric != metric:
+                continue
+            lines.append({
+                "label": labels[s.config],
+                "points": [[_ms(p.at), round(display_value(metric, p.value), 4)] for p in s.points],
+                "regressions": [{"at": r.at.isoformat(), "value": round(display_value(metric, r.value), 4),
+                                 "baseline_median": display_value(metric, r.baseline_median), "ratio": r.ratio,
+                                 "z": r.z, "job": r.ref[1]} for r in s.regressions],
+            })
+        flagged = sum(len(line["regressions"]) for line in lines)
+        charts.append({"id": f"trend-{family}", "data_id": f"trend-{family}-data", "metric": metric, "title": title, "unit": unit,
+                       "flagged": flagged, "data": {"unit": unit, "series": lines}})
+    return charts, shared
+
+
+def leaderboard_chart(timeline: Day0Timeline) -> dict[str, Any] | None:
+    rows = [r for r in timeline.leaderboard if any(m is not None for m in r.medians)]
+    if not rows:
+        return None
+    return {"hardware": [r.hardware.slug for r in rows],
+            "tiers": [{"label": f"{t} · {name}", "hours": [None if r.medians[i] is None else round(r.medians[i], 1)
+                                                           for r in rows]}
+                      for i, (t, name) in enumerate(timeline.tiers)]}
