@@ -32,6 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threshold", action="append", default=[], metavar="KEY=VALUE",
                         help="override a threshold, e.g. layer_cosine=0.995 (repeatable)")
     parser.add_argument("--workdir", type=Path, default=Path("var/adapt"))
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     parser.set_defaults(handler=handle)
 
@@ -122,7 +123,7 @@ def handle(args: argparse.Namespace) -> int:
         stages = parse_stages(args.stages)
         thresholds = parse_thresholds(args.threshold)
         model_dir, config = _load_job(args.model_dir)
-        for name, value in (("--tp", args.tp), ("--ep", args.ep)):
+        for name, value in (("--tp", args.tp), ("--ep", args.ep), ("--threads", args.threads)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
         from agents.runtime.hardware import get_hardware
@@ -138,6 +139,12 @@ def handle(args: argparse.Namespace) -> int:
     ctx = StageContext(model_dir=model_dir, config=config, hardware=hardware, dtype=args.dtype, device=args.device,
                        tp=args.tp, ep=args.ep, thresholds=thresholds, workdir=args.workdir,
                        emit_fn=ConsoleEmitter(args.quiet))
+    if model_dir is None:  # a config alone: name the model after its file (deepseek-v3.json -> deepseek-v3)
+        ctx.shared["model_name"] = args.model_dir.stem
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     def on_sigint(_sig: int, _frame: Any) -> None:
         # first Ctrl-C: stop between steps and still write the report; second: abort at once

@@ -10,6 +10,7 @@ import importlib
 import time
 import traceback
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
@@ -44,10 +45,12 @@ def import_stage(stage: str) -> ModuleType:
 
 
 def model_info(ctx: StageContext) -> dict[str, Any]:
-    """The report's ``model`` block: name, architecture, and which runtime path runs it."""
+    """The report's ``model`` block: name (``ctx.shared["model_name"]`` when the caller knows it, else the
+    directory's name), architecture, and which runtime path runs it."""
     archs = ctx.config.get("architectures") or []
     architecture = archs[0] if archs else None
-    name = ctx.model_dir.name if ctx.model_dir is not None else (ctx.config.get("_name_or_path") or architecture)
+    name = ctx.shared.get("model_name") or (ctx.model_dir.name if ctx.model_dir is not None else None)
+    name = name or ctx.config.get("_name_or_path") or architecture
     model = ctx.shared.get("model")
     path = getattr(model, "path", None)
     if path is None and architecture:
@@ -58,6 +61,10 @@ def model_info(ctx: StageContext) -> dict[str, Any]:
         else:
             path = "native" if model_class_for(architecture) is not None else "fallback"
     return {"name": name, "architecture": architecture, "path": path}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _hardware_slug(ctx: StageContext) -> str | None:
@@ -78,6 +85,8 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
         "failed_stage": None,
         "error": None,
         "stages_requested": requested,
+        "started_at": _now(),
+        "finished_at": None,
         "stages": {},
         "seconds": {},
         "notes": [],
@@ -128,6 +137,7 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
     report["tier"] = tiers.tier_of_report(report["stages"])
     report["tier_name"] = tiers.TIER_NAMES[report["tier"]]
     report["seconds"]["total"] = round(time.time() - started, 3)
+    report["finished_at"] = _now()
     problems = report_mod.report_problems(report)
     if problems:  # the runner's own contract: a bug here, never a model problem
         raise RuntimeError(f"stage report violates DESIGN.md §6: {', '.join(problems)}")

@@ -91,3 +91,12 @@ def test_bad_arguments_exit_2_with_a_message_naming_them(args: list[str], messag
 def test_a_missing_model_directory_is_named(tmp_path: Path, capsys) -> None:
     assert main(["adapt", str(tmp_path / "nope"), "--hardware", "cpu"]) == 2
     assert "nope does not exist" in capsys.readouterr().err
+
+
+def test_a_config_alone_plans_under_its_file_name_and_cannot_load(tmp_path: Path) -> None:
+    config = tmp_path / "tiny-llama.json"
+    shutil.copy(cached_model("llama") / "config.json", config)
+    rc, report = _adapt(config, tmp_path, "--stages", "plan,load")
+    assert rc == 1 and report["model"]["name"] == "tiny-llama"
+    assert report["tier"] == 1 and report["failed_stage"] == "load" and "no model directory" in report["error"]
+    assert report["started_at"] <= report["finished_at"]
