@@ -54,7 +54,7 @@ class ToyPagedModel(nn.Module):
     def forward(self, input_ids, positions, ctx: ForwardContext, output_hidden_states: bool = False):
         x = self.embed(input_ids) + self.pos(positions)  # x: [T, D]
         T = x.shape[0]
-        for i, (qkv, out) in enumerate(zip(self.qkv, self.out)):
+        for i, (qkv, out) in enumerate(zip(self.qkv, self.out, strict=True)):
             q, k, v = qkv(x).view(T, 3, self.heads, self.head_dim).unbind(1)  # each [T, H, Dh]
             if ctx.uses_cache:
                 kc, vc = self.caches[i]

@@ -19,7 +19,7 @@ def _scheduler(num_blocks: int = 40, block_size: int = 4, budget: int = 32, max_
 def _fake_step(sched: Scheduler, rng: random.Random) -> None:
     """One step as the engine does it, with random tokens instead of a model."""
     batch = sched.schedule()
-    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+    for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
         assert len(seq.block_table) * sched.blocks.block_size >= seq.num_computed_tokens + n
     assert sum(batch.num_new_tokens) <= sched.config.max_num_batched_tokens
     for seq in sched.on_step_done(batch):
