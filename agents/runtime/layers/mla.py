@@ -134,11 +134,12 @@ class MLAttention(nn.Module):
             else:
                 lat = fresh[start:end]  # [K, C + R]
             k, v = self._expand(lat)  # [K, H, qk], [K, H, V]
-            # query i sits at absolute position k_len - q_len + i and sees keys up to it
-            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
-            o = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=self.scale
-            )  # o: [H, Q, V]
+            qi, ki, vi = q[start:end].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, Q|K, D]
+            if q_len == k_len:
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale)  # o: [H, Q, V]
+            else:  # query i sits at absolute position k_len - q_len + i and sees keys up to it
+                mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale)
             out[start:end] = o.transpose(0, 1)
         return out
 
