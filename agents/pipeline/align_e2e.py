@@ -107,6 +107,7 @@ def run_e2e(ctx: StageContext, target: Any, ref: torch.nn.Module, thresholds: di
     ppl_rel = abs(ppl_target - ppl_ref) / ppl_ref
     ppl_ok = ppl_rel <= thresholds["perplexity_rel_tol"]
     block = {
+        "method": "reference greedy decode; target scored on the same prefixes (teacher-forced)",
         "prompts": len(prompts),
         "tokens": total,
         "new_tokens": new_tokens,

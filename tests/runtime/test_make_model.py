@@ -104,3 +104,26 @@ def test_cli_builds_a_model(tmp_path: Path) -> None:
 
     assert main(["make-model", "--arch", "mixtral", "--size", "tiny", "--seed", "1", "--out", str(tmp_path / "m")]) == 0
     assert (tmp_path / "m" / "model.safetensors.index.json").is_file()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3"])
+def test_100m_configs_have_about_100m_parameters(arch: str) -> None:
+    import torch
+    import transformers
+
+    from agents.runtime.testing.configs import model_config
+
+    cfg = model_config(arch, "100m")
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with torch.device("meta"):  # shapes only, no memory, no init
+        model = getattr(transformers, config.architectures[0])(config)
+    total = sum(p.numel() for p in model.parameters())
+    assert 90e6 <= total <= 120e6, total
+
+
+@pytest.mark.slow
+def test_100m_llama_builds_with_a_32k_vocabulary(tmp_path: Path) -> None:
+    path = make_model("llama", "100m", 0, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    assert config["vocab_size"] == 32000
+    assert len(set(json.loads((path / "model.safetensors.index.json").read_text())["weight_map"].values())) >= 2

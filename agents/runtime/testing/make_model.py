@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -21,11 +22,14 @@ _BUILDER_FILES = ("make_model.py", "configs.py", "tokenizer.py", "corpus.py")
 
 
 def builder_version() -> str:
-    """A short hash of the builder's source: a change to any of it invalidates the cache."""
+    """A short hash of the builder's source and of the libraries that shape its output (torch's RNG and init,
+    transformers' modeling and saving, tokenizers' trainer): a change to any of them invalidates the cache."""
     digest = hashlib.sha256()
     here = Path(__file__).resolve().parent
     for name in _BUILDER_FILES:
         digest.update((here / name).read_bytes())
+    for package in ("torch", "transformers", "tokenizers", "safetensors"):
+        digest.update(f"{package}=={importlib.metadata.version(package)}".encode())
     return digest.hexdigest()[:10]
 
 
