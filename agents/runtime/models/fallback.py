@@ -105,7 +105,8 @@ class FallbackModel(nn.Module):
             # full construction (random init included): some architectures compute buffers in their init hooks,
             # and those buffers are not in the checkpoint
             model = cls(hf_config)
-        self.hf_model = model.to(dtype=dtype).eval()
+        self.hf_model = model.to(dtype=dtype)
+        self.eval()
         self.dtype = dtype
         self.device = torch.device(device)
         num_layers = getattr(hf_config, "num_hidden_layers", None)
@@ -186,6 +187,7 @@ class FallbackModel(nn.Module):
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise FallbackError(f"missing tensor {missing[0]!r}{more}")
+        self._layout = None  # drop the element-index maps of fused weights (8 bytes per element)
         return loaded
 
     # ---- RuntimeModel ----------------------------------------------------------------------------------------
