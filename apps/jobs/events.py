@@ -5,14 +5,10 @@ describe are committed: the portal persists every event before it broadcasts it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-
-logger = logging.getLogger(__name__)
+from apps.core.broadcast import group_send
 
 
 def job_group(job_id: int) -> str:
@@ -49,13 +45,7 @@ class JobStateMessage(TypedDict):
 
 
 def _send(group: str, message: JobEventsMessage | JobStateMessage) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(group, message)
-    except Exception:  # stored already; a client replays from its last seq when it reconnects
-        logger.exception("broadcast to %s failed", group)
+    group_send(group, dict(message))
 
 
 def broadcast_job_events(job_id: int, events: Sequence[JobEventPayload]) -> None:

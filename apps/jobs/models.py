@@ -27,6 +27,7 @@ class Job(models.Model):
     failed_stage = models.CharField(max_length=32, blank=True)
     error = models.TextField(blank=True)
     events_acked = models.BigIntegerField(default=0, help_text="highest contiguous event seq stored")
+    events_max_seq = models.BigIntegerField(default=0, help_text="highest event seq stored")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)

@@ -4,13 +4,9 @@ Producers call only ``broadcast_matrix_changed``, after their transaction commit
 
 from __future__ import annotations
 
-import logging
 from typing import Literal, TypedDict
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-
-logger = logging.getLogger(__name__)
+from apps.core.broadcast import group_send
 
 MATRIX_GROUP = "matrix"
 
@@ -33,13 +29,7 @@ class MatrixChangedMessage(TypedDict):
 
 
 def _send(message: CellChangedMessage | MatrixChangedMessage) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(MATRIX_GROUP, message)
-    except Exception:  # the change is stored; a lost notification must not fail the request
-        logger.exception("broadcast to %s failed", MATRIX_GROUP)
+    group_send(MATRIX_GROUP, dict(message))
 
 
 def broadcast_cell_changed(message: CellChangedMessage) -> None:

@@ -1,0 +1,149 @@
+"""Portal speed: the matrix page and ``GET /api/v1/matrix/`` at 200 models × 40 hardware × 20 jobs per cell,
+and event ingest through ``POST /api/v1/jobs/{id}/events/`` in batches of 500, each beside a naive peer.
+
+Runs on PostgreSQL in a throwaway database (``test_<name>_bench``), created and dropped here:
+
+    DAY0_DATABASE_URL=postgres://postgres@127.0.0.1:5432/day0 .venv/bin/python benchmarks/portal_matrix.py
+    ... --models 50 --hardware 10 --jobs 5      (smaller)
+
+Server time is measured in-process through Django's test client (the full middleware, auth, view, template
+and JSON rendering; no network). Query counts come from ``CaptureQueriesContext``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "day0portal.settings")
+
+
+def _timed(fn, repeat: int) -> tuple[float, float]:  # noqa: ANN001
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times), min(times)
+
+
+def _naive_matrix_json() -> None:
+    """The peer: one query per model row for its cells (the usual N+1 a template loop produces)."""
+    import json
+
+    from apps.catalog.models import Hardware, ModelRelease
+    from apps.matrix.models import Cell
+
+    hardware = list(Hardware.objects.all())
+    rows = []
+    for m in ModelRelease.objects.all():
+        cells = {c.hardware.slug: {"tier": c.tier, "fits": c.fits} for c in Cell.objects.filter(model=m).select_related("hardware")}
+        rows.append({"slug": m.slug, "cells": cells})
+    json.dumps({"hardware": [h.slug for h in hardware], "models": rows})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=200)
+    parser.add_argument("--hardware", type=int, default=40)
+    parser.add_argument("--jobs", type=int, default=20, help="jobs (with evidence) per cell")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=500)
+    args = parser.parse_args()
+
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.db import connection, transaction
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext, setup_test_environment
+
+    if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
+        print("set DAY0_DATABASE_URL=postgres://… (the benchmark runs on PostgreSQL)", file=sys.stderr)
+        return 2
+    setup_test_environment()
+    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_{settings.DATABASES['default']['NAME']}_bench"
+    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        from apps.jobs.models import Job, JobEvent
+        from tests.factories import HardwareFactory, JobFactory, OrganizationFactory, make_token
+        from tests.portal.bulk import build_matrix
+
+        t0 = time.perf_counter()
+        build_matrix(args.models, args.hardware, args.jobs, tag="bench")
+        print(f"data: {args.models} models × {args.hardware} hardware = {args.models * args.hardware} cells, "
+              f"{Job.objects.count()} jobs with evidence (built in {time.perf_counter() - t0:.1f} s)\n")
+
+        client = Client()
+        rows = []
+        for label, url in (("matrix page  GET /", "/"), ("matrix API   GET /api/v1/matrix/", "/api/v1/matrix/")):
+            client.get(url)  # warm
+            with CaptureQueriesContext(connection) as ctx:
+                response = client.get(url)
+            assert response.status_code == 200
+            median, best = _timed(lambda u=url: client.get(u), args.repeat)
+            rows.append((label, median, best, len(ctx.captured_queries), len(response.content)))
+        with CaptureQueriesContext(connection) as ctx:
+            _naive_matrix_json()
+        median, best = _timed(_naive_matrix_json, max(1, args.repeat // 2))
+        rows.append(("peer: N+1 per model row (JSON)", median, best, len(ctx.captured_queries), 0))
+
+        print(f"{'request':<36} {'median ms':>10} {'best ms':>9} {'queries':>8} {'bytes':>10}")
+        for label, median, best, queries, size in rows:
+            print(f"{label:<36} {median:>10.1f} {best:>9.1f} {queries:>8} {size or '':>10}")
+
+        # --- event ingest -----------------------------------------------------------------------------------
+        hardware = HardwareFactory()
+        token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
+        job = JobFactory(hardware=hardware)
+        ts = datetime.now(UTC).isoformat()
+
+        def batch(start: int, n: int) -> list[dict]:
+            return [{"seq": s, "ts": ts, "stage": "load", "kind": "progress", "level": "info",
+                     "message": f"tensor {s} loaded", "data": {"done": s, "total": args.events}}
+                    for s in range(start, start + n)]
+
+        headers = {"HTTP_AUTHORIZATION": f"Token {token.secret}"}
+        import json
+
+        bodies = [json.dumps(batch(s, args.batch)) for s in range(1, args.events + 1, args.batch)]
+        t0 = time.perf_counter()
+        for body in bodies:
+            r = client.post(f"/api/v1/jobs/{job.pk}/events/", body, content_type="application/json", **headers)
+            assert r.status_code == 200, r.content
+        ours = time.perf_counter() - t0
+        assert r.json()["acked"] == args.events
+        # idempotent replay of the last batch
+        t1 = time.perf_counter()
+        client.post(f"/api/v1/jobs/{job.pk}/events/", bodies[-1], content_type="application/json", **headers)
+        replay = time.perf_counter() - t1
+
+        peer_job = JobFactory(hardware=hardware)
+        peer_n = min(args.events, 5000)
+        t0 = time.perf_counter()
+        for start in range(1, peer_n + 1, args.batch):
+            with transaction.atomic():
+                for e in batch(start, min(args.batch, peer_n - start + 1)):
+                    JobEvent.objects.get_or_create(job=peer_job, seq=e["seq"], defaults={
+                        "ts": datetime.fromisoformat(e["ts"]), "stage": e["stage"], "kind": e["kind"],
+                        "level": e["level"], "message": e["message"], "data": e["data"]})
+        peer = time.perf_counter() - t0
+        print(f"\n{'event ingest (batches of %d)' % args.batch:<36} {'events':>10} {'seconds':>9} {'events/s':>10}")
+        print(f"{'ours: POST .../events/ (HTTP stack)':<36} {args.events:>10} {ours:>9.2f} {args.events / ours:>10.0f}")
+        print(f"{'ours: replay of one batch (dupes)':<36} {args.batch:>10} {replay:>9.3f} {args.batch / replay:>10.0f}")
+        print(f"{'peer: get_or_create per event (ORM)':<36} {peer_n:>10} {peer:>9.2f} {peer_n / peer:>10.0f}")
+    finally:
+        connection.creation.destroy_test_db(old_name, verbosity=0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
