@@ -121,8 +121,9 @@ def align_failure_reason(section: Mapping[str, Any]) -> str:
     bad_layers = [row for row in section.get("layers") or [] if not row.get("passed")]
     if bad_layers:
         first = bad_layers[0]
-        reasons.append(f"{len(bad_layers)} layer(s) below cosine threshold, first layer {first['layer']} "
-                       f"(cosine {first.get('cosine')})")
+        cosine = first.get("cosine")
+        shown = f"cosine {cosine:.6f}" if isinstance(cosine, float) else first.get("problem", "no comparison")
+        reasons.append(f"{len(bad_layers)} layer(s) below the cosine threshold, first layer {first['layer']} ({shown})")
     e2e = section.get("e2e") or {}
     hard = [d for d in e2e.get("divergences") or [] if not d.get("near_tie")]
     if hard:
@@ -130,8 +131,11 @@ def align_failure_reason(section: Mapping[str, Any]) -> str:
         reasons.append(f"greedy decode diverged beyond a near-tie: prompt {d['prompt']} position {d['position']} "
                        f"(reference token {d['ref_token']}, target token {d['target_token']}); "
                        f"token match rate {e2e.get('token_match_rate')}")
+    elif e2e.get("hard_divergences"):
+        reasons.append(f"greedy decode diverged beyond a near-tie at {e2e['hard_divergences']} step(s); "
+                       f"token match rate {e2e.get('token_match_rate')}")
     if e2e.get("perplexity_passed") is False:
-        reasons.append(f"perplexity {e2e.get('perplexity_target')} vs reference {e2e.get('perplexity_ref')}")
+        reasons.append(f"perplexity {e2e.get('perplexity_target'):.4g} vs reference {e2e.get('perplexity_ref'):.4g}")
     for key, error in (section.get("part_errors") or {}).items():
         reasons.append(f"the {key} check could not run ({error})")
     kv = section.get("kv_cache")
