@@ -23,7 +23,7 @@ class AttentionMetadata:
     slots: torch.Tensor | None = None  # [T'] valid cache slots of the new tokens
     slot_rows: torch.Tensor | None = None  # [T'] rows of the batch those slots belong to; None: all rows
     decode_blocks: torch.Tensor | None = None  # [B, nb] block ids (padding clamped to 0)
-    decode_keys: torch.Tensor | None = None  # [B, nb * block_size] key positions
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, nb * block_size] keys each sequence may attend to
 
     @classmethod
     def build(cls, ctx: ForwardContext) -> AttentionMetadata:
@@ -80,8 +80,10 @@ class Attention(nn.Module):
         v_flat = self.v_cache.view(-1, self.num_kv_heads, self.head_dim)
         if meta.slot_rows is not None:
             k, v = k[meta.slot_rows], v[meta.slot_rows]
-        k_flat.index_copy_(0, meta.slots, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, meta.slots, v.to(v_flat.dtype))
+        if k.dtype != k_flat.dtype:
+            k, v = k.to(k_flat.dtype), v.to(v_flat.dtype)
+        k_flat.index_copy_(0, meta.slots, k)
+        v_flat.index_copy_(0, meta.slots, v)
 
     def _gather_sequence(self, ctx: ForwardContext, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         k_len = int(ctx.seqlens_k[index])
@@ -111,21 +113,23 @@ class Attention(nn.Module):
     def _decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         ctx = meta.ctx
         block_size = self.k_cache.shape[1]
-        if meta.decode_blocks is None:
+        if meta.decode_blocks is None:  # first layer of this step: shared by all layers
             nb = -(-ctx.max_seqlen_k // block_size)
             meta.decode_blocks = ctx.block_tables[:, :nb].clamp(min=0).long()
-            meta.decode_keys = torch.arange(nb * block_size, device=q.device)
+            keys = torch.arange(nb * block_size, device=q.device)[None, :]  # [1, Lk]
+            seqlens = ctx.seqlens_k.long()[:, None]  # [B, 1]
+            mask = keys < seqlens
+            if self.sliding_window is not None:
+                mask &= keys >= seqlens - self.sliding_window
+            meta.decode_mask = mask[:, None, None, :]  # [B, 1, 1, Lk]
         b, nb = meta.decode_blocks.shape
         k = self.k_cache[meta.decode_blocks].view(b, nb * block_size, self.num_kv_heads, self.head_dim)
         v = self.v_cache[meta.decode_blocks].view(b, nb * block_size, self.num_kv_heads, self.head_dim)
-        seqlens = ctx.seqlens_k.long()[:, None]  # [B, 1]
-        mask = meta.decode_keys[None, :] < seqlens  # mask: [B, Lk]
-        if self.sliding_window is not None:
-            mask &= meta.decode_keys[None, :] >= seqlens - self.sliding_window
+        if k.dtype != q.dtype:
+            k, v = k.to(q.dtype), v.to(q.dtype)
         # Query heads of one KV group ride the "query length" axis, so no K/V repeat is needed.
         qg = q.view(b, self.num_kv_heads, self.group, self.head_dim)  # qg: [B, Hkv, G, D]
         o = F.scaled_dot_product_attention(
-            qg, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype),
-            attn_mask=mask[:, None, None, :], scale=self.scale,
+            qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=meta.decode_mask, scale=self.scale
         )  # o: [B, Hkv, G, D]
         return o.reshape(b, self.num_heads * self.head_dim)

@@ -46,7 +46,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         logits = F.linear(hidden, self.weight)  # logits: [N, vocab_local]
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)  # [N, vocab_local * tp]
-        return logits[..., : self.vocab_size]
+        return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.compute_logits(hidden)

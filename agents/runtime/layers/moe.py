@@ -78,13 +78,15 @@ class FusedExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, H], weights/ids: [T, k] -> this rank's partial sum [T, H]."""
         tokens, top_k = ids.shape
-        out = torch.zeros_like(x)
-        if tokens == 1:  # decode at batch 1: no sort, no gather
-            for j, e in enumerate(ids[0].tolist()):
+        if tokens == 1:  # decode at batch 1: no sort, no gather, scalar weights
+            out = None
+            for e, w in zip(ids[0].tolist(), weights[0].tolist(), strict=True):
                 local = e - self.first
                 if 0 <= local < self.num_local:
-                    out += (self._expert(local, x) * weights[:, j : j + 1]).to(x.dtype)
-            return out
+                    y = self._expert(local, x)  # y: [1, H]
+                    out = y.mul_(w) if out is None else out.add_(y, alpha=w)
+            return torch.zeros_like(x) if out is None else out
+        out = torch.zeros_like(x)
         flat = ids.flatten()  # [T * k]
         order = torch.argsort(flat)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()

@@ -96,11 +96,14 @@ class RotaryEmbedding(nn.Module):
         self._initial = min(initial_positions, self.max_positions)
 
     def _grow(self, needed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables ``[L, 2, rot/2]``: cos as (cos, cos) and sin as (-sin, sin), so rotating the two halves of
+        x is ``x * cos + x.flip(halves) * sin``."""
         if needed > self._length:
             length = max(needed, self._initial, 2 * self._length)
             pos = torch.arange(length, dtype=torch.float32, device=self.inv_freq.device)
             freqs = pos[:, None] * self.inv_freq.float()[None, :]  # freqs: [L, rot/2]
-            self._tables = {torch.float32: (freqs.cos() * self.scaling, freqs.sin() * self.scaling)}
+            cos, sin = freqs.cos() * self.scaling, freqs.sin() * self.scaling
+            self._tables = {torch.float32: (torch.stack((cos, cos), 1), torch.stack((-sin, sin), 1))}
             self._length = length
         if dtype not in self._tables:
             cos, sin = self._tables[torch.float32]
@@ -109,17 +112,19 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         cos, sin = self._grow(max_position, dtype)
-        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [T, 1, rot/2] each
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [T, 1, 2, rot/2] each
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        rot = self.rotary_dim
+        """x: [T, H, D] -> rotated [T, H, D] (a new tensor)."""
+        rot, half = self.rotary_dim, self.rotary_dim // 2
         if self.interleaved:
             x1, x2 = x[..., 0:rot:2], x[..., 1:rot:2]
-            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+            c, s = cos[:, :, 1], sin[:, :, 1]  # [T, 1, rot/2]
+            out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
         else:
-            half = rot // 2
-            x1, x2 = x[..., :half], x[..., half:rot]
-            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # out: [T, H, rot]
+            xr = x if rot == x.shape[-1] else x[..., :rot]
+            halves = xr.unflatten(-1, (2, half))  # [T, H, 2, rot/2]
+            out = (halves * cos + halves.flip(-2) * sin).flatten(-2)  # [T, H, rot]
         return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

@@ -28,13 +28,11 @@ class SelfAttention(nn.Module):
         self.attn = Attention(self.heads, self.kv_heads, head_dim, head_dim**-0.5, sliding_window)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)  # q: [T, H*D], k/v: [T, Hkv*D]
-        q = q.view(tokens, self.heads, self.head_dim)  # q: [T, H, D]
-        k = k.view(tokens, self.kv_heads, self.head_dim)  # k: [T, Hkv, D]
-        v = v.view(tokens, self.kv_heads, self.head_dim)
+        tokens, heads, kv_heads = x.shape[0], self.heads, self.kv_heads
+        qkv = self.qkv_proj(x)  # qkv: [T, (H + 2 Hkv) * D]
+        qk = qkv[:, : (heads + kv_heads) * self.head_dim].view(tokens, heads + kv_heads, self.head_dim)
+        v = qkv[:, (heads + kv_heads) * self.head_dim :].view(tokens, kv_heads, self.head_dim)  # v: [T, Hkv, D]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        rope = self.rotary[0]
-        q, k = rope.rotate(q, meta.cos, meta.sin), rope.rotate(k, meta.cos, meta.sin)
-        return self.o_proj(self.attn(q, k, v, meta))  # [T, hidden]
+            qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
+        qk = self.rotary[0].rotate(qk, meta.cos, meta.sin)  # q and k rotated together: [T, H + Hkv, D]
+        return self.o_proj(self.attn(qk[:, :heads], qk[:, heads:], v, meta))  # [T, hidden]

@@ -1,0 +1,147 @@
+"""Batch-1 decode speed: the runtime's paged decode against `transformers` generate on the same weights and
+threads, plus the machine's best measured read bandwidth and the runtime's effective bandwidth.
+
+    .venv/bin/python benchmarks/runtime_decode.py [--threads N] [--tokens 64] [--skip-mixtral]
+
+Targets (issue 3): 100M Llama fp32 >= transformers tok/s and effective bandwidth >= 85 % of the best probe;
+tiny Mixtral >= 2x transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from agents.runtime.context import ForwardContext  # noqa: E402
+from agents.runtime.loader import load_model  # noqa: E402
+from agents.runtime.testing.make_model import cached_model  # noqa: E402
+
+
+def best_of(fn, repeats: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bandwidth_probes(total_bytes: int = 256 * 1024 * 1024) -> dict[str, float]:
+    """GB/s of read-bound kernels over ``total_bytes`` of data (far beyond the caches, like a model's weights):
+    a reduction, and matrix-vector products over stacks of matrices of several shapes. The best is the
+    machine's practical read bandwidth."""
+    out = {}
+    big = torch.randn(total_bytes // 4)
+    out["sum"] = total_bytes / best_of(big.sum) / 1e9
+    del big
+    for rows, cols in ((2048, 768), (768, 2048), (4096, 4096), (32000, 768)):
+        copies = max(1, total_bytes // (rows * cols * 4))
+        stack = [torch.randn(rows, cols) for _ in range(copies)]
+        x = torch.randn(1, cols)
+
+        def run(stack=stack, x=x) -> None:
+            for w in stack:
+                torch.nn.functional.linear(x, w)
+
+        out[f"matvec {rows}x{cols} x{copies}"] = copies * rows * cols * 4 / best_of(run) / 1e9
+    return out
+
+
+def streamed_bytes(model: torch.nn.Module) -> int:
+    """Bytes read per decode token: all weights except the embedding table (one row of it is read)."""
+    params = {id(p): p for p in model.parameters()}
+    total = sum(p.numel() * p.element_size() for p in params.values())
+    embed = model.model.embed_tokens.weight
+    tied = model.lm_head.weight is embed
+    return total if tied else total - embed.numel() * embed.element_size()
+
+
+@torch.inference_mode()
+def runtime_decode(model, prompt: list[int], tokens: int) -> float:
+    """Decode tok/s through the paged cache (prefill excluded), with a lean per-step context update."""
+    block = 16
+    max_len = len(prompt) + tokens + 1
+    spec = model.kv_cache_spec()
+    nblocks = -(-max_len // block)
+    shape = (nblocks, block, spec.num_kv_heads, spec.head_dim)
+    model.bind_kv_cache([(torch.zeros(shape, dtype=spec.dtype), torch.zeros(shape, dtype=spec.dtype))
+                         for _ in range(spec.num_layers)])
+    table = torch.arange(nblocks, dtype=torch.int32)[None]  # [1, nblocks]
+    n = len(prompt)
+    ctx = ForwardContext(torch.tensor([0, n], dtype=torch.int32), torch.tensor([n], dtype=torch.int32), n, n,
+                         torch.arange(n), table, False)
+    hidden = model.forward(torch.tensor(prompt), torch.arange(n), ctx).hidden
+    nxt = model.compute_logits(hidden[-1:]).argmax(-1)  # [1]
+    one = torch.tensor([0, 1], dtype=torch.int32)
+    start = time.perf_counter()
+    for step in range(tokens):
+        pos = n + step
+        ctx = ForwardContext(one, torch.tensor([pos + 1], dtype=torch.int32), 1, pos + 1,
+                             torch.tensor([pos]), table, True)
+        hidden = model.forward(nxt, torch.tensor([pos]), ctx).hidden
+        nxt = model.compute_logits(hidden).argmax(-1)
+    return tokens / (time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def transformers_decode(path, prompt: list[int], tokens: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def gen(n: int) -> float:
+        t = time.perf_counter()
+        ref.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        return time.perf_counter() - t
+
+    gen(4)
+    t1, tn = min(gen(1) for _ in range(2)), min(gen(tokens + 1) for _ in range(2))
+    return tokens / (tn - t1)
+
+
+def compare(arch: str, size: str, tokens: int) -> dict:
+    path = cached_model(arch, size)
+    model = load_model(path, stats=False).model
+    prompt = list(range(1, 33))
+    runtime_decode(model, prompt, 4)  # warm-up
+    ours = max(runtime_decode(model, prompt, tokens) for _ in range(2))
+    theirs = transformers_decode(path, prompt, tokens)
+    return {"model": f"{arch}-{size}", "bytes": streamed_bytes(model), "ours": ours, "transformers": theirs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--skip-mixtral", action="store_true")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"threads: {torch.get_num_threads()}")
+    probes = bandwidth_probes()
+    best = max(probes.values())
+    for name, gbs in probes.items():
+        print(f"  probe {name:<22} {gbs:7.2f} GB/s")
+    print(f"  best read bandwidth        {best:7.2f} GB/s")
+    rows = [compare("llama", "100m", args.tokens)]
+    if not args.skip_mixtral:
+        rows.append(compare("mixtral", "tiny", args.tokens * 4))
+    print(f"\n{'model':<14}{'runtime tok/s':>15}{'transformers tok/s':>20}{'ratio':>8}{'runtime GB/s':>14}"
+          f"{'transformers GB/s':>19}{'% of best':>11}")
+    for r in rows:
+        ours_bw, theirs_bw = r["bytes"] * r["ours"] / 1e9, r["bytes"] * r["transformers"] / 1e9
+        print(f"{r['model']:<14}{r['ours']:>15.1f}{r['transformers']:>20.1f}{r['ours'] / r['transformers']:>8.2f}"
+              f"{ours_bw:>14.2f}{theirs_bw:>19.2f}{100 * ours_bw / best:>10.1f}%")
+    print("\ntargets: llama-100m ratio >= 1.0 and >= 85 % of best; mixtral-tiny ratio >= 2.0")
+
+
+if __name__ == "__main__":
+    main()
