@@ -191,9 +191,10 @@ def _section(stage: str, p: sec.CellProfile, hw: Hardware, rng: random.Random, p
 
 def run_benchmark_history(model: ModelRelease, hardware: Hardware, clock: Clock, rng: random.Random, *,
                           start: datetime, days: int, regression_day: int | None = None,
-                          regression: tuple[float, float] = (1.6, 0.6)) -> list[Job]:
+                          regression: tuple[float, float] = (1.6, 1.0)) -> list[Job]:
     """One bench-only job a day for ``days`` days from ``start``; on ``regression_day`` (and the day after)
-    latency is multiplied and throughput divided by the planted factors."""
+    per-token latency is multiplied by ``regression[0]`` (so throughput drops to about 1/that) and throughput
+    further by ``regression[1]``."""
     cell = Cell.objects.filter(model=model, hardware=hardware).first()
     profile = profile_for(model, hardware, cell)
     jobs = []
@@ -202,7 +203,7 @@ def run_benchmark_history(model: ModelRelease, hardware: Hardware, clock: Clock,
         drift = 1 - 0.08 * day / max(days, 1)  # the runtime gets a little faster over the year
         latency, throughput = drift, 1.0
         if regression_day is not None and regression_day <= day <= regression_day + 1:
-            latency, throughput = drift * regression[0], regression[1] * regression[0]
+            latency, throughput = drift * regression[0], regression[1]
         with transaction.atomic():  # one commit per run, as an agent's result post would be
             job = _job(model, hardware, ("bench",), profile.dtype)
             do_transition_job(job, JobState.RUNNING)
@@ -265,7 +266,7 @@ def seed_evidence(*, models: list[ModelRelease] | None = None, hardware: list[Ha
             summary.history.append((model.slug, hw.slug, len(jobs)))
             if regression_day is not None:
                 run = jobs[regression_day].stage_results.get(stage="bench").benchmark
-                summary.regression = PlantedRegression(model.slug, hw.slug, run.created_at, 1.6, 0.6)
+                summary.regression = PlantedRegression(model.slug, hw.slug, run.created_at, 1.6, round(1 / 1.6, 3))
     return summary
 
 

@@ -43,6 +43,25 @@ def _short_labels(series: list[Series]) -> tuple[dict[Any, str], str]:
     return {c: f"c={c.concurrency}" for c in configs}, shared
 
 
+def grouped_regressions(series: list[Series]) -> list[dict[str, Any]]:
+    """The trends page's table: one row per flagged run and metric, its configurations together (newest first)."""
+    labels, _ = _short_labels(series)
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for s in series:
+        for r in s.regressions:
+            key = (r.at, r.ref[1], s.metric)
+            g = groups.setdefault(key, {"at": r.at, "job": r.ref[1], "metric": s.metric, "unit": s.unit,
+                                        "configs": [], "ratios": [], "z": 0.0})
+            g["configs"].append(labels[s.config])
+            g["ratios"].append(r.ratio)
+            g["z"] = max(g["z"], r.z)
+    rows = sorted(groups.values(), key=lambda g: (g["at"], g["metric"]), reverse=True)
+    for g in rows:
+        low, high = min(g["ratios"]), max(g["ratios"])
+        g["change"] = f"×{low:.2f}" if round(low, 2) == round(high, 2) else f"×{low:.2f}–{high:.2f}"
+    return rows
+
+
 def trend_charts(series: list[Series], stat: str) -> tuple[list[dict[str, Any]], str]:
     """One chart per metric family; one line per configuration; regressions as marked points. Also returns
     the configuration every line shares (dtype, lengths), shown once above the charts."""

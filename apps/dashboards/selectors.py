@@ -151,7 +151,8 @@ class CellPage:
             return None
         return {"bytes": per_device, "capacity": self.hardware.memory_bytes, "source": source,
                 "used_gib": round(per_device / 2**30, 1), "capacity_gib": round(self.hardware.memory_bytes / 2**30, 1),
-                "percent": round(100 * per_device / self.hardware.memory_bytes, 1), "layout": layout}
+                "percent": round(100 * per_device / self.hardware.memory_bytes, 1), "layout": layout,
+                "high": int(self.hardware.memory_bytes * 0.9)}
 
 
 def human_count(n: int | None) -> str:
@@ -308,8 +309,8 @@ class Day0Row:
     failed_stage: str
 
     @property
-    def cells(self) -> list[tuple[float | None, str]]:
-        return [(h, hours_text(h)) for h in self.hours]
+    def cells(self) -> list[tuple[float | None, str, str]]:
+        return [(h, hours_text(h), f"→ {TIER_NAMES[t]}") for h, t in zip(self.hours, DAY0_TIERS, strict=True)]
 
     @property
     def tier_name(self) -> str:
@@ -331,8 +332,9 @@ class LeaderRow:
     rank_hours: float | None
 
     @property
-    def cells(self) -> list[tuple[float | None, str, int]]:
-        return [(h, hours_text(h), n) for h, n in zip(self.medians, self.reached, strict=True)]
+    def cells(self) -> list[tuple[float | None, str, int, str]]:
+        return [(h, hours_text(h), n, f"median → {TIER_NAMES[t]}")
+                for h, n, t in zip(self.medians, self.reached, DAY0_TIERS, strict=True)]
 
 
 @dataclass

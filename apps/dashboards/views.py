@@ -22,7 +22,6 @@ from apps.benchmarks.selectors import (
     NotVisible,
     SeriesQuery,
     SeriesQueryError,
-    all_regressions,
     cells_with_benchmarks,
     load_series,
     newest_benchmarked_cell,
@@ -81,7 +80,8 @@ def trends_page(request: HttpRequest) -> HttpResponse:
     trend_charts, shared = charts.trend_charts(series, stat)
     return render(request, "dashboards/trends.html", {
         "cells": cells_with_benchmarks(actor), "model": model, "hardware": hardware, "stat": stat,
-        "stats": LATENCY_STATS, "charts": trend_charts, "shared_config": shared, "regressions": all_regressions(series),
+        "stats": LATENCY_STATS, "charts": trend_charts, "shared_config": shared, "regressions": charts.grouped_regressions(series),
+        "flag_count": sum(len(s.regressions) for s in series),
         "error": error, "runs": len({p.ref[0] for s in series for p in s.points}),
         "since": request.GET.get("since", ""), "concurrency": request.GET.get("concurrency", ""),
     })

@@ -70,17 +70,17 @@
   function trend(data) {
     var series = data.series.map(function (s, i) {
       var flagged = s.regressions.map(function (r) {
-        return { coord: [r.at, r.value], value: "×" + fmt(r.ratio, 2), regression: r };
+        return { coord: [Date.parse(r.at), r.value], regression: r };
       });
       return {
         name: s.label, type: "line", showSymbol: false, symbol: SYMBOLS[i % SYMBOLS.length], sampling: "lttb",
         data: s.points,
-        markPoint: { symbol: "pin", symbolSize: 44, itemStyle: { color: "#b91c1c" },
-          label: { fontSize: 10, color: "#fff" }, data: flagged,
+        markPoint: { symbol: "triangle", symbolSize: 13, symbolOffset: [0, -9], label: { show: false },
+          itemStyle: { color: "#b91c1c", borderColor: "#fff", borderWidth: 1 }, data: flagged,
           tooltip: { trigger: "item", formatter: function (p) {
             var r = p.data.regression;
-            return "<b>regression</b> " + s.label + "<br>" + r.at.slice(0, 10) + ": " + fmt(r.value) + " " + data.unit +
-              "<br>baseline median " + fmt(r.baseline_median) + " (×" + fmt(r.ratio, 2) + ", z " + fmt(r.z, 1) + ")";
+            return "<b>▲ regression</b> " + s.label + "<br>" + r.at.slice(0, 16).replace("T", " ") + ": " + fmt(r.value) + " " +
+              data.unit + "<br>baseline median " + fmt(r.baseline_median) + " (×" + fmt(r.ratio, 2) + ", z " + fmt(r.z, 1) + ")";
           } } }
       };
     });

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -43,6 +43,13 @@ RULE_PARAMS = [
 ]
 
 
+class BadFilter(APIException):
+    """A bad query parameter: 400 with ``{"detail": "<what was wrong>"}``."""
+
+    status_code = 400
+    default_code = "invalid"
+
+
 class _BenchmarkView(APIView):
     renderer_classes = [JSONRenderer, CSVRenderer, BrowsableAPIRenderer]
 
@@ -54,7 +61,7 @@ class _BenchmarkView(APIView):
         except NotVisible as exc:
             raise NotFound(str(exc)) from None
         except ValueError as exc:  # SeriesQueryError, and a bad rule parameter
-            raise ValidationError({"detail": str(exc)}) from None
+            raise BadFilter(str(exc)) from None
 
     def _filename(self, request: Request, kind: str) -> str:
         parts = [kind] + [request.query_params.get(k, "") for k in ("model", "hardware")]
