@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from agents.pipeline.align_common import decoder_layers, reference_forward, target_forward
-from agents.pipeline.base import StageContext
+from agents.pipeline.base import StageContext, StageFailed
 
 
 def compare(target: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
@@ -28,7 +28,10 @@ def compare(target: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 def run_layers(ctx: StageContext, target: Any, ref: torch.nn.Module, seqs: list[list[int]],
                thresholds: dict[str, float]) -> tuple[list[dict[str, Any]], list[str]]:
     """One row per decoder layer: {layer, cosine, max_rel_err, max_abs_err, passed}; plus notes."""
-    num_layers = int(ctx.config["num_hidden_layers"])
+    num_layers = ctx.config.get("num_hidden_layers") or (ctx.config.get("text_config") or {}).get("num_hidden_layers")
+    if not num_layers:
+        raise StageFailed("config.json has no num_hidden_layers (nor text_config.num_hidden_layers)")
+    num_layers = int(num_layers)
     _, target_layers = target_forward(ctx, target, seqs, hidden_states=True)
     if target_layers is None:
         return [], ["the target returned no per-layer hidden states: layers cannot be compared"]

@@ -38,17 +38,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def parse_thresholds(items: list[str]) -> dict[str, float]:
-    """``["key=value", …]`` -> {key: float}; a malformed item is a ValueError naming it."""
-    out: dict[str, float] = {}
+    """``["key=value", …]`` -> {key: float}; a malformed item or an unknown key is a ValueError naming it."""
+    from agents.pipeline.runner import check_thresholds
+
+    out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--threshold {item!r} is not KEY=VALUE")
-        try:
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise ValueError(f"--threshold {item!r}: {value!r} is not a number") from None
-    return out
+        out[key.strip()] = value.strip()
+    return check_thresholds(out)
 
 
 class ConsoleEmitter:

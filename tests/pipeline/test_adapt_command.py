@@ -80,6 +80,8 @@ def test_a_threshold_override_reaches_align(tmp_path: Path) -> None:
         (["--hardware", "no-such-gpu"], "no-such-gpu"),
         (["--hardware", "cpu", "--stages", "plan,serv"], "'serv'"),
         (["--hardware", "cpu", "--threshold", "layer_cosine"], "KEY=VALUE"),
+        (["--hardware", "cpu", "--threshold", "layer_cosin=0.9"], "'layer_cosin' is not read by any stage"),
+        (["--hardware", "cpu", "--threshold", "layer_cosine=high"], "'high' is not a number"),
         (["--hardware", "cpu", "--tp", "0"], "--tp"),
     ],
 )

@@ -69,3 +69,14 @@ def test_load_leaves_the_model_for_later_stages_and_reports_progress(make_ctx) -
     assert ctx.shared["model"].path == report["model"]["path"]
     progress = [e["data"] for e in log.events if e["kind"] == "progress"]
     assert progress and progress[-1]["done"] == progress[-1]["total"] == report["stages"]["load"]["tensors"]
+
+
+def test_thresholds_are_checked_by_name_and_type() -> None:
+    from agents.pipeline.runner import check_thresholds
+
+    assert check_thresholds({"layer_cosine": "0.995", "kv_cache_max_abs_err": 1e-3}) == {
+        "layer_cosine": 0.995, "kv_cache_max_abs_err": 1e-3}
+    with pytest.raises(ValueError, match="'layer_cosin' is not read by any stage"):
+        check_thresholds({"layer_cosin": 0.9})
+    with pytest.raises(ValueError, match="op_cosine: None is not a number"):
+        check_thresholds({"op_cosine": None})
