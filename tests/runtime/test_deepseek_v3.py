@@ -125,6 +125,7 @@ class PagedRunner:
         return self.model.compute_logits(out.hidden[cu[1:].long() - 1])
 
 
+@pytest.mark.parametrize("pair", ["deepseek-v3", pytest.param("kimi-k2", marks=pytest.mark.slow)], indirect=True)
 def test_greedy_decode_through_the_paged_latent_cache_equals_transformers(pair) -> None:  # noqa: ANN001
     hf, model, _ = pair
     spec = model.kv_cache_spec()
