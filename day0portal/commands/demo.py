@@ -1,0 +1,163 @@
+"""``day0 demo``: the portal on the embedded default (SQLite, filesystem broker, in-memory channel layer) with
+the seed catalog, an admin user and an API token, served by uvicorn at http://127.0.0.1:8000/.
+
+``prepare_demo()`` and ``start_portal()`` are separate so that the demo can grow (an agent, a first job)
+without touching how the portal itself is prepared and started."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.error import URLError
+from urllib.request import urlopen
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_VARS = ("DAY0_DATABASE_URL", "DAY0_REDIS_URL")  # unset: the demo always runs on the embedded default
+
+
+@dataclass
+class DemoInfo:
+    username: str
+    password: str
+    token: str
+    data_dir: Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="run the portal on the embedded default with the seed catalog",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="where SQLite, the broker folder and the secret key live (default: $DAY0_DATA_DIR or var/)")
+    parser.set_defaults(handler=run_demo)
+
+
+def demo_environment(data_dir: Path | None = None) -> dict[str, str]:
+    """The environment of every demo process: the embedded default under ``data_dir``."""
+    env = {k: v for k, v in os.environ.items() if k not in SERVER_VARS}
+    env["DAY0_DATA_DIR"] = str((data_dir or Path(os.environ.get("DAY0_DATA_DIR", ROOT / "var"))).resolve())
+    env.setdefault("DJANGO_SETTINGS_MODULE", "day0portal.settings")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def prepare_demo(env: dict[str, str], *, username: str = "admin") -> DemoInfo:
+    """Migrates the embedded database, loads the catalog, sets a fresh admin password and a fresh token."""
+    os.environ.update(env)
+    for name in SERVER_VARS:
+        os.environ.pop(name, None)
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from apps.accounts.choices import Scope
+    from apps.accounts.models import ApiToken, Organization
+    from apps.accounts.services import do_create_api_token, do_revoke_api_token
+    from apps.catalog.seed import DEMO_ORG_SLUG, ensure_demo_admin, seed_catalog
+
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+        raise SystemExit("day0 demo runs on the embedded SQLite database; unset DAY0_DATABASE_URL")
+    call_command("migrate", verbosity=0, interactive=False)
+    summary = seed_catalog()
+    print(f"catalog: {len(summary.created)} created, {len(summary.updated)} updated, "
+          f"{len(summary.unchanged)} unchanged")
+    password = secrets.token_urlsafe(9)
+    user, _ = ensure_demo_admin(username, password)
+    org = Organization.objects.get(slug=DEMO_ORG_SLUG)
+    for old in ApiToken.objects.filter(user=user, name="demo", revoked_at__isnull=True):
+        do_revoke_api_token(old)
+    _, secret = do_create_api_token(organization=org, user=user, name="demo", scopes=[Scope.READ, Scope.SUBMIT])
+    return DemoInfo(username=user.username, password=password, token=secret, data_dir=Path(env["DAY0_DATA_DIR"]))
+
+
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM when the process that started it dies, even by SIGKILL."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuses a port something else listens on (its /healthz would otherwise pass for ours)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(f"{host}:{port} is in use ({exc.strerror}); choose another with --port") from exc
+
+
+def start_portal(host: str = "127.0.0.1", port: int = 8000, *, env: dict[str, str] | None = None,
+                 wait_s: float = 60.0) -> subprocess.Popen:
+    """Starts ``uvicorn day0portal.asgi:application`` and returns its process once ``/healthz`` answers."""
+    _check_port_free(host, port)
+    command = [sys.executable, "-m", "uvicorn", "day0portal.asgi:application", "--host", host, "--port", str(port),
+               "--log-level", "warning"]
+    process = subprocess.Popen(command, cwd=ROOT, env=env or demo_environment(), preexec_fn=_die_with_parent)
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/healthz"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the portal exited with code {process.returncode} (is port {port} free?)")
+        try:
+            with urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return process
+        except (URLError, OSError):
+            time.sleep(0.3)
+    process.terminate()
+    raise RuntimeError(f"the portal did not answer {url} within {wait_s:.0f} s")
+
+
+def stop_portal(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    env = demo_environment(args.data_dir)
+    info = prepare_demo(env)
+    try:
+        process = start_portal(args.host, args.port, env=env)
+    except RuntimeError as exc:
+        print(f"day0 demo: {exc}", file=sys.stderr)
+        return 1
+    base = f"http://{args.host}:{args.port}"
+    print(f"""
+Day-0 Portal is running (embedded default; data in {info.data_dir})
+
+  open        {base}/
+  sign in     {info.username} / {info.password}
+  API token   {info.token}   (scopes read, submit; shown once)
+  API docs    {base}/api/docs/
+
+  curl -H "Authorization: Token {info.token}" {base}/api/v1/matrix/
+
+Ctrl-C stops it.""", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, like Ctrl-C
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop_portal(process)
