@@ -158,7 +158,9 @@ def handle(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
     if args.report is not None:
         args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        partial = args.report.with_name(args.report.name + ".partial")
+        partial.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        partial.replace(args.report)  # readers never see half a report
     print("\n".join(summary_lines(report)), flush=True)
     if args.report is not None:
         print(f"report written to {args.report}")
