@@ -20,6 +20,7 @@ import torch
 from agents.runtime.distributed import get_ep_rank, get_tp_rank
 from agents.runtime.loader.checkpoint import Checkpoint
 from agents.runtime.loader.hashing import ShardHasher
+from agents.runtime.loader.memory import advise_huge_pages
 from agents.runtime.loader.safetensors_file import DTYPES, NAMES, LoadError, MappedFile, TensorEntry
 from agents.runtime.loader.stats import current_rss, peak_rss, reset_peak_rss, tensor_stats
 from agents.runtime.models.registry import build_model
@@ -119,29 +120,33 @@ def load_model(
         arch = (config.get("architectures") or [None])[0]
         raise LoadError(f"config.json: architecture {arch!r}: {exc}") from exc
     _validate(ckpt, model, config)
+    advise_huge_pages([p.data for p in model.parameters()])
 
     report: dict[str, Any] = {"ok": True, "path": model.path, "architecture": config.get("architectures", [None])[0],
                               "dtype": str(torch_dtype(dtype)).removeprefix("torch."), "problems": [], "stats": {}}
-    entries = sorted(ckpt.tensors.values(), key=lambda e: (e.file.name, e.start))
+    # Largest first: a parameter's pages become resident only when written, so while a big tensor's source is
+    # mapped few parameters are resident yet, and the peak stays near the model's size.
+    entries = sorted(ckpt.tensors.values(), key=lambda e: (-e.nbytes, e.file.name, e.start))
     state = {"current": None, "bytes": 0}
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
-        for path in ckpt.files:
-            mapped = MappedFile(path)
-            try:
-                for entry in (e for e in entries if e.file == path):
-                    state["current"] = entry
-                    tensor = mapped.tensor(entry)
-                    if stats and lead:
-                        _record(entry, tensor_stats(tensor), report, fail_on_nonfinite)
-                    yield entry.name, tensor
-                    del tensor
-                    mapped.release(entry.start, entry.end)
-                    state["bytes"] += entry.nbytes
-                    if progress is not None:
-                        progress(len(report["stats"]) if stats and lead else 0, len(entries))
-            finally:
-                mapped.close()
+        mapped = {path: MappedFile(path) for path in ckpt.files}
+        try:
+            for done, entry in enumerate(entries, 1):
+                state["current"] = entry
+                source = mapped[entry.file]
+                tensor = source.tensor(entry)
+                if stats and lead:
+                    _record(entry, tensor_stats(tensor), report, fail_on_nonfinite)
+                yield entry.name, tensor
+                del tensor
+                source.release(entry.start, entry.end)
+                state["bytes"] += entry.nbytes
+                if progress is not None:
+                    progress(done, len(entries))
+        finally:
+            for source in mapped.values():
+                source.close()
 
     try:
         model.load_weights(stream())
@@ -151,8 +156,6 @@ def load_model(
         entry: TensorEntry | None = state["current"]
         where = f"{entry.file.name}: tensor {entry.name!r}: " if entry else ""
         raise LoadError(f"{where}{exc}") from exc
-    if progress is not None:
-        progress(len(entries), len(entries))
     shards = _checksums(ckpt, hasher, manifest)
     seconds = time.perf_counter() - t0
     total = sum(e.nbytes for e in entries)

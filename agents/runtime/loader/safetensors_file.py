@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from agents.runtime.loader.memory import populate
+
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -112,6 +114,7 @@ class MappedFile:
         dtype = DTYPES[entry.dtype]
         if entry.nbytes == 0:
             return torch.empty(entry.shape, dtype=dtype)
+        populate(self._mm, entry.start, entry.end)
         count = entry.nbytes // torch.empty((), dtype=dtype).element_size()
         return torch.frombuffer(self._mm, dtype=dtype, count=count, offset=entry.start).view(entry.shape)
 

@@ -2,31 +2,38 @@
 
 from __future__ import annotations
 
+import math
 import resource
 
 import torch
 
+CHUNK = 1 << 20  # elements per pass: a chunk stays in cache across the three reductions
+
 
 def tensor_stats(t: torch.Tensor) -> dict[str, float | int]:
-    """mean, std (population), absmax, NaN and Inf counts; counting runs only when something is non-finite."""
-    if t.numel() == 0:
+    """mean, std (population), absmax, NaN and Inf counts. Reductions run chunk by chunk (sum, sum of squares,
+    max |x|) so each chunk is read from memory once; NaN/Inf are counted only when something is non-finite."""
+    n = t.numel()
+    if n == 0:
         return {"mean": 0.0, "std": 0.0, "absmax": 0.0, "nan": 0, "inf": 0}
-    x = t if t.dtype in (torch.float32, torch.float64) else t.float()
-    std, mean = torch.std_mean(x, correction=0)
-    lo, hi = torch.aminmax(x)
-    absmax = max(-float(lo), float(hi))
-    nan = inf = 0
-    if not (torch.isfinite(mean) and torch.isfinite(std) and abs(absmax) != float("inf")) or absmax != absmax:
-        nan = int(torch.isnan(x).sum())
-        inf = int(torch.isinf(x).sum())
-        finite = x[torch.isfinite(x)]
-        if finite.numel():
-            std, mean = torch.std_mean(finite, correction=0)
-            absmax = float(finite.abs().max())
-        else:
-            std = mean = torch.tensor(0.0)
-            absmax = 0.0
-    return {"mean": float(mean), "std": float(std), "absmax": absmax, "nan": nan, "inf": inf}
+    flat = t.reshape(-1)
+    total = sq = 0.0
+    absmax = 0.0
+    for start in range(0, n, CHUNK):
+        chunk = flat[start : start + CHUNK]
+        if chunk.dtype != torch.float32:
+            chunk = chunk.float()
+        total += float(chunk.sum(dtype=torch.float64) if n > 1 << 24 else chunk.sum())
+        sq += float(torch.dot(chunk, chunk))
+        absmax = max(absmax, float(torch.linalg.vector_norm(chunk, float("inf"))))
+    if math.isfinite(total) and math.isfinite(sq) and math.isfinite(absmax):
+        mean = total / n
+        return {"mean": mean, "std": math.sqrt(max(sq / n - mean * mean, 0.0)), "absmax": absmax, "nan": 0, "inf": 0}
+    x = flat.float()
+    finite = x[torch.isfinite(x)]
+    std, mean = torch.std_mean(finite, correction=0) if finite.numel() else (torch.tensor(0.0), torch.tensor(0.0))
+    return {"mean": float(mean), "std": float(std), "absmax": float(finite.abs().max()) if finite.numel() else 0.0,
+            "nan": int(torch.isnan(x).sum()), "inf": int(torch.isinf(x).sum())}
 
 
 def _status_bytes(field: str) -> int | None:
