@@ -86,8 +86,8 @@ class DecoderCausalLM(nn.Module):
         window = c.get("sliding_window") if c.get("use_sliding_window", True) else None
         return SelfAttention(
             self.hidden, self.num_heads, self.num_kv_heads, self.head_dim, self.rotary,
-            qkv_bias=bool(c.get("attention_bias", False)), o_bias=bool(c.get("attention_bias", False))
-            and not self.qk_norm, qk_norm_eps=self.eps if self.qk_norm else None, sliding_window=window,
+            qkv_bias=bool(c.get("attention_bias", False)), o_bias=bool(c.get("attention_bias", False)),
+            qk_norm_eps=self.eps if self.qk_norm else None, sliding_window=window,
         )
 
     def make_mlp(self, layer: int) -> nn.Module:
