@@ -22,6 +22,10 @@ from urllib.request import urlopen
 import pytest
 from django.conf import settings
 
+# Playwright's sync API keeps an event loop running in the test thread; Django's ORM calls from the test
+# itself (factories, assertions) are still synchronous and safe (the documented pytest-playwright setting).
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 CHROMIUM = os.environ.get("DAY0_CHROMIUM", "/usr/bin/chromium")
@@ -60,8 +64,14 @@ def portal_server(django_db_setup, django_db_blocker) -> Iterator[str]:
     """Base URL of uvicorn serving the ASGI app (HTTP and WebSocket) on the test database."""
     if not os.environ.get("DAY0_REDIS_URL"):
         pytest.fail("browser tests need Redis for the channel layer: set DAY0_REDIS_URL=redis://… (see `make test`)")
+    if not (ROOT / "static" / "vendor" / "echarts" / "echarts.min.js").exists():
+        built = subprocess.run([str(ROOT / "scripts" / "build_static.sh")], capture_output=True, text=True)
+        if built.returncode != 0:
+            pytest.fail(f"static/vendor is missing and scripts/build_static.sh failed:\n{built.stderr[-2000:]}")
     port = _free_port()
-    env = {**os.environ, "DAY0_DATABASE_URL": _database_url(), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "DAY0_DATABASE_URL": _database_url(), "PYTHONUNBUFFERED": "1",
+           "DJANGO_SETTINGS_MODULE": "tests.browser.settings", "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the server keeps Django's async safety checks
     log_path = ROOT / "test-artifacts" / "portal-server.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("w")
