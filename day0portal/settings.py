@@ -57,8 +57,10 @@ INSTALLED_APPS = [
     "apps.jobs",
     "apps.evidence",
     "apps.matrix",
-    "apps.benchmarks",
 ]
+# Apps other slices add; each is installed once its package exists.
+OPTIONAL_APPS = ("apps.benchmarks", "apps.dashboards")
+INSTALLED_APPS += [name for name in OPTIONAL_APPS if importlib.util.find_spec(name)]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

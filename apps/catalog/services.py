@@ -63,6 +63,7 @@ def do_create_model_release(*, config: dict[str, Any], **fields: Any) -> ModelRe
 def do_update_model_release(model: ModelRelease, **fields: Any) -> ModelRelease:
     """Updates a model; a new config recomputes the derived fields and the fits of its cells."""
     config_changed = "config" in fields and fields["config"] != model.config
+    release_changed = "released_at" in fields and fields["released_at"] != model.released_at
     for name, value in fields.items():
         setattr(model, name, value)
     if config_changed:
@@ -70,6 +71,10 @@ def do_update_model_release(model: ModelRelease, **fields: Any) -> ModelRelease:
             setattr(model, name, value)
     model.full_clean()
     model.save()
+    if release_changed:
+        from apps.matrix.services import refresh_lead_times
+
+        refresh_lead_times(model)
     if config_changed:
         _refresh_model_cells(model)
     else:  # visibility or release date may change what the matrix shows; cells themselves are unchanged

@@ -17,6 +17,7 @@ class Cell(models.Model):
     stage_passed = models.JSONField(default=dict, blank=True)  # stage -> newest evidence passes
     tier_reached_at = models.JSONField(default=dict, blank=True)  # "tier" -> ISO time it was first reached
     current_tier_reached_at = models.DateTimeField(null=True, blank=True)
+    lead_hours = models.FloatField(null=True, blank=True, help_text="Day-0 lead time of the current tier, hours")
     failed_stage = models.CharField(max_length=32, blank=True)
     error = models.TextField(blank=True)
     last_job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

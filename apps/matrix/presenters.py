@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
+from agents.pipeline.tiers import TIER_NAMES
 from apps.catalog.models import Hardware, ModelRelease
 from apps.matrix.selectors import CellView
 
@@ -29,24 +30,32 @@ def human_hours(hours: float | None) -> str:
     return f"{sign}{h / 24:.0f}d"
 
 
-def cell_html(model: ModelRelease, hardware: Hardware, cell: CellView | None) -> str:
-    """One ``<td>``: tier label (and colour class), failed stage, fits estimate, lead time; links to the cell."""
+def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None) -> str:
+    """One ``<td>``: tier label (and colour class), failed stage, fits estimate, lead time; links to the cell.
+    Both slugs arrive already HTML-escaped."""
     if cell is None:
         return '<td class="cell tier-none">—</td>'
-    parts = [f'<span class="tier-label">{cell.tier} · {cell.tier_name}</span>']
+    parts = [f'<span class="tier-label">{cell.tier} · {TIER_NAMES[cell.tier]}</span>']
     if cell.failed_stage:
         parts.append(f'<span class="failed">failed at {escape(cell.failed_stage)}</span>')
     if cell.fits is True:
-        parts.append(f'<span class="fits">fits on {cell.fits_devices} × {escape(hardware.slug)}</span>')
+        parts.append(f'<span class="fits">fits on {cell.fits_devices} × {hardware_slug}</span>')
     elif cell.fits is False:
         parts.append('<span class="fits no-fit">does not fit</span>')
     if cell.lead_hours is not None and cell.tier:
         parts.append(f'<span class="lead" title="Day-0 lead time to tier {cell.tier}">'
                      f'+{human_hours(cell.lead_hours)}</span>')
-    href = f"/cells/{escape(model.slug)}/{escape(hardware.slug)}/"
     failed = " failed-cell" if cell.failed_stage else ""
-    return (f'<td class="cell tier-{cell.tier}{failed}"><a href="{href}">{"".join(parts)}</a></td>')
+    return (f'<td class="cell tier-{cell.tier}{failed}"><a href="/cells/{model_slug}/{hardware_slug}/">'
+            f'{"".join(parts)}</a></td>')
 
 
-def row_html(model: ModelRelease, hardware: list[Hardware], cells: list[CellView | None]) -> str:
-    return "".join(cell_html(model, hw, cell) for hw, cell in zip(hardware, cells, strict=True))
+def rows_html(models: list[ModelRelease], hardware: list[Hardware],
+              cells: dict[tuple[int, int], CellView]) -> list[str]:
+    """The cells of every model row, as HTML (one string per row)."""
+    columns = [(hw.pk, escape(hw.slug)) for hw in hardware]
+    out = []
+    for model in models:
+        model_id, model_slug = model.pk, escape(model.slug)
+        out.append("".join(cell_html(model_slug, slug, cells.get((model_id, hw_id))) for hw_id, slug in columns))
+    return out

@@ -17,6 +17,7 @@ from apps.jobs.choices import FINISHED_STATES, JobState
 from apps.jobs.models import Job
 from apps.matrix.events import CellChangedMessage, broadcast_cell_changed, broadcast_matrix_changed
 from apps.matrix.models import Cell
+from apps.matrix.selectors import lead_hours
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,14 @@ def refresh_cells(*, models: Iterable[ModelRelease] | None = None,
     return len(changed)
 
 
+def refresh_lead_times(model: ModelRelease) -> None:
+    """Recomputes the stored lead times of a model's cells (its release time changed)."""
+    cells = list(Cell.objects.filter(model=model, current_tier_reached_at__isnull=False))
+    for cell in cells:
+        cell.lead_hours = lead_hours(cell.current_tier_reached_at, model.released_at)
+    Cell.objects.bulk_update(cells, ["lead_hours"])
+
+
 def _newest_pass_flags(model_id: int, hardware_id: int) -> tuple[dict[str, bool], dict[str, datetime]]:
     """stage -> pass flag of its newest evidence in this cell, and when that evidence arrived."""
     flags: dict[str, bool] = {}
@@ -124,6 +133,7 @@ def recompute_cell(model_id: int, hardware_id: int) -> Cell:
     cell.stage_passed = flags
     cell.tier_reached_at = reached
     cell.current_tier_reached_at = datetime.fromisoformat(reached[str(tier)]) if tier else None
+    cell.lead_hours = lead_hours(cell.current_tier_reached_at, cell.model.released_at)
     if newest_finished is not None and newest_finished.state in (JobState.FAILED, JobState.LOST):
         cell.failed_stage = newest_finished.failed_stage or str(newest_finished.state)
         cell.error = newest_finished.error

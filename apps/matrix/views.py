@@ -12,7 +12,7 @@ from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.evidence.selectors import cell_evidence
 from apps.matrix.models import Cell
-from apps.matrix.presenters import human_count, row_html
+from apps.matrix.presenters import human_count, rows_html
 from apps.matrix.selectors import MatrixFilters, build_matrix, family_choices, vendor_choices
 
 
@@ -28,8 +28,8 @@ def matrix_page(request: HttpRequest) -> HttpResponse:
     rows = [
         {"model": m, "params": f"{human_count(m.params_total)} / {human_count(m.params_active)} active"
          if m.params_active != m.params_total else human_count(m.params_total),
-         "cells": mark_safe(row_html(m, matrix.hardware, matrix.row(m)))}  # noqa: S308 - escaped in presenters
-        for m in matrix.models
+         "cells": mark_safe(html)}  # noqa: S308 - built from escaped values in presenters
+        for m, html in zip(matrix.models, rows_html(matrix.models, matrix.hardware, matrix.cells), strict=True)
     ]
     return render(request, "matrix/matrix.html", {
         "rows": rows, "hardware": matrix.hardware, "filters": filters, "tiers": sorted(TIER_NAMES.items()),

@@ -46,7 +46,9 @@ def build_matrix(n_models: int, n_hardware: int, jobs_per_cell: int, *, seed: in
                               fits_plan={"plan": {"tp": 1, "pp": 1, "ep": 1, "devices": 1}},
                               failed_stage=rng.choice(["", "", "", "align", "serve"]),
                               tier_reached_at={str(t): reached.isoformat() for t in range(1, tier + 1)},
-                              current_tier_reached_at=reached if tier else None, job_count=jobs_per_cell))
+                              current_tier_reached_at=reached if tier else None,
+                              lead_hours=round((reached - m.released_at).total_seconds() / 3600, 1) if tier else None,
+                              job_count=jobs_per_cell))
     Cell.objects.bulk_create(cells, batch_size=2000)
     if not jobs_per_cell:
         return

