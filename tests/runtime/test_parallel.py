@@ -23,7 +23,7 @@ def run_model(arches: list[str]) -> dict[str, tuple]:
     """Per arch: full-vocab logits of a prompt batch, 8 paged greedy tokens, and the TP/EP layout seen."""
     out = {}
     for arch in arches:
-        model = load_model(cached_model(arch)).model
+        model = load_model(arch if "/" in arch else cached_model(arch)).model
         prompts = _prompts(model.config["vocab_size"])
         positions = torch.cat([torch.arange(len(p)) for p in prompts])
         hidden = model.forward(torch.cat(prompts), positions, ForwardContext.for_prompts(LENGTHS)).hidden
@@ -33,10 +33,23 @@ def run_model(arches: list[str]) -> dict[str, tuple]:
 
 
 @pytest.fixture(scope="module")
-def single():
+def odd_llama(tmp_path_factory) -> str:
+    """One KV head (replicated across TP ranks) and a vocabulary that does not split evenly."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128)
+    path = tmp_path_factory.mktemp("odd-llama")
+    LlamaForCausalLM(config).save_pretrained(path, max_shard_size="30KB")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def single(odd_llama):
     for arch in ("llama", "qwen3", "mixtral", "qwen3-moe"):
         cached_model(arch)  # built once here, not raced by the ranks
-    return run_model(["llama", "qwen3", "mixtral", "qwen3-moe"])
+    return run_model(["llama", "qwen3", "mixtral", "qwen3-moe", odd_llama])
 
 
 def _check(results: list[dict], single: dict, tp: int, ep: int) -> None:
@@ -47,8 +60,8 @@ def _check(results: list[dict], single: dict, tp: int, ep: int) -> None:
             assert tokens == single[arch][1], arch
 
 
-def test_tp2_matches_single_process(single):
-    results = launch(run_model, 2, ["llama", "qwen3", "qwen3-moe"], tp_size=2, ep_size=1)
+def test_tp2_matches_single_process(single, odd_llama):
+    results = launch(run_model, 2, ["llama", "qwen3", "qwen3-moe", odd_llama], tp_size=2, ep_size=1)
     _check(results, single, 2, 1)
 
 

@@ -31,11 +31,11 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(x, self.weight)  # logits: [T, E]
+        if self.renormalize:  # softmax over all experts then renormalising the top-k = softmax over the top-k
+            top, ids = torch.topk(logits, self.top_k, dim=-1)  # [T, k] each
+            return torch.softmax(top, dim=-1, dtype=torch.float32), ids
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k] each
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights, ids
+        return torch.topk(probs, self.top_k, dim=-1)  # (weights, ids): [T, k] each
 
 
 class FusedExperts(nn.Module):
@@ -80,7 +80,7 @@ class FusedExperts(nn.Module):
         tokens, top_k = ids.shape
         if tokens == 1:  # decode at batch 1: no sort, no gather, scalar weights
             out = None
-            for e, w in zip(ids[0].tolist(), weights[0].tolist(), strict=True):
+            for e, w in zip(ids.tolist()[0], weights.tolist()[0], strict=True):
                 local = e - self.first
                 if 0 <= local < self.num_local:
                     y = self._expert(local, x)  # y: [1, H]

@@ -124,7 +124,7 @@ class RotaryEmbedding(nn.Module):
         else:
             xr = x if rot == x.shape[-1] else x[..., :rot]
             halves = xr.unflatten(-1, (2, half))  # [T, H, 2, rot/2]
-            out = (halves * cos + halves.flip(-2) * sin).flatten(-2)  # [T, H, rot]
+            out = torch.addcmul(halves * cos, halves.flip(-2), sin).flatten(-2)  # [T, H, rot]
         return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
