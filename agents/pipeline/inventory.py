@@ -359,9 +359,20 @@ class Classifier:
             else:
                 return "decomposed", sorted(set(leaves))
         name = func.name()
+        sibling = self._tensor_sibling(func)
+        if sibling is not None and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd"):
+            return "decomposed", [str(sibling)]  # the generic Scalar kernel wraps the scalar and calls it
         if any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in _GENERIC_KEYS):
             return "fallback", []
         return "missing", []
+
+    def _tensor_sibling(self, func: Any) -> Any | None:
+        """``add_.Scalar`` -> ``add_.Tensor`` when that overload is native on the target."""
+        overload = func._overloadname
+        if "Scalar" not in overload:
+            return None
+        sibling = getattr(func.overloadpacket, overload.replace("Scalar", "Tensor"), None)
+        return sibling if sibling is not None and self.is_native(sibling) else None
 
 
 def classify_ops(

@@ -3,6 +3,8 @@ Celery worker without database credentials) → pipeline → events, results and
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -78,10 +80,23 @@ def test_job_runs_from_post_to_tier_with_evidence(portal, start_agent, cell) -> 
     progress = [e for e in events if e.kind == "progress" and e.stage == "load"]
     assert progress and progress[-1].data["done"] == progress[-1].data["total"]  # tensors loaded of total
     assert Cell.objects.get(model=cell.model, hardware=cell.hardware).tier == 2  # plan + load: "loads"
+    # the vendor's terminal view of the finished job: a line per stage, then the tier
+    watch = subprocess.run([sys.executable, "-m", "day0portal.cli", "jobs", "watch", str(job_id), "--portal",
+                            portal.url, "--token", cell.submit.secret], capture_output=True, text=True, timeout=120)
+    assert watch.returncode == 0, watch.stderr
+    lines = watch.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == FAST_STAGES and all("passed" in line for line in lines[:-1])
+    assert lines[-1] == f"job {job_id} succeeded: tier 2 (loads)"
 
 
 def test_cancel_of_a_queued_job_is_never_run(portal, start_agent, cell) -> None:  # noqa: ANN001
-    job_id = submit(portal.url, cell, FAST_STAGES)
+    submitted = subprocess.run([sys.executable, "-m", "day0portal.cli", "jobs", "submit", "--model", cell.model.slug,
+                                "--hardware", cell.hardware.slug, "--stages", "plan,load", "--dtype", "float32",
+                                "--portal", portal.url, "--token", cell.submit.secret],
+                               capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = int(submitted.stdout.split()[1])
+    assert Job.objects.get(pk=job_id).spec["stages"] == ["plan", "load"]
     headers = {"Authorization": f"Token {cell.submit.secret}"}
     response = httpx.post(f"{portal.url}/api/v1/jobs/{job_id}/cancel/", headers=headers, timeout=30)
     assert response.status_code == 200 and response.json()["state"] == "cancelled", response.text
