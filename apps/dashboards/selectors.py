@@ -10,7 +10,7 @@ from datetime import datetime
 from statistics import median
 from typing import Any
 
-from django.db.models import Max, OuterRef, Subquery
+from django.db.models import Max, Q, Subquery
 from django.utils.dateparse import parse_datetime
 
 from agents.pipeline.tiers import STAGE_ORDER, TIER_GATES, TIER_NAMES
@@ -89,10 +89,15 @@ def visible_model(actor: Actor, slug: str) -> ModelRelease | None:
 
 
 def newest_stage_results(model_id: int, hardware_id: int) -> dict[str, StageResult]:
-    """stage -> the newest result of that stage in the cell, with its one-to-one evidence row (one query)."""
+    """stage -> the newest result of that stage in the cell, with its one-to-one evidence row (one query).
+
+    One uncorrelated "newest id" subquery per stage: each sorts only that stage's results, so a year of daily
+    benchmark runs costs a sort of the bench results, not a subquery per row."""
     cell_results = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
-    newest = cell_results.filter(stage=OuterRef("stage")).order_by("-created_at", "-id").values("id")[:1]
-    rows = (cell_results.filter(id=Subquery(newest))
+    newest = Q()
+    for stage in STAGE_ORDER:
+        newest |= Q(id=Subquery(cell_results.filter(stage=stage).order_by("-created_at", "-id").values("id")[:1]))
+    rows = (StageResult.objects.filter(newest)
             .select_related("plan", "load", "alignment", "serve", "benchmark", "env")
             .defer("section"))
     return {r.stage: r for r in rows}
@@ -271,8 +276,10 @@ def job_page(actor: Actor, job_id: int) -> JobPage | None:
            .select_related("model", "hardware", "requested_by", "organization").first())
     if job is None:
         return None
-    events = JobEvent.objects.filter(job=job)
-    last_seq = events.aggregate(m=Max("seq"))["m"] or 0
+    # Up to the highest contiguous seq stored: the WebSocket replays from there, in order, so an event
+    # after a gap is shown once, when the gap fills.
+    last_seq = job.events_acked
+    events = JobEvent.objects.filter(job=job, seq__lte=last_seq)
     lines = events.exclude(kind="progress").only("seq", "ts", "stage", "kind", "level", "message")
     shown = list(lines.order_by("-seq")[:CONSOLE_LINES])[::-1]
     earlier = lines.filter(seq__lt=shown[0].seq).count() if len(shown) == CONSOLE_LINES else 0

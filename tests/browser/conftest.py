@@ -70,7 +70,7 @@ def portal_server(django_db_setup, django_db_blocker) -> Iterator[str]:
             pytest.fail(f"static/vendor is missing and scripts/build_static.sh failed:\n{built.stderr[-2000:]}")
     port = _free_port()
     env = {**os.environ, "DAY0_DATABASE_URL": _database_url(), "PYTHONUNBUFFERED": "1",
-           "DJANGO_SETTINGS_MODULE": "tests.browser.settings", "PYTHONPATH": str(ROOT)}
+           "DJANGO_SETTINGS_MODULE": "day0portal.settings"}
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the server keeps Django's async safety checks
     log_path = ROOT / "test-artifacts" / "portal-server.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,24 +1,8 @@
-"""Dashboard tests: route through the project's URL map once it includes the dashboards; until the lead adds
-the include lines, through ``tests/dashboards/urls.py`` (the same views, nothing stubbed)."""
+"""Dashboard test fixtures: a seeded world per module, and a logged-in test client."""
 
 from __future__ import annotations
 
 import pytest
-from django.urls import Resolver404, resolve
-
-
-def dashboards_routed() -> bool:
-    try:
-        return resolve("/trends/").url_name == "trends-page" and (
-            resolve("/api/v1/benchmarks/regressions/").url_name == "benchmark-regressions")
-    except Resolver404:
-        return False
-
-
-@pytest.fixture(autouse=True)
-def _dashboard_urls(settings):  # noqa: ANN001, ANN202
-    if not dashboards_routed():
-        settings.ROOT_URLCONF = "tests.dashboards.urls"
 
 
 @pytest.fixture(scope="module")
