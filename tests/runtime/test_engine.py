@@ -124,3 +124,35 @@ def test_fallback_model_is_served_by_recomputation(model_dir, engine):
     native = engine.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert [o.output_token_ids for o in outs] == [o.output_token_ids for o in native]
     assert fb.stats()["kv_blocks_used"] == 0
+
+
+class _PoisonedModel:
+    """The real model, except that any batch containing token 7 fails (a request the model cannot run)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.path = model.path
+
+    def forward(self, input_ids, positions, ctx, output_hidden_states=False):
+        if bool((input_ids == 7).any()):
+            raise RuntimeError("poisoned token")
+        return self.model.forward(input_ids, positions, ctx, output_hidden_states)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_a_failing_request_is_isolated_and_ends_alone(model_dir, engine):
+    from agents.runtime.loader import load_model
+
+    good = [engine.tokenizer.encode(p) for p in PROMPTS[:2]]
+    expected = engine.generate(good, GREEDY)
+    own = load_model(model_dir).model  # an engine binds its own cache to the model: never share one
+    poisoned = LLMEngine(
+        model_dir, model=_PoisonedModel(own), config=engine.model_config, num_blocks=64, max_num_batched_tokens=48
+    )
+    outs = poisoned.generate([good[0], [5, 6, 7, 8], good[1]], GREEDY)
+    assert [o.finish_reason for o in outs] == ["length", "error", "length"]
+    assert "poisoned token" in outs[1].error
+    assert [outs[0].output_token_ids, outs[2].output_token_ids] == [o.output_token_ids for o in expected]
+    assert poisoned.stats()["kv_blocks_used"] == 0

@@ -24,6 +24,7 @@ from agents.runtime.engine.tokenizer import Tokenizer
 from agents.runtime.interface import RuntimeModel
 
 log = logging.getLogger(__name__)
+MAX_FAILURES = 3  # forward-pass failures a request may be part of before it is ended with an error
 
 
 class LLMEngine:
@@ -152,13 +153,18 @@ class LLMEngine:
             seqs, logits = self.runner.run(batch, self.blocks)
             self.scheduler.on_step_done(batch)
             tokens = sample(logits, seqs) if seqs else []
-        except Exception as exc:  # a failing batch ends its requests, never the engine
-            log.exception("step failed; ending %d requests", len(batch.seqs))
+        except Exception as exc:  # a failing batch never ends the engine, and ends only the request at fault
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("forward pass failed for %d sequence(s)", len(batch.seqs))
             for seq in batch.seqs:
-                self.scheduler.finish(seq, "error")
-                outputs.append(self._output(seq, [], error=f"{type(exc).__name__}: {exc}"))
+                if len(batch.seqs) == 1 or seq.num_failures >= MAX_FAILURES:
+                    self.scheduler.finish(seq, "error")
+                    outputs.append(self._output(seq, [], error=error))
+                else:  # which one is at fault? each retries alone
+                    self.scheduler.requeue_isolated(seq)
             return outputs
         for seq, token in zip(seqs, tokens, strict=True):
+            seq.isolate = False
             seq.append_token(token)
             reason = check_stop(seq, token, self.tokenizer, self.eos_token_ids, self.max_model_len)
             if reason is not None:

@@ -87,16 +87,25 @@ class Scheduler:
         seq.finish(reason)
         return seq
 
-    def _preempt(self, seq: Sequence) -> None:
+    def requeue_isolated(self, seq: Sequence) -> None:
+        """After a failed forward pass: recompute ``seq`` later, alone, to find out whether it is the culprit."""
+        seq.isolate = True
+        seq.num_failures += 1
+        self._preempt(seq, count=False)
+
+    def _preempt(self, seq: Sequence, count: bool = True) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        self.num_preemptions += 1
+        seq.num_preemptions += count
+        self.num_preemptions += count
         self.waiting.appendleft(seq)
 
     def schedule(self) -> ScheduledBatch:
+        isolated = self._schedule_isolated()
+        if isolated is not None:
+            return isolated
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
@@ -132,6 +141,27 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
+        return batch
+
+    def _schedule_isolated(self) -> ScheduledBatch | None:
+        """A suspect sequence runs alone until it produces a token (or fails alone and is ended)."""
+        seq = next((s for s in self.running if s.isolate), None)
+        if seq is None and self.waiting and self.waiting[0].isolate:
+            seq = self.waiting[0]
+            if not self.blocks.can_allocate(seq, seq.num_computed_tokens + 1):
+                return None
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        if seq is None:
+            return None
+        batch = ScheduledBatch()
+        n = min(seq.num_uncomputed_tokens, self.config.max_num_batched_tokens)
+        if not self._make_room(seq, seq.num_computed_tokens + n, {id(seq)}, batch):
+            return batch
+        self.blocks.allocate(seq, seq.num_computed_tokens + n)
+        batch.seqs.append(seq)
+        batch.num_new_tokens.append(n)
         return batch
 
     def _make_room(self, seq: Sequence, num_tokens: int, scheduled: set[int], batch: ScheduledBatch) -> bool:

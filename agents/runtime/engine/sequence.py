@@ -31,6 +31,8 @@ class Sequence:
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
         self.num_preemptions = 0
+        self.isolate = False  # run alone: it was in a batch whose forward pass failed
+        self.num_failures = 0
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
