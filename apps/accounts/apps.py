@@ -7,3 +7,6 @@ class AccountsConfig(AppConfig):
     name = "apps.accounts"
     label = "accounts"
     verbose_name = "Organizations and tokens"
+
+    def ready(self) -> None:
+        from apps.accounts import schema  # noqa: F401 - registers the OpenAPI extension

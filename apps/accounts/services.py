@@ -80,3 +80,24 @@ def check_revoke_api_token(actor: Actor, token: ApiToken) -> ApiToken:
     if not (actor.user_id == token.user_id or actor.is_admin_of(token.organization_id)):
         raise PermissionDenied("only the token's owner or an organization admin can revoke it")
     return do_revoke_api_token(token)
+
+
+def check_set_membership(actor: Actor, org: Organization, *, username: str, role: str | None) -> Membership | None:
+    """Organization admins add members, change their role, or remove them (``role=None``). The last admin
+    cannot be demoted or removed."""
+    if actor.token is not None and Scope.SUBMIT not in actor.token.scopes:
+        raise PermissionDenied("managing members needs a session or a submit token of an admin")
+    if not actor.is_admin_of(org.pk):
+        raise PermissionDenied(f"only admins of {org.slug} manage its members")
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise ValidationError({"username": f"no user {username!r}"})
+    current = Membership.objects.filter(organization=org, user=user).first()
+    if current is not None and current.role == Role.ADMIN and role != Role.ADMIN:
+        if Membership.objects.filter(organization=org, role=Role.ADMIN).count() == 1:
+            raise ValidationError({"role": f"{username} is the last admin of {org.slug}"})
+    if role is None:
+        if current is not None:
+            current.delete()
+        return None
+    return do_set_membership(org, user, role)

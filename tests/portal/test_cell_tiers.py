@@ -122,3 +122,16 @@ def test_lead_time_is_reached_minus_release(cell_pair, api_client) -> None:  # n
     matrix = api_client.get("/api/v1/matrix/").json()
     row = next(r for r in matrix["models"] if r["slug"] == model.slug)
     assert row["cells"][hardware.slug]["lead_time_hours"] == pytest.approx(30.0, abs=0.2)
+
+
+def test_changing_the_release_time_moves_the_lead_time(cell_pair, api_client) -> None:  # noqa: ANN001
+    from apps.catalog.services import do_update_model_release
+
+    model, hardware = cell_pair
+    job = JobFactory(model=model, hardware=hardware)
+    do_record_job_results(job, {"stage": "plan", "section": passing("plan")})
+    reached = _cell(model, hardware).current_tier_reached_at
+    do_update_model_release(model, released_at=reached - timedelta(hours=5))
+    assert _cell(model, hardware).lead_hours == pytest.approx(5.0)
+    do_update_model_release(model, released_at=reached + timedelta(hours=2))  # tested before release (embargo)
+    assert _cell(model, hardware).lead_hours == pytest.approx(-2.0)

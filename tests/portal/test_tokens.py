@@ -82,3 +82,23 @@ def test_session_writes_need_csrf(admin_client) -> None:  # noqa: ANN001
     strict.force_login(user)
     response = strict.post("/api/v1/tokens/", {"name": "x", "scopes": ["read"]}, content_type="application/json")
     assert response.status_code == 403 and "CSRF" in response.json()["detail"]
+
+
+def test_admins_manage_members_and_keep_one_admin(admin_client, api_client) -> None:  # noqa: ANN001
+    client, org, user = admin_client
+    newcomer = UserFactory(username="newcomer")
+    url = f"/api/v1/organizations/{org.slug}/members/"
+    response = client.post(url, {"username": "newcomer", "role": "submitter"}, content_type="application/json")
+    assert response.status_code == 200
+    assert {m["username"]: m["role"] for m in response.json()} == {user.username: "admin", "newcomer": "submitter"}
+    assert client.post(url, {"username": user.username, "role": "viewer"},
+                       content_type="application/json").status_code == 400  # the last admin
+    assert client.post(url, {"username": "ghost", "role": "viewer"}, content_type="application/json").status_code == 400
+    member_token = make_token(organization=org, user=newcomer)
+    assert api_client.get(url, **auth(member_token)).status_code == 200
+    assert api_client.post(url, {"username": "newcomer", "role": "admin"}, format="json",
+                           **auth(member_token)).status_code == 403
+    outsider = make_token(organization=OrganizationFactory(), role=Role.ADMIN)
+    assert api_client.get(url, **auth(outsider)).status_code == 403
+    response = client.post(url, {"username": "newcomer", "role": None}, content_type="application/json")
+    assert [m["username"] for m in response.json()] == [user.username]

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.accounts.choices import Scope
-from apps.accounts.models import ApiToken, Organization
+from apps.accounts.choices import Role, Scope
+from apps.accounts.models import ApiToken, Membership, Organization
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
@@ -30,3 +30,17 @@ class OrganizationSerializer(serializers.ModelSerializer):
     class Meta:
         model = Organization
         fields = ["id", "slug", "name", "created_at"]
+
+
+class MembershipSerializer(serializers.ModelSerializer):
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["username", "role", "created_at"]
+
+
+class MembershipWriteSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.values, required=False, allow_null=True,
+                                   help_text="null removes the member")

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import django_filters
 from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -60,6 +62,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             raise ValidationError({"id": f"job ids are integers, got {pk!r}"})
         return get_or_404(self.get_queryset(), "job", pk=int(pk))
 
+    @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def create(self, request: Request) -> Response:
         actor = get_actor(request)
         require(actor.has_scope(Scope.SUBMIT), actor, "creating a job needs the submit scope")
@@ -81,6 +84,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = services.check_create_job(actor, model=model, hardware=hardware, spec=spec)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
@@ -89,6 +93,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         services.check_cancel_job(actor, job)
         return Response(JobSerializer(job).data)
 
+    @extend_schema(methods=["GET"], responses=OpenApiTypes.OBJECT, parameters=[
+        OpenApiParameter("after", int, description="events with seq greater than this"),
+        OpenApiParameter("limit", int, description=f"at most this many (default {EVENTS_PAGE_DEFAULT})")])
+    @extend_schema(methods=["POST"], request=JobEventSerializer(many=True), responses=OpenApiTypes.OBJECT,
+                   description="A batch of events; answers {\"acked\": highest contiguous seq stored}.")
     @action(detail=True, methods=["get", "post"])
     def events(self, request: Request, pk: str | None = None) -> Response:
         """GET ``?after=SEQ&limit=N``: events in seq order. POST (agent): a batch, stored idempotently."""
@@ -111,6 +120,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "next_after": rows[-1].seq if rows else after, "has_more": has_more,
         })
 
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"])
     def results(self, request: Request, pk: str | None = None) -> Response:
         """POST (agent): one stage's section ``{"stage", "section"}`` or a whole stage report."""
@@ -126,6 +136,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                          "cell": {"tier": cell.tier, "tier_name": cell.tier_name, "failed_stage": cell.failed_stage}},
                         status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=JobStateSerializer, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def state(self, request: Request, pk: str | None = None) -> Response:
         """POST (agent): ``{"state", "failed_stage", "error", "agent"}`` moves the job through its state machine."""

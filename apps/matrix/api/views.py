@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -37,6 +39,12 @@ def parse_filters(params: Any) -> MatrixFilters:
 class MatrixView(APIView):
     """The whole matrix: one row per visible model (newest release first), one cell per hardware."""
 
+    @extend_schema(responses=OpenApiTypes.OBJECT, parameters=[
+        OpenApiParameter("vendor", str, description="only hardware of this vendor"),
+        OpenApiParameter("family", str, description="only models of this family (llama, qwen3, deepseek_v3 …)"),
+        OpenApiParameter("tier", str, description="only models reaching at least this tier on some hardware "
+                                                  "(0-6 or its name)"),
+    ])
     def get(self, request: Request) -> Response:
         matrix = build_matrix(get_actor(request), parse_filters(request.query_params))
         hardware = [{"slug": h.slug, "vendor": h.vendor, "name": h.name, "memory_bytes": h.memory_bytes,
@@ -57,6 +65,7 @@ class CellView(APIView):
     """A cell's evidence: tier, fits estimate, the newest result of each stage, checklist, alignment,
     benchmarks and jobs."""
 
+    @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request, model: str, hardware: str) -> Response:
         actor = get_actor(request)
         model_row = get_or_404(visible_models(actor), "model", slug=model)
