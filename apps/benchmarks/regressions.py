@@ -17,11 +17,11 @@ the new median (about ``lookback / 2`` runs later): a regression that nobody fix
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from statistics import median
 from typing import Any
 
 MAD_TO_SIGMA = 1.4826
@@ -145,9 +145,15 @@ class Regression:
         }
 
 
+def _median_of_sorted(xs: Sequence[float]) -> float:
+    n = len(xs)
+    mid = n // 2
+    return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
 def robust_spread(values: Sequence[float], center: float, floor: float) -> float:
     """MAD scaled to sigma, at least ``floor`` × |center| (and never zero when center is zero)."""
-    mad = median(abs(v - center) for v in values) * MAD_TO_SIGMA
+    mad = _median_of_sorted(sorted(abs(v - center) for v in values)) * MAD_TO_SIGMA
     return max(mad, floor * abs(center), 1e-12)
 
 
@@ -161,30 +167,36 @@ def detect_regressions(
     """Flags the runs of one series (one model, hardware, configuration and metric) that regressed.
 
     ``points`` need not be sorted; they are taken in time order. A non-finite value raises ``ValueError``
-    naming the run's time.
+    naming the run's time. The baseline window is kept sorted as it slides (insert one, drop one), and the
+    spread is computed only for runs whose relative change is material, so a year of runs costs little.
     """
     rule = rule or RegressionRule()
     direction = direction or metric_direction(metric)
+    lower_is_better = direction is Direction.LOWER_IS_BETTER
     ordered = sorted(points, key=lambda p: p.at)
     for p in ordered:
         if not math.isfinite(p.value):
             raise ValueError(f"{metric} at {p.at.isoformat()} is not a finite number: {p.value!r}")
+    values = [p.value for p in ordered]
     flagged: list[Regression] = []
+    window = sorted(values[: min(rule.min_history, len(values))])
+    first = 0  # index of the oldest value in the window
     for i in range(rule.min_history, len(ordered)):
-        window = [p.value for p in ordered[max(0, i - rule.lookback) : i]]
-        center = median(window)
-        if center <= 0:
-            continue  # a relative change has no meaning against a zero or negative baseline
-        point = ordered[i]
-        spread = robust_spread(window, center, rule.spread_floor)
-        worse = point.value - center if direction is Direction.LOWER_IS_BETTER else center - point.value
-        z = worse / spread
-        ratio = point.value / center
-        material = (
-            ratio > rule.latency_ratio if direction is Direction.LOWER_IS_BETTER else ratio < rule.throughput_ratio
-        )
-        if z >= rule.z_threshold and material:
-            flagged.append(
-                Regression(metric, direction, point.at, point.value, center, spread, len(window), ratio, z, point.ref)
-            )
+        # the window holds values[first:i], at most ``lookback`` of them
+        while i - first > rule.lookback:
+            del window[bisect_left(window, values[first])]
+            first += 1
+        center = _median_of_sorted(window)
+        value = values[i]
+        if center > 0:  # a relative change has no meaning against a zero or negative baseline
+            ratio = value / center
+            material = ratio > rule.latency_ratio if lower_is_better else ratio < rule.throughput_ratio
+            if material:
+                spread = robust_spread(window, center, rule.spread_floor)
+                z = (value - center if lower_is_better else center - value) / spread
+                if z >= rule.z_threshold:
+                    point = ordered[i]
+                    flagged.append(Regression(metric, direction, point.at, value, center, spread, len(window),
+                                              ratio, z, point.ref))
+        insort(window, value)
     return flagged

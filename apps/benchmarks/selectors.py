@@ -96,7 +96,7 @@ class Series:
         return {
             "model": self.model, "hardware": self.hardware, "config": self.config.as_dict(),
             "label": self.config.label, "metric": self.metric, "unit": self.unit,
-            "points": [{"at": p.at.isoformat(), "value": p.value, "run": p.ref[0], "job": p.ref[1]}
+            "points": [{"at": p.ref[2], "value": p.value, "run": p.ref[0], "job": p.ref[1]}
                        for p in self.points],
             "regressions": [regression_dict(self, r) for r in self.regressions],
         }
@@ -203,6 +203,7 @@ def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None
         raise SeriesQueryError(f"more than {MAX_RUNS} benchmark runs match: narrow the query with model, "
                                "hardware or until")
     by_run = {row[0]: row for row in run_rows}
+    refs = {row[0]: (row[0], row[4], row[1].isoformat()) for row in run_rows}  # a run's ref, shared by its points
     points = BenchmarkPoint.objects.filter(run__in=runs.values("id"))
     if query.concurrency is not None:
         points = points.filter(concurrency=query.concurrency)
@@ -220,7 +221,7 @@ def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None
             s = series.get(key)
             if s is None:
                 s = series[key] = Series(model_slug, hw_slug, config, metric)
-            s.points.append(Point(at, float(value), (run_id, job_id)))
+            s.points.append(Point(at, float(value), refs[run_id]))
     ordered = sorted(series.values(), key=lambda s: (s.model, s.hardware, s.metric, s.config))
     for s in ordered:
         s.points.sort(key=lambda p: (p.at, p.ref[0]))
@@ -245,7 +246,7 @@ def csv_rows(series: Sequence[Series]) -> list[dict[str, Any]]:
     return [
         {"model": s.model, "hardware": s.hardware, "dtype": s.config.dtype, "concurrency": s.config.concurrency,
          "input_len": s.config.input_len, "output_len": s.config.output_len, "metric": s.metric, "unit": s.unit,
-         "at": p.at.isoformat(), "value": p.value, "run": p.ref[0], "job": p.ref[1],
+         "at": p.ref[2], "value": p.value, "run": p.ref[0], "job": p.ref[1],
          "regression": (id(s), p.ref[0]) in flagged}
         for s in series for p in s.points
     ]

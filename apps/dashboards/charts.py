@@ -11,8 +11,12 @@ LATENCY_KEYS = (("ttft_ms_p50", "TTFT p50"), ("ttft_ms_p99", "TTFT p99"), ("tpot
                 ("tpot_ms_p99", "TPOT p99"), ("itl_ms_p50", "ITL p50"), ("itl_ms_p99", "ITL p99"))
 
 
-def _ms(at: Any) -> int:
-    return int(at.timestamp() * 1000)
+def _ms(at: Any, cache: dict[Any, int]) -> int:
+    """Epoch milliseconds (ECharts' time axis); a run's time repeats across series, so it is computed once."""
+    ms = cache.get(at)
+    if ms is None:
+        ms = cache[at] = int(at.timestamp() * 1000)
+    return ms
 
 
 def layer_chart(page: CellPage) -> dict[str, Any] | None:
@@ -66,6 +70,7 @@ def trend_charts(series: list[Series], stat: str) -> tuple[list[dict[str, Any]],
     """One chart per metric family; one line per configuration; regressions as marked points. Also returns
     the configuration every line shares (dtype, lengths), shown once above the charts."""
     labels, shared = _short_labels(series)
+    times: dict[Any, int] = {}
     charts = []
     for family, title, unit in TREND_FAMILIES:
         metric = f"{family}_{stat}" if family.endswith("_ms") else family
@@ -75,7 +80,7 @@ def trend_charts(series: list[Series], stat: str) -> tuple[list[dict[str, Any]],
                 continue
             lines.append({
                 "label": labels[s.config],
-                "points": [[_ms(p.at), round(display_value(metric, p.value), 4)] for p in s.points],
+                "points": [[_ms(p.at, times), round(display_value(metric, p.value), 4)] for p in s.points],
                 "regressions": [{"at": r.at.isoformat(), "value": round(display_value(metric, r.value), 4),
                                  "baseline_median": display_value(metric, r.baseline_median), "ratio": r.ratio,
                                  "z": r.z, "job": r.ref[1]} for r in s.regressions],
