@@ -104,7 +104,7 @@ def main() -> int:
         client = Client()
         cell = f"/cells/{model.slug}/{hardware.slug}/"
         requests = [
-            ("cell page      GET " + cell, cell),
+            ("cell page      GET /cells/<model>/<hw>/", cell),
             ("trends page    GET /trends/ (5 charts)", f"/trends/?model={model.slug}&hardware={hardware.slug}"),
             ("series API     10 metrics", f"/api/v1/benchmarks/?model={model.slug}&hardware={hardware.slug}"
                                           f"&metric={','.join(TEN_METRICS)}"),

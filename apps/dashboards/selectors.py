@@ -179,6 +179,17 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def _top_rows(entries: Any) -> list[dict[str, Any]]:
+    """Top-k entries as ``{token, text, logprob}``, whether stored as objects or as ``[token, logprob]`` pairs."""
+    rows = []
+    for e in entries if isinstance(entries, list) else []:
+        if isinstance(e, dict):
+            rows.append({"token": e.get("token"), "text": e.get("text"), "logprob": e.get("logprob")})
+        elif isinstance(e, list | tuple) and e:
+            rows.append({"token": e[0], "text": None, "logprob": e[1] if len(e) > 1 else None})
+    return rows
+
+
 def _e2e_prompts(align: StageResult | None, divergences: list[TokenDivergence]) -> list[dict[str, Any]]:
     """Per prompt: its text, the reference continuation, the first divergence and every recorded one."""
     e2e: dict[str, Any] = {}
@@ -192,6 +203,11 @@ def _e2e_prompts(align: StageResult | None, divergences: list[TokenDivergence]) 
         by_prompt.setdefault(d.prompt, []).append(d)
     count = max([len(texts), len(refs), int(e2e.get("prompts") or 0)] + [p + 1 for p in by_prompt])
     prompts = []
+    for d in divergences:  # top-5 rows as dicts, and the tokens' text from whichever list holds them
+        d.ref_rows, d.target_rows = _top_rows(d.ref_top5), _top_rows(d.target_top5)
+        texts_by_id = {e["token"]: e["text"] for e in [*d.ref_rows, *d.target_rows] if e["text"] is not None}
+        d.ref_text = texts_by_id.get(d.ref_token)
+        d.target_text = texts_by_id.get(d.target_token)
     for i in range(count):
         divs = sorted(by_prompt.get(i, []), key=lambda d: d.position)
         prompts.append({"index": i, "text": texts[i] if i < len(texts) else "",
