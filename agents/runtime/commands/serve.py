@@ -9,7 +9,7 @@ import logging
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     p.add_argument("model_dir", help="model directory (config.json, safetensors, tokenizer)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (1 on this build)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (processes on this host)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -26,12 +26,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.tp != 1:
-        print("day0 serve: --tp > 1 is not supported by this server yet (use --tp 1)", flush=True)
+    if args.tp < 1:
+        print(f"day0 serve: --tp must be >= 1, got {args.tp}", flush=True)
         return 2
     from agents.runtime.server.launcher import serve
 
-    return serve(
+    run = serve
+    if args.tp > 1:
+        from functools import partial
+
+        from agents.runtime.engine.tp import serve_tp
+
+        run = partial(serve_tp, tp=args.tp)
+    return run(
         args.model_dir,
         host=args.host,
         port=args.port,

@@ -60,7 +60,11 @@ class LLMEngine:
         if self.config.num_blocks is not None:
             num_blocks = self.config.num_blocks
         elif spec is not None:
+            from agents.runtime.distributed import get_tp_world_size
+
             fraction = self.config.fraction_for(self.device.type)
+            if self.device.type == "cpu":  # every rank of a TP group takes its pool from the same host memory
+                fraction /= get_tp_world_size()
             need = self.config.max_num_seqs * (max_len + bs)
             num_blocks = size_kv_pool(spec, self.device, bs, memory_fraction=fraction, max_tokens=need)
         else:  # recompute path: blocks only bound admission
@@ -210,6 +214,13 @@ class LLMEngine:
     def warmup(self) -> None:
         """One short generation through every path (prefill, decode, sampling), so the first request is fast."""
         self.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+
+    def close(self) -> None:
+        """Release the other tensor-parallel ranks, if any (the engine is unusable afterwards)."""
+        if self.runner.broadcast is not None:
+            from agents.runtime.engine.tp import detach
+
+            detach(self)
 
     def stats(self) -> dict[str, int]:
         return {

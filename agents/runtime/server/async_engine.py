@@ -50,6 +50,8 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.engine is not None:
+            self.engine.close()
 
     def _run(self) -> None:
         try:

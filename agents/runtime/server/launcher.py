@@ -30,6 +30,7 @@ def build_server(
     port: int = 8000,
     model_name: str | None = None,
     log_level: str = "info",
+    tp_attach: bool = False,
     **engine_settings: Any,
 ) -> uvicorn.Server:
     """A uvicorn server whose app loads ``model_dir`` in its engine thread; a failed load stops the server."""
@@ -44,7 +45,15 @@ def build_server(
         log.error("stopping: %s", message)
         holder["server"].should_exit = True
 
-    app = create_app(lambda: LLMEngine(model_dir, **engine_settings), model_name or model_dir.name, on_fatal=fatal)
+    def factory() -> LLMEngine:
+        engine = LLMEngine(model_dir, **engine_settings)
+        if tp_attach:  # rank 0 of a tensor-parallel group: the other ranks follow every step
+            from agents.runtime.engine.tp import attach
+
+            attach(engine)
+        return engine
+
+    app = create_app(factory, model_name or model_dir.name, on_fatal=fatal)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     holder["server"] = server

@@ -1,0 +1,94 @@
+"""Tensor-parallel serving on one host: rank 0 runs the engine (scheduler, sampler, HTTP server); every rank
+holds its shard of the weights and of the KV cache, and runs the same forward pass. Rank 0 broadcasts each
+step's inputs (plain lists) and ``None`` to stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+log = logging.getLogger(__name__)
+
+
+def broadcast_from_rank0(obj: Any) -> Any:
+    """Send ``obj`` from rank 0 to every rank; return what rank 0 sent."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def attach(engine: Any) -> None:
+    """Rank 0: tell the workers the pool size, then send them every step."""
+    broadcast_from_rank0((engine.blocks.num_blocks, engine.blocks.block_size))
+    engine.runner.broadcast = broadcast_from_rank0
+
+
+def detach(engine: Any) -> None:
+    """Rank 0: stop the workers."""
+    if engine.runner.broadcast is not None:
+        engine.runner.broadcast = None
+        broadcast_from_rank0(None)
+
+
+def worker(model_dir: str, dtype: str, device: str) -> None:
+    """Ranks > 0: load this rank's shard, size the cache as rank 0 says, run every step rank 0 sends."""
+    from agents.runtime.engine.model_runner import ModelRunner
+    from agents.runtime.loader import load_model
+
+    model = load_model(model_dir, dtype=dtype, device=device).model
+    num_blocks, block_size = broadcast_from_rank0(None)
+    runner = ModelRunner(model, device, block_size, num_blocks)
+    while (inputs := broadcast_from_rank0(None)) is not None:
+        runner.execute(inputs)
+
+
+def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: dict[str, Any]) -> None:
+    from agents.runtime.distributed import destroy_distributed, init_distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    init_distributed(rank, world, tp_size=world)
+    try:
+        if rank == 0:
+            from agents.runtime.server.launcher import serve
+
+            code = serve(model_dir, tp_attach=True, **serve_kwargs)
+            sys.exit(code)
+        worker(model_dir, serve_kwargs.get("dtype", "float32"), serve_kwargs.get("device", "cpu"))
+    finally:
+        destroy_distributed()
+
+
+def serve_tp(model_dir: str | Path, tp: int, **serve_kwargs: Any) -> int:
+    """``day0 serve --tp N``: N processes, rank 0 serving HTTP; returns rank 0's exit code."""
+    from agents.runtime.distributed import free_port
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, tp, port, str(model_dir), serve_kwargs)) for r in range(tp)]
+    for p in procs:
+        p.start()
+
+    stopping = []
+
+    def stop(signum: int, frame: Any) -> None:
+        stopping.append(signum)
+        os.kill(procs[0].pid, signal.SIGTERM)  # rank 0 shuts down and releases the workers
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    procs[0].join()
+    for p in procs[1:]:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.terminate()
+    code = procs[0].exitcode or 0
+    # uvicorn re-raises the SIGTERM it handled gracefully; that is a clean stop we asked for
+    return 0 if stopping and code == -signal.SIGTERM else (code if code >= 0 else 128 - code)
