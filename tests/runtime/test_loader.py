@@ -16,6 +16,13 @@ from agents.runtime.loader import LoadError, load_model
 from agents.runtime.testing.make_model import cached_model
 
 
+@pytest.fixture(autouse=True)
+def checksum_cache(tmp_path: Path, monkeypatch) -> Path:
+    where = tmp_path / "sha256-cache.json"
+    monkeypatch.setenv("DAY0_CHECKSUM_CACHE", str(where))
+    return where
+
+
 @pytest.fixture()
 def model_dir(tmp_path: Path) -> Path:
     dst = tmp_path / "model"
@@ -83,10 +90,37 @@ def test_clean_load_reports_checksums_stats_and_rate(model_dir):
     torch.testing.assert_close(result.model.model.embed_tokens.weight, embed)
 
 
+def test_zero_copy_parameters_survive_the_files_being_removed(model_dir):
+    result = load_model(model_dir)
+    assert result.report["zero_copy_bytes"] > 0
+    embed = load_file(_shard_of(model_dir, EMBED))[EMBED]
+    copied = load_model(model_dir, zero_copy=False)
+    assert copied.report["zero_copy_bytes"] == 0
+    shutil.rmtree(model_dir)
+    torch.testing.assert_close(result.model.model.embed_tokens.weight, embed)
+    torch.testing.assert_close(copied.model.model.embed_tokens.weight, embed)
+    result.model.model.embed_tokens.weight.data.mul_(2)  # a private mapping: writable, never written back
+    torch.testing.assert_close(result.model.model.embed_tokens.weight, embed * 2)
+
+
 def test_progress_is_called_up_to_the_total(model_dir):
     calls = []
     load_model(model_dir, progress=lambda done, total: calls.append((done, total)))
     assert calls[-1][0] == calls[-1][1] == len(_index(model_dir)["weight_map"])
+
+
+def test_checksum_cache_reuses_digests_only_for_unchanged_files(model_dir, checksum_cache):
+    first = load_model(model_dir).report["shards"]
+    assert {s["sha256_source"] for s in first} == {"computed"} and checksum_cache.exists()
+    second = load_model(model_dir).report["shards"]
+    assert {s["sha256_source"] for s in second} == {"cache"}
+    assert [s["sha256"] for s in second] == [s["sha256"] for s in first]
+    shard = _shard_of(model_dir, K_PROJ)
+    _replace_tensors(shard, lambda t: t[K_PROJ].mul_(2))  # rewritten: new ctime, new bytes
+    third = {s["file"]: s for s in load_model(model_dir).report["shards"]}
+    assert third[shard.name]["sha256_source"] == "computed"
+    assert third[shard.name]["sha256"] == hashlib.sha256(shard.read_bytes()).hexdigest()
+    assert load_model(model_dir, checksum_cache=False).report["shards"][0]["sha256_source"] == "computed"
 
 
 def test_single_file_checkpoint_loads(model_dir):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agents.runtime.distributed import all_gather, all_reduce, get_tp_rank, get_tp_world_size
-from agents.runtime.layers.weights import bind_loader, check_shape, make_param
+from agents.runtime.layers.weights import adopt_or_copy, bind_loader, check_shape, make_param
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -23,6 +23,9 @@ class VocabParallelEmbedding(nn.Module):
 
         def load(p: nn.Parameter, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
             check_shape(loaded, full)
+            if self.tp_size == 1:
+                adopt_or_copy(p, loaded)
+                return
             rows = max(0, min(self.vocab_local, vocab_size - self.vocab_start))
             p.data[:rows].copy_(loaded.narrow(0, self.vocab_start, rows))
             p.data[rows:].zero_()

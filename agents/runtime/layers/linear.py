@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agents.runtime.distributed import all_reduce, get_tp_rank, get_tp_world_size
-from agents.runtime.layers.weights import bind_loader, check_shape, make_param, replicated, split
+from agents.runtime.layers.weights import adopt_or_copy, bind_loader, check_shape, make_param, replicated, split
 
 
 class ReplicatedLinear(nn.Module):
@@ -59,6 +59,9 @@ class ColumnParallelLinear(nn.Module):
         def load(p: nn.Parameter, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
             check_shape(loaded, shape_of(shard_id))
             _, offset, rows = self.shard_layout(shard_id)
+            if rows == p.shape[0] and rows == loaded.shape[0]:  # the whole parameter: no slicing needed
+                adopt_or_copy(p, loaded)
+                return
             p.data.narrow(0, offset, rows).copy_(loaded.narrow(0, self.source_start(shard_id), rows))
 
         return bind_loader(param, load, self.shard_ids(), shape_of)
@@ -115,7 +118,10 @@ class RowParallelLinear(nn.Module):
 
         def load(p: nn.Parameter, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
             check_shape(loaded, full)
-            p.data.copy_(loaded.narrow(1, self.tp_rank * self.in_local, self.in_local))
+            if self.tp_size == 1:
+                adopt_or_copy(p, loaded)
+            else:
+                p.data.copy_(loaded.narrow(1, self.tp_rank * self.in_local, self.in_local))
 
         self.weight = bind_loader(make_param((out_features, self.in_local)), load, [None], lambda _s: full)
         self.bias = replicated(make_param((out_features,))) if bias else None

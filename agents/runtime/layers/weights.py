@@ -37,10 +37,22 @@ def check_shape(loaded: torch.Tensor, expected: Sequence[int]) -> None:
         raise WeightShapeError(f"expected shape {tuple(expected)}, got {tuple(loaded.shape)}")
 
 
+def adopt_or_copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    """Fill a whole parameter. A memory-mapped checkpoint tensor (marked ``_day0_mapped`` by the loader) of the
+    same dtype, shape and device becomes the parameter's storage: no copy at all, the pages stay shared with
+    the page cache (a private mapping, so a write to the weights never reaches the file)."""
+    if (getattr(loaded, "_day0_mapped", False) and loaded.dtype == param.dtype and loaded.shape == param.shape
+            and loaded.device == param.device and loaded.is_contiguous()):
+        param.data = loaded
+        loaded._day0_adopted = True
+    else:
+        param.data.copy_(loaded)
+
+
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: Hashable = None) -> None:
     """Whole tensor, same shape on every rank."""
     check_shape(loaded, param.shape)
-    param.data.copy_(loaded)
+    adopt_or_copy(param, loaded)
 
 
 def replicated(param: nn.Parameter) -> nn.Parameter:

@@ -101,11 +101,17 @@ def load_model(
     fail_on_nonfinite: bool = False,
     progress: Callable[[int, int], None] | None = None,
     stats: bool = True,
+    checksum_cache: bool = True,
+    zero_copy: bool = True,
 ) -> LoadResult:
     """Build the model for ``model_dir/config.json`` and stream its safetensors weights into it, strictly.
 
     ``manifest`` maps shard file names to expected sha256 digests. Statistics and checksums are computed on
-    the first rank only (other TP/EP ranks read only their slices)."""
+    the first rank only (other TP/EP ranks read only their slices). ``checksum_cache`` lets a shard whose file
+    identity is unchanged since it was last hashed reuse that digest (see ``loader/hashing.py``); each shard's
+    report says whether its digest was "computed" or came from the "cache". With ``zero_copy`` a CPU parameter
+    that needs no slicing or casting keeps the mapped checkpoint bytes as its storage (a private mapping: the
+    weights survive a rename or delete of the files, but rewriting a shard in place while serving is unsafe)."""
     model_dir = Path(model_dir)
     reset_peak_rss()
     rss_before = current_rss()
@@ -113,7 +119,7 @@ def load_model(
     config = read_config(model_dir)
     ckpt = Checkpoint.open(model_dir)
     lead = get_tp_rank() == 0 and get_ep_rank() == 0
-    hasher = ShardHasher(ckpt.files) if lead or manifest else None
+    hasher = ShardHasher(ckpt.files, checksum_cache) if lead or manifest else None
     try:
         model = build_model(config, dtype=torch_dtype(dtype), device=device)
     except (ValueError, NotImplementedError) as exc:
@@ -127,7 +133,7 @@ def load_model(
     # Largest first: a parameter's pages become resident only when written, so while a big tensor's source is
     # mapped few parameters are resident yet, and the peak stays near the model's size.
     entries = sorted(ckpt.tensors.values(), key=lambda e: (-e.nbytes, e.file.name, e.start))
-    state = {"current": None, "bytes": 0}
+    state = {"current": None, "bytes": 0, "adopted": 0}
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         mapped = {path: MappedFile(path) for path in ckpt.files}
@@ -136,11 +142,16 @@ def load_model(
                 state["current"] = entry
                 source = mapped[entry.file]
                 tensor = source.tensor(entry)
+                tensor._day0_mapped = zero_copy  # weight loaders may adopt it as the parameter itself
                 if stats and lead:
                     _record(entry, tensor_stats(tensor), report, fail_on_nonfinite)
                 yield entry.name, tensor
+                if getattr(tensor, "_day0_adopted", False):
+                    source.keep = True
+                    state["adopted"] += entry.nbytes
+                else:
+                    source.release(entry.start, entry.end)
                 del tensor
-                source.release(entry.start, entry.end)
                 state["bytes"] += entry.nbytes
                 if progress is not None:
                     progress(done, len(entries))
@@ -162,7 +173,7 @@ def load_model(
     report.update(
         ok=not report["problems"], tensors=len(entries), bytes=total, seconds=round(seconds, 4),
         gb_per_s=round(total / seconds / 1e9, 3) if seconds > 0 else None, peak_rss_bytes=peak_rss(),
-        rss_before_bytes=rss_before, shards=shards,
+        rss_before_bytes=rss_before, shards=shards, zero_copy_bytes=state["adopted"],
     )
     return LoadResult(model=model, report=report, config=config)
 
@@ -183,9 +194,10 @@ def _checksums(ckpt: Checkpoint, hasher: ShardHasher | None, manifest: dict[str,
             want = manifest.get(path.name)
             if want is None:
                 raise LoadError(f"{path.name}: not listed in the checksum manifest")
-            if digests[path.name] != want.lower():
-                raise LoadError(f"{path.name}: sha256 {digests[path.name]} does not match the manifest's {want}")
+            if digests[path.name][0] != want.lower():
+                raise LoadError(f"{path.name}: sha256 {digests[path.name][0]} does not match the manifest's {want}")
         extra = sorted(set(manifest) - {p.name for p in ckpt.files})
         if extra:
             raise LoadError(f"{extra[0]}: listed in the checksum manifest but not part of the checkpoint")
-    return [{"file": p.name, "sha256": digests.get(p.name), "bytes": p.stat().st_size} for p in ckpt.files]
+    return [{"file": p.name, "sha256": digests.get(p.name, (None,))[0], "sha256_source": digests.get(
+        p.name, (None, None))[1], "bytes": p.stat().st_size} for p in ckpt.files]

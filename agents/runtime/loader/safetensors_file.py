@@ -102,13 +102,15 @@ def _entry(where: str, path: Path, name: str, info: object, data_start: int, dat
 
 
 class MappedFile:
-    """A read-only-in-practice private mapping; tensors are zero-copy views, dropped from RSS after use."""
+    """A private (copy-on-write) mapping; tensors are zero-copy views, dropped from RSS after use unless a
+    parameter adopted them."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd = os.open(path, os.O_RDONLY)
         size = os.fstat(self._fd).st_size
         self._mm = mmap.mmap(self._fd, size, access=mmap.ACCESS_COPY) if size else None
+        self.keep = False  # some tensors became parameters: the mapping must outlive this object
 
     def tensor(self, entry: TensorEntry) -> torch.Tensor:
         dtype = DTYPES[entry.dtype]
@@ -129,6 +131,8 @@ class MappedFile:
             self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def close(self) -> None:
-        if self._mm is not None:
+        """Unmap (unless parameters live in the mapping: they keep it alive) and close the descriptor."""
+        if self._mm is not None and not self.keep:
             self._mm.close()
+        self._mm = None
         os.close(self._fd)
