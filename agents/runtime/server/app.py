@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,17 +15,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from agents.runtime.engine import LLMEngine, QueueFullError, RequestError, RequestOutput
+from agents.runtime.engine import LLMEngine, QueueFullError, RequestError
 from agents.runtime.engine.tokenizer import ChatFormatError
 from agents.runtime.server.async_engine import AsyncEngine
-from agents.runtime.server.protocol import (
-    APIError,
-    check_model,
-    completion_prompt,
-    include_usage,
-    sampling_params,
-    usage,
-)
+from agents.runtime.server.protocol import APIError, check_model, completion_prompt, include_usage, sampling_params
+from agents.runtime.server.render import ChatRenderer, Renderer
 from agents.runtime.server.sse import SSEResponse, collect_unless_disconnected
 
 
@@ -77,101 +70,23 @@ def create_app(
         return endpoint
 
     async def serve_request(
-        request: Request, prompt_ids: list[int], params: Any, body: dict, render: Callable
+        request: Request, prompt_ids: list[int], params: Any, body: dict, renderer: Renderer
     ) -> Response:
-        stream = bool(body.get("stream", False))
         try:
             gen = runtime.generate(prompt_ids, params)
         except RequestError as exc:
             raise APIError(400, str(exc), "prompt") from exc
         except QueueFullError as exc:
             raise APIError(429, str(exc), err_type="rate_limit_exceeded") from exc
-        rid = f"{render.__name__}-{uuid.uuid4().hex[:24]}"
-        created = int(time.time())
-        if stream:
-            return SSEResponse(render(rid, created, gen, include_usage(body)), gen)
+        if body.get("stream", False):
+            return SSEResponse(renderer.stream(gen, include_usage(body)), gen)
         outputs = await collect_unless_disconnected(request, gen)
         if outputs is None:
-            return Response(status_code=499)
+            return Response(status_code=499)  # the client left; nobody reads this
         final = outputs[-1]
         if final.finish_reason == "error":
             raise APIError(500, f"generation failed: {final.error}")
-        text = "".join(o.new_text for o in outputs)
-        return JSONResponse(render.complete(rid, created, text, final))
-
-    def completions_renderer() -> Any:
-        async def cmpl(rid: str, created: int, outs: AsyncIterator[RequestOutput], with_usage: bool):
-            async for out in outs:
-                if out.finish_reason == "error":
-                    yield _sse({"error": {"message": out.error, "type": "server_error", "code": 500}})
-                    break
-                if out.new_token_ids or out.finished:
-                    choice = {"index": 0, "text": out.new_text, "logprobs": None, "finish_reason": out.finish_reason}
-                    yield _sse(_chunk(rid, "text_completion", created, model_name, [choice]))
-                if out.finished and with_usage:
-                    yield _sse(
-                        _chunk(
-                            rid,
-                            "text_completion",
-                            created,
-                            model_name,
-                            [],
-                            usage(out.num_prompt_tokens, out.num_output_tokens),
-                        )
-                    )
-            yield "data: [DONE]\n\n"
-
-        cmpl.complete = lambda rid, created, text, final: {  # type: ignore[attr-defined]
-            **_chunk(
-                rid,
-                "text_completion",
-                created,
-                model_name,
-                [{"index": 0, "text": text, "logprobs": None, "finish_reason": final.finish_reason}],
-            ),
-            "usage": usage(final.num_prompt_tokens, final.num_output_tokens),
-        }
-        return cmpl
-
-    def chat_renderer() -> Any:
-        async def chatcmpl(rid: str, created: int, outs: AsyncIterator[RequestOutput], with_usage: bool):
-            kind = "chat.completion.chunk"
-            first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            yield _sse(_chunk(rid, kind, created, model_name, [first]))
-            async for out in outs:
-                if out.finish_reason == "error":
-                    yield _sse({"error": {"message": out.error, "type": "server_error", "code": 500}})
-                    break
-                if out.new_token_ids or out.finished:
-                    delta = {"content": out.new_text} if out.new_text else {}
-                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": out.finish_reason}
-                    yield _sse(_chunk(rid, kind, created, model_name, [choice]))
-                if out.finished and with_usage:
-                    yield _sse(
-                        _chunk(rid, kind, created, model_name, [], usage(out.num_prompt_tokens, out.num_output_tokens))
-                    )
-            yield "data: [DONE]\n\n"
-
-        chatcmpl.complete = lambda rid, created, text, final: {  # type: ignore[attr-defined]
-            **_chunk(
-                rid,
-                "chat.completion",
-                created,
-                model_name,
-                [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": None,
-                        "finish_reason": final.finish_reason,
-                    }
-                ],
-            ),
-            "usage": usage(final.num_prompt_tokens, final.num_output_tokens),
-        }
-        return chatcmpl
-
-    render_cmpl, render_chat = completions_renderer(), chat_renderer()
+        return JSONResponse(renderer.whole("".join(o.new_text for o in outputs), final))
 
     async def completions(request: Request) -> Response:
         engine = ready_engine()
@@ -179,7 +94,7 @@ def create_app(
         prompt = completion_prompt(body)
         ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
         params = sampling_params(body, max_model_len=engine.max_model_len, default_max_tokens=16)
-        return await serve_request(request, ids, params, body, render_cmpl)
+        return await serve_request(request, ids, params, body, Renderer(model_name))
 
     async def chat_completions(request: Request) -> Response:
         engine = ready_engine()
@@ -190,7 +105,7 @@ def create_app(
             raise APIError(400, str(exc), "messages") from exc
         room = max(1, engine.max_model_len - len(ids))
         params = sampling_params(body, max_model_len=engine.max_model_len, default_max_tokens=room)
-        return await serve_request(request, ids, params, body, render_chat)
+        return await serve_request(request, ids, params, body, ChatRenderer(model_name))
 
     async def models(request: Request) -> Response:
         engine = runtime.engine if runtime.ready else None
@@ -227,14 +142,3 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.runtime = runtime
     return app
-
-
-def _chunk(rid: str, kind: str, created: int, model: str, choices: list, usage_: dict | None = None) -> dict:
-    body = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices}
-    if usage_ is not None:
-        body["usage"] = usage_
-    return body
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
