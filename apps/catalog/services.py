@@ -20,12 +20,33 @@ HARDWARE_FIELDS: tuple[str, ...] = ("slug", "vendor", "name", "memory_bytes", "d
                                     "operator_manifest", "shared_memory", "notes")
 
 
+# Upper bounds on the sizes a config may declare: far above any real model, low enough that counting and
+# planning stay fast and every count fits a 64-bit column.
+CONFIG_LIMITS: dict[str, int] = {
+    "num_hidden_layers": 4096, "n_layer": 4096, "hidden_size": 1 << 20, "intermediate_size": 1 << 24,
+    "moe_intermediate_size": 1 << 24, "vocab_size": 1 << 24, "num_attention_heads": 1 << 14,
+    "num_key_value_heads": 1 << 14, "head_dim": 1 << 14, "num_local_experts": 1 << 16, "num_experts": 1 << 16,
+    "n_routed_experts": 1 << 16, "n_shared_experts": 1 << 10, "max_position_embeddings": 1 << 30,
+    "kv_lora_rank": 1 << 16, "q_lora_rank": 1 << 16,
+}
+
+
+def _check_limits(config: dict[str, Any]) -> None:
+    sections = [config] + [v for k, v in config.items() if k.endswith("_config") and isinstance(v, dict)]
+    for section in sections:
+        for key, limit in CONFIG_LIMITS.items():
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+                raise ValidationError({"config": f"config key '{key}' is {value}, above the limit {limit}"})
+
+
 def model_fields_from_config(config: Any) -> dict[str, Any]:
     """Architecture, family, parameter counts, context length and dtype computed from a ``config.json``.
 
     Raises ``ValidationError({"config": ...})`` naming the missing or bad key."""
     if not isinstance(config, dict):
         raise ValidationError({"config": "config must be a JSON object (the model's config.json)"})
+    _check_limits(config)
     try:
         spec = parse_config(config)
         counts = count_params(spec)

@@ -34,3 +34,16 @@ class BodySizeLimitMiddleware:
             except RequestDataTooBig:
                 return _too_big(limit)
         return self.get_response(request)
+
+
+class RejectNulMiddleware:
+    """Answers 400 to a path or query parameter holding a NUL character: PostgreSQL cannot compare text with
+    one, so a lookup or filter would otherwise fail inside the database."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if "\x00" in request.path or any("\x00" in k or any("\x00" in v for v in vs) for k, vs in request.GET.lists()):
+            return JsonResponse({"detail": "the URL must not contain NUL (%00) characters"}, status=400)
+        return self.get_response(request)
