@@ -38,7 +38,7 @@
     if (msg.fits === true) { link.appendChild(span("fits", "fits on " + msg.fits_devices + " × " + msg.hardware)); }
     else if (msg.fits === false) { link.appendChild(span("fits no-fit", "does not fit")); }
     if (keepLead) { link.appendChild(lead); }
-    td.style.outline = "3px solid #2563eb";  // this page loads only the base stylesheet
+    td.style.boxShadow = "inset 0 0 0 3px #2563eb";  // this page loads only the base stylesheet
     td.title = "updated live at " + new Date().toLocaleTimeString();
     td.dataset.liveTier = String(msg.tier);
     return true;
