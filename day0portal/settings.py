@@ -127,13 +127,14 @@ if REDIS_URL:
     }
 else:
     # kombu's filesystem transport: a real broker with no server; producers and workers share the folder.
-    for _sub in ("queue", "processed"):
+    for _sub in ("queue", "processed", "control"):
         (BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_URL = "filesystem://"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
         "data_folder_out": str(BROKER_DIR / "queue"),
         "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),  # exchange tables; kombu's default is ./control
         "store_processed": False,
     }
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -27,11 +27,11 @@ def default_broker_url() -> str:
 def filesystem_options(data_dir: Path | None = None) -> dict:
     """kombu filesystem transport folders shared with the portal (``$DAY0_DATA_DIR/broker``)."""
     root = Path(data_dir or os.environ.get("DAY0_DATA_DIR") or Path(__file__).resolve().parents[2] / "var")
-    queue, processed = root / "broker" / "queue", root / "broker" / "processed"
-    queue.mkdir(parents=True, exist_ok=True)
-    processed.mkdir(parents=True, exist_ok=True)
+    queue, processed, control = (root / "broker" / sub for sub in ("queue", "processed", "control"))
+    for folder in (queue, processed, control):
+        folder.mkdir(parents=True, exist_ok=True)
     return {"data_folder_in": str(queue), "data_folder_out": str(queue), "processed_folder": str(processed),
-            "store_processed": False}
+            "control_folder": str(control), "store_processed": False}
 
 
 def make_app(broker_url: str | None = None) -> Celery:
