@@ -19,23 +19,33 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+static/vendor/.built: frontend/package-lock.json scripts/build_static.sh
+	./scripts/build_static.sh
+	touch $@
 
-demo: $(STAMP)
+install: $(STAMP) static/vendor/.built
+
+demo: install
 	$(BIN)/day0 demo
 
 services:
 	./.ci/services.sh
 
-test: $(STAMP) services
+# The default suite: everything but `slow` and `gpu` tests, browser tests included (Debian's Chromium is
+# installed when missing). Torch runs one thread per process here: the suite's models are tiny and
+# several processes (servers, gloo ranks, agents) share the cores.
+test: install services
+	./scripts/install_chromium.sh
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} \
 	DAY0_DATABASE_URL=$${DAY0_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/day0} \
 	DAY0_REDIS_URL=$${DAY0_REDIS_URL:-redis://127.0.0.1:6379/0} \
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test-all: $(STAMP) services
+test-all: install services
+	./scripts/install_chromium.sh
 	DAY0_DATABASE_URL=$${DAY0_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/day0} \
 	DAY0_REDIS_URL=$${DAY0_REDIS_URL:-redis://127.0.0.1:6379/0} \
 	$(BIN)/pytest -m 'not gpu' $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: install
 	$(BIN)/ruff check .
