@@ -147,7 +147,7 @@ def browser_factory(playwright_driver, tmp_path) -> Iterator[Callable[..., objec
             base_url=base_url,
             service_workers="block",
         )
-        context.set_default_timeout(15_000)
+        context.set_default_timeout(30_000)  # a shared 2-core machine: be patient, not flaky
         if session_cookie:
             context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session_cookie, "url": base_url}])
         contexts.append(context)
