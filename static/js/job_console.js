@@ -150,6 +150,10 @@
     autoScroll.checked = atBottom;
   });
 
+  autoScroll.addEventListener("change", function () {
+    if (autoScroll.checked) { log.scrollTop = log.scrollHeight; }
+  });
+
   Array.prototype.forEach.call(root.querySelectorAll("input[data-level-filter]"), function (box) {
     box.addEventListener("change", function () {
       log.classList.toggle("hide-" + box.dataset.levelFilter, !box.checked);

@@ -135,6 +135,19 @@ def test_job_page_shows_live_events_replays_after_reconnect_and_cancels(world, p
     assert seqs == sorted(set(seqs)) and seqs[-1] == seq
     assert page.locator("#job-log li.level-error").count() == 1
 
+    # auto-scroll follows new lines; scrolling up pauses it
+    post(*[("load", "log", f"tensor batch {i}", None) for i in range(60)])
+    page.locator("#job-log li", has_text="tensor batch 59").wait_for()
+    at_bottom = "(() => { const l = document.getElementById('job-log'); " \
+                "return l.scrollHeight - l.scrollTop - l.clientHeight < 30; })()"
+    page.wait_for_function(at_bottom)
+    page.evaluate("document.getElementById('job-log').scrollTop = 0")
+    page.wait_for_function("!document.getElementById('auto-scroll').checked")
+    post(("load", "log", "one more line", None))
+    page.locator("#job-log li", has_text="one more line").wait_for()
+    assert not page.evaluate(at_bottom)
+    page.check("#auto-scroll")
+
     # level filter: hiding info leaves the error line
     page.uncheck("input[data-level-filter=info]")
     assert page.locator("#job-log li.level-info").first.is_hidden()
