@@ -272,6 +272,9 @@ def do_record_job_results(job: Job, doc: Any) -> list:
     from apps.matrix.services import recompute_cell
 
     sections, extra = parse_result_document(doc)
+    claimed = doc.get("hardware") if isinstance(doc, dict) and "stages" in doc else None
+    if claimed is not None and claimed != job.hardware.slug:
+        raise ValidationError({"hardware": f"the report is for {claimed!r}, job {job.pk} runs on {job.hardware.slug!r}"})
     validate_stage_names(job, list(sections))
     locked = Job.objects.select_for_update().get(pk=job.pk)
     if locked.state not in ACTIVE_STATES:

@@ -35,7 +35,8 @@ def agent_job():  # noqa: ANN201
 
 def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None:  # noqa: ANN001
     job, token = agent_job
-    report = {"model": {"name": "x", "architecture": "LlamaForCausalLM", "path": "native"}, "hardware": "h",
+    report = {"model": {"name": "x", "architecture": "LlamaForCausalLM", "path": "native"},
+              "hardware": job.hardware.slug,
               "dtype": "bfloat16", "tier": 6, "failed_stage": None, "error": None, "stages": PASSING}
     response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", report, format="json", **auth(token))
     assert response.status_code == 201, response.content
@@ -83,6 +84,14 @@ def test_bad_documents_are_400_naming_the_path_and_store_nothing(api_client, age
     response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", doc, format="json", **auth(token))
     assert response.status_code == 400 and key in response.json(), response.content
     assert not StageResult.objects.exists() and not PlanEvidence.objects.exists()
+
+
+def test_a_report_for_another_hardware_is_refused(api_client, agent_job) -> None:  # noqa: ANN001
+    job, token = agent_job
+    report = {"hardware": "someone-elses-npu", "stages": {"plan": passing("plan")}}
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", report, format="json", **auth(token))
+    assert response.status_code == 400 and "someone-elses-npu" in response.json()["hardware"][0]
+    assert not StageResult.objects.exists()
 
 
 def test_a_stage_the_job_did_not_request_is_refused(api_client) -> None:  # noqa: ANN001
