@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
-from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import ensure_csrf_cookie
 
 from agents.pipeline.tiers import TIER_NAMES
@@ -27,6 +26,7 @@ from apps.benchmarks.selectors import (
     newest_benchmarked_cell,
 )
 from apps.catalog.models import Hardware
+from apps.catalog.selectors import model_is_public
 from apps.dashboards import charts, selectors
 from apps.dashboards.badges import badge_svg
 from apps.dashboards.exports import MATRIX_COLUMNS, matrix_rows
@@ -96,7 +96,6 @@ def day0_page(request: HttpRequest) -> HttpResponse:
     })
 
 
-@never_cache
 def badge(request: HttpRequest, model: str, hardware: str) -> HttpResponse:
     model_row = selectors.visible_model(actor_for(request), model)
     hardware_row = Hardware.objects.filter(slug=hardware).only("id", "slug").first()
@@ -105,7 +104,8 @@ def badge(request: HttpRequest, model: str, hardware: str) -> HttpResponse:
     cell = Cell.objects.filter(model=model_row, hardware=hardware_row).only("tier", "failed_stage").first()
     svg = badge_svg(hardware_row.slug, cell.tier if cell else 0, cell.failed_stage if cell else "")
     response = HttpResponse(svg, content_type="image/svg+xml; charset=utf-8")
-    response["Cache-Control"] = "max-age=300, private"
+    # short-lived: a README shows the tier within minutes of a change; private for an embargoed model
+    response["Cache-Control"] = f"max-age=300, {'public' if model_is_public(model_row) else 'private'}"
     return response
 
 

@@ -97,6 +97,7 @@ def test_badge_is_an_svg_naming_the_tier(world, client_for):
     assert response["Content-Type"].startswith("image/svg+xml")
     svg = response.content.decode()
     assert svg.startswith("<svg") and "T6 validated" in svg and world.hardware.slug in svg
+    assert response["Cache-Control"] == "max-age=300, public"
     failed = client_for(None).get(f"/badges/{world.model.slug}/{world.other_hardware.slug}.svg").content.decode()
     assert "failed at align" in failed
 
