@@ -64,6 +64,9 @@ def run_agent(args: argparse.Namespace) -> int:
     if args.broker:
         env["DAY0_AGENT_BROKER"] = args.broker
     os.environ.update(env)
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per event batch and heartbeat is noise
 
     from agents.pipeline.env import environment_lock
     from agents.worker.agent_state import STATE

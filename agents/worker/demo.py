@@ -106,6 +106,19 @@ def start_agent(portal_url: str, token: str, *, hardware: str = "cpu", models_di
     return process, log_path
 
 
+def start_portal_worker(*, env: dict[str, str] | None = None, log_path: Path | None = None) -> subprocess.Popen:
+    """The portal's own Celery worker with beat (queue ``portal``): runs the periodic lost-job detection. It
+    shares the portal's environment (database included); agents never run it."""
+    log_path = log_path or data_dir() / "logs" / "portal-worker.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    run_env = {**os.environ, **(env or {})}
+    queue = run_env.get("DAY0_CELERY_DEFAULT_QUEUE", "portal")
+    command = [sys.executable, "-m", "celery", "-A", "day0portal", "worker", "-B", "-Q", queue, "--pool", "solo",
+               "--loglevel", "INFO", "-s", str(log_path.with_suffix(".beat")), "-n", f"portal-{os.getpid()}@%h"]
+    return subprocess.Popen(command, cwd=ROOT, env=run_env, stdout=log_path.open("a"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
 def submit_job(portal_url: str, token: str, *, model: str, hardware: str = "cpu", stages: list[str] | None = None,
                dtype: str = "float32", **spec: Any) -> dict[str, Any]:
     """POST ``/api/v1/jobs/``; raises ``RuntimeError`` with the portal's answer when refused."""

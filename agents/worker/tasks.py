@@ -156,6 +156,8 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
     done = threading.Event()
     try:
         client.set_job_state(job_id, "running", agent_id=STATE.agent_id)
+        if STATE.agent_id is not None:  # tell the portal at once which job this agent runs
+            client.heartbeat(STATE.agent_id, current_job=job_id)
         ctx = build_context(job_id, spec, emit)
         watcher = threading.Thread(target=_watch_cancel, args=(client, job_id, ctx.cancel_event, done), daemon=True)
         watcher.start()

@@ -89,8 +89,10 @@ def _lost_reason(job: Job, now: Any) -> str | None:
     silent_for = now - agent.last_heartbeat_at if agent.last_heartbeat_at else None
     if silent_for is None or silent_for > lost_after():
         return f"agent {agent.hostname} stopped heartbeating"
-    started = job.started_at or job.dispatched_at
-    if agent.current_job_id != job.pk and started is not None and now - started > lost_after():
+    # dispatched_at is this attempt's; the agent reports the job in a heartbeat as soon as it takes it
+    taken = job.dispatched_at
+    if (job.state == JobState.RUNNING and agent.current_job_id != job.pk and taken is not None
+            and now - taken > lost_after()):
         return f"agent {agent.hostname} no longer runs this job (it restarted or moved on)"
     return None
 
@@ -114,6 +116,7 @@ def requeue_lost_jobs() -> list[int]:
             lost.append(locked.pk)
             if locked.attempts < max_attempts():
                 services.do_transition_job(locked, JobState.QUEUED)
+                Job.objects.filter(pk=locked.pk).update(agent=None)  # the next attempt's agent claims it
                 job_id = locked.pk
                 transaction.on_commit(lambda job_id=job_id: enqueue_job(job_id))
             else:

@@ -160,6 +160,25 @@ def start_agent(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[...,
         agent.stop()
 
 
+@pytest.fixture
+def portal_worker(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
+    """The portal's Celery worker with beat on a queue of its own (detects lost jobs every second)."""
+    from agents.worker.demo import start_portal_worker, stop_agent
+
+    procs: list[subprocess.Popen] = []
+
+    def start(**env: str) -> subprocess.Popen:
+        run_env = {"DAY0_DATABASE_URL": _database_url(), "DAY0_REDIS_URL": _redis_url(),
+                   "DAY0_CELERY_DEFAULT_QUEUE": f"portal{os.getpid()}", "DAY0_DETECT_LOST_EVERY": "1", **env}
+        proc = start_portal_worker(env=run_env, log_path=LOGS / f"portal-worker-{os.getpid()}.log")
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        stop_agent(proc)
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, agent: AgentProcess | None = None) -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -14,7 +14,6 @@ import pytest
 from agents.runtime.testing.make_model import cached_model
 from apps.accounts.choices import Scope
 from apps.evidence.models import StageResult
-from apps.jobs import dispatch
 from apps.jobs.models import Job, JobEvent
 from apps.matrix.models import Cell
 from tests.agents.conftest import model_config, unique_slug, wait_for
@@ -141,8 +140,7 @@ def test_every_stage_of_a_tiny_model_job_reaches_baselined(portal, start_agent, 
 
 
 @pytest.mark.slow
-def test_killed_agent_job_goes_lost_is_requeued_and_completes(portal, start_agent, cell, monkeypatch) -> None:  # noqa: ANN001
-    monkeypatch.setenv("DAY0_AGENT_LOST_SECONDS", "4")
+def test_killed_agent_job_goes_lost_is_requeued_and_completes(portal, start_agent, portal_worker, cell) -> None:  # noqa: ANN001
     stages = ["plan", "load", "inventory", "align", "env"]
     job_id = submit(portal.url, cell, stages)
     first = start_agent(cell.hardware.slug, cell.agent.secret, models_dir=cell.models_dir)
@@ -150,11 +148,10 @@ def test_killed_agent_job_goes_lost_is_requeued_and_completes(portal, start_agen
              180, "the inventory stage to start", first)
     before = list(JobEvent.objects.filter(job_id=job_id).order_by("seq").values_list("seq", "kind", "stage"))
     first.kill()
-    # the portal's periodic task: the agent stopped heartbeating, so the job is lost and re-queued
-    lost = wait_for(lambda: dispatch.requeue_lost_jobs(), 30, "the job to be declared lost")
-    assert lost == [job_id]
-    job = Job.objects.get(pk=job_id)
-    assert job.state == "dispatched" and job.attempts == 2
+    # the portal's periodic task (beat, every second) sees the silent agent: lost, then re-queued
+    portal_worker(DAY0_AGENT_LOST_SECONDS="4")
+    wait_for(lambda: Job.objects.get(pk=job_id).attempts == 2, 60, "the job to be re-queued")
+    assert state_of(job_id) == "dispatched"
     second = start_agent(cell.hardware.slug, cell.agent.secret, models_dir=cell.models_dir, hostname="other-host",
                          spool_dir=first.spool_dir)
     wait_for(lambda: state_of(job_id) in ("succeeded", "failed"), 300, "the re-run to finish", second)

@@ -1,0 +1,64 @@
+"""Lost-job detection (``dispatch.requeue_lost_jobs``, run by the periodic ``detect_lost_jobs_task``) on real rows;
+the re-queued job is sent to the real broker (Redis)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.fleet.models import Agent
+from apps.jobs import dispatch
+from apps.jobs.models import Job
+from apps.jobs.tasks import detect_lost_jobs_task
+from tests.agents.conftest import unique_slug
+from tests.factories import HardwareFactory, JobFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def running_job():  # noqa: ANN201
+    hardware = HardwareFactory(slug=unique_slug("lost"))
+    agent = Agent.objects.create(hardware=hardware, hostname="h1", last_heartbeat_at=timezone.now())
+    job = JobFactory(hardware=hardware, state="running", attempts=1, agent=agent,
+                     dispatched_at=timezone.now() - timedelta(minutes=5))
+    agent.current_job = job
+    agent.save()
+    yield job, agent
+    from day0portal.celery import app
+
+    with app.connection_for_write() as conn:  # leave no message behind in hw.<slug>
+        conn.default_channel.queue_purge(dispatch.queue_for(hardware.slug))
+
+
+def test_a_heartbeating_agent_keeps_its_job(running_job) -> None:  # noqa: ANN001
+    job, _ = running_job
+    assert detect_lost_jobs_task() == []
+    assert Job.objects.get(pk=job.pk).state == "running"
+
+
+def test_a_silent_agents_job_is_lost_then_requeued_and_dispatched(running_job, monkeypatch) -> None:  # noqa: ANN001
+    job, agent = running_job
+    monkeypatch.setenv("DAY0_AGENT_LOST_SECONDS", "30")
+    Agent.objects.filter(pk=agent.pk).update(last_heartbeat_at=timezone.now() - timedelta(seconds=31))
+    assert detect_lost_jobs_task() == [job.pk]
+    job.refresh_from_db()
+    assert job.state == "dispatched" and job.attempts == 2 and job.agent is None
+
+
+def test_a_restarted_agent_reporting_no_job_loses_it(running_job) -> None:  # noqa: ANN001
+    job, agent = running_job
+    Agent.objects.filter(pk=agent.pk).update(current_job=None)  # alive, but the job is not what it runs
+    assert detect_lost_jobs_task() == [job.pk]
+    assert Job.objects.get(pk=job.pk).attempts == 2
+
+
+def test_after_the_last_attempt_the_job_stays_lost(running_job, monkeypatch) -> None:  # noqa: ANN001
+    job, agent = running_job
+    monkeypatch.setenv("DAY0_JOB_MAX_ATTEMPTS", "1")
+    Agent.objects.filter(pk=agent.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert detect_lost_jobs_task() == [job.pk]
+    job.refresh_from_db()
+    assert job.state == "lost" and "gave up after 1 attempts" in job.error
