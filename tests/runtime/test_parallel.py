@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agents.runtime.context import ForwardContext
-from agents.runtime.distributed import get_ep_world_size, get_tp_world_size, launch
+from agents.runtime.distributed import get_ep_world_size, get_tp_world_size, launch, set_parallel_state
 from agents.runtime.loader import load_model
 from agents.runtime.models.simple_decode import greedy_decode
 from agents.runtime.testing.make_model import cached_model
@@ -52,6 +52,25 @@ def single(odd_llama):
     return run_model(["llama", "qwen3", "mixtral", "qwen3-moe", odd_llama])
 
 
+LAYOUTS = {(2, 1): ["llama", "qwen3", "qwen3-moe"], (1, 2): ["mixtral", "qwen3-moe"], (2, 2): ["mixtral"]}
+
+
+def run_layouts(odd_llama: str) -> dict:
+    """All TP/EP layouts in one pair of processes: every collective runs over the same world group, so only
+    the ranks' view of the layout changes between them."""
+    rank = torch.distributed.get_rank()
+    out = {}
+    for (tp, ep), arches in LAYOUTS.items():
+        set_parallel_state(tp, ep, rank)
+        out[(tp, ep)] = run_model(arches + ([odd_llama] if (tp, ep) == (2, 1) else []))
+    return out
+
+
+@pytest.fixture(scope="module")
+def parallel(single, odd_llama) -> list[dict]:
+    return launch(run_layouts, 2, odd_llama)
+
+
 def _check(results: list[dict], single: dict, tp: int, ep: int) -> None:
     for rank_out in results:
         for arch, (logits, tokens, tp_seen, ep_seen) in rank_out.items():
@@ -60,19 +79,11 @@ def _check(results: list[dict], single: dict, tp: int, ep: int) -> None:
             assert tokens == single[arch][1], arch
 
 
-def test_tp2_matches_single_process(single, odd_llama):
-    results = launch(run_model, 2, ["llama", "qwen3", "qwen3-moe", odd_llama], tp_size=2, ep_size=1)
-    _check(results, single, 2, 1)
-
-
-def test_ep2_matches_single_process(single):
-    results = launch(run_model, 2, ["mixtral", "qwen3-moe"], tp_size=1, ep_size=2)
-    _check(results, single, 1, 2)
-
-
-def test_tp2_with_ep2_matches_single_process(single):
-    results = launch(run_model, 2, ["mixtral"], tp_size=2, ep_size=2)
-    _check(results, single, 2, 2)
+@pytest.mark.parametrize("tp,ep", list(LAYOUTS), ids=["tp2", "ep2", "tp2-ep2"])
+def test_parallel_layout_matches_single_process(parallel, single, tp, ep):
+    results = [rank_out[(tp, ep)] for rank_out in parallel]
+    assert set(results[0]) >= set(LAYOUTS[(tp, ep)])
+    _check(results, single, tp, ep)
 
 
 def _fail() -> None:

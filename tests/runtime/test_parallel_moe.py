@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agents.runtime.distributed import launch
+from agents.runtime.distributed import launch, set_parallel_state
 from agents.runtime.layers.mlp import SwiGLUMLP
 from agents.runtime.layers.moe import FusedExperts, MoEBlock, TopKRouter
 
@@ -71,9 +71,28 @@ def test_single_process_block_matches_naive_reference(renormalize):
     torch.testing.assert_close(one, expected[:1], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tp,ep", [(2, 1), (1, 2), (2, 2)])
-def test_parallel_block_matches_single_process(tp, ep):
+LAYOUTS = [(2, 1), (1, 2), (2, 2)]
+
+
+def all_layouts() -> dict:
+    """Every layout in one pair of processes (the world group serves them all)."""
+    rank = torch.distributed.get_rank()
+    out = {}
+    for tp, ep in LAYOUTS:
+        set_parallel_state(tp, ep, rank)
+        out[(tp, ep)] = block_outputs(False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def parallel() -> list[dict]:
+    return launch(all_layouts, 2)
+
+
+@pytest.mark.parametrize("tp,ep", LAYOUTS, ids=["tp2", "ep2", "tp2-ep2"])
+def test_parallel_block_matches_single_process(parallel, tp, ep):
     batch, one = block_outputs(False)
-    for rank_batch, rank_one in launch(block_outputs, 2, False, tp_size=tp, ep_size=ep):
+    for rank_out in parallel:
+        rank_batch, rank_one = rank_out[(tp, ep)]
         torch.testing.assert_close(rank_batch, batch, atol=1e-5, rtol=0)
         torch.testing.assert_close(rank_one, one, atol=1e-5, rtol=0)
