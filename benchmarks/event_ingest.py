@@ -11,6 +11,7 @@ as an agent without batching would post — side by side. Target: ≥ 10,000 eve
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -84,12 +85,16 @@ def main() -> int:
         def new_job() -> Job:
             return Job.objects.create(model=model, hardware=hardware, organization=org, spec={}, state="running")
 
+        warm = new_job()  # first requests import and connect lazily: not part of the measurement
+        for start in (1, 11):
+            client.post(f"/api/v1/jobs/{warm.pk}/events/", {"events": events(start, 10)}, format="json")
         job = new_job()
+        # bodies encoded up front, as the agent (another process) sends them: the timer sees only the portal
+        bodies = [json.dumps({"events": events(start, min(args.batch, args.events - start + 1))})
+                  for start in range(1, args.events + 1, args.batch)]
         t0 = time.perf_counter()
-        for start in range(1, args.events + 1, args.batch):
-            response = client.post(f"/api/v1/jobs/{job.pk}/events/",
-                                   {"events": events(start, min(args.batch, args.events - start + 1))},
-                                   format="json")
+        for body in bodies:
+            response = client.post(f"/api/v1/jobs/{job.pk}/events/", body, content_type="application/json")
             assert response.status_code == 200, response.content
         rest_s = time.perf_counter() - t0
         assert response.json()["acked"] == args.events and JobEvent.objects.filter(job=job).count() == args.events
