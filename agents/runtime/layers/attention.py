@@ -114,7 +114,7 @@ class Attention(nn.Module):
         ctx = meta.ctx
         block_size = self.k_cache.shape[1]
         if meta.decode_blocks is None:  # first layer of this step: shared by all layers
-            nb = -(-ctx.max_seqlen_k // block_size)
+            nb = min(-(-ctx.max_seqlen_k // block_size), ctx.block_tables.shape[1])
             meta.decode_blocks = ctx.block_tables[:, :nb].clamp(min=0).long()
             keys = torch.arange(nb * block_size, device=q.device)[None, :]  # [1, Lk]
             seqlens = ctx.seqlens_k.long()[:, None]  # [B, 1]

@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from agents.runtime.context import ForwardContext
-from agents.runtime.distributed import get_tp_world_size
 from agents.runtime.interface import ForwardOutput, KVCacheSpec
 from agents.runtime.layers.attention import AttentionMetadata
 from agents.runtime.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -109,7 +108,8 @@ class DecoderCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.lm_head.compute_logits(hidden)  # [N, vocab]
+            logits = self.lm_head.compute_logits(hidden)  # [N, vocab]
+            return logits if logits.dtype == torch.float32 else logits.float()
 
     def attention_layers(self) -> list[nn.Module]:
         return [layer.self_attn.attn for layer in self.model.layers]
@@ -157,8 +157,5 @@ class DecoderCausalLM(nn.Module):
                 loaded.add(name)
         return loaded
 
-    @property
-    def tp_size(self) -> int:
-        return get_tp_world_size()
 
 
