@@ -19,6 +19,7 @@ from apps.jobs import services
 from apps.jobs.api.serializers import JobCreateSerializer, JobEventSerializer, JobSerializer, JobStateSerializer
 from apps.jobs.models import Job
 from apps.jobs.selectors import job_events_after, visible_jobs
+from apps.matrix.models import Cell
 
 EVENTS_PAGE_DEFAULT = 500
 EVENTS_PAGE_MAX = 5000
@@ -129,8 +130,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         require(actor.authenticated, actor, "")
         services.check_agent_for_job(actor, job)
         results = services.do_record_job_results(job, request.data)
-        from apps.matrix.models import Cell
-
         cell = Cell.objects.get(model_id=job.model_id, hardware_id=job.hardware_id)
         return Response({"job": job.pk, "stored": [{"stage": r.stage, "passed": r.passed} for r in results],
                          "cell": {"tier": cell.tier, "tier_name": cell.tier_name, "failed_stage": cell.failed_stage}},

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -61,7 +62,7 @@ class MatrixView(APIView):
         return Response({"tiers": TIER_NAMES, "hardware": hardware, "models": rows})
 
 
-class CellView(APIView):
+class CellDetailView(APIView):
     """A cell's evidence: tier, fits estimate, the newest result of each stage, checklist, alignment,
     benchmarks and jobs."""
 
@@ -74,8 +75,6 @@ class CellView(APIView):
         if cell is None:  # a cell is created with its model or hardware; this only guards a half-seeded catalog
             cell = Cell(model=model_row, hardware=hardware_row)
         reached = {int(k): v for k, v in (cell.tier_reached_at or {}).items()}
-        from datetime import datetime
-
         lead = {TIER_NAMES[t]: lead_hours(datetime.fromisoformat(at), model_row.released_at)
                 for t, at in sorted(reached.items())}
         jobs = Job.objects.filter(model=model_row, hardware=hardware_row).select_related(
