@@ -228,7 +228,10 @@ def run_watch(args: argparse.Namespace) -> int:
 def _watch_ws(args: argparse.Namespace, view: ProgressView) -> None:
     from websockets.sync.client import connect
 
-    with connect(_ws_url(args.portal, args.job_id, view.last_seq, args.token), open_timeout=10) as ws:
+    # the portal checks Origin against its allowed hosts, as it does for browsers
+    origin = args.portal.rstrip("/")
+    with connect(_ws_url(args.portal, args.job_id, view.last_seq, args.token), open_timeout=10,
+                 origin=origin) as ws:
         while True:
             message = json.loads(ws.recv(timeout=None))
             if message.get("type") == "job.events":

@@ -83,6 +83,7 @@ def test_job_runs_from_post_to_tier_with_evidence(portal, start_agent, cell) -> 
     watch = subprocess.run([sys.executable, "-m", "day0portal.cli", "jobs", "watch", str(job_id), "--portal",
                             portal.url, "--token", cell.submit.secret], capture_output=True, text=True, timeout=120)
     assert watch.returncode == 0, watch.stderr
+    assert "websocket unavailable" not in watch.stderr  # it followed /ws/jobs/<id>/, not the polling fallback
     lines = watch.stdout.strip().splitlines()
     assert [line.split()[0] for line in lines[:-1]] == FAST_STAGES and all("passed" in line for line in lines[:-1])
     assert lines[-1] == f"job {job_id} succeeded: tier 2 (loads)"
