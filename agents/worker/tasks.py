@@ -133,6 +133,22 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
         logger.info("job %s: skipping delivery (%s)", job_id, reason)
         return None
 
+    STATE.current_job = job_id  # before the claim, so no heartbeat after it reports another job
+    try:
+        client.set_job_state(job_id, "running", agent_id=STATE.agent_id)
+    except PortalUnavailable as exc:
+        STATE.current_job = None
+        raise self.retry(exc=exc, countdown=5) from exc
+    except PortalError as exc:  # cancelled or re-queued in between: not ours to run
+        STATE.current_job = None
+        logger.warning("job %s: the portal refused the claim (%s); dropping the delivery", job_id, exc)
+        return None
+    if STATE.agent_id is not None:
+        try:  # tell the portal at once which job this agent runs
+            client.heartbeat(STATE.agent_id, current_job=job_id)
+        except PortalError as exc:
+            logger.warning("job %s: heartbeat failed (%s); the heartbeat thread will report it", job_id, exc)
+
     spool = JobSpool(Path(STATE.spool_dir), job_id, portal_acked=int(job.get("events_acked") or 0))
     outbox = ResultOutbox(client, job_id)
     sender_client = PortalClient(STATE.portal_url, STATE.token)
@@ -152,12 +168,8 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
         if kind != "progress":
             sender.wake()
 
-    STATE.current_job = job_id
     done = threading.Event()
     try:
-        client.set_job_state(job_id, "running", agent_id=STATE.agent_id)
-        if STATE.agent_id is not None:  # tell the portal at once which job this agent runs
-            client.heartbeat(STATE.agent_id, current_job=job_id)
         ctx = build_context(job_id, spec, emit)
         watcher = threading.Thread(target=_watch_cancel, args=(client, job_id, ctx.cancel_event, done), daemon=True)
         watcher.start()

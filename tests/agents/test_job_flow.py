@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -162,3 +163,19 @@ def test_killed_agent_job_goes_lost_is_requeued_and_completes(portal, start_agen
     kept = [(e.seq, e.kind, e.stage) for e in events[: len(before)]]
     assert kept == before  # events from before the kill are kept once, the re-run continues after them
     assert sum(1 for e in events if e.kind == "stage_finished" and e.data["stage"] == "plan") == 2
+
+
+@pytest.mark.slow
+def test_portal_away_for_10_s_during_a_job_loses_no_event(portal, start_agent, cell) -> None:  # noqa: ANN001
+    stages = ["plan", "load", "inventory", "align", "env"]
+    job_id = submit(portal.url, cell, stages)
+    agent = start_agent(cell.hardware.slug, cell.agent.secret, models_dir=cell.models_dir)
+    wait_for(lambda: JobEvent.objects.filter(job_id=job_id, kind="stage_started", stage="inventory").exists(),
+             180, "the inventory stage to start", agent)
+    portal.stop()
+    time.sleep(10)  # the agent keeps working; its events wait in the spool
+    portal.start()
+    wait_for(lambda: state_of(job_id) in ("succeeded", "failed"), 300, "the job to finish", agent)
+    assert state_of(job_id) == "succeeded", agent.log()
+    assert_event_log_complete(job_id, stages)
+    assert sorted(StageResult.objects.filter(job_id=job_id).values_list("stage", flat=True)) == sorted(stages)
