@@ -118,7 +118,9 @@ def test_half_precision_runs_close_to_fp32(dtype):
     full = load_model(path).model
     half = load_model(path, dtype=dtype).model
     ref = full.compute_logits(full.forward(ids, positions, ctx).hidden)
-    got = half.compute_logits(half.forward(ids, positions, ctx).hidden)
-    assert got.dtype == getattr(torch, dtype)
+    hidden = half.forward(ids, positions, ctx).hidden
+    assert hidden.dtype == getattr(torch, dtype)
+    got = half.compute_logits(hidden)
+    assert got.dtype == torch.float32  # logits are handed to sampling in fp32 whatever the model dtype
     assert torch.nn.functional.cosine_similarity(got.float(), ref, dim=-1).min() > 0.99
     assert greedy_decode(half, [ids[:6].tolist()], 4, block_size=4)[0]  # the paged path runs in half precision
