@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from rest_framework.test import APIClient
 
 os.environ.setdefault("DAY0_CHANNELS_PREFIX", f"day0test{os.getpid()}")
 
@@ -34,7 +38,7 @@ def _isolated_channel_layer() -> Iterator[None]:
 
 
 @pytest.fixture
-def api_client():  # noqa: ANN201
+def api_client() -> APIClient:
     from rest_framework.test import APIClient
 
     return APIClient()

@@ -23,7 +23,7 @@ def do_create_organization(*, slug: str, name: str) -> Organization:
     return org
 
 
-def do_set_membership(org: Organization, user, role: str) -> Membership:  # noqa: ANN001
+def do_set_membership(org: Organization, user, role: str) -> Membership:
     """Adds ``user`` to ``org`` with ``role``, or changes their role."""
     if role not in Role.values:
         raise ValidationError({"role": f"must be one of {', '.join(Role.values)}"})
@@ -32,7 +32,7 @@ def do_set_membership(org: Organization, user, role: str) -> Membership:  # noqa
 
 
 @transaction.atomic
-def do_create_api_token(*, organization: Organization, user, name: str, scopes: list[str],  # noqa: ANN001
+def do_create_api_token(*, organization: Organization, user, name: str, scopes: list[str],
                         hardware_id: int | None = None) -> tuple[ApiToken, str]:
     """Creates a token and returns it with its secret; only the secret's sha256 is stored."""
     unknown = sorted(set(scopes) - set(Scope.values))

@@ -13,8 +13,8 @@ class CellAdmin(admin.ModelAdmin):
     list_filter = ["tier", "hardware"]
     search_fields = ["model__slug", "hardware__slug"]
 
-    def has_change_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_change_permission(self, request, obj=None) -> bool:
         return False
 
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request) -> bool:
         return False

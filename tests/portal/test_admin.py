@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 PORTAL_APPS = ("accounts", "catalog", "fleet", "jobs", "evidence", "matrix")
 
 
-def test_every_portal_model_is_registered_and_its_list_renders(client) -> None:  # noqa: ANN001
+def test_every_portal_model_is_registered_and_its_list_renders(client) -> None:
     JobFactory()
     user = UserFactory(is_staff=True, is_superuser=True)
     client.force_login(user)

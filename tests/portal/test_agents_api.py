@@ -10,7 +10,7 @@ from tests.factories import HardwareFactory, JobFactory, OrganizationFactory, au
 pytestmark = pytest.mark.django_db
 
 
-def test_register_is_idempotent_per_host_and_heartbeats_keep_it_online(api_client) -> None:  # noqa: ANN001
+def test_register_is_idempotent_per_host_and_heartbeats_keep_it_online(api_client) -> None:
     hardware = HardwareFactory()
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
     body = {"hostname": "node-7", "hardware": hardware.slug, "capabilities": {"devices": 8},
@@ -28,7 +28,7 @@ def test_register_is_idempotent_per_host_and_heartbeats_keep_it_online(api_clien
     assert [a["hostname"] for a in listed["results"]] == ["node-7"]
 
 
-def test_only_agent_tokens_of_that_hardware_register_or_beat(api_client) -> None:  # noqa: ANN001
+def test_only_agent_tokens_of_that_hardware_register_or_beat(api_client) -> None:
     hardware = HardwareFactory()
     submit = make_token(organization=OrganizationFactory())
     assert api_client.post("/api/v1/agents/", {"hostname": "h"}, format="json", **auth(submit)).status_code == 403

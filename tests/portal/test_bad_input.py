@@ -19,7 +19,7 @@ JUNK_BODIES = ['[]', '"text"', '42', 'null', '{"a": NaN}', '{"a": Infinity}', '{
                json.dumps({"model": None, "hardware": 5, "stages": "plan", "thresholds": {"x": "nan"}})]
 
 
-def test_junk_never_causes_a_server_error(api_client) -> None:  # noqa: ANN001
+def test_junk_never_causes_a_server_error(api_client) -> None:
     org = OrganizationFactory()
     hardware = HardwareFactory()
     job = JobFactory(hardware=hardware, organization=org)
@@ -34,14 +34,14 @@ def test_junk_never_causes_a_server_error(api_client) -> None:  # noqa: ANN001
             assert response.status_code < 500, (url, body, response.status_code, response.content)
 
 
-def test_a_nul_character_is_a_400_naming_the_problem(api_client) -> None:  # noqa: ANN001
+def test_a_nul_character_is_a_400_naming_the_problem(api_client) -> None:
     token = make_token(organization=OrganizationFactory())
     body = json.dumps({"slug": "x", "name": "bad\u0000name", "config": tiny_config()})
     response = api_client.generic("POST", "/api/v1/models/", body, content_type="application/json", **auth(token))
     assert response.status_code == 400 and "NUL" in response.json()["detail"]
 
 
-def test_absurd_config_sizes_are_refused_quickly(api_client) -> None:  # noqa: ANN001
+def test_absurd_config_sizes_are_refused_quickly(api_client) -> None:
     token = make_token(organization=OrganizationFactory())
     body = {"slug": "huge", "name": "Huge", "config": tiny_config(num_hidden_layers=10**9)}
     response = api_client.post("/api/v1/models/", body, format="json", **auth(token))
@@ -51,6 +51,6 @@ def test_absurd_config_sizes_are_refused_quickly(api_client) -> None:  # noqa: A
 @pytest.mark.parametrize("url", ["/api/v1/jobs/abc/", "/api/v1/jobs/1/events/?after=-1", "/api/v1/models/?page=zz",
                                  "/api/v1/matrix/?tier=-1", "/api/v1/jobs/?ordering=nope", "/?tier=x&vendor=%00",
                                  "/cells/%00/x/", "/api/v1/agents/x/heartbeat/"])
-def test_junk_queries_are_answered_without_a_server_error(api_client, url: str) -> None:  # noqa: ANN001
+def test_junk_queries_are_answered_without_a_server_error(api_client, url: str) -> None:
     token = make_token(organization=OrganizationFactory())
     assert api_client.get(url, **auth(token)).status_code < 500

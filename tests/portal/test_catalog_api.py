@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.accounts.choices import Role
+from apps.accounts.models import ApiToken
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token, tiny_config
 
@@ -12,11 +13,11 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def submitter():  # noqa: ANN201
+def submitter() -> ApiToken:
     return make_token(organization=OrganizationFactory(slug="acme"), role=Role.SUBMITTER)
 
 
-def test_creating_a_model_computes_its_fields_and_its_matrix_row(api_client, submitter) -> None:  # noqa: ANN001
+def test_creating_a_model_computes_its_fields_and_its_matrix_row(api_client, submitter) -> None:
     hardware = HardwareFactory()
     body = {"slug": "tiny-llama-1.1b", "name": "Tiny Llama", "config": tiny_config(),
             "released_at": "2025-03-01T00:00:00Z"}
@@ -30,13 +31,13 @@ def test_creating_a_model_computes_its_fields_and_its_matrix_row(api_client, sub
     assert cell.fits and cell.fits_devices == 1
 
 
-def test_client_cannot_type_in_parameter_counts(api_client, submitter) -> None:  # noqa: ANN001
+def test_client_cannot_type_in_parameter_counts(api_client, submitter) -> None:
     body = {"slug": "m1", "name": "M1", "config": tiny_config(), "params_total": 5}
     data = api_client.post("/api/v1/models/", body, format="json", **auth(submitter)).json()
     assert data["params_total"] == 1_100_048_384
 
 
-def test_a_config_missing_a_required_key_is_a_400_naming_the_key(api_client, submitter) -> None:  # noqa: ANN001
+def test_a_config_missing_a_required_key_is_a_400_naming_the_key(api_client, submitter) -> None:
     config = tiny_config()
     del config["hidden_size"]
     response = api_client.post("/api/v1/models/", {"slug": "m2", "name": "M2", "config": config}, format="json",
@@ -45,20 +46,20 @@ def test_a_config_missing_a_required_key_is_a_400_naming_the_key(api_client, sub
     assert "hidden_size" in response.json()["config"][0]
 
 
-def test_a_config_that_is_not_an_object_is_a_400(api_client, submitter) -> None:  # noqa: ANN001
+def test_a_config_that_is_not_an_object_is_a_400(api_client, submitter) -> None:
     response = api_client.post("/api/v1/models/", {"slug": "m3", "name": "M3", "config": [1, 2]}, format="json",
                                **auth(submitter))
     assert response.status_code == 400 and "config" in response.json()
 
 
-def test_malformed_json_is_a_400(api_client, submitter) -> None:  # noqa: ANN001
+def test_malformed_json_is_a_400(api_client, submitter) -> None:
     response = api_client.generic("POST", "/api/v1/models/", '{"slug": "x", "config": {', content_type="application/json",
                                   **auth(submitter))
     assert response.status_code == 400
     assert "JSON parse error" in response.json()["detail"]
 
 
-def test_a_duplicate_slug_is_a_400_naming_the_field(api_client, submitter) -> None:  # noqa: ANN001
+def test_a_duplicate_slug_is_a_400_naming_the_field(api_client, submitter) -> None:
     ModelReleaseFactory(slug="dup-1b")
     response = api_client.post("/api/v1/models/", {"slug": "dup-1b", "name": "D", "config": tiny_config()},
                                format="json", **auth(submitter))
@@ -68,14 +69,14 @@ def test_a_duplicate_slug_is_a_400_naming_the_field(api_client, submitter) -> No
     assert response.status_code == 400 and "slug" in response.json()
 
 
-def test_unknown_slugs_are_404_with_a_message(api_client) -> None:  # noqa: ANN001
+def test_unknown_slugs_are_404_with_a_message(api_client) -> None:
     for url in ("/api/v1/models/nope/", "/api/v1/hardware/nope/", "/api/v1/cells/nope/nada/", "/api/v1/jobs/999999/"):
         response = api_client.get(url)
         assert response.status_code == 404, url
         assert "nope" in response.json()["detail"] or "999999" in response.json()["detail"]
 
 
-def test_updating_a_config_recomputes_counts_and_fits(api_client, submitter) -> None:  # noqa: ANN001
+def test_updating_a_config_recomputes_counts_and_fits(api_client, submitter) -> None:
     hardware = HardwareFactory(memory_bytes=4 * 10**9, devices_per_node=1)
     model = ModelReleaseFactory(organization=submitter.organization)
     before = Cell.objects.get(model=model, hardware=hardware)
@@ -89,14 +90,14 @@ def test_updating_a_config_recomputes_counts_and_fits(api_client, submitter) -> 
     assert after.fits_devices >= 4  # ~11.7 GB of bf16 weights over 4 GB devices
 
 
-def test_anonymous_and_viewers_cannot_create(api_client) -> None:  # noqa: ANN001
+def test_anonymous_and_viewers_cannot_create(api_client) -> None:
     body = {"slug": "m4", "name": "M4", "config": tiny_config()}
     assert api_client.post("/api/v1/models/", body, format="json").status_code == 401
     viewer = make_token(organization=OrganizationFactory(), role=Role.VIEWER, scopes=["read"])
     assert api_client.post("/api/v1/models/", body, format="json", **auth(viewer)).status_code == 403
 
 
-def test_hardware_needs_an_admin_and_valid_values(api_client, submitter) -> None:  # noqa: ANN001
+def test_hardware_needs_an_admin_and_valid_values(api_client, submitter) -> None:
     body = {"slug": "npu-9", "vendor": "Acme", "name": "NPU 9", "memory_bytes": 64 * 2**30, "devices_per_node": 8,
             "dtypes": ["bfloat16"], "peak_tflops": {"bfloat16": 400}}
     assert api_client.post("/api/v1/hardware/", body, format="json", **auth(submitter)).status_code == 403
@@ -111,7 +112,7 @@ def test_hardware_needs_an_admin_and_valid_values(api_client, submitter) -> None
     assert Cell.objects.get(model=model, hardware__slug="npu-9").fits is True
 
 
-def test_lists_filter_order_and_paginate(api_client) -> None:  # noqa: ANN001
+def test_lists_filter_order_and_paginate(api_client) -> None:
     for i in range(3):
         ModelReleaseFactory(slug=f"list-{i}", config=tiny_config(num_hidden_layers=10 + i))
     ModelReleaseFactory(slug="moe-x", config=tiny_config(architectures=["Qwen3ForCausalLM"], model_type="qwen3",

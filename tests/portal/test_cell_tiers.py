@@ -17,15 +17,15 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def cell_pair():  # noqa: ANN201
+def cell_pair() -> tuple:
     return ModelReleaseFactory(), HardwareFactory()
 
 
-def _cell(model, hardware) -> Cell:  # noqa: ANN001
+def _cell(model, hardware) -> Cell:
     return Cell.objects.get(model=model, hardware=hardware)
 
 
-def test_a_new_model_has_an_untested_cell_with_a_fits_estimate(cell_pair) -> None:  # noqa: ANN001
+def test_a_new_model_has_an_untested_cell_with_a_fits_estimate(cell_pair) -> None:
     model, hardware = cell_pair
     cell = _cell(model, hardware)
     assert cell.tier == 0 and cell.tier_name == "untested"
@@ -34,7 +34,7 @@ def test_a_new_model_has_an_untested_cell_with_a_fits_estimate(cell_pair) -> Non
 
 
 @pytest.mark.parametrize("tier", sorted(TIER_STAGES))
-def test_each_tier_is_reached_by_passing_its_gate_and_all_below(cell_pair, tier: int) -> None:  # noqa: ANN001
+def test_each_tier_is_reached_by_passing_its_gate_and_all_below(cell_pair, tier: int) -> None:
     model, hardware = cell_pair
     job = JobFactory(model=model, hardware=hardware)
     do_record_job_results(job, {"stages": {s: passing(s) for s in TIER_STAGES[tier]}})
@@ -45,7 +45,7 @@ def test_each_tier_is_reached_by_passing_its_gate_and_all_below(cell_pair, tier:
 
 
 @pytest.mark.parametrize("stage", ["plan", "load", "serve", "align", "bench", "eval"])
-def test_a_failing_gate_stops_the_tier_below_it(cell_pair, stage: str) -> None:  # noqa: ANN001
+def test_a_failing_gate_stops_the_tier_below_it(cell_pair, stage: str) -> None:
     model, hardware = cell_pair
     job = JobFactory(model=model, hardware=hardware)
     stages = TIER_STAGES[6]
@@ -56,14 +56,14 @@ def test_a_failing_gate_stops_the_tier_below_it(cell_pair, stage: str) -> None: 
     assert _cell(model, hardware).tier == index  # the tier reached before the failing gate
 
 
-def test_a_passing_gate_above_a_missing_one_does_not_count(cell_pair) -> None:  # noqa: ANN001
+def test_a_passing_gate_above_a_missing_one_does_not_count(cell_pair) -> None:
     model, hardware = cell_pair
     job = JobFactory(model=model, hardware=hardware)
     do_record_job_results(job, {"stages": {"plan": passing("plan"), "serve": passing("serve")}})
     assert _cell(model, hardware).tier == 1
 
 
-def test_kv_cache_failure_fails_alignment(cell_pair) -> None:  # noqa: ANN001
+def test_kv_cache_failure_fails_alignment(cell_pair) -> None:
     model, hardware = cell_pair
     job = JobFactory(model=model, hardware=hardware)
     align = passing("align")
@@ -73,7 +73,7 @@ def test_kv_cache_failure_fails_alignment(cell_pair) -> None:  # noqa: ANN001
     assert _cell(model, hardware).tier == 3
 
 
-def test_newest_evidence_of_a_stage_wins_and_first_reached_time_is_kept(cell_pair) -> None:  # noqa: ANN001
+def test_newest_evidence_of_a_stage_wins_and_first_reached_time_is_kept(cell_pair) -> None:
     model, hardware = cell_pair
     first = JobFactory(model=model, hardware=hardware)
     do_record_job_results(first, {"stages": {s: passing(s) for s in TIER_STAGES[3]}})
@@ -88,7 +88,7 @@ def test_newest_evidence_of_a_stage_wins_and_first_reached_time_is_kept(cell_pai
     assert _cell(model, hardware).tier == 3
 
 
-def test_a_failed_job_shows_failed_at_its_stage_over_the_tier_reached(cell_pair) -> None:  # noqa: ANN001
+def test_a_failed_job_shows_failed_at_its_stage_over_the_tier_reached(cell_pair) -> None:
     model, hardware = cell_pair
     job = JobFactory(model=model, hardware=hardware)
     do_record_job_results(job, {"stages": {"plan": passing("plan"), "load": passing("load")}})
@@ -103,14 +103,14 @@ def test_a_failed_job_shows_failed_at_its_stage_over_the_tier_reached(cell_pair)
     assert (cell.tier, cell.failed_stage, cell.error) == (3, "", "")
 
 
-def test_a_lost_job_is_shown_as_lost(cell_pair) -> None:  # noqa: ANN001
+def test_a_lost_job_is_shown_as_lost(cell_pair) -> None:
     model, hardware = cell_pair
     job = JobFactory(model=model, hardware=hardware)
     do_transition_job(job, JobState.LOST, error="no heartbeat for 300 s")
     assert _cell(model, hardware).failed_stage == "lost"
 
 
-def test_lead_time_is_reached_minus_release(cell_pair, api_client) -> None:  # noqa: ANN001
+def test_lead_time_is_reached_minus_release(cell_pair, api_client) -> None:
     model, hardware = cell_pair
     model.released_at = timezone.now() - timedelta(hours=30)
     model.save()
@@ -124,7 +124,7 @@ def test_lead_time_is_reached_minus_release(cell_pair, api_client) -> None:  # n
     assert row["cells"][hardware.slug]["lead_time_hours"] == pytest.approx(30.0, abs=0.2)
 
 
-def test_changing_the_release_time_moves_the_lead_time(cell_pair, api_client) -> None:  # noqa: ANN001
+def test_changing_the_release_time_moves_the_lead_time(cell_pair, api_client) -> None:
     from apps.catalog.services import do_update_model_release
 
     model, hardware = cell_pair

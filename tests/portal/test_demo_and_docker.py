@@ -30,7 +30,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_day0_demo_serves_the_seed_catalog_on_the_embedded_default(tmp_path) -> None:  # noqa: ANN001
+def test_day0_demo_serves_the_seed_catalog_on_the_embedded_default(tmp_path) -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_")}
     process = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(port), "--data-dir",

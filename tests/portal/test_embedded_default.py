@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def test_ingest_on_sqlite_with_the_filesystem_broker(tmp_path) -> None:  # noqa: ANN001
+def test_ingest_on_sqlite_with_the_filesystem_broker(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_")}
     env.update(DAY0_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="day0portal.settings",
                PYTHONPATH=str(ROOT))

@@ -9,20 +9,20 @@ from tests.factories import OrganizationFactory, auth, make_token
 pytestmark = pytest.mark.django_db
 
 
-def test_healthz_and_readyz(client) -> None:  # noqa: ANN001
+def test_healthz_and_readyz(client) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "broker": "ok"}
 
 
-def test_readyz_is_503_when_the_broker_is_unreachable(client, settings) -> None:  # noqa: ANN001
+def test_readyz_is_503_when_the_broker_is_unreachable(client, settings) -> None:
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"]["broker"] == "fail" and "redis" in response.json()["errors"]["broker"]
 
 
-def test_readyz_checks_the_filesystem_broker_folder(client, settings, tmp_path) -> None:  # noqa: ANN001
+def test_readyz_checks_the_filesystem_broker_folder(client, settings, tmp_path) -> None:
     settings.REDIS_URL = ""
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {"data_folder_in": str(tmp_path / "absent")}
     assert client.get("/readyz").status_code == 503
@@ -30,7 +30,7 @@ def test_readyz_checks_the_filesystem_broker_folder(client, settings, tmp_path) 
     assert client.get("/readyz").status_code == 200
 
 
-def test_oversized_bodies_are_refused_with_413(api_client, settings) -> None:  # noqa: ANN001
+def test_oversized_bodies_are_refused_with_413(api_client, settings) -> None:
     settings.MAX_BODY_BYTES = 2048
     token = make_token(organization=OrganizationFactory())
     response = api_client.post("/api/v1/models/", {"slug": "x", "config": {"pad": "x" * 4096}}, format="json",
@@ -38,7 +38,7 @@ def test_oversized_bodies_are_refused_with_413(api_client, settings) -> None:  #
     assert response.status_code == 413 and "2048" in response.json()["detail"]
 
 
-def test_schema_and_docs_are_served(client) -> None:  # noqa: ANN001
+def test_schema_and_docs_are_served(client) -> None:
     schema = client.get("/api/schema/")
     assert schema.status_code == 200
     text = schema.content.decode()

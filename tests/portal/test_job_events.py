@@ -17,21 +17,21 @@ from tests.factories import HardwareFactory, JobFactory, OrganizationFactory, au
 pytestmark = pytest.mark.django_db
 
 
-def _events(seqs, stage: str = "load") -> list[dict]:  # noqa: ANN001
+def _events(seqs, stage: str = "load") -> list[dict]:
     ts = datetime(2026, 1, 1, tzinfo=UTC).isoformat()
     return [{"seq": s, "ts": ts, "stage": stage, "kind": "progress", "level": "info", "message": f"step {s}",
              "data": {"done": s}} for s in seqs]
 
 
 @pytest.fixture
-def agent_job():  # noqa: ANN201
+def agent_job() -> tuple:
     hardware = HardwareFactory()
     job = JobFactory(hardware=hardware)
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
     return job, token
 
 
-def test_batches_are_idempotent_and_ack_the_contiguous_prefix(api_client, agent_job) -> None:  # noqa: ANN001
+def test_batches_are_idempotent_and_ack_the_contiguous_prefix(api_client, agent_job) -> None:
     job, token = agent_job
     url = f"/api/v1/jobs/{job.pk}/events/"
     assert api_client.post(url, _events([1, 2, 3]), format="json", **auth(token)).json() == {"acked": 3}
@@ -42,7 +42,7 @@ def test_batches_are_idempotent_and_ack_the_contiguous_prefix(api_client, agent_
     assert api_client.post(url, {"events": _events([7])}, format="json", **auth(token)).json() == {"acked": 7}
 
 
-def test_readers_page_through_events_in_order(api_client, agent_job) -> None:  # noqa: ANN001
+def test_readers_page_through_events_in_order(api_client, agent_job) -> None:
     job, token = agent_job
     url = f"/api/v1/jobs/{job.pk}/events/"
     api_client.post(url, _events(range(10, 0, -1)), format="json", **auth(token))
@@ -63,7 +63,7 @@ def test_readers_page_through_events_in_order(api_client, agent_job) -> None:  #
     (lambda e: e.update(kind=""), "events[0].kind"),
     (lambda e: e.update(data=[1]), "events[0].data"),
 ])
-def test_a_bad_event_rejects_the_batch_naming_it(api_client, agent_job, mutate, key) -> None:  # noqa: ANN001
+def test_a_bad_event_rejects_the_batch_naming_it(api_client, agent_job, mutate, key) -> None:
     job, token = agent_job
     batch = _events([1, 2])
     mutate(batch[0])
@@ -72,7 +72,7 @@ def test_a_bad_event_rejects_the_batch_naming_it(api_client, agent_job, mutate, 
     assert not JobEvent.objects.filter(job=job).exists()
 
 
-def test_only_an_agent_of_the_jobs_hardware_posts_events(api_client, agent_job) -> None:  # noqa: ANN001
+def test_only_an_agent_of_the_jobs_hardware_posts_events(api_client, agent_job) -> None:
     job, _ = agent_job
     url = f"/api/v1/jobs/{job.pk}/events/"
     other = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=HardwareFactory())
@@ -83,7 +83,7 @@ def test_only_an_agent_of_the_jobs_hardware_posts_events(api_client, agent_job) 
     assert not JobEvent.objects.exists()
 
 
-def test_new_events_are_broadcast_once_to_the_job_group(api_client, agent_job,  # noqa: ANN001
+def test_new_events_are_broadcast_once_to_the_job_group(api_client, agent_job,
                                                         django_capture_on_commit_callbacks) -> None:
     job, token = agent_job
     layer = get_channel_layer()

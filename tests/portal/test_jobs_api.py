@@ -16,12 +16,12 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def setup():  # noqa: ANN201
+def setup() -> tuple:
     org = OrganizationFactory()
     return ModelReleaseFactory(organization=org), HardwareFactory(), make_token(organization=org)
 
 
-def test_creating_a_job_stores_it_queued_and_enqueues_after_commit(api_client, setup, monkeypatch,  # noqa: ANN001
+def test_creating_a_job_stores_it_queued_and_enqueues_after_commit(api_client, setup, monkeypatch,
                                                                    django_capture_on_commit_callbacks) -> None:
     model, hardware, token = setup
     sent: list[int] = []
@@ -52,7 +52,7 @@ def test_creating_a_job_stores_it_queued_and_enqueues_after_commit(api_client, s
     ({"model": "no-such-model"}, "model"),
     ({"hardware": "no-such-hw"}, "hardware"),
 ])
-def test_bad_job_requests_are_400_naming_the_field(api_client, setup, body, field) -> None:  # noqa: ANN001
+def test_bad_job_requests_are_400_naming_the_field(api_client, setup, body, field) -> None:
     model, hardware, token = setup
     request = {"model": model.slug, "hardware": hardware.slug, **body}
     response = api_client.post("/api/v1/jobs/", request, format="json", **auth(token))
@@ -60,7 +60,7 @@ def test_bad_job_requests_are_400_naming_the_field(api_client, setup, body, fiel
     assert Job.objects.count() == 0
 
 
-def test_cancel_moves_an_active_job_to_cancelled_once(api_client, setup) -> None:  # noqa: ANN001
+def test_cancel_moves_an_active_job_to_cancelled_once(api_client, setup) -> None:
     model, hardware, token = setup
     job_id = api_client.post("/api/v1/jobs/", {"model": model.slug, "hardware": hardware.slug}, format="json",
                              **auth(token)).json()["id"]
@@ -71,7 +71,7 @@ def test_cancel_moves_an_active_job_to_cancelled_once(api_client, setup) -> None
     assert api_client.post(f"/api/v1/jobs/{job_id}/cancel/").status_code == 401
 
 
-def test_others_cannot_cancel(api_client, setup) -> None:  # noqa: ANN001
+def test_others_cannot_cancel(api_client, setup) -> None:
     model, hardware, token = setup
     job_id = api_client.post("/api/v1/jobs/", {"model": model.slug, "hardware": hardware.slug}, format="json",
                              **auth(token)).json()["id"]
@@ -79,7 +79,7 @@ def test_others_cannot_cancel(api_client, setup) -> None:  # noqa: ANN001
     assert api_client.post(f"/api/v1/jobs/{job_id}/cancel/", **auth(stranger)).status_code == 403
 
 
-def test_list_filters_by_state_model_and_hardware(api_client, setup) -> None:  # noqa: ANN001
+def test_list_filters_by_state_model_and_hardware(api_client, setup) -> None:
     model, hardware, _ = setup
     JobFactory(model=model, hardware=hardware, state=JobState.QUEUED)
     JobFactory(model=model, hardware=hardware, state=JobState.SUCCEEDED)

@@ -14,7 +14,7 @@ from tests.portal.reports import TIER_STAGES, passing
 pytestmark = pytest.mark.django_db
 
 
-def test_the_page_shows_tier_label_colour_fits_and_lead_time(client) -> None:  # noqa: ANN001
+def test_the_page_shows_tier_label_colour_fits_and_lead_time(client) -> None:
     model = ModelReleaseFactory(slug="tiny-1.1b")
     hardware = HardwareFactory(slug="npu-x", vendor="Acme")
     job = JobFactory(model=model, hardware=hardware)
@@ -28,7 +28,7 @@ def test_the_page_shows_tier_label_colour_fits_and_lead_time(client) -> None:  #
     assert cell_page.status_code == 200 and model.name in cell_page.content.decode()
 
 
-def test_rows_are_newest_release_first_and_filters_apply(client, api_client) -> None:  # noqa: ANN001
+def test_rows_are_newest_release_first_and_filters_apply(client, api_client) -> None:
     from datetime import UTC, datetime
 
     old = ModelReleaseFactory(slug="old-1b", released_at=datetime(2023, 1, 1, tzinfo=UTC))
@@ -53,14 +53,14 @@ def test_rows_are_newest_release_first_and_filters_apply(client, api_client) -> 
     assert "qwen-ish" in page and "old-1b" not in page
 
 
-def _count(client, url: str) -> int:  # noqa: ANN001
+def _count(client, url: str) -> int:
     with CaptureQueriesContext(connection) as ctx:
         assert client.get(url).status_code == 200
     return len(ctx.captured_queries)
 
 
 @pytest.mark.parametrize("url", ["/", "/api/v1/matrix/"])
-def test_query_count_does_not_grow_with_models_hardware_or_jobs(client, url: str) -> None:  # noqa: ANN001
+def test_query_count_does_not_grow_with_models_hardware_or_jobs(client, url: str) -> None:
     user = UserFactory()
     client.force_login(user)
     build_matrix(3, 2, 1, tag="s")
@@ -71,7 +71,7 @@ def test_query_count_does_not_grow_with_models_hardware_or_jobs(client, url: str
     assert large <= 8
 
 
-def test_query_count_is_fixed_for_anonymous_readers(client, django_assert_num_queries) -> None:  # noqa: ANN001
+def test_query_count_is_fixed_for_anonymous_readers(client, django_assert_num_queries) -> None:
     build_matrix(5, 3, 2, tag="a")
     with django_assert_num_queries(3):  # hardware, models, cells
         client.get("/api/v1/matrix/")

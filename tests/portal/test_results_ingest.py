@@ -26,14 +26,14 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def agent_job():  # noqa: ANN201
+def agent_job() -> tuple:
     hardware = HardwareFactory()
     job = JobFactory(hardware=hardware)
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
     return job, token
 
 
-def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None:  # noqa: ANN001
+def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None:
     job, token = agent_job
     report = {"model": {"name": "x", "architecture": "LlamaForCausalLM", "path": "native"},
               "hardware": job.hardware.slug,
@@ -57,7 +57,7 @@ def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None: 
     assert detail["evidence"]["alignment"]["divergences"][0]["near_tie"] is True
 
 
-def test_stage_by_stage_posts_replace_a_stage_and_climb(api_client, agent_job) -> None:  # noqa: ANN001
+def test_stage_by_stage_posts_replace_a_stage_and_climb(api_client, agent_job) -> None:
     job, token = agent_job
     url = f"/api/v1/jobs/{job.pk}/results/"
     for stage, tier in (("plan", 1), ("load", 2), ("load", 2), ("serve", 3)):
@@ -79,14 +79,14 @@ def test_stage_by_stage_posts_replace_a_stage_and_climb(api_client, agent_job) -
      "stages.align.layers[0].layer"),
     ([1, 2, 3], "detail"),
 ])
-def test_bad_documents_are_400_naming_the_path_and_store_nothing(api_client, agent_job, doc, key) -> None:  # noqa: ANN001
+def test_bad_documents_are_400_naming_the_path_and_store_nothing(api_client, agent_job, doc, key) -> None:
     job, token = agent_job
     response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", doc, format="json", **auth(token))
     assert response.status_code == 400 and key in response.json(), response.content
     assert not StageResult.objects.exists() and not PlanEvidence.objects.exists()
 
 
-def test_a_report_for_another_hardware_is_refused(api_client, agent_job) -> None:  # noqa: ANN001
+def test_a_report_for_another_hardware_is_refused(api_client, agent_job) -> None:
     job, token = agent_job
     report = {"hardware": "someone-elses-npu", "stages": {"plan": passing("plan")}}
     response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", report, format="json", **auth(token))
@@ -94,7 +94,7 @@ def test_a_report_for_another_hardware_is_refused(api_client, agent_job) -> None
     assert not StageResult.objects.exists()
 
 
-def test_a_stage_the_job_did_not_request_is_refused(api_client) -> None:  # noqa: ANN001
+def test_a_stage_the_job_did_not_request_is_refused(api_client) -> None:
     hardware = HardwareFactory()
     job = JobFactory(hardware=hardware, spec={"stages": ["plan"]})
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
@@ -104,7 +104,7 @@ def test_a_stage_the_job_did_not_request_is_refused(api_client) -> None:  # noqa
     assert not StageResult.objects.exists()
 
 
-def test_wrong_hardware_or_scope_is_403_and_a_finished_job_409(api_client, agent_job) -> None:  # noqa: ANN001
+def test_wrong_hardware_or_scope_is_403_and_a_finished_job_409(api_client, agent_job) -> None:
     job, token = agent_job
     url = f"/api/v1/jobs/{job.pk}/results/"
     body = {"stage": "plan", "section": passing("plan")}
@@ -119,7 +119,7 @@ def test_wrong_hardware_or_scope_is_403_and_a_finished_job_409(api_client, agent
     assert Cell.objects.get(model=job.model, hardware=job.hardware).tier == 0
 
 
-def test_agents_report_state_through_the_state_machine(api_client, agent_job) -> None:  # noqa: ANN001
+def test_agents_report_state_through_the_state_machine(api_client, agent_job) -> None:
     job, token = agent_job
     url = f"/api/v1/jobs/{job.pk}/state/"
     response = api_client.post(url, {"state": "failed", "failed_stage": "align", "error": "layer 3 cosine 0.91"},

@@ -13,18 +13,18 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def seeded():  # noqa: ANN201
+def seeded() -> None:
     seed_catalog()
 
 
-def test_seed_is_idempotent(seeded) -> None:  # noqa: ANN001
+def test_seed_is_idempotent(seeded) -> None:
     again = seed_catalog()
     assert again.created == [] and again.updated == []
     assert ModelRelease.objects.count() >= 8 and Hardware.objects.exclude(slug="cpu").count() >= 8
     assert Cell.objects.count() == ModelRelease.objects.count() * Hardware.objects.count()
 
 
-def test_computed_totals_are_within_two_percent_of_published(seeded) -> None:  # noqa: ANN001
+def test_computed_totals_are_within_two_percent_of_published(seeded) -> None:
     for model in ModelRelease.objects.exclude(published_params_total=None):
         ratio = model.params_total / model.published_params_total
         assert 0.98 <= ratio <= 1.02, (model.slug, model.params_total, model.published_params_total)
@@ -32,7 +32,7 @@ def test_computed_totals_are_within_two_percent_of_published(seeded) -> None:  #
         assert model.params_active <= model.params_total
 
 
-def test_every_accelerator_cell_has_a_physically_sound_fits_estimate(seeded) -> None:  # noqa: ANN001
+def test_every_accelerator_cell_has_a_physically_sound_fits_estimate(seeded) -> None:
     cells = Cell.objects.select_related("model", "hardware").exclude(hardware__slug="cpu")
     for cell in cells:
         assert cell.fits is True, (cell.model.slug, cell.hardware.slug, cell.fits_error)
@@ -44,7 +44,7 @@ def test_every_accelerator_cell_has_a_physically_sound_fits_estimate(seeded) -> 
     assert small.fits_devices == 1 and big.fits_devices > 8  # 810 GB of bf16 weights on 80 GB devices
 
 
-def test_demo_admin_is_an_admin_of_the_demo_organization(seeded) -> None:  # noqa: ANN001
+def test_demo_admin_is_an_admin_of_the_demo_organization(seeded) -> None:
     user, password = ensure_demo_admin("admin", "a-long-demo-password")
     assert user.is_superuser and user.check_password("a-long-demo-password")
     assert user.memberships.get().role == "admin"

@@ -8,7 +8,7 @@ from django.core.exceptions import ImproperlyConfigured
 from day0portal.env import env_bool, env_int, env_list, env_str
 
 
-def test_booleans(monkeypatch) -> None:  # noqa: ANN001
+def test_booleans(monkeypatch) -> None:
     for raw, value in (("1", True), ("yes", True), ("ON", True), ("0", False), ("false", False), ("", False)):
         monkeypatch.setenv("DAY0_X", raw)
         assert env_bool("DAY0_X") is value
@@ -19,7 +19,7 @@ def test_booleans(monkeypatch) -> None:  # noqa: ANN001
     assert env_bool("DAY0_X", True) is True
 
 
-def test_integers_and_lists(monkeypatch) -> None:  # noqa: ANN001
+def test_integers_and_lists(monkeypatch) -> None:
     monkeypatch.setenv("DAY0_N", "12")
     assert env_int("DAY0_N", 3) == 12
     monkeypatch.setenv("DAY0_N", "twelve")
@@ -32,7 +32,7 @@ def test_integers_and_lists(monkeypatch) -> None:  # noqa: ANN001
     assert env_list("DAY0_L") == ["a.example", "b.example"]
 
 
-def test_file_secrets(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+def test_file_secrets(monkeypatch, tmp_path) -> None:
     secret = tmp_path / "key"
     secret.write_text("s3cret\n")
     monkeypatch.setenv("DAY0_SECRET_KEY_FILE", str(secret))
@@ -42,7 +42,7 @@ def test_file_secrets(monkeypatch, tmp_path) -> None:  # noqa: ANN001
         env_str("DAY0_SECRET_KEY")
 
 
-def test_embedded_default_settings_load_without_servers(tmp_path) -> None:  # noqa: ANN001
+def test_embedded_default_settings_load_without_servers(tmp_path) -> None:
     """The same settings module with no DATABASE_URL/REDIS_URL: SQLite, filesystem broker, in-memory layer."""
     import os
     import subprocess

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from django.test import Client
 
 from apps.accounts.choices import Role
 from apps.accounts.models import ApiToken, Membership
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def admin_client(client):  # noqa: ANN001, ANN201
+def admin_client(client: Client) -> tuple:
     org = OrganizationFactory(slug="vendor")
     user = UserFactory()
     Membership.objects.create(organization=org, user=user, role=Role.ADMIN)
@@ -22,7 +23,7 @@ def admin_client(client):  # noqa: ANN001, ANN201
     return client, org, user
 
 
-def test_a_token_is_shown_once_and_stored_hashed(admin_client) -> None:  # noqa: ANN001
+def test_a_token_is_shown_once_and_stored_hashed(admin_client) -> None:
     client, org, _ = admin_client
     response = client.post("/api/v1/tokens/", {"name": "ci", "scopes": ["submit"]}, content_type="application/json")
     assert response.status_code == 201, response.content
@@ -35,7 +36,7 @@ def test_a_token_is_shown_once_and_stored_hashed(admin_client) -> None:  # noqa:
     assert listed[0]["prefix"] == row.prefix and "token" not in listed[0]
 
 
-def test_bearer_and_token_headers_authenticate_and_record_last_use(api_client) -> None:  # noqa: ANN001
+def test_bearer_and_token_headers_authenticate_and_record_last_use(api_client) -> None:
     token = make_token(organization=OrganizationFactory())
     assert token.last_used_at is None
     assert api_client.get("/api/v1/tokens/", HTTP_AUTHORIZATION=f"Bearer {token.secret}").status_code == 200
@@ -44,7 +45,7 @@ def test_bearer_and_token_headers_authenticate_and_record_last_use(api_client) -
     assert token.last_used_at is not None
 
 
-def test_a_revoked_or_unknown_token_is_refused(api_client) -> None:  # noqa: ANN001
+def test_a_revoked_or_unknown_token_is_refused(api_client) -> None:
     token = make_token(organization=OrganizationFactory())
     response = api_client.post(f"/api/v1/tokens/{token.pk}/revoke/", **auth(token))
     assert response.status_code == 200 and response.json()["revoked_at"]
@@ -52,7 +53,7 @@ def test_a_revoked_or_unknown_token_is_refused(api_client) -> None:  # noqa: ANN
     assert api_client.get("/api/v1/models/", HTTP_AUTHORIZATION="Token d0_wrong").status_code == 401
 
 
-def test_scopes_are_limited_by_role_and_agent_tokens_need_a_hardware(admin_client) -> None:  # noqa: ANN001
+def test_scopes_are_limited_by_role_and_agent_tokens_need_a_hardware(admin_client) -> None:
     client, org, user = admin_client
     response = client.post("/api/v1/tokens/", {"name": "a", "scopes": ["agent"]}, content_type="application/json")
     assert response.status_code == 400 and "hardware" in response.json()
@@ -68,13 +69,13 @@ def test_scopes_are_limited_by_role_and_agent_tokens_need_a_hardware(admin_clien
     assert response.status_code == 400 and "scopes" in response.json()
 
 
-def test_tokens_cannot_mint_tokens(api_client) -> None:  # noqa: ANN001
+def test_tokens_cannot_mint_tokens(api_client) -> None:
     token = make_token(organization=OrganizationFactory(), role=Role.ADMIN)
     response = api_client.post("/api/v1/tokens/", {"name": "x", "scopes": ["read"]}, format="json", **auth(token))
     assert response.status_code == 403
 
 
-def test_session_writes_need_csrf(admin_client) -> None:  # noqa: ANN001
+def test_session_writes_need_csrf(admin_client) -> None:
     from django.test import Client
 
     _, _, user = admin_client
@@ -84,7 +85,7 @@ def test_session_writes_need_csrf(admin_client) -> None:  # noqa: ANN001
     assert response.status_code == 403 and "CSRF" in response.json()["detail"]
 
 
-def test_admins_manage_members_and_keep_one_admin(admin_client, api_client) -> None:  # noqa: ANN001
+def test_admins_manage_members_and_keep_one_admin(admin_client, api_client) -> None:
     client, org, user = admin_client
     newcomer = UserFactory(username="newcomer")
     url = f"/api/v1/organizations/{org.slug}/members/"

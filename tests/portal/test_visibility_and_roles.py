@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def embargoed():  # noqa: ANN201
+def embargoed() -> tuple:
     org = OrganizationFactory(slug="secret-lab")
     model = ModelReleaseFactory(slug="next-big-1b", organization=org, visibility="private",
                                 released_at=timezone.now() + timedelta(days=7))
@@ -32,12 +32,12 @@ def embargoed():  # noqa: ANN201
     return org, model, hardware, job
 
 
-def _urls(model, hardware, job) -> list[str]:  # noqa: ANN001
+def _urls(model, hardware, job) -> list[str]:
     return [f"/api/v1/models/{model.slug}/", f"/api/v1/cells/{model.slug}/{hardware.slug}/",
             f"/api/v1/jobs/{job.pk}/", f"/api/v1/jobs/{job.pk}/events/"]
 
 
-def test_other_organizations_and_anonymous_get_404(api_client, embargoed) -> None:  # noqa: ANN001
+def test_other_organizations_and_anonymous_get_404(api_client, embargoed) -> None:
     _, model, hardware, job = embargoed
     outsider = make_token(organization=OrganizationFactory(), role=Role.ADMIN)
     for headers in ({}, auth(outsider)):
@@ -48,7 +48,7 @@ def test_other_organizations_and_anonymous_get_404(api_client, embargoed) -> Non
         assert api_client.get("/api/v1/jobs/", **headers).json()["count"] == 0
 
 
-def test_the_organization_sees_its_private_model(api_client, embargoed) -> None:  # noqa: ANN001
+def test_the_organization_sees_its_private_model(api_client, embargoed) -> None:
     org, model, hardware, job = embargoed
     viewer = make_token(organization=org, role=Role.VIEWER, scopes=["read"])
     for url in _urls(model, hardware, job):
@@ -56,7 +56,7 @@ def test_the_organization_sees_its_private_model(api_client, embargoed) -> None:
     assert model.slug in str(api_client.get("/api/v1/matrix/", **auth(viewer)).json())
 
 
-def test_the_matrix_page_hides_private_models_from_other_users(client, embargoed) -> None:  # noqa: ANN001
+def test_the_matrix_page_hides_private_models_from_other_users(client, embargoed) -> None:
     org, model, hardware, _ = embargoed
     public = ModelReleaseFactory(slug="open-1b")
     outsider = UserFactory()
@@ -72,14 +72,14 @@ def test_the_matrix_page_hides_private_models_from_other_users(client, embargoed
     assert client.get(f"/cells/{model.slug}/{hardware.slug}/").status_code == 200
 
 
-def test_release_time_lifts_the_embargo(api_client, embargoed) -> None:  # noqa: ANN001
+def test_release_time_lifts_the_embargo(api_client, embargoed) -> None:
     _, model, _, _ = embargoed
     model.released_at = timezone.now() - timedelta(minutes=1)
     model.save()
     assert api_client.get(f"/api/v1/models/{model.slug}/").status_code == 200
 
 
-def test_viewers_read_submitters_submit(api_client) -> None:  # noqa: ANN001
+def test_viewers_read_submitters_submit(api_client) -> None:
     org = OrganizationFactory()
     model, hardware = ModelReleaseFactory(organization=org), HardwareFactory()
     body = {"model": model.slug, "hardware": hardware.slug}
@@ -92,7 +92,7 @@ def test_viewers_read_submitters_submit(api_client) -> None:  # noqa: ANN001
     assert api_client.post("/api/v1/jobs/", body, format="json", **auth(submitter)).status_code == 403
 
 
-def test_outsiders_cannot_submit_jobs_on_a_private_model(api_client, embargoed) -> None:  # noqa: ANN001
+def test_outsiders_cannot_submit_jobs_on_a_private_model(api_client, embargoed) -> None:
     _, model, hardware, _ = embargoed
     outsider = make_token(organization=OrganizationFactory(), role=Role.ADMIN)
     response = api_client.post("/api/v1/jobs/", {"model": model.slug, "hardware": hardware.slug}, format="json",

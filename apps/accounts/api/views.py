@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -29,7 +29,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
     filterset_fields = ["name"]
     ordering_fields = ["created_at", "last_used_at"]
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[ApiToken]:
         if getattr(self, "swagger_fake_view", False):
             return ApiToken.objects.none()
         actor = get_actor(self.request)
@@ -39,7 +39,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
             "organization", "hardware", "user")
 
     @extend_schema(request=ApiTokenCreateSerializer, responses={201: ApiTokenSerializer})
-    def create(self, request: Request, *args, **kwargs) -> Response:  # noqa: ANN002, ANN003
+    def create(self, request: Request, *args, **kwargs) -> Response:
         actor = get_actor(request)
         require(actor.authenticated, actor, "")
         serializer = ApiTokenCreateSerializer(data=request.data)

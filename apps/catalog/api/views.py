@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import django_filters
+from django.db.models import QuerySet
 from rest_framework import mixins, viewsets
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
@@ -35,16 +36,16 @@ class ModelReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
     search_fields = ["slug", "name", "hf_repo"]
     ordering_fields = ["released_at", "params_total", "params_active", "name", "slug", "created_at"]
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[ModelRelease]:
         return visible_models(get_actor(self.request))
 
-    def get_serializer_class(self):  # noqa: ANN201
+    def get_serializer_class(self) -> type[ModelReleaseSerializer]:
         return ModelReleaseListSerializer if self.action == "list" else ModelReleaseSerializer
 
     def get_object(self) -> ModelRelease:
         return get_or_404(self.get_queryset(), "model", slug=self.kwargs["slug"])
 
-    def create(self, request: Request, *args, **kwargs) -> Response:  # noqa: ANN002, ANN003
+    def create(self, request: Request, *args, **kwargs) -> Response:
         actor = get_actor(request)
         require(actor.has_scope(Scope.SUBMIT), actor, "creating a model needs the submit scope")
         return super().create(request, *args, **kwargs)
@@ -68,7 +69,7 @@ class ModelReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
         data = dict(serializer.validated_data)
         serializer.instance = services.do_create_model_release(organization_id=org_id, **data)
 
-    def update(self, request: Request, *args, **kwargs) -> Response:  # noqa: ANN002, ANN003
+    def update(self, request: Request, *args, **kwargs) -> Response:
         model = self.get_object()
         actor = get_actor(request)
         require(actor.has_scope(Scope.SUBMIT, model.organization_id), actor,
@@ -90,13 +91,13 @@ class HardwareViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.C
     search_fields = ["slug", "name", "vendor"]
     ordering_fields = ["slug", "vendor", "memory_bytes", "devices_per_node"]
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[Hardware]:
         return all_hardware()
 
     def get_object(self) -> Hardware:
         return get_or_404(self.get_queryset(), "hardware", slug=self.kwargs["slug"])
 
-    def initial(self, request: Request, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def initial(self, request: Request, *args, **kwargs) -> None:
         super().initial(request, *args, **kwargs)
         if request.method not in ("GET", "HEAD", "OPTIONS"):
             actor = get_actor(request)

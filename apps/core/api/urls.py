@@ -4,6 +4,7 @@ basename) and any plain ``urlpatterns``."""
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 from rest_framework.routers import DefaultRouter
 
@@ -11,7 +12,7 @@ API_MODULES: tuple[str, ...] = ("apps.accounts.api.urls", "apps.catalog.api.urls
                                 "apps.jobs.api.urls", "apps.matrix.api.urls", "apps.benchmarks.api.urls")
 
 
-def _import(name: str):  # noqa: ANN202
+def _import(name: str) -> ModuleType | None:
     """The module, or None when its app is not written yet (any other import error is a bug and raises)."""
     try:
         return importlib.import_module(name)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -19,7 +20,7 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     filterset_fields = ["hostname"]
     ordering_fields = ["last_heartbeat_at", "hostname"]
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[Agent]:
         if getattr(self, "swagger_fake_view", False):
             return Agent.objects.none()
         actor = get_actor(self.request)

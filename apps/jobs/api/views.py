@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import django_filters
 from django.conf import settings
+from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -54,7 +55,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     filterset_class = JobFilter
     ordering_fields = ["created_at", "finished_at", "state"]
 
-    def get_queryset(self):  # noqa: ANN201
+    def get_queryset(self) -> QuerySet[Job]:
         return visible_jobs(get_actor(self.request))
 
     def get_object(self) -> Job:
