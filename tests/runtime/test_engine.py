@@ -156,3 +156,12 @@ def test_a_failing_request_is_isolated_and_ends_alone(model_dir, engine):
     assert "poisoned token" in outs[1].error
     assert [outs[0].output_token_ids, outs[2].output_token_ids] == [o.output_token_ids for o in expected]
     assert poisoned.stats()["kv_blocks_used"] == 0
+
+
+def test_fail_all_ends_every_request_and_frees_blocks(engine):
+    ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
+    engine.step()
+    outs = engine.fail_all("boom")
+    assert sorted(o.request_id for o in outs) == sorted(ids)
+    assert all(o.finished and o.finish_reason == "error" and o.error == "boom" for o in outs)
+    assert engine.stats()["kv_blocks_used"] == 0 and not engine.has_unfinished()

@@ -221,3 +221,10 @@ def test_32_simultaneous_streams_equal_each_prompt_alone(engine, url):
         t.join()
     assert results == alone
     assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_unknown_routes_and_methods_answer_in_openai_shape(url):
+    r = httpx.get(f"{url}/v1/nothing")
+    assert r.status_code == 404 and "/v1/nothing" in r.json()["error"]["message"]
+    r = httpx.get(f"{url}/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == 405

@@ -215,6 +215,18 @@ class LLMEngine:
         """One short generation through every path (prefill, decode, sampling), so the first request is fast."""
         self.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
 
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """End every request in flight with ``error`` and free its blocks (after an unexpected failure)."""
+        with self._lock:
+            inbox, self._inbox, self._aborts = self._inbox, [], []
+        for seq in inbox:
+            self.scheduler.add(seq)
+        outputs = []
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            self.scheduler.finish(seq, "error")
+            outputs.append(self._output(seq, [], error=error))
+        return outputs
+
     def close(self) -> None:
         """Release the other tensor-parallel ranks, if any (the engine is unusable afterwards)."""
         if self.runner.broadcast is not None:

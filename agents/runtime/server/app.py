@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -139,6 +140,10 @@ def create_app(
         Route("/ready", ready),
         Route("/metrics", metrics),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").response()
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.runtime = runtime
     return app

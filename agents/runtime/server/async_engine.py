@@ -75,9 +75,9 @@ class AsyncEngine:
                 continue
             try:
                 outputs = engine.step()
-            except Exception:  # the scheduler itself failed: keep serving the others
-                log.exception("engine step failed")
-                continue
+            except Exception as exc:  # a bug outside the forward pass: end what is in flight, keep the loop
+                log.exception("engine step failed; ending the requests in flight")
+                outputs = engine.fail_all(f"{type(exc).__name__}: {exc}")
             if outputs:
                 self.metrics.observe(outputs)
                 self._loop.call_soon_threadsafe(self._dispatch, outputs)
