@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from apps.accounts.models import ApiToken, Membership, Organization
+from apps.accounts.services import do_revoke_api_token
 
 
 class MembershipInline(admin.TabularInline):
@@ -26,10 +29,19 @@ class MembershipAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    """Tokens are created through the API or ``manage.py`` (the secret is shown once); here they are listed
-    and revoked."""
+    """Tokens are created through the API or ``manage.py create_token`` (the secret is shown once); here they
+    are listed and revoked."""
 
     list_display = ["prefix", "name", "organization", "user", "scopes", "hardware", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
     list_filter = ["organization", "revoked_at"]
     readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
     search_fields = ["prefix", "name"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a secret is only shown at creation: use the API or `manage.py create_token`
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        for token in queryset:
+            do_revoke_api_token(token)

@@ -103,3 +103,24 @@ def test_admins_manage_members_and_keep_one_admin(admin_client, api_client) -> N
     assert api_client.get(url, **auth(outsider)).status_code == 403
     response = client.post(url, {"username": "newcomer", "role": None}, content_type="application/json")
     assert [m["username"] for m in response.json()] == [user.username]
+
+
+def test_create_token_command_prints_a_working_agent_token(api_client) -> None:
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    org = OrganizationFactory(slug="ops")
+    user = UserFactory(username="operator")
+    Membership.objects.create(organization=org, user=user, role=Role.ADMIN)
+    hardware = HardwareFactory()
+    out = StringIO()
+    call_command("create_token", "--user", "operator", "--org", "ops", "--scopes", "agent",
+                 "--hardware", hardware.slug, stdout=out, stderr=StringIO())
+    secret = out.getvalue().strip()
+    response = api_client.post("/api/v1/agents/", {"hostname": "h1"}, format="json",
+                               HTTP_AUTHORIZATION=f"Token {secret}")
+    assert response.status_code == 201
+    with pytest.raises(CommandError, match="bound to a hardware"):
+        call_command("create_token", "--user", "operator", "--org", "ops", "--scopes", "agent",
+                     stdout=StringIO(), stderr=StringIO())

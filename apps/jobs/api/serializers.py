@@ -19,6 +19,7 @@ class JobCreateSerializer(serializers.Serializer):
     stages = serializers.ListField(child=serializers.CharField(max_length=32), required=False, allow_empty=False)
     dtype = serializers.CharField(required=False, max_length=32)
     tp = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=4096)
+    pp = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=4096)
     ep = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=4096)
     thresholds = serializers.DictField(child=serializers.FloatField(), required=False)
     bench = serializers.DictField(required=False)
@@ -53,6 +54,7 @@ class JobCreateSerializer(serializers.Serializer):
             "stages": data.get("stages") or list(DEFAULT_STAGES),
             "dtype": data.get("dtype"),
             "tp": data.get("tp"),
+            "pp": data.get("pp"),
             "ep": data.get("ep"),
             "thresholds": data.get("thresholds") or {},
             "bench": data.get("bench") or {},
