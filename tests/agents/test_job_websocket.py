@@ -160,3 +160,30 @@ async def _in_thread(fn, *args) -> None:  # noqa: ANN001
             connection.close()
 
     await sync_to_async(call, thread_sensitive=False)()
+
+
+def test_a_signed_in_member_follows_a_private_job_with_the_session_cookie() -> None:
+    from django.conf import settings
+    from django.test import Client
+
+    from apps.accounts.models import Membership
+    from tests.factories import UserFactory
+
+    org = OrganizationFactory()
+    model = ModelReleaseFactory(organization=org, visibility="private", released_at=None)
+    job = JobFactory(model=model, organization=org)
+    store(job, 1, 2)
+    member = UserFactory()
+    Membership.objects.create(organization=org, user=member, role="viewer")
+    browser = Client()
+    browser.force_login(member)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+    async def scenario() -> None:
+        comm = WebsocketCommunicator(application(), f"/ws/jobs/{job.pk}/", headers=[*HEADERS, (b"cookie", cookie)])
+        connected, _ = await comm.connect()
+        assert connected
+        assert await receive_events(comm, 2) == [1, 2]
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
