@@ -56,6 +56,9 @@ class FusedExperts(nn.Module):
         self.w2 = bind_loader(make_param((self.num_local, hidden, self.inter_local)), self._load,
                               [(e, "w2") for e in ids], self._shape)
         self.hidden = hidden
+        # Gathering the k chosen experts' weights costs a copy: worth it only while per-op overhead dominates.
+        expert_bytes = 3 * self.inter_local * hidden * torch.get_default_dtype().itemsize
+        self.gather_ok = self.num_local == num_experts and expert_bytes <= 256 * 1024
 
     def _shape(self, shard_id: Hashable) -> tuple[int, int]:
         return (self.hidden, self.inter) if shard_id[1] == "w2" else (self.inter, self.hidden)
@@ -78,7 +81,12 @@ class FusedExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, H], weights/ids: [T, k] -> this rank's partial sum [T, H]."""
         tokens, top_k = ids.shape
-        if tokens == 1:  # decode at batch 1: no sort, no gather, scalar weights
+        if tokens == 1 and self.gather_ok:  # small experts at batch 1: gather the k experts, two batched matvecs
+            sel = ids[0]  # [k]
+            h = torch.matmul(self.w13[sel], x[0])  # h: [k, 2I]
+            y = torch.matmul(self.w2[sel], silu_and_mul(h).unsqueeze(-1)).squeeze(-1)  # y: [k, H]
+            return torch.matmul(weights.to(x.dtype), y)  # [1, H]
+        if tokens == 1:  # large experts at batch 1: no sort, no weight copies, scalar weights
             out = None
             for e, w in zip(ids.tolist()[0], weights.tolist()[0], strict=True):
                 local = e - self.first
