@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents.runtime.bench.client import make_prompts
-from agents.runtime.bench.metrics import RequestResult, format_table, stats_ms, summarize
+from agents.runtime.bench.metrics import RequestResult, expert_balance, format_table, stats_ms, summarize
 
 
 def test_tpot_excludes_the_first_token_and_itl_is_per_chunk():
@@ -39,3 +39,39 @@ def test_table_lists_sweep_and_long_context():
     run = summarize([RequestResult(ok=True, ttft=0.1, e2e=0.3, itl=[0.1, 0.1], output_tokens=3)], 1.0, concurrency=1)
     text = format_table({"runs": [run], "long_context": {**run, "input_len": 900}, "peak_memory_bytes": 2**30})
     assert "sweep" in text and "long" in text and "1024 MiB" in text
+
+
+def test_expert_balance_summary():
+    out = expert_balance([[10, 10, 10, 10], [40, 0, 0, 0], [0, 0, 0, 0]])
+    assert out["layers"] == 2 and out["experts"] == 4 and out["routed_tokens"] == 80
+    assert out["worst_layer_max_over_mean"] == 4.0 and out["max_over_mean"] == 2.5
+    assert expert_balance([[0, 0]]) is None
+
+
+def test_benchmark_against_a_live_moe_server_reports_expert_load():
+    import json
+    import time
+
+    import httpx
+
+    from agents.runtime.bench import run_benchmark
+    from agents.runtime.engine import LLMEngine
+    from agents.runtime.server import create_app
+    from agents.runtime.server.launcher import ServerThread
+    from agents.runtime.testing.make_model import cached_model
+
+    path = cached_model("qwen3-moe")
+    config = json.loads((path / "config.json").read_text())
+    engine = LLMEngine(path, num_blocks=64)
+    with ServerThread(create_app(engine, "moe")) as url:
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        section = run_benchmark(url, concurrency=[2], input_len=12, output_len=5, num_prompts=4, long_context=False)
+    assert section["runs"][0]["completed"] == 4 and section["long_context"] is None
+    load = section["expert_load"]
+    experts = config.get("num_experts") or config["num_local_experts"]
+    assert load["experts"] == experts and load["layers"] == config["num_hidden_layers"]
+    tokens_fed = 4 * (12 + 5 - 1)  # the last sampled token of each request is never fed back
+    assert load["routed_tokens"] == tokens_fed * config["num_experts_per_tok"] * config["num_hidden_layers"]
+    assert load["max_over_mean"] >= 1.0

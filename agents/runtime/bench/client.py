@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from agents.runtime.bench.metrics import RequestResult, summarize
+from agents.runtime.bench.metrics import RequestResult, expert_balance, summarize
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
@@ -116,6 +116,14 @@ async def _peak_memory(client: httpx.AsyncClient, base: str) -> int | None:
     return None
 
 
+async def _expert_counts(client: httpx.AsyncClient, base: str) -> list[list[int]] | None:
+    try:
+        resp = await client.get(f"{base}/stats/experts")
+    except httpx.HTTPError:
+        return None
+    return resp.json()["counts"] if resp.status_code == 200 else None
+
+
 async def run_benchmark_async(
     url: str,
     *,
@@ -144,6 +152,7 @@ async def run_benchmark_async(
         )
         if not warm.ok:
             raise RuntimeError(f"warm-up request failed: {warm.error}")
+        experts_before = await _expert_counts(client, base)
         runs = []
         for conc in concurrency:
             runs.append(
@@ -176,6 +185,13 @@ async def run_benchmark_async(
                 )
                 long_run["input_len"] = long_in
         peak = await _peak_memory(client, base)
+        experts_after = await _expert_counts(client, base)
+    expert_load = None
+    if experts_before is not None and experts_after is not None:
+        delta = [
+            [a - b for a, b in zip(la, lb, strict=True)] for la, lb in zip(experts_after, experts_before, strict=True)
+        ]
+        expert_load = expert_balance(delta)
     return {
         "endpoint": base,
         "model": model,
@@ -186,6 +202,7 @@ async def run_benchmark_async(
         "runs": runs,
         "long_context": long_run,
         "peak_memory_bytes": peak,
+        "expert_load": expert_load,
     }
 
 

@@ -57,6 +57,23 @@ def summarize(results: list[RequestResult], duration: float, **extra: object) ->
     }
 
 
+def expert_balance(counts: list[list[int]]) -> dict | None:
+    """Per-layer expert counts summarised: max/mean load (1.0 is perfect balance) and coefficient of variation."""
+    rows = [np.asarray(row, dtype=np.float64) for row in counts]
+    rows = [r for r in rows if r.sum() > 0]
+    if not rows:
+        return None
+    ratio = [float(r.max() / r.mean()) for r in rows]
+    return {
+        "layers": len(rows),
+        "experts": int(rows[0].size),
+        "max_over_mean": round(float(np.mean(ratio)), 4),
+        "worst_layer_max_over_mean": round(max(ratio), 4),
+        "cv": round(float(np.mean([r.std() / r.mean() for r in rows])), 4),
+        "routed_tokens": int(sum(r.sum() for r in rows)),
+    }
+
+
 def format_table(section: dict) -> str:
     """The runs of a bench section as a fixed-width table."""
     head = f"{'case':<10}{'conc':>5}{'ok':>5}{'fail':>5}{'out tok/s':>11}{'req/s':>8}"
@@ -75,6 +92,12 @@ def format_table(section: dict) -> str:
                 line += f"{'-' if value is None else f'{value:.1f}':>11}"
         lines.append(line)
     lines.append("(latencies in ms)")
+    if section.get("expert_load"):
+        load = section["expert_load"]
+        lines.append(
+            f"expert load: max/mean {load['max_over_mean']:.2f} (worst layer "
+            f"{load['worst_layer_max_over_mean']:.2f}), cv {load['cv']:.2f} over {load['layers']} layers"
+        )
     if section.get("peak_memory_bytes"):
         lines.append(f"server peak memory: {section['peak_memory_bytes'] / 2**20:.0f} MiB")
     return "\n".join(lines)

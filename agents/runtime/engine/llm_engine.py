@@ -13,6 +13,7 @@ import torch
 
 from agents.runtime.engine.block_manager import BlockManager
 from agents.runtime.engine.config import EngineConfig
+from agents.runtime.engine.expert_load import ExpertLoad
 from agents.runtime.engine.model_runner import ModelRunner, size_kv_pool
 from agents.runtime.engine.outputs import QueueFullError, RequestError, RequestOutput
 from agents.runtime.engine.sampler import sample
@@ -72,6 +73,7 @@ class LLMEngine:
         self.max_model_len = min(max_len, num_blocks * bs)
         self.blocks = BlockManager(num_blocks, bs)
         self.runner = ModelRunner(model, self.device, bs, num_blocks)
+        self.expert_load = ExpertLoad(model)
         paged = self.runner.paged
         self.scheduler = Scheduler(
             SchedulerConfig(

@@ -132,6 +132,12 @@ def create_app(
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(runtime.metrics.render(runtime.stats), media_type="text/plain; version=0.0.4")
 
+    async def expert_load(request: Request) -> Response:
+        engine = runtime.engine if runtime.ready else None
+        if engine is None or not engine.expert_load.active:
+            return APIError(404, "this model has no routed experts (or is still loading)").response()
+        return JSONResponse({"counts": engine.expert_load.counts()})
+
     routes = [
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
@@ -139,6 +145,7 @@ def create_app(
         Route("/health", health),
         Route("/ready", ready),
         Route("/metrics", metrics),
+        Route("/stats/experts", expert_load),
     ]
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
