@@ -124,3 +124,17 @@ def test_half_precision_runs_close_to_fp32(dtype):
     assert got.dtype == torch.float32  # logits are handed to sampling in fp32 whatever the model dtype
     assert torch.nn.functional.cosine_similarity(got.float(), ref, dim=-1).min() > 0.99
     assert greedy_decode(half, [ids[:6].tolist()], 4, block_size=4)[0]  # the paged path runs in half precision
+
+
+def test_qwen3_moe_with_dense_layers_and_unnormalised_routing_matches_transformers(tmp_path):
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(**{**BASE, "num_hidden_layers": 3}, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=24, norm_topk_prob=False, mlp_only_layers=[1])
+    _compare(_save(tmp_path, config))
+
+
+def test_mixtral_with_sliding_window_matches_transformers(tmp_path):
+    from transformers import MixtralConfig
+
+    _compare(_save(tmp_path, MixtralConfig(**BASE, num_local_experts=4, num_experts_per_tok=2, sliding_window=6)))
