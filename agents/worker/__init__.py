@@ -1,1 +1,6 @@
-"""Agent worker: the Celery tasks of the agent, the only bridge between portal and runtime."""
+"""Agent worker: the Celery tasks of the agent, the only bridge between portal and runtime.
+
+``app`` (Celery app, queue ``hw.<slug>``) · ``tasks`` (``run_job_task``: claim, run the pipeline, report) ·
+``spool`` (durable, ordered, idempotent event delivery) · ``client`` (the portal's REST API) · ``heartbeat`` ·
+``agent_state`` (who this agent is, from ``DAY0_AGENT_*``) · ``commands`` (``day0 agent``, ``day0 jobs``) ·
+``demo`` (helpers for ``day0 demo`` and the end-to-end benchmark). Nothing here touches the database."""
