@@ -31,6 +31,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)  # probs: [R, V]
     out = list(greedy)
     for j, i in enumerate(rows):
-        pick = torch.multinomial(probs[j], 1, generator=seqs[i].generator)
+        gen = seqs[i].generator  # a CPU generator: seeded draws are the same on every device
+        row = probs[j] if gen is None else probs[j].cpu()
+        pick = int(torch.multinomial(row, 1, generator=gen))
         out[i] = int(sorted_ids[j, pick])
     return out
