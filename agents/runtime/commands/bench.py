@@ -50,7 +50,7 @@ def handle(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     except (ValueError, RuntimeError, httpx.HTTPError) as exc:
-        print(f"day0 bench: {exc}")
+        print(f"day0 bench: {args.url}: {exc}")
         return 1
     print(format_table(section))
     if args.json:

@@ -26,6 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pathlib import Path
+
+    if not (Path(args.model_dir) / "config.json").is_file():
+        print(f"day0 serve: {args.model_dir} is not a model directory (no config.json)", flush=True)
+        return 2
     if args.tp < 1:
         print(f"day0 serve: --tp must be >= 1, got {args.tp}", flush=True)
         return 2
