@@ -361,18 +361,23 @@ class Classifier:
         name = func.name()
         sibling = self._tensor_sibling(func)
         if sibling is not None and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd"):
-            return "decomposed", [str(sibling)]  # the generic Scalar kernel wraps the scalar and calls it
+            return "decomposed", [str(sibling)]
         if any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in _GENERIC_KEYS):
             return "fallback", []
         return "missing", []
 
     def _tensor_sibling(self, func: Any) -> Any | None:
-        """``add_.Scalar`` -> ``add_.Tensor`` when that overload is native on the target."""
+        """``add_.Scalar`` -> ``add_.Tensor``, ``arange.start`` -> ``arange.start_out``: the native overload a
+        generic kernel of ``func`` calls, if the target has it."""
         overload = func._overloadname
-        if "Scalar" not in overload:
-            return None
-        sibling = getattr(func.overloadpacket, overload.replace("Scalar", "Tensor"), None)
-        return sibling if sibling is not None and self.is_native(sibling) else None
+        names = [overload.replace("Scalar", "Tensor")] if "Scalar" in overload else []
+        # a functional op's generic kernel allocates the result and calls its out= variant
+        names += [f"{overload}_out" if overload != "default" else "out", "out"]
+        for name in names:
+            sibling = getattr(func.overloadpacket, name, None)
+            if sibling is not None and sibling is not func and self.is_native(sibling):
+                return sibling
+        return None
 
 
 def classify_ops(
