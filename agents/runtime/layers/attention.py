@@ -22,7 +22,7 @@ class AttentionMetadata:
     q_bounds: list[tuple[int, int, int]] | None = None  # per sequence: (q start, q len, k len)
     slots: torch.Tensor | None = None  # [T'] valid cache slots of the new tokens
     slot_rows: torch.Tensor | None = None  # [T'] rows of the batch those slots belong to; None: all rows
-    decode_blocks: torch.Tensor | None = None  # [B, nb] block ids (padding clamped to 0)
+    decode_blocks: torch.Tensor | None = None  # [B * nb] block ids (padding clamped to 0)
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, nb * block_size] keys each sequence may attend to
 
     @classmethod
@@ -35,7 +35,7 @@ class AttentionMetadata:
                 meta.slots = slots
             else:
                 meta.slot_rows = valid.nonzero().squeeze(1)
-                meta.slots = slots[meta.slot_rows]
+                meta.slots = slots.index_select(0, meta.slot_rows)
         if not ctx.is_decode:
             starts = ctx.cu_seqlens_q.tolist()
             meta.q_bounds = [(s, e - s, k) for s, e, k in zip(starts[:-1], starts[1:], ctx.seqlens_k.tolist(), strict=False)]
@@ -79,7 +79,7 @@ class Attention(nn.Module):
         k_flat = self.k_cache.view(-1, self.num_kv_heads, self.head_dim)  # [slots, Hkv, D]
         v_flat = self.v_cache.view(-1, self.num_kv_heads, self.head_dim)
         if meta.slot_rows is not None:
-            k, v = k[meta.slot_rows], v[meta.slot_rows]
+            k, v = k.index_select(0, meta.slot_rows), v.index_select(0, meta.slot_rows)
         if k.dtype != k_flat.dtype:
             k, v = k.to(k_flat.dtype), v.to(v_flat.dtype)
         k_flat.index_copy_(0, meta.slots, k)
@@ -88,8 +88,9 @@ class Attention(nn.Module):
     def _gather_sequence(self, ctx: ForwardContext, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         k_len = int(ctx.seqlens_k[index])
         blocks = ctx.block_tables[index, : -(-k_len // self.k_cache.shape[1])].long()
-        k = self.k_cache[blocks].flatten(0, 1)[:k_len]  # k: [Lk, Hkv, D]
-        v = self.v_cache[blocks].flatten(0, 1)[:k_len]
+        # index_select copies whole blocks as rows: much cheaper and steadier than advanced indexing k[idx]
+        k = self.k_cache.index_select(0, blocks).flatten(0, 1)[:k_len]  # k: [Lk, Hkv, D]
+        v = self.v_cache.index_select(0, blocks).flatten(0, 1)[:k_len]
         return k, v
 
     def _prefill(self, q: torch.Tensor, keys_of, meta: AttentionMetadata) -> torch.Tensor:
@@ -115,16 +116,17 @@ class Attention(nn.Module):
         block_size = self.k_cache.shape[1]
         if meta.decode_blocks is None:  # first layer of this step: shared by all layers
             nb = min(-(-ctx.max_seqlen_k // block_size), ctx.block_tables.shape[1])
-            meta.decode_blocks = ctx.block_tables[:, :nb].clamp(min=0).long()
+            meta.decode_blocks = ctx.block_tables[:, :nb].clamp(min=0).long().reshape(-1)  # [B * nb]
             keys = torch.arange(nb * block_size, device=q.device)[None, :]  # [1, Lk]
             seqlens = ctx.seqlens_k.long()[:, None]  # [B, 1]
             mask = keys < seqlens
             if self.sliding_window is not None:
                 mask &= keys >= seqlens - self.sliding_window
             meta.decode_mask = mask[:, None, None, :]  # [B, 1, 1, Lk]
-        b, nb = meta.decode_blocks.shape
-        k = self.k_cache[meta.decode_blocks].view(b, nb * block_size, self.num_kv_heads, self.head_dim)
-        v = self.v_cache[meta.decode_blocks].view(b, nb * block_size, self.num_kv_heads, self.head_dim)
+        b = ctx.block_tables.shape[0]
+        keys = meta.decode_mask.shape[-1]
+        k = self.k_cache.index_select(0, meta.decode_blocks).view(b, keys, self.num_kv_heads, self.head_dim)
+        v = self.v_cache.index_select(0, meta.decode_blocks).view(b, keys, self.num_kv_heads, self.head_dim)
         if k.dtype != q.dtype:
             k, v = k.to(q.dtype), v.to(q.dtype)
         # Query heads of one KV group ride the "query length" axis, so no K/V repeat is needed.

@@ -83,8 +83,8 @@ class FusedExperts(nn.Module):
         tokens, top_k = ids.shape
         if tokens == 1 and self.gather_ok:  # small experts at batch 1: gather the k experts, two batched matvecs
             sel = ids[0]  # [k]
-            h = torch.matmul(self.w13[sel], x[0])  # h: [k, 2I]
-            y = torch.matmul(self.w2[sel], silu_and_mul(h).unsqueeze(-1)).squeeze(-1)  # y: [k, H]
+            h = torch.matmul(self.w13.index_select(0, sel), x[0])  # h: [k, 2I]
+            y = torch.matmul(self.w2.index_select(0, sel), silu_and_mul(h).unsqueeze(-1)).squeeze(-1)  # y: [k, H]
             return torch.matmul(weights.to(x.dtype), y)  # [1, H]
         if tokens == 1:  # large experts at batch 1: no sort, no weight copies, scalar weights
             out = None
@@ -107,7 +107,7 @@ class FusedExperts(nn.Module):
             idx = order[pos : pos + n]
             pos += n
             tok = idx // top_k
-            y = self._expert(local, x[tok]) * flat_w[idx, None]  # y: [n, H]
+            y = self._expert(local, x.index_select(0, tok)) * flat_w.index_select(0, idx)[:, None]  # y: [n, H]
             out.index_add_(0, tok, y.to(x.dtype))
         return out
 

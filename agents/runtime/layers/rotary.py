@@ -112,7 +112,7 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         cos, sin = self._grow(max_position, dtype)
-        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [T, 1, 2, rot/2] each
+        return cos.index_select(0, positions).unsqueeze(1), sin.index_select(0, positions).unsqueeze(1)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: [T, H, D] -> rotated [T, H, D] (a new tensor)."""
