@@ -125,9 +125,10 @@ def _free_memory_bytes(device: str) -> int:
     if torch.device(device).type == "cuda":
         return int(torch.cuda.mem_get_info(torch.device(device))[0])
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 8 * 1024**3
