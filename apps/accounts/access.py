@@ -46,8 +46,8 @@ class Actor:
         if self.token is not None:
             if not self.token.has_scope(scope) and not (scope == Scope.READ):
                 return False
-            if scope == Scope.AGENT:
-                return self.token.hardware_id is not None
+            if scope == Scope.AGENT:  # its creator must still belong to the organization
+                return self.token.hardware_id is not None and self.token.organization_id in self.roles
             org = org_id if org_id is not None else self.token.organization_id
             role = self.roles.get(org)
             return role is not None and scope in SCOPES_FOR_ROLE[role]

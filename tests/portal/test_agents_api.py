@@ -40,3 +40,13 @@ def test_only_agent_tokens_of_that_hardware_register_or_beat(api_client) -> None
     other = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=HardwareFactory())
     assert api_client.post(f"/api/v1/agents/{agent_id}/heartbeat/", {}, format="json", **auth(other)).status_code == 403
     assert api_client.get("/api/v1/agents/").status_code == 401
+
+
+def test_an_agent_token_dies_with_its_creators_membership(api_client) -> None:
+    from apps.accounts.models import Membership
+
+    hardware = HardwareFactory()
+    token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
+    assert api_client.post("/api/v1/agents/", {"hostname": "h"}, format="json", **auth(token)).status_code == 201
+    Membership.objects.filter(user=token.user).delete()
+    assert api_client.post("/api/v1/agents/", {"hostname": "h"}, format="json", **auth(token)).status_code == 403
