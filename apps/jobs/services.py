@@ -107,8 +107,8 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
 
 def check_cancel_job(actor: Actor, job: Job) -> Job:
     """The requester, or a submitter of the job's organization, cancels a queued, dispatched or running job."""
-    if not (actor.user_id is not None and (actor.user_id == job.requested_by_id or actor.is_staff
-                                           or actor.has_scope(Scope.SUBMIT, job.organization_id))):
+    in_org = job.organization_id is not None and actor.has_scope(Scope.SUBMIT, job.organization_id)
+    if not (actor.user_id is not None and (actor.user_id == job.requested_by_id or actor.is_staff or in_org)):
         raise PermissionDenied("cancelling this job needs the submit scope in its organization")
     if job.state not in ACTIVE_STATES:
         raise InvalidTransition(f"job {job.pk} is {job.state}; only queued, dispatched or running jobs can be cancelled")

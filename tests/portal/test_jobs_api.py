@@ -114,3 +114,11 @@ def test_dispatch_counts_attempts_and_timestamps() -> None:
     do_transition_job(job, JobState.SUCCEEDED)
     job.refresh_from_db()
     assert job.finished_at is not None
+
+
+def test_a_job_without_organization_is_cancelled_only_by_its_requester(api_client) -> None:
+    requester = make_token(organization=OrganizationFactory())
+    job = JobFactory(organization=None, requested_by=requester.user, state=JobState.QUEUED)
+    stranger = make_token(organization=OrganizationFactory(), role=Role.SUBMITTER)
+    assert api_client.post(f"/api/v1/jobs/{job.pk}/cancel/", **auth(stranger)).status_code == 403
+    assert api_client.post(f"/api/v1/jobs/{job.pk}/cancel/", **auth(requester)).status_code == 200
