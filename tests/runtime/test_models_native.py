@@ -83,3 +83,22 @@ def test_paged_incremental_logits_equal_full_recompute(pair):
     full = ours.forward(prompt, torch.arange(len(prompt)), ForwardContext.for_prompts([len(prompt)]))
     full_logits = ours.compute_logits(full.hidden)[8:]
     torch.testing.assert_close(torch.cat(steps), full_logits, atol=1e-4, rtol=0)
+
+
+def test_mixed_batch_of_decodes_and_a_prefill_chunk_equals_full_recompute(pair):
+    ours, _, prompts = pair
+    from agents.runtime.models.simple_decode import PagedCache, prefill_context
+
+    a, b, c = prompts[0], prompts[2], prompts[1]  # lengths 7, 12, 3
+    cache = PagedCache(ours, 16, 3, block_size=4)
+    ctx, pos = prefill_context(cache, [0, 1], [0, 0], [6, 11])
+    ours.forward(torch.cat([a[:6], b[:11]]), pos, ctx)
+    # one step: two sequences decode one token each while the third prefills its whole prompt
+    ctx, pos = prefill_context(cache, [0, 1, 2], [6, 11, 0], [1, 1, 3])
+    assert not ctx.is_decode
+    hidden = ours.forward(torch.cat([a[6:], b[11:], c]), pos, ctx).hidden
+    step = ours.compute_logits(hidden)  # [5, vocab]
+    for rows, seq in ((slice(0, 1), a), (slice(1, 2), b), (slice(2, 5), c)):
+        full = ours.forward(seq, torch.arange(len(seq)), ForwardContext.for_prompts([len(seq)])).hidden
+        expected = ours.compute_logits(full)[len(seq) - (rows.stop - rows.start) :]
+        torch.testing.assert_close(step[rows], expected, atol=1e-4, rtol=0)

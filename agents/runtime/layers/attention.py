@@ -24,6 +24,9 @@ class AttentionMetadata:
     slot_rows: torch.Tensor | None = None  # [T'] rows of the batch those slots belong to; None: all rows
     decode_blocks: torch.Tensor | None = None  # [B * nb] block ids (padding clamped to 0)
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, nb * block_size] keys each sequence may attend to
+    # A mixed batch (chunked prefill beside running decodes): its one-token sequences take the vectorised path.
+    decode_rows: torch.Tensor | None = None  # [Bd] token rows of the one-token sequences
+    decode_meta: AttentionMetadata | None = None  # a decode-only view of those sequences
 
     @classmethod
     def build(cls, ctx: ForwardContext) -> AttentionMetadata:
@@ -38,8 +41,27 @@ class AttentionMetadata:
                 meta.slots = slots.index_select(0, meta.slot_rows)
         if not ctx.is_decode:
             starts = ctx.cu_seqlens_q.tolist()
-            meta.q_bounds = [(s, e - s, k) for s, e, k in zip(starts[:-1], starts[1:], ctx.seqlens_k.tolist(), strict=False)]
+            k_lens = ctx.seqlens_k.tolist()
+            meta.q_bounds = [(s, e - s, k) for s, e, k in zip(starts[:-1], starts[1:], k_lens, strict=True)]
+            if ctx.uses_cache:
+                meta._split_decodes(starts, k_lens)
         return meta
+
+    def _split_decodes(self, starts: list[int], k_lens: list[int]) -> None:
+        single = [i for i, (_s, n, _k) in enumerate(self.q_bounds) if n == 1]
+        if len(single) < 2:
+            return
+        ctx, dev = self.ctx, self.ctx.cu_seqlens_q.device
+        seqs = torch.tensor(single, device=dev)
+        self.decode_rows = torch.tensor([starts[i] for i in single], device=dev)
+        sub = ForwardContext(
+            cu_seqlens_q=torch.arange(len(single) + 1, dtype=torch.int32, device=dev),
+            seqlens_k=ctx.seqlens_k.index_select(0, seqs), max_seqlen_q=1,
+            max_seqlen_k=max(k_lens[i] for i in single), block_tables=ctx.block_tables.index_select(0, seqs),
+            is_decode=True,
+        )
+        self.decode_meta = AttentionMetadata(sub)
+        self.q_bounds = [b if b[1] != 1 else (b[0], 0, b[2]) for b in self.q_bounds]  # the loop skips them
 
 
 def _key_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -73,7 +95,11 @@ class Attention(nn.Module):
         self._store(k, v, meta)
         if ctx.is_decode:
             return self._decode(q, meta)
-        return self._prefill(q, lambda i, _s, _n: self._gather_sequence(ctx, i), meta)
+        out = self._prefill(q, lambda i, _s, _n: self._gather_sequence(ctx, i), meta)
+        if meta.decode_rows is not None:
+            decoded = self._decode(q.index_select(0, meta.decode_rows), meta.decode_meta)  # [Bd, H * D]
+            out.index_copy_(0, meta.decode_rows, decoded)
+        return out
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
         k_flat = self.k_cache.view(-1, self.num_kv_heads, self.head_dim)  # [slots, Hkv, D]
