@@ -38,7 +38,8 @@ def test_only_agent_tokens_of_that_hardware_register_or_beat(api_client) -> None
     assert wrong.status_code == 403
     agent_id = api_client.post("/api/v1/agents/", {"hostname": "h"}, format="json", **auth(token)).json()["id"]
     other = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=HardwareFactory())
-    assert api_client.post(f"/api/v1/agents/{agent_id}/heartbeat/", {}, format="json", **auth(other)).status_code == 403
+    refused = api_client.post(f"/api/v1/agents/{agent_id}/heartbeat/", {}, format="json", **auth(other))
+    assert refused.status_code == 404  # another organization's agent is not even visible
     assert api_client.get("/api/v1/agents/").status_code == 401
 
 
@@ -50,3 +51,14 @@ def test_an_agent_token_dies_with_its_creators_membership(api_client) -> None:
     assert api_client.post("/api/v1/agents/", {"hostname": "h"}, format="json", **auth(token)).status_code == 201
     Membership.objects.filter(user=token.user).delete()
     assert api_client.post("/api/v1/agents/", {"hostname": "h"}, format="json", **auth(token)).status_code == 403
+
+
+def test_members_see_only_their_organizations_agents(api_client) -> None:
+    org = OrganizationFactory()
+    hardware = HardwareFactory()
+    agent_token = make_token(organization=org, scopes=["agent"], hardware=hardware)
+    api_client.post("/api/v1/agents/", {"hostname": "vendor-node"}, format="json", **auth(agent_token))
+    member = make_token(organization=org, scopes=["read"])
+    outsider = make_token(organization=OrganizationFactory(), scopes=["read"])
+    assert api_client.get("/api/v1/agents/", **auth(member)).json()["count"] == 1
+    assert api_client.get("/api/v1/agents/", **auth(outsider)).json()["count"] == 0

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -14,7 +14,8 @@ from apps.fleet.models import Agent
 
 
 class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Agents. POST registers (agent token); ``{id}/heartbeat/`` keeps it online. Listing needs a sign-in."""
+    """Agents. POST registers (agent token); ``{id}/heartbeat/`` keeps it online. A member sees the agents
+    registered with its organization's tokens; staff see all."""
 
     serializer_class = AgentSerializer
     filterset_fields = ["hostname"]
@@ -26,6 +27,11 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         actor = get_actor(self.request)
         require(actor.authenticated, actor, "")
         qs = Agent.objects.select_related("hardware")
+        if not actor.is_staff:  # agent hosts are a vendor's infrastructure: its organization's only
+            visible = Q(token__organization_id__in=sorted(actor.org_ids))
+            if actor.hardware_id is not None:
+                visible |= Q(hardware_id=actor.hardware_id)
+            qs = qs.filter(visible)
         hardware = self.request.query_params.get("hardware")
         return qs.filter(hardware__slug=hardware) if hardware else qs
 
