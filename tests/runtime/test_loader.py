@@ -238,3 +238,15 @@ def test_unknown_architecture_without_fallback_support_names_it(tmp_path):
     (d / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"], "model_type": "nosuch"}))
     save_file({"w": torch.zeros(1)}, d / "model.safetensors")
     _refused(d, "NoSuch")
+
+
+def test_bf16_checkpoint_may_keep_tensors_in_fp32_but_not_in_other_dtypes(model_dir):
+    config = json.loads((model_dir / "config.json").read_text())
+    config["torch_dtype"] = config["dtype"] = "bfloat16"
+    (model_dir / "config.json").write_text(json.dumps(config))
+    for shard in model_dir.glob("model-*.safetensors"):
+        _replace_tensors(shard, lambda t: t.update({k: v.bfloat16() for k, v in t.items() if k != K_PROJ}))
+    assert load_model(model_dir).report["ok"]  # k_proj stayed F32: accepted
+    shard = _shard_of(model_dir, K_PROJ)
+    _replace_tensors(shard, lambda t: t.update({K_PROJ: t[K_PROJ].to(torch.int32)}))
+    _refused(model_dir, shard.name, K_PROJ, "dtype I32")

@@ -83,8 +83,9 @@ def _validate(ckpt: Checkpoint, model: Any, config: dict[str, Any]) -> None:
         if entry.shape != tuple(shape):
             raise LoadError(f"{entry.file.name}: tensor {name!r} has shape {list(entry.shape)}, "
                             f"the model expects {list(shape)}")
-        if not DTYPES[entry.dtype].is_floating_point or (declared and entry.dtype != declared):
-            want = declared or "a floating-point dtype"
+        # The declared dtype, or F32 (kept in full precision, e.g. routing biases in bf16 checkpoints).
+        if not DTYPES[entry.dtype].is_floating_point or (declared and entry.dtype not in (declared, "F32")):
+            want = f"{declared} (the config's dtype) or F32" if declared else "a floating-point dtype"
             raise LoadError(f"{entry.file.name}: tensor {name!r} has dtype {entry.dtype}, expected {want}")
     missing = sorted(set(expected) - set(ckpt.tensors))
     if missing:
