@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -124,16 +125,34 @@ def _worker(rank: int, world_size: int, port: int, tp_size: int, ep_size: int, f
     except BaseException as exc:  # surfaced in the parent with the rank that failed
         import traceback
 
-        results[rank] = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-    finally:
-        destroy_distributed()
+        results[rank] = ("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}", time.time())
+        os._exit(1)  # no teardown: peers may be blocked in a collective; the parent ends them
+    destroy_distributed()
 
 
-def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None, ep_size: int = 1) -> list[Any]:
+def _wait(procs: list, timeout: float | None, grace: float = 5.0) -> None:
+    """Join all ranks; once one has failed (its peers would block in a collective) or the timeout has passed,
+    give the rest ``grace`` seconds, then terminate them."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while any(p.is_alive() for p in procs):
+        failed = any(p.exitcode not in (None, 0) for p in procs)
+        if failed or (deadline is not None and time.monotonic() > deadline):
+            for p in procs:
+                p.join(grace)
+                if p.is_alive():
+                    p.terminate()
+                    p.join()
+            return
+        time.sleep(0.05)
+
+
+def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None, ep_size: int = 1,
+           timeout: float | None = None) -> list[Any]:
     """Run ``fn(*args)`` in ``world_size`` processes on this machine and return each rank's result.
 
     ``fn`` must be importable (module level) and its result picklable. A failure on any rank raises
-    ``RuntimeError`` naming the rank and carrying its traceback.
+    ``RuntimeError`` naming the rank and carrying its traceback; ranks left waiting on a failed peer are
+    terminated, and so is every rank still running after ``timeout`` seconds.
     """
     tp = world_size if tp_size is None else tp_size
     ctx = mp.get_context("spawn")
@@ -146,12 +165,14 @@ def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None
         ]
         for p in procs:
             p.start()
-        for p in procs:
-            p.join()
+        _wait(procs, timeout)
         out = dict(results)
     failed = [r for r in range(world_size) if r not in out or out[r][0] != "ok"]
     if failed:
-        r = failed[0]
+        # the earliest failure is the cause; its peers typically fail after it ("connection closed by peer")
+        r = min(failed, key=lambda k: out[k][2] if k in out else float("inf"))
         detail = out[r][1] if r in out else f"exit code {procs[r].exitcode}"
-        raise RuntimeError(f"rank {r} of {world_size} failed: {detail}")
+        others = [k for k in failed if k != r]
+        also = f" (ranks {others} failed after it)" if others else ""
+        raise RuntimeError(f"rank {r} of {world_size} failed{also}: {detail}")
     return [out[r][1] for r in range(world_size)]

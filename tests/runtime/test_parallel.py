@@ -91,5 +91,17 @@ def _fail() -> None:
 
 
 def test_launch_reports_the_failing_rank():
-    with pytest.raises(RuntimeError, match="rank 0 of 2 failed: ValueError: boom on purpose"):
+    with pytest.raises(RuntimeError, match=r"rank \d of 2 failed.*: ValueError: boom on purpose"):
         launch(_fail, 2)
+
+
+def _fail_on_rank_1() -> None:
+    if torch.distributed.get_rank() == 1:
+        raise ValueError("rank 1 gives up")
+    torch.distributed.barrier()  # rank 0 would wait here forever for its dead peer
+
+
+def test_launch_ends_ranks_blocked_on_a_failed_peer():
+    cause = r"rank 1 of 2 failed \(ranks \[0\] failed after it\): ValueError: rank 1 gives up"
+    with pytest.raises(RuntimeError, match=cause):
+        launch(_fail_on_rank_1, 2)
