@@ -17,7 +17,7 @@ class AttentionMetadata:
     """Everything the layers derive from a ``ForwardContext``, computed once per forward (not per layer)."""
 
     ctx: ForwardContext
-    cos: torch.Tensor | None = None  # [T, 1, rot/2]
+    cos: torch.Tensor | None = None  # [T, 1, 2, rot/2] rotary tables (layout: RotaryEmbedding.cos_sin)
     sin: torch.Tensor | None = None
     q_bounds: list[tuple[int, int, int]] | None = None  # per sequence: (q start, q len, k len)
     slots: torch.Tensor | None = None  # [T'] valid cache slots of the new tokens
