@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 import pytest
@@ -13,7 +12,6 @@ from tests.dashboards.world import build_world
 from tests.factories import JobFactory, make_token
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -234,12 +232,6 @@ def test_another_organizations_user_does_not_see_an_embargoed_model_anywhere(wor
     shot(insider, "insider-cell")
 
 
-def test_matrix_page_loads_the_live_update_script():
-    html = (ROOT / "templates" / "matrix" / "matrix.html").read_text()
-    if "matrix_live.js" not in html:
-        pytest.xfail("templates/matrix/matrix.html does not load static/js/matrix_live.js yet (lead: add the include)")
-
-
 def test_matrix_cell_updates_live_when_evidence_arrives(world, portal_server, browser_factory, login_cookie, shot):
     job = JobFactory(model=world.model, hardware=world.other_hardware, organization=world.public_org,
                      spec={"stages": ["plan", "load", "inventory", "align", "serve", "bench", "env", "eval"],
@@ -248,8 +240,7 @@ def test_matrix_cell_updates_live_when_evidence_arrives(world, portal_server, br
                        role="admin", name="agent")
     page = open_page(browser_factory, portal_server, login_cookie, world.viewer)
     page.goto("/")
-    if not page.locator("script[src$='js/matrix_live.js']").count():  # until matrix.html includes it
-        page.add_script_tag(url="/static/js/matrix_live.js")
+    assert page.locator("script[src$='js/matrix_live.js']").count() == 1
     page.locator("#matrix-live[data-state=live]").wait_for()
     link = page.locator(f'a[href="/cells/{world.model.slug}/{world.other_hardware.slug}/"]')
     before = link.locator(".tier-label").inner_text()
