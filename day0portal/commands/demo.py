@@ -38,6 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where SQLite, the broker folder and the secret key live (default: $DAY0_DATA_DIR or var/)")
+    parser.add_argument("--arch", default="qwen3-moe",
+                        help="the tiny model the demo job adapts (qwen3-moe, mixtral, llama, qwen3, deepseek-v3)")
+    parser.add_argument("--no-agent", action="store_true", help="only the portal: no CPU agent, no demo job")
+    parser.add_argument("--exit-when-done", action="store_true",
+                        help="stop once the demo job has finished (exit code 0 when it succeeded)")
     parser.set_defaults(handler=run_demo)
 
 
@@ -142,7 +147,7 @@ def run_demo(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"day0 demo: {exc}", file=sys.stderr)
         return 1
-    base = f"http://{args.host}:{args.port}"
+    base = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
     print(f"""
 Day-0 Portal is running (embedded default; data in {info.data_dir})
 
@@ -155,9 +160,70 @@ Day-0 Portal is running (embedded default; data in {info.data_dir})
 
 Ctrl-C stops it.""", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, like Ctrl-C
+    helpers: list[subprocess.Popen] = []
     try:
+        if not args.no_agent:
+            code = _run_demo_job(base, info, env, args, helpers)
+            if args.exit_when_done:
+                return code
         return process.wait()
     except KeyboardInterrupt:
         return 0
     finally:
+        from agents.worker.demo import stop_agent
+
+        for helper in helpers:
+            stop_agent(helper)
         stop_portal(process)
+
+
+def _run_demo_job(base: str, info: DemoInfo, env: dict[str, str], args: argparse.Namespace,
+                  helpers: list[subprocess.Popen]) -> int:
+    """A CPU agent on queue hw.cpu, the portal's own worker (lost-job detection), a tiny MoE model and its job,
+    followed until it ends. Returns 0 when the job succeeded."""
+    import logging
+
+    from agents.worker.demo import run_demo as submit_demo_job
+    from agents.worker.demo import start_portal_worker
+
+    for noisy in ("httpx", "kombu.connection"):  # one line per poll, and the filesystem broker has no host name
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+    helpers.append(start_portal_worker(env=env))
+    print(f"\nbuilding the tiny {args.arch} model (cached after the first run) and starting a CPU agent …", flush=True)
+    job = submit_demo_job(base, info.token, arch=args.arch)
+    helpers.append(job.agent)
+    cell_url = f"{base}/cells/{job.model_slug}/cpu/"
+    print(f"""
+  demo job    {job.job_url}   (live console)
+  its cell    {cell_url}
+  agent log   {job.agent_log}
+""", flush=True)
+    return _follow_job(base, info.token, job.job_id, cell_url)
+
+
+def _follow_job(base: str, token: str, job_id: int, cell_url: str, timeout_s: float = 900.0) -> int:
+    """Prints each stage as the agent reports it, then the cell's tier."""
+    import httpx
+
+    headers = {"Authorization": f"Token {token}"}
+    after, deadline, state = 0, time.monotonic() + timeout_s, ""
+    with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+        while time.monotonic() < deadline:
+            page = client.get(f"/api/v1/jobs/{job_id}/events/", params={"after": after}).json()
+            for event in page.get("events", []):
+                after = max(after, int(event["seq"]))
+                if event["kind"] in ("stage_started", "stage_finished") or event["level"] in ("warning", "error"):
+                    print(f"  [{event['stage'] or '-':>9}] {event['message']}", flush=True)
+            job = client.get(f"/api/v1/jobs/{job_id}/").json()
+            if job["state"] != state:
+                state = job["state"]
+                print(f"  job {job_id}: {state}", flush=True)
+            if state in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(1.0)
+        cell = client.get(cell_url.replace(base, "/api/v1")).json()
+    tier = cell.get("tier_name") or cell.get("tier")
+    failed = f", failed at {cell['failed_stage']}: {cell.get('error')}" if cell.get("failed_stage") else ""
+    print(f"\n  cell {cell_url} -> tier {cell.get('tier')} ({tier}){failed}\n", flush=True)
+    return 0 if state == "succeeded" else 1
