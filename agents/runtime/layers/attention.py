@@ -27,6 +27,7 @@ class AttentionMetadata:
     # A mixed batch (chunked prefill beside running decodes): its one-token sequences take the vectorised path.
     decode_rows: torch.Tensor | None = None  # [Bd] token rows of the one-token sequences
     decode_meta: AttentionMetadata | None = None  # a decode-only view of those sequences
+    decode_seqs: frozenset[int] = frozenset()  # their indices, skipped by the per-sequence prefill loop
 
     @classmethod
     def build(cls, ctx: ForwardContext) -> AttentionMetadata:
@@ -61,7 +62,7 @@ class AttentionMetadata:
             is_decode=True,
         )
         self.decode_meta = AttentionMetadata(sub)
-        self.q_bounds = [b if b[1] != 1 else (b[0], 0, b[2]) for b in self.q_bounds]  # the loop skips them
+        self.decode_seqs = frozenset(single)
 
 
 def _key_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -122,7 +123,7 @@ class Attention(nn.Module):
     def _prefill(self, q: torch.Tensor, keys_of, meta: AttentionMetadata) -> torch.Tensor:
         out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
         for i, (start, q_len, k_len) in enumerate(meta.q_bounds):
-            if q_len == 0:
+            if q_len == 0 or i in meta.decode_seqs:
                 continue
             k, v = keys_of(i, start, q_len)
             qi = q[start : start + q_len].transpose(0, 1).unsqueeze(0)  # qi: [1, H, Lq, D]
