@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -13,6 +14,8 @@ from starlette.types import Receive, Scope, Send
 
 from agents.runtime.engine import RequestOutput
 from agents.runtime.server.async_engine import RequestStream
+
+log = logging.getLogger(__name__)
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -44,8 +47,12 @@ class SSEResponse(Response):
             for task in tasks:
                 task.cancel()
             for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, OSError, Exception):
+                try:
                     await task
+                except (asyncio.CancelledError, OSError):  # the client left mid-stream
+                    pass
+                except Exception:
+                    log.exception("streaming a response failed")
             with contextlib.suppress(Exception):
                 await self.events.aclose()  # type: ignore[attr-defined]
             self.source.close()
