@@ -90,10 +90,8 @@ def runtime_decode(model, prompt: list[int], tokens: int) -> float:
 
 
 @torch.inference_mode()
-def transformers_decode(path, prompt: list[int], tokens: int) -> float:
-    from transformers import AutoModelForCausalLM
-
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+def transformers_decode(ref, prompt: list[int], tokens: int) -> float:
+    """Decode tok/s of ``generate`` (prefill excluded: the time of a 1-token run is subtracted)."""
     ids = torch.tensor([prompt])
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
@@ -102,18 +100,23 @@ def transformers_decode(path, prompt: list[int], tokens: int) -> float:
         ref.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
         return time.perf_counter() - t
 
-    gen(4)
-    t1, tn = min(gen(1) for _ in range(2)), min(gen(tokens + 1) for _ in range(2))
-    return tokens / (tn - t1)
+    return tokens / (gen(tokens + 1) - gen(1))
 
 
-def compare(arch: str, size: str, tokens: int) -> dict:
+def compare(arch: str, size: str, tokens: int, rounds: int = 3) -> dict:
+    """Both sides on the same weights, interleaved round by round (machine noise hits both); best of each."""
+    from transformers import AutoModelForCausalLM
+
     path = cached_model(arch, size)
     model = load_model(path, stats=False).model
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = list(range(1, 33))
     runtime_decode(model, prompt, 4)  # warm-up
-    ours = max(runtime_decode(model, prompt, tokens) for _ in range(2))
-    theirs = transformers_decode(path, prompt, tokens)
+    transformers_decode(ref, prompt, 4)
+    ours, theirs = 0.0, 0.0
+    for _ in range(rounds):
+        ours = max(ours, runtime_decode(model, prompt, tokens))
+        theirs = max(theirs, transformers_decode(ref, prompt, tokens))
     return {"model": f"{arch}-{size}", "bytes": streamed_bytes(model), "ours": ours, "transformers": theirs}
 
 
