@@ -121,8 +121,10 @@ def portal_server(django_db_setup, django_db_blocker) -> Iterator[str]:
         log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def playwright_driver() -> Iterator[object]:
+    """Per module: Playwright's sync API marks an asyncio loop as running on the main thread while it is open,
+    which would break ``asyncio.run`` in every test collected after the browser tests."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run scripts/install_chromium.sh")
     from playwright.sync_api import sync_playwright

@@ -4,6 +4,7 @@ plus a long-context case; returns the ``bench`` section of the stage report."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import random
 import re
@@ -207,5 +208,12 @@ async def run_benchmark_async(
 
 
 def run_benchmark(url: str, **kwargs: Any) -> dict:
-    """Blocking wrapper of ``run_benchmark_async`` (the ``bench`` section of the stage report)."""
-    return asyncio.run(run_benchmark_async(url, **kwargs))
+    """Blocking wrapper of ``run_benchmark_async`` (the ``bench`` section of the stage report). Callable from a
+    thread that already runs an event loop (a notebook, a Playwright session): the benchmark then gets its own
+    loop on a helper thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run_benchmark_async(url, **kwargs))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="day0-bench") as pool:
+        return pool.submit(asyncio.run, run_benchmark_async(url, **kwargs)).result()
