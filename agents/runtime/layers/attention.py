@@ -85,6 +85,14 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        self._k_slots: torch.Tensor | None = None  # the caches viewed as [slots, Hkv, D], made once
+        self._v_slots: torch.Tensor | None = None
+
+    def bind(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Attach this layer's ``[num_blocks, block_size, Hkv, D]`` caches."""
+        self.k_cache, self.v_cache = k_cache, v_cache
+        self._k_slots = k_cache.view(-1, self.num_kv_heads, self.head_dim)
+        self._v_slots = v_cache.view(-1, self.num_kv_heads, self.head_dim)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
@@ -103,8 +111,7 @@ class Attention(nn.Module):
         return out
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
-        k_flat = self.k_cache.view(-1, self.num_kv_heads, self.head_dim)  # [slots, Hkv, D]
-        v_flat = self.v_cache.view(-1, self.num_kv_heads, self.head_dim)
+        k_flat, v_flat = self._k_slots, self._v_slots  # [slots, Hkv, D]
         if meta.slot_rows is not None:
             k, v = k.index_select(0, meta.slot_rows), v.index_select(0, meta.slot_rows)
         if k.dtype != k_flat.dtype:

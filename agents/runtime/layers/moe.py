@@ -85,7 +85,7 @@ class FusedExperts(nn.Module):
             sel = ids[0]  # [k]
             h = torch.matmul(self.w13.index_select(0, sel), x[0])  # h: [k, 2I]
             y = torch.matmul(self.w2.index_select(0, sel), silu_and_mul(h).unsqueeze(-1)).squeeze(-1)  # y: [k, H]
-            return torch.matmul(weights.to(x.dtype), y)  # [1, H]
+            return torch.matmul(weights if weights.dtype == x.dtype else weights.to(x.dtype), y)  # [1, H]
         if tokens == 1:  # large experts at batch 1: no sort, no weight copies, scalar weights
             out = None
             for e, w in zip(ids.tolist()[0], weights.tolist()[0], strict=True):

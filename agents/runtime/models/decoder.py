@@ -127,7 +127,7 @@ class DecoderCausalLM(nn.Module):
                     pair[0].shape[2:]) != (attn.num_kv_heads, attn.head_dim):
                 raise ValueError(f"layer {i}: expected (k_cache, v_cache) of [blocks, block_size, "
                                  f"{attn.num_kv_heads}, {attn.head_dim}], got {[tuple(t.shape) for t in pair]}")
-            attn.k_cache, attn.v_cache = pair
+            attn.bind(*pair)
 
     # ---- weights -----------------------------------------------------------------------------------------
     def expected_tensors(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
