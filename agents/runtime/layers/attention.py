@@ -98,13 +98,13 @@ class Attention(nn.Module):
         """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
         ctx = meta.ctx
         if not ctx.uses_cache:
-            return self._prefill(q, lambda _i, s, n: (k[s : s + n], v[s : s + n]), meta)
+            return self._prefill(q, lambda _i, s, n, _k: (k[s : s + n], v[s : s + n]), meta)
         if self.k_cache is None:
             raise RuntimeError("paged attention called before bind_kv_cache")
         self._store(k, v, meta)
         if ctx.is_decode:
             return self._decode(q, meta)
-        out = self._prefill(q, lambda i, _s, _n: self._gather_sequence(ctx, i), meta)
+        out = self._prefill(q, lambda i, _s, _n, k_len: self._gather_sequence(ctx, i, k_len), meta)
         if meta.decode_rows is not None:
             decoded = self._decode(q.index_select(0, meta.decode_rows), meta.decode_meta)  # [Bd, H * D]
             out.index_copy_(0, meta.decode_rows, decoded)
@@ -119,8 +119,7 @@ class Attention(nn.Module):
         k_flat.index_copy_(0, meta.slots, k)
         v_flat.index_copy_(0, meta.slots, v)
 
-    def _gather_sequence(self, ctx: ForwardContext, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k_len = int(ctx.seqlens_k[index])
+    def _gather_sequence(self, ctx: ForwardContext, index: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         blocks = ctx.block_tables[index, : -(-k_len // self.k_cache.shape[1])].long()
         # index_select copies whole blocks as rows: much cheaper and steadier than advanced indexing k[idx]
         k = self.k_cache.index_select(0, blocks).flatten(0, 1)[:k_len]  # k: [Lk, Hkv, D]
@@ -132,7 +131,7 @@ class Attention(nn.Module):
         for i, (start, q_len, k_len) in enumerate(meta.q_bounds):
             if q_len == 0 or i in meta.decode_seqs:
                 continue
-            k, v = keys_of(i, start, q_len)
+            k, v = keys_of(i, start, q_len, k_len)
             qi = q[start : start + q_len].transpose(0, 1).unsqueeze(0)  # qi: [1, H, Lq, D]
             ki = k.to(q.dtype).transpose(0, 1).unsqueeze(0)  # ki: [1, Hkv, Lk, D]
             vi = v.to(q.dtype).transpose(0, 1).unsqueeze(0)
