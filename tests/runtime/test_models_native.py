@@ -102,3 +102,22 @@ def test_mixed_batch_of_decodes_and_a_prefill_chunk_equals_full_recompute(pair):
         full = ours.forward(seq, torch.arange(len(seq)), ForwardContext.for_prompts([len(seq)])).hidden
         expected = ours.compute_logits(full)[len(seq) - (rows.stop - rows.start) :]
         torch.testing.assert_close(step[rows], expected, atol=1e-4, rtol=0)
+
+
+def test_equal_length_prompts_in_one_call_match_one_by_one_with_and_without_cache(pair):
+    ours, ref, _ = pair
+    from agents.runtime.models.simple_decode import PagedCache, prefill_context
+
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, ours.config["vocab_size"], (6,), generator=gen) for _ in range(3)]
+    ids = torch.cat(prompts)
+    positions = torch.arange(6).repeat(3)
+    no_cache = ours.compute_logits(ours.forward(ids, positions, ForwardContext.for_prompts([6, 6, 6])).hidden)
+    cache = PagedCache(ours, 8, 3, block_size=4)
+    ctx, pos = prefill_context(cache, [0, 1, 2], [0, 0, 0], [6, 6, 6])
+    paged = ours.compute_logits(ours.forward(ids, pos, ctx).hidden)
+    for i, p in enumerate(prompts):
+        with torch.no_grad():
+            expected = ref(p[None]).logits[0]
+        torch.testing.assert_close(no_cache[6 * i : 6 * i + 6], expected, atol=1e-4, rtol=0)
+        torch.testing.assert_close(paged[6 * i : 6 * i + 6], expected, atol=1e-4, rtol=0)

@@ -28,6 +28,7 @@ class AttentionMetadata:
     decode_rows: torch.Tensor | None = None  # [Bd] token rows of the one-token sequences
     decode_meta: AttentionMetadata | None = None  # a decode-only view of those sequences
     decode_seqs: frozenset[int] = frozenset()  # their indices, skipped by the per-sequence prefill loop
+    uniform_len: int = 0  # > 0: every sequence is a whole prompt of this length (one batched attention call)
 
     @classmethod
     def build(cls, ctx: ForwardContext) -> AttentionMetadata:
@@ -44,6 +45,9 @@ class AttentionMetadata:
             starts = ctx.cu_seqlens_q.tolist()
             k_lens = ctx.seqlens_k.tolist()
             meta.q_bounds = [(s, e - s, k) for s, e, k in zip(starts[:-1], starts[1:], k_lens, strict=True)]
+            lengths = {(n, k) for _s, n, k in meta.q_bounds}
+            if len(meta.q_bounds) > 1 and len(lengths) == 1 and (n := lengths.pop())[0] == n[1] > 0:
+                meta.uniform_len = n[0]
             if ctx.uses_cache:
                 meta._split_decodes(starts, k_lens)
         return meta
@@ -104,7 +108,9 @@ class Attention(nn.Module):
         self._store(k, v, meta)
         if ctx.is_decode:
             return self._decode(q, meta)
-        out = self._prefill(q, lambda i, _s, _n, k_len: self._gather_sequence(ctx, i, k_len), meta)
+        # a sequence with no cached prefix attends to exactly its new keys: no gather from the cache
+        out = self._prefill(q, lambda i, s, n, k_len: (k[s : s + n], v[s : s + n]) if n == k_len else
+                            self._gather_sequence(ctx, i, k_len), meta)
         if meta.decode_rows is not None:
             decoded = self._decode(q.index_select(0, meta.decode_rows), meta.decode_meta)  # [Bd, H * D]
             out.index_copy_(0, meta.decode_rows, decoded)
@@ -127,6 +133,8 @@ class Attention(nn.Module):
         return k, v
 
     def _prefill(self, q: torch.Tensor, keys_of, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.uniform_len and self.sliding_window is None and not meta.decode_seqs:
+            return self._prefill_uniform(q, keys_of, meta)
         out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
         for i, (start, q_len, k_len) in enumerate(meta.q_bounds):
             if q_len == 0 or i in meta.decode_seqs:
@@ -143,6 +151,16 @@ class Attention(nn.Module):
                 o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=self.scale, enable_gqa=True)
             out[start : start + q_len] = o[0].transpose(0, 1).flatten(1)  # [Lq, H * D]
         return out
+
+    def _prefill_uniform(self, q: torch.Tensor, keys_of, meta: AttentionMetadata) -> torch.Tensor:
+        """Whole prompts of one length, none cached: one causal attention call for the batch."""
+        b, n = len(meta.q_bounds), meta.uniform_len
+        k, v = keys_of(0, 0, q.shape[0], q.shape[0])  # all rows: [T, Hkv, D] each
+        qb = q.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # qb: [B, H, L, D]
+        kb = k.to(q.dtype).reshape(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)  # kb: [B, Hkv, L, D]
+        vb = v.to(q.dtype).reshape(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=self.scale, enable_gqa=True)
+        return o.transpose(1, 2).reshape(b * n, self.num_heads * self.head_dim)  # [T, H * D]
 
     def _decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         ctx = meta.ctx
