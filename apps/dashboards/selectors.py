@@ -15,7 +15,6 @@ from django.utils.dateparse import parse_datetime
 
 from agents.pipeline.tiers import STAGE_ORDER, TIER_GATES, TIER_NAMES
 from apps.accounts.access import Actor
-from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
 from apps.evidence.models import (
@@ -28,8 +27,8 @@ from apps.evidence.models import (
     StageResult,
     TokenDivergence,
 )
-from apps.jobs.choices import ACTIVE_STATES
 from apps.jobs.models import Job, JobEvent
+from apps.jobs.services import can_cancel_job
 from apps.matrix.models import Cell
 
 OPERATOR_STATUSES = ("native", "decomposed", "fallback", "missing")
@@ -275,15 +274,6 @@ class JobPage:
     earlier: int
     last_seq: int
     can_cancel: bool
-
-
-def can_cancel_job(actor: Actor, job: Job) -> bool:
-    """Mirrors ``apps.jobs.services.check_cancel_job``: the requester, staff, or a submitter of the job's
-    organization, while the job is active."""
-    if actor.user_id is None or job.state not in ACTIVE_STATES:
-        return False
-    return actor.user_id == job.requested_by_id or actor.is_staff or actor.has_scope(Scope.SUBMIT,
-                                                                                    job.organization_id)
 
 
 def job_page(actor: Actor, job_id: int) -> JobPage | None:

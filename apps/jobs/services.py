@@ -105,10 +105,23 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
     return job
 
 
+def may_cancel_job(actor: Actor, job: Job) -> bool:
+    """Whether ``actor`` may cancel ``job`` whatever its state: its requester, staff, or a submitter of the job's
+    organization (a job without one is cancelled only by its requester or staff)."""
+    if actor.user_id is None:
+        return False
+    in_org = job.organization_id is not None and actor.has_scope(Scope.SUBMIT, job.organization_id)
+    return actor.user_id == job.requested_by_id or actor.is_staff or in_org
+
+
+def can_cancel_job(actor: Actor, job: Job) -> bool:
+    """Whether ``check_cancel_job`` would cancel ``job`` now (pages show the cancel button from this)."""
+    return job.state in ACTIVE_STATES and may_cancel_job(actor, job)
+
+
 def check_cancel_job(actor: Actor, job: Job) -> Job:
     """The requester, or a submitter of the job's organization, cancels a queued, dispatched or running job."""
-    in_org = job.organization_id is not None and actor.has_scope(Scope.SUBMIT, job.organization_id)
-    if not (actor.user_id is not None and (actor.user_id == job.requested_by_id or actor.is_staff or in_org)):
+    if not may_cancel_job(actor, job):
         raise PermissionDenied("cancelling this job needs the submit scope in its organization")
     if job.state not in ACTIVE_STATES:
         raise InvalidTransition(f"job {job.pk} is {job.state}; only queued, dispatched or running jobs can be cancelled")

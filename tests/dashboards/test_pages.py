@@ -64,6 +64,20 @@ def test_job_page_shows_stages_log_and_cancel_only_for_allowed_users(world, clie
     assert 'id="cancel-job"' not in client_for(world.insider).get(f"/jobs/{job.pk}/").content.decode()
 
 
+def test_cancel_button_follows_the_cancel_service_for_a_job_without_organization(world, client_for):
+    from apps.accounts.access import Actor
+    from apps.jobs.models import Job
+    from apps.jobs.services import can_cancel_job
+
+    job = Job.objects.filter(model=world.model, hardware=world.other_hardware).order_by("created_at").first()
+    Job.objects.filter(pk=job.pk).update(state="running", organization=None, requested_by=None)
+    job.refresh_from_db()
+    # a submitter of some organization is not the requester of a job without one: no button, and no cancel
+    assert not can_cancel_job(Actor(user_id=world.viewer.pk, roles={world.public_org.pk: "submitter"}), job)
+    assert 'id="cancel-job"' not in client_for(world.viewer).get(f"/jobs/{job.pk}/").content.decode()
+    assert client_for(world.viewer).post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 403
+
+
 def test_trends_page_charts_every_metric_and_lists_the_planted_regression(world, client_for):
     html = client_for(None).get(f"/trends/?model={world.model.slug}&hardware={world.history_hardware.slug}"
                                 ).content.decode()
