@@ -89,7 +89,7 @@ def trends_page(request: HttpRequest) -> HttpResponse:
 
 def day0_page(request: HttpRequest) -> HttpResponse:
     raw = request.GET.get("tier", "3")
-    tier = int(raw) if raw.isdigit() and int(raw) in selectors.DAY0_TIERS else 3
+    tier = int(raw) if raw.isdecimal() and int(raw) in selectors.DAY0_TIERS else 3
     timeline = selectors.day0_timeline(actor_for(request), rank_tier=tier)
     return render(request, "dashboards/day0.html", {
         "timeline": timeline, "leaderboard_chart": charts.leaderboard_chart(timeline),
@@ -112,10 +112,7 @@ def badge(request: HttpRequest, model: str, hardware: str) -> HttpResponse:
 def export_matrix(request: HttpRequest, fmt: str) -> HttpResponse:
     if fmt not in ("csv", "json"):
         raise Http404(f"unknown export format {fmt!r}: use matrix.csv or matrix.json")
-    tier = request.GET.get("tier", "")
-    filters = MatrixFilters(vendor=request.GET.get("vendor", "").strip(), family=request.GET.get("family", "").strip(),
-                            min_tier=int(tier) if tier.isdigit() and int(tier) in TIER_NAMES else None)
-    rows = matrix_rows(build_matrix(actor_for(request), filters))
+    rows = matrix_rows(build_matrix(actor_for(request), MatrixFilters.from_params(request.GET)))
     stamp = datetime.now(UTC).strftime("%Y%m%d")
     if fmt == "json":
         response = JsonResponse({"generated_at": datetime.now(UTC).isoformat(), "count": len(rows), "cells": rows},

@@ -19,11 +19,37 @@ from apps.matrix.models import Cell
 CELL_COLUMNS = ("model_id", "hardware_id", "tier", "failed_stage", "fits", "fits_devices", "lead_hours", "job_count")
 
 
+def parse_tier(raw: str | None) -> int | None:
+    """A ``?tier=`` parameter: 0-6 or a tier name; None when blank. Raises ``ValueError`` naming what is accepted."""
+    raw = (raw or "").strip()
+    if not raw:
+        return None
+    if raw.isdecimal() and int(raw) in TIER_NAMES:  # isdecimal: int() accepts it ("²" is a digit, not a decimal)
+        return int(raw)
+    by_name = {name: level for level, name in TIER_NAMES.items()}
+    if raw in by_name:
+        return by_name[raw]
+    raise ValueError(f"must be 0-6 or a tier name ({', '.join(TIER_NAMES.values())})")
+
+
 @dataclass(frozen=True)
 class MatrixFilters:
     vendor: str = ""
     family: str = ""
     min_tier: int | None = None
+
+    @classmethod
+    def from_params(cls, params: Any, *, strict: bool = False) -> MatrixFilters:
+        """``?vendor=&family=&tier=`` (tier: the minimum tier a row must reach on some hardware). A bad tier
+        raises ``ValueError`` when ``strict`` (the API), and is ignored otherwise (pages keep working)."""
+        try:
+            tier = parse_tier(params.get("tier"))
+        except ValueError:
+            if strict:
+                raise
+            tier = None
+        return cls(vendor=(params.get("vendor") or "").strip(), family=(params.get("family") or "").strip(),
+                   min_tier=tier)
 
 
 @dataclass

@@ -16,14 +16,8 @@ from apps.matrix.presenters import human_count, rows_html
 from apps.matrix.selectors import MatrixFilters, build_matrix, family_choices, vendor_choices
 
 
-def _filters(request: HttpRequest) -> MatrixFilters:
-    tier = request.GET.get("tier", "")
-    return MatrixFilters(vendor=request.GET.get("vendor", "").strip(), family=request.GET.get("family", "").strip(),
-                         min_tier=int(tier) if tier.isdigit() and int(tier) in TIER_NAMES else None)
-
-
 def matrix_page(request: HttpRequest) -> HttpResponse:
-    filters = _filters(request)
+    filters = MatrixFilters.from_params(request.GET)
     matrix = build_matrix(actor_for(request), filters)
     rows = [
         {"model": m, "params": f"{human_count(m.params_total)} / {human_count(m.params_active)} active"

@@ -50,7 +50,17 @@ def test_absurd_config_sizes_are_refused_quickly(api_client) -> None:
 
 @pytest.mark.parametrize("url", ["/api/v1/jobs/abc/", "/api/v1/jobs/1/events/?after=-1", "/api/v1/models/?page=zz",
                                  "/api/v1/matrix/?tier=-1", "/api/v1/jobs/?ordering=nope", "/?tier=x&vendor=%00",
-                                 "/cells/%00/x/", "/api/v1/agents/x/heartbeat/"])
+                                 "/cells/%00/x/", "/api/v1/agents/x/heartbeat/",
+                                 # "²" passes str.isdigit() but not int(): numbers are checked with isdecimal()
+                                 "/?tier=%C2%B2", "/day0/?tier=%C2%B2", "/export/matrix.csv?tier=%C2%B2",
+                                 "/api/v1/matrix/?tier=%C2%B2", "/api/v1/jobs/%C2%B2/", "/api/v1/agents/%C2%B2/"])
 def test_junk_queries_are_answered_without_a_server_error(api_client, url: str) -> None:
     token = make_token(organization=OrganizationFactory())
     assert api_client.get(url, **auth(token)).status_code < 500
+
+
+def test_a_bad_matrix_tier_is_a_400_naming_the_parameter(api_client) -> None:
+    token = make_token(organization=OrganizationFactory())
+    response = api_client.get("/api/v1/matrix/?tier=%C2%B2", **auth(token))
+    assert response.status_code == 400 and "tier name" in response.json()["tier"][0]
+    assert api_client.get("/api/v1/matrix/?tier=serves", **auth(token)).status_code == 200

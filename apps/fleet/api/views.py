@@ -37,7 +37,7 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     def get_object(self) -> Agent:
         pk = self.kwargs["pk"]
-        return get_or_404(self.get_queryset(), "agent", pk=int(pk) if str(pk).isdigit() else -1)
+        return get_or_404(self.get_queryset(), "agent", pk=int(pk) if str(pk).isdecimal() else -1)
 
     @extend_schema(request=AgentRegisterSerializer, responses={201: AgentSerializer, 200: AgentSerializer})
     def create(self, request: Request) -> Response:

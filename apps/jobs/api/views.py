@@ -60,7 +60,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     def get_object(self) -> Job:
         pk = self.kwargs["pk"]
-        if not str(pk).isdigit():
+        if not str(pk).isdecimal():
             raise ValidationError({"id": f"job ids are integers, got {pk!r}"})
         return get_or_404(self.get_queryset(), "job", pk=int(pk))
 

@@ -22,19 +22,11 @@ from apps.matrix.selectors import MatrixFilters, build_matrix, lead_hours
 
 
 def parse_filters(params: Any) -> MatrixFilters:
-    """``?vendor=&family=&tier=`` (tier: the minimum tier a row must reach on some hardware)."""
-    tier = params.get("tier") or None
-    if tier is not None:
-        if not str(tier).isdigit() or int(tier) not in TIER_NAMES:
-            names = {str(k): v for k, v in TIER_NAMES.items()}
-            by_name = {v: k for k, v in TIER_NAMES.items()}
-            if tier in by_name:
-                tier = by_name[tier]
-            else:
-                raise ValidationError({"tier": f"must be 0-6 or a tier name ({', '.join(names.values())})"})
-        tier = int(tier)
-    return MatrixFilters(vendor=params.get("vendor", "").strip(), family=params.get("family", "").strip(),
-                         min_tier=tier)
+    """``?vendor=&family=&tier=``; a bad tier is a 400 naming the accepted values."""
+    try:
+        return MatrixFilters.from_params(params, strict=True)
+    except ValueError as exc:
+        raise ValidationError({"tier": str(exc)}) from None
 
 
 class MatrixView(APIView):
