@@ -30,16 +30,17 @@ def human_hours(hours: float | None) -> str:
     return f"{sign}{h / 24:.0f}d"
 
 
-def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None) -> str:
-    """One ``<td>``: tier label (and colour class), failed stage, fits estimate, lead time; links to the cell.
-    Both slugs arrive already HTML-escaped."""
+def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None, hardware_name: str = "") -> str:
+    """One ``<td>``: tier label (and colour class), failed stage, fits estimate (on the hardware's name, the slug
+    in its tooltip), lead time; links to the cell. Slugs and name arrive already HTML-escaped."""
     if cell is None:
         return '<td class="cell tier-none">—</td>'
     parts = [f'<span class="tier-label">{cell.tier} · {TIER_NAMES[cell.tier]}</span>']
     if cell.failed_stage:
         parts.append(f'<span class="failed">failed at {escape(cell.failed_stage)}</span>')
     if cell.fits is True:
-        parts.append(f'<span class="fits">fits on {cell.fits_devices} × {hardware_slug}</span>')
+        parts.append(f'<span class="fits" title="{cell.fits_devices} × {hardware_slug}">'
+                     f'fits on {cell.fits_devices} × {hardware_name or hardware_slug}</span>')
     elif cell.fits is False:
         parts.append('<span class="fits no-fit">does not fit</span>')
     if cell.lead_hours is not None and cell.tier:
@@ -53,9 +54,10 @@ def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None) -> str
 def rows_html(models: list[ModelRelease], hardware: list[Hardware],
               cells: dict[tuple[int, int], CellView]) -> list[str]:
     """The cells of every model row, as HTML (one string per row)."""
-    columns = [(hw.pk, escape(hw.slug)) for hw in hardware]
+    columns = [(hw.pk, escape(hw.slug), escape(hw.name)) for hw in hardware]
     out = []
     for model in models:
         model_id, model_slug = model.pk, escape(model.slug)
-        out.append("".join(cell_html(model_slug, slug, cells.get((model_id, hw_id))) for hw_id, slug in columns))
+        out.append("".join(cell_html(model_slug, slug, cells.get((model_id, hw_id)), name)
+                           for hw_id, slug, name in columns))
     return out

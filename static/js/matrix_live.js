@@ -35,7 +35,12 @@
     link.textContent = "";
     link.appendChild(span("tier-label", msg.tier + " · " + msg.tier_name));
     if (msg.failed_stage) { link.appendChild(span("failed", "failed at " + msg.failed_stage)); }
-    if (msg.fits === true) { link.appendChild(span("fits", "fits on " + msg.fits_devices + " × " + msg.hardware)); }
+    if (msg.fits === true) {  // the column header holds the hardware's name (the message carries its slug)
+      var header = table.tHead && table.tHead.rows[0].cells[td.cellIndex];
+      var fits = span("fits", "fits on " + msg.fits_devices + " × " + ((header && header.dataset.name) || msg.hardware));
+      fits.title = msg.fits_devices + " × " + msg.hardware;
+      link.appendChild(fits);
+    }
     else if (msg.fits === false) { link.appendChild(span("fits no-fit", "does not fit")); }
     if (keepLead) { link.appendChild(lead); }
     td.style.boxShadow = "inset 0 0 0 3px #2563eb";  // this page loads only the base stylesheet

@@ -21,7 +21,7 @@ def test_the_page_shows_tier_label_colour_fits_and_lead_time(client) -> None:
     do_record_job_results(job, {"stages": {s: passing(s) for s in TIER_STAGES[3]}})
     html = client.get("/").content.decode()
     assert 'class="cell tier-3"' in html and "3 · serves" in html
-    assert "fits on 1 × npu-x" in html and 'title="Day-0 lead time to tier 3"' in html
+    assert "fits on 1 × Acme npu-x" in html and 'title="1 × npu-x"' in html  # the name; the slug in the tooltip and 'title="Day-0 lead time to tier 3"' in html
     assert 'href="/cells/tiny-1.1b/npu-x/"' in html
     # usable without JavaScript: the cells are in the HTML; the one script only adds live updates
     assert html.count("<script") == 1 and '<script src="/static/js/matrix_live.js" defer>' in html
