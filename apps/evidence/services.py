@@ -155,6 +155,8 @@ def _bench(s: dict[str, Any], path: str) -> Saver:
     runs = s.get("runs")
     if not isinstance(runs, list):
         raise p.fail(f"{path}.runs", "must be a list of concurrency levels")
+    # the runtime's benchmark reports the server's peak once, for the whole sweep; a run may carry its own
+    sweep_peak = p.integer(s, "peak_memory_bytes", path)
     for i, raw in enumerate(runs):
         at, row = f"{path}.runs[{i}]", p.obj(raw, f"{path}.runs[{i}]")
         values: dict[str, Any] = {}
@@ -167,7 +169,8 @@ def _bench(s: dict[str, Any], path: str) -> Saver:
             raise p.fail(f"{at}.concurrency", "must be at least 1")
         points.append(BenchmarkPoint(concurrency=concurrency, output_tok_s=p.num(row, "output_tok_s", at),
                                      req_s=p.num(row, "req_s", at), failed=p.integer(row, "failed", at) or 0,
-                                     peak_memory_bytes=p.integer(row, "peak_memory_bytes", at), **values))
+                                     peak_memory_bytes=p.integer(row, "peak_memory_bytes", at) or sweep_peak,
+                                     **values))
 
     def save(result: StageResult) -> None:
         job = result.job

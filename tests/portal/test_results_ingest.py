@@ -128,3 +128,15 @@ def test_agents_report_state_through_the_state_machine(api_client, agent_job) ->
     cell = Cell.objects.get(model=job.model, hardware=job.hardware)
     assert cell.failed_stage == "align" and "0.91" in cell.error
     assert api_client.post(url, {"state": "running"}, format="json", **auth(token)).status_code == 409
+
+
+def test_the_benchmark_sweeps_peak_memory_is_kept_on_its_points(api_client, agent_job) -> None:
+    job, token = agent_job
+    runs = [{**run, "peak_memory_bytes": None} for run in PASSING["bench"]["runs"]]
+    runs[0]["peak_memory_bytes"] = 123  # a run's own figure wins over the sweep's
+    section = {**PASSING["bench"], "runs": runs, "peak_memory_bytes": 421_445_632}  # as agents.runtime.bench reports it
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", {"stage": "bench", "section": section},
+                               format="json", **auth(token))
+    assert response.status_code == 201, response.content
+    points = BenchmarkPoint.objects.filter(run__result__job=job).order_by("concurrency")
+    assert [p.peak_memory_bytes for p in points] == [123, 421_445_632, 421_445_632]
