@@ -37,6 +37,17 @@ def test_cell_page_shows_failed_alignment_with_the_divergence_and_both_top5(worl
     assert "hard divergence" in html
 
 
+def test_unreported_peak_memory_shows_a_dash_not_zero_bytes(world, client_for):
+    from apps.evidence.models import BenchmarkPoint
+
+    BenchmarkPoint.objects.filter(run__model=world.model, run__hardware=world.history_hardware).update(
+        peak_memory_bytes=None)
+    html = client_for(None).get(f"/cells/{world.model.slug}/{world.history_hardware.slug}/").content.decode()
+    table = html.split('id="benchmarks"')[1]
+    assert 'data-label="peak memory"><span title="the server did not report it">—</span>' in table
+    assert "0 bytes" not in table
+
+
 def test_checklist_filter_works_without_javascript(world, client_for):
     html = client_for(None).get(f"/cells/{world.model.slug}/{world.hardware.slug}/?status=decomposed").content.decode()
     assert 'id="checklist" data-filter="decomposed"' in html
