@@ -95,7 +95,7 @@ def leaderboard_chart(timeline: Day0Timeline) -> dict[str, Any] | None:
     rows = [r for r in timeline.leaderboard if any(m is not None for m in r.medians)]
     if not rows:
         return None
-    return {"hardware": [r.hardware.slug for r in rows],
-            "tiers": [{"label": f"{t} · {name}", "hours": [None if r.medians[i] is None else round(r.medians[i], 1)
-                                                           for r in rows]}
+    return {"hardware": [r.hardware.name for r in rows],
+            "tiers": [{"tier": t, "label": f"{t} · {name}",
+                       "hours": [None if r.medians[i] is None else round(r.medians[i], 1) for r in rows]}
                       for i, (t, name) in enumerate(timeline.tiers)]}

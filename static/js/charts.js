@@ -73,7 +73,9 @@
         return { coord: [Date.parse(r.at), r.value], regression: r };
       });
       return {
-        name: s.label, type: "line", showSymbol: false, symbol: SYMBOLS[i % SYMBOLS.length], sampling: "lttb",
+        // symbols on short series: a line of one run has no segment to draw, only its point
+        name: s.label, type: "line", showSymbol: s.points.length <= 31, symbol: SYMBOLS[i % SYMBOLS.length],
+        sampling: "lttb",
         data: s.points,
         markPoint: { symbol: "triangle", symbolSize: 13, symbolOffset: [0, -9], label: { show: false },
           itemStyle: { color: "#b91c1c", borderColor: "#fff", borderWidth: 1 }, data: flagged,
@@ -95,6 +97,12 @@
     });
   }
 
+  /* A tier's colour from the one palette in day0.css (--tier-N-line), so bars match the tier pills. */
+  function tierColour(tier) {
+    var value = getComputedStyle(document.documentElement).getPropertyValue("--tier-" + tier + "-line").trim();
+    return value || undefined;
+  }
+
   /* Leaderboard: median hours from release to each tier, one bar group per hardware. */
   function leaderboard(data) {
     return base({
@@ -102,7 +110,8 @@
       xAxis: { type: "category", data: data.hardware, axisLabel: { interval: 0, rotate: data.hardware.length > 6 ? 30 : 0 } },
       yAxis: { type: "value", name: "median hours" },
       series: data.tiers.map(function (t, i) {
-        return { name: t.label, type: "bar", data: t.hours, itemStyle: { decal: { symbol: SYMBOLS[i % SYMBOLS.length] } } };
+        return { name: t.label, type: "bar", data: t.hours,
+          itemStyle: { color: tierColour(t.tier), decal: { symbol: SYMBOLS[i % SYMBOLS.length] } } };
       }),
       aria: { enabled: true, decal: { show: true } }
     });
