@@ -10,7 +10,7 @@ from datetime import datetime
 from statistics import median
 from typing import Any
 
-from django.db.models import Max, Q, Subquery
+from django.db.models import Max, Subquery
 from django.utils.dateparse import parse_datetime
 
 from agents.pipeline.tiers import STAGE_ORDER, TIER_GATES, TIER_NAMES
@@ -27,6 +27,7 @@ from apps.evidence.models import (
     StageResult,
     TokenDivergence,
 )
+from apps.evidence.selectors import newest_results
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.services import can_cancel_job
 from apps.matrix.models import Cell
@@ -85,21 +86,6 @@ def tier_ladder(cell: Cell | None, released_at: datetime | None) -> list[LadderS
 
 def visible_model(actor: Actor, slug: str) -> ModelRelease | None:
     return ModelRelease.objects.filter(visible_models_q(actor), slug=slug).select_related("organization").first()
-
-
-def newest_stage_results(model_id: int, hardware_id: int) -> dict[str, StageResult]:
-    """stage -> the newest result of that stage in the cell, with its one-to-one evidence row (one query).
-
-    One uncorrelated "newest id" subquery per stage: each sorts only that stage's results, so a year of daily
-    benchmark runs costs a sort of the bench results, not a subquery per row."""
-    cell_results = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
-    newest = Q()
-    for stage in STAGE_ORDER:
-        newest |= Q(id=Subquery(cell_results.filter(stage=stage).order_by("-created_at", "-id").values("id")[:1]))
-    rows = (StageResult.objects.filter(newest)
-            .select_related("plan", "load", "alignment", "serve", "benchmark", "env")
-            .defer("section"))
-    return {r.stage: r for r in rows}
 
 
 @dataclass
@@ -222,7 +208,7 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str) -> CellPage | N
     if model is None or hardware is None:
         return None
     cell = Cell.objects.filter(model=model, hardware=hardware).first()
-    results = newest_stage_results(model.pk, hardware.pk)
+    results = newest_results(model.pk, hardware.pk)
     page = CellPage(model, hardware, cell, tier_ladder(cell, model.released_at), results)
     if "inventory" in results:
         page.operators = list(OperatorCheck.objects.filter(result_id=results["inventory"].pk)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet, Subquery
 
+from agents.pipeline.tiers import STAGE_ORDER
 from apps.evidence.models import (
     AlignmentReport,
     BenchmarkPoint,
@@ -15,13 +16,18 @@ from apps.evidence.models import (
 
 
 def newest_results(model_id: int, hardware_id: int) -> dict[str, StageResult]:
-    """stage -> the newest StageResult of that stage among the cell's jobs (one query)."""
-    newest: dict[str, StageResult] = {}
-    rows = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id).order_by(
-        "stage", "-created_at", "-id").defer("section")
-    for row in rows:
-        newest.setdefault(row.stage, row)
-    return newest
+    """stage -> the newest result of that stage in the cell, with its one-to-one evidence row (one query).
+
+    One uncorrelated "newest id" subquery per stage: each sorts only that stage's results, so a year of daily
+    benchmark runs costs a sort of the bench results, not reading the cell's whole history."""
+    cell_results = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
+    newest = Q()
+    for stage in STAGE_ORDER:
+        newest |= Q(id=Subquery(cell_results.filter(stage=stage).order_by("-created_at", "-id").values("id")[:1]))
+    rows = (StageResult.objects.filter(newest)
+            .select_related("plan", "load", "alignment", "serve", "benchmark", "env")
+            .defer("section"))
+    return {r.stage: r for r in rows}
 
 
 def benchmark_runs(model_id: int, hardware_id: int, *, limit: int = 20) -> QuerySet[BenchmarkRun]:
