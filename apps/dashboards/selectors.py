@@ -31,17 +31,12 @@ from apps.evidence.selectors import newest_results
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.services import can_cancel_job
 from apps.matrix.models import Cell
+from apps.matrix.selectors import lead_hours
 
 OPERATOR_STATUSES = ("native", "decomposed", "fallback", "missing")
 LADDER_TIERS = tuple(level for level, _ in TIER_GATES)  # 1..6
 DAY0_TIERS = (2, 3, 4, 5, 6)  # loads, serves, aligned, baselined, validated
 CONSOLE_LINES = 500
-
-
-def lead_hours(reached: datetime | None, released: datetime | None) -> float | None:
-    if reached is None or released is None:
-        return None
-    return (reached - released).total_seconds() / 3600
 
 
 def hours_text(hours: float | None) -> str:
