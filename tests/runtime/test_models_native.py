@@ -68,7 +68,10 @@ def test_32_greedy_tokens_through_paged_cache_match_transformers(pair):
         assert tokens == _reference_greedy(ref, prompt, 32)
 
 
-def test_paged_incremental_logits_equal_full_recompute(pair):
+@pytest.mark.parametrize("fused_kernel", [False, True], ids=["small-decode-matmuls", "fused-sdpa"])
+def test_paged_incremental_logits_equal_full_recompute(pair, fused_kernel, monkeypatch):
+    if fused_kernel:  # the path large decode batches take
+        monkeypatch.setattr("agents.runtime.layers.attention.SMALL_DECODE", 0)
     ours, _, prompts = pair
     from agents.runtime.models.simple_decode import PagedCache, prefill_context
 

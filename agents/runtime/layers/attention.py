@@ -11,6 +11,8 @@ from torch import nn
 
 from agents.runtime.context import ForwardContext
 
+SMALL_DECODE = 1 << 20  # multiply-adds of Q·K below which decode attention skips the fused kernel
+
 
 @dataclass
 class AttentionMetadata:
@@ -24,6 +26,7 @@ class AttentionMetadata:
     slot_rows: torch.Tensor | None = None  # [T'] rows of the batch those slots belong to; None: all rows
     decode_blocks: torch.Tensor | None = None  # [B * nb] block ids (padding clamped to 0)
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, nb * block_size] keys each sequence may attend to
+    decode_bias: torch.Tensor | None = None  # the same as 0 / -inf, added to scores
     # A mixed batch (chunked prefill beside running decodes): its one-token sequences take the vectorised path.
     decode_rows: torch.Tensor | None = None  # [Bd] token rows of the one-token sequences
     decode_meta: AttentionMetadata | None = None  # a decode-only view of those sequences
@@ -174,6 +177,8 @@ class Attention(nn.Module):
             if self.sliding_window is not None:
                 mask &= keys >= seqlens - self.sliding_window
             meta.decode_mask = mask[:, None, None, :]  # [B, 1, 1, Lk]
+            meta.decode_bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                ~mask, float("-inf"))[:, None, None, :]  # [B, 1, 1, Lk] additive form of the mask
         b = ctx.block_tables.shape[0]
         keys = meta.decode_mask.shape[-1]
         k = self.k_cache.index_select(0, meta.decode_blocks).view(b, keys, self.num_kv_heads, self.head_dim)
@@ -182,7 +187,13 @@ class Attention(nn.Module):
             k, v = k.to(q.dtype), v.to(q.dtype)
         # Query heads of one KV group ride the "query length" axis, so no K/V repeat is needed.
         qg = q.view(b, self.num_kv_heads, self.group, self.head_dim)  # qg: [B, Hkv, G, D]
-        o = F.scaled_dot_product_attention(
-            qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=meta.decode_mask, scale=self.scale
-        )  # o: [B, Hkv, G, D]
+        if q.dtype == torch.float32 and b * self.num_heads * keys * self.head_dim <= SMALL_DECODE:
+            # Small fp32 problems: plain matmuls and a softmax stay on the calling thread, where the fused
+            # kernel would open a parallel region per call (costly when the cores are busy).
+            scores = torch.add(meta.decode_bias, torch.matmul(qg, k.permute(0, 2, 3, 1)), alpha=self.scale)
+            o = torch.matmul(torch.softmax(scores, dim=-1), v.transpose(1, 2))  # o: [B, Hkv, G, D]
+        else:
+            o = F.scaled_dot_product_attention(
+                qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=meta.decode_mask, scale=self.scale
+            )  # o: [B, Hkv, G, D]
         return o.reshape(b, self.num_heads * self.head_dim)
