@@ -107,8 +107,9 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
 
 def may_cancel_job(actor: Actor, job: Job) -> bool:
     """Whether ``actor`` may cancel ``job`` whatever its state: its requester, staff, or a submitter of the job's
-    organization (a job without one is cancelled only by its requester or staff)."""
-    if actor.user_id is None:
+    organization (a job without one is cancelled only by its requester or staff). Through a token, only one
+    with the submit scope: a read token never writes."""
+    if actor.user_id is None or (actor.token is not None and not actor.token.has_scope(Scope.SUBMIT)):
         return False
     in_org = job.organization_id is not None and actor.has_scope(Scope.SUBMIT, job.organization_id)
     return actor.user_id == job.requested_by_id or actor.is_staff or in_org

@@ -122,3 +122,15 @@ def test_a_job_without_organization_is_cancelled_only_by_its_requester(api_clien
     stranger = make_token(organization=OrganizationFactory(), role=Role.SUBMITTER)
     assert api_client.post(f"/api/v1/jobs/{job.pk}/cancel/", **auth(stranger)).status_code == 403
     assert api_client.post(f"/api/v1/jobs/{job.pk}/cancel/", **auth(requester)).status_code == 200
+
+
+def test_a_read_token_cannot_cancel_even_its_users_own_job(api_client) -> None:
+    org = OrganizationFactory()
+    writer = make_token(organization=org)
+    reader = make_token(organization=org, user=writer.user, scopes=["read"], name="read-only")
+    job = JobFactory(organization=org, requested_by=writer.user, state=JobState.QUEUED)
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/cancel/", **auth(reader))
+    assert response.status_code == 403 and "submit" in response.json()["detail"]
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    assert api_client.post(f"/api/v1/jobs/{job.pk}/cancel/", **auth(writer)).status_code == 200
