@@ -64,3 +64,10 @@ def test_a_bad_matrix_tier_is_a_400_naming_the_parameter(api_client) -> None:
     response = api_client.get("/api/v1/matrix/?tier=%C2%B2", **auth(token))
     assert response.status_code == 400 and "tier name" in response.json()["tier"][0]
     assert api_client.get("/api/v1/matrix/?tier=serves", **auth(token)).status_code == 200
+
+
+@pytest.mark.parametrize("pk", ["abc", "%C2%B2"])
+def test_a_malformed_token_id_is_a_404_naming_it(api_client, pk: str) -> None:
+    token = make_token(organization=OrganizationFactory())
+    response = api_client.post(f"/api/v1/tokens/{pk}/revoke/", **auth(token))
+    assert response.status_code == 404 and "no token with pk" in response.json()["detail"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Model, QuerySet
 from rest_framework.exceptions import NotAuthenticated, NotFound, PermissionDenied
 from rest_framework.request import Request
@@ -17,9 +18,12 @@ def get_actor(request: Request) -> Actor:
 
 def get_or_404(queryset: QuerySet, what: str, **lookup: Any) -> Model:
     """The one row matching ``lookup`` or a 404 whose message names it (e.g. "no model with slug 'x'")."""
-    obj = queryset.filter(**lookup).first()
+    key, value = next(iter(lookup.items()))
+    try:
+        obj = queryset.filter(**lookup).first()
+    except (ValueError, TypeError, DjangoValidationError):  # a value the field cannot hold ("abc" for an id)
+        obj = None
     if obj is None:
-        key, value = next(iter(lookup.items()))
         raise NotFound(f"no {what} with {key.split('__')[0]} {value!r}")
     return obj
 
