@@ -1,4 +1,5 @@
-"""sha256 of every shard, computed on a background thread while tensors stream (hashlib releases the GIL).
+"""sha256 of every shard, computed on background threads (one per core, one shard each at a time) while
+tensors stream (hashlib releases the GIL).
 
 A digest may come from a small cache keyed by the file's identity (path, size, inode, mtime and ctime in ns):
 any write to the file changes its ctime, which no user-space tool can set back, so an unchanged key means
@@ -10,6 +11,7 @@ import hashlib
 import json
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CHUNK = 8 * 1024 * 1024
@@ -76,15 +78,19 @@ class ShardHasher:
         try:
             cache = _read_cache(self.cache_file)
             fresh: dict[str, str] = {}
+            todo = []
             for path in self.files:
                 key = _identity(path)
                 if key in cache:
                     self.digests[path.name] = (cache[key], "cache")
-                    continue
-                digest = sha256_file(path)
-                if _identity(path) == key:  # unchanged while hashing
-                    fresh[key] = digest
-                self.digests[path.name] = (digest, "computed")
+                else:
+                    todo.append((path, key))
+            workers = max(1, min(len(todo), (os.cpu_count() or 1)))
+            with ThreadPoolExecutor(workers, thread_name_prefix="day0-sha256") as pool:
+                for (path, key), digest in zip(todo, pool.map(lambda t: sha256_file(t[0]), todo), strict=True):
+                    if _identity(path) == key:  # unchanged while hashing
+                        fresh[key] = digest
+                    self.digests[path.name] = (digest, "computed")
             _write_cache(self.cache_file, fresh)
         except BaseException as exc:  # re-raised in result()
             self.error = exc
