@@ -6,10 +6,12 @@ from html import escape
 
 from agents.pipeline.tiers import TIER_NAMES
 
-# background, text colour per tier (the label always carries the number and name: never colour alone)
+# background, text colour per tier (the label always carries the number and name: never colour alone). The
+# backgrounds are the portal's tier palette (--tier-N-line in static/css/day0.css; a test keeps them equal), the
+# text the more legible of dark and white on each.
 TIER_COLOURS: dict[int, tuple[str, str]] = {
-    0: ("#9ca3af", "#111827"), 1: ("#6366f1", "#fff"), 2: ("#2563eb", "#fff"), 3: ("#0891b2", "#fff"),
-    4: ("#059669", "#fff"), 5: ("#d97706", "#111827"), 6: ("#064e3b", "#fff"),
+    0: ("#9ca3af", "#111827"), 1: ("#6366f1", "#fff"), 2: ("#3b82f6", "#111827"), 3: ("#06b6d4", "#111827"),
+    4: ("#10b981", "#111827"), 5: ("#f59e0b", "#111827"), 6: ("#064e3b", "#fff"),
 }
 FAILED = ("#b91c1c", "#fff")
 LABEL_BG = "#374151"

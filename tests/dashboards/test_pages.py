@@ -116,6 +116,19 @@ def test_day0_timeline_shows_hours_to_each_tier_and_a_leaderboard(world, client_
     assert client_for(None).get("/day0/?tier=9").status_code == 200  # an unknown tier falls back to serves
 
 
+def test_badges_use_the_portals_tier_palette():
+    import re
+    from pathlib import Path
+
+    from django.conf import settings
+
+    from apps.dashboards.badges import TIER_COLOURS
+
+    css = (Path(settings.BASE_DIR) / "static" / "css" / "day0.css").read_text()
+    palette = {int(n): colour for n, colour in re.findall(r"--tier-(\d)-line: (#[0-9a-f]+);", css)}
+    assert palette == {tier: bg for tier, (bg, _) in TIER_COLOURS.items()}
+
+
 def test_badge_is_an_svg_naming_the_tier(world, client_for):
     response = client_for(None).get(f"/badges/{world.model.slug}/{world.hardware.slug}.svg")
     assert response.status_code == 200
