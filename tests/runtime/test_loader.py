@@ -38,6 +38,13 @@ def _shard_of(d: Path, tensor: str) -> Path:
     return d / _index(d)["weight_map"][tensor]
 
 
+def _header_names(path: Path) -> list[tuple[str, int]]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n])
+    return [(k, v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+
+
 def _rewrite_header(path: Path, edit) -> None:
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
@@ -137,7 +144,9 @@ def test_truncated_shard_is_refused(model_dir):
     shard = _shard_of(model_dir, EMBED)
     data = shard.read_bytes()
     shard.write_bytes(data[:-100])
-    _refused(model_dir, shard.name, "truncated")
+    message = _refused(model_dir, shard.name, "truncated")
+    last = max(_header_names(shard), key=lambda item: item[1])[0]  # the tensor whose bytes were cut
+    assert repr(last) in message
 
 
 def test_header_ranges_past_the_file_are_refused(model_dir):
