@@ -31,10 +31,6 @@ def model_is_public(model: ModelRelease) -> bool:
     )
 
 
-def can_see_model(actor: Actor, model: ModelRelease) -> bool:
-    return actor.is_staff or model_is_public(model) or model.organization_id in actor.org_ids
-
-
 def visible_models(actor: Actor) -> QuerySet[ModelRelease]:
     return ModelRelease.objects.filter(visible_models_q(actor)).select_related("organization")
 
