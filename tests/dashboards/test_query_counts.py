@@ -34,7 +34,8 @@ def test_page_query_counts_do_not_grow_with_runs_jobs_or_events(client):
         run_benchmark_history(model, hw, clock, rng, start=START + timedelta(days=2), days=3)
     urls = [f"/cells/{model.slug}/{hw.slug}/", f"/trends/?model={model.slug}&hardware={hw.slug}",
             f"/jobs/{job.pk}/", "/day0/", f"/badges/{model.slug}/{hw.slug}.svg", "/export/matrix.csv",
-            f"/api/v1/benchmarks/?model={model.slug}&hardware={hw.slug}", "/api/v1/benchmarks/regressions/"]
+            f"/api/v1/benchmarks/?model={model.slug}&hardware={hw.slug}", "/api/v1/benchmarks/regressions/",
+            f"/api/v1/cells/{model.slug}/{hw.slug}/"]
     before = {url: count_queries(client, url) for url in urls}
     with simulated_clock(START) as clock:
         run_benchmark_history(model, hw, clock, rng, start=START + timedelta(days=10), days=25)
