@@ -89,15 +89,18 @@ def actor_for(request: HttpRequest) -> Actor:
     token = getattr(request, "auth", None)
     if cached is not None and cached.token is (token if isinstance(token, ApiToken) else None):
         return cached
-    user = getattr(request, "user", None)
-    if user is None or not user.is_authenticated or not user.is_active:
-        actor = ANONYMOUS
-    else:
-        token = token if isinstance(token, ApiToken) else None
-        memberships = Membership.objects.filter(user_id=user.pk)
-        if token is not None:
-            memberships = memberships.filter(organization_id=token.organization_id)
-        roles = dict(memberships.values_list("organization_id", "role"))
-        actor = Actor(user_id=user.pk, is_staff=bool(user.is_staff and token is None), token=token, roles=roles)
+    actor = actor_of(getattr(request, "user", None), token if isinstance(token, ApiToken) else None)
     raw._day0_actor = actor
     return actor
+
+
+def actor_of(user: object, token: ApiToken | None = None) -> Actor:
+    """The actor of a user (a session), or of a token's user acting with that token: a token acts within its
+    organization only, and never as staff. Used by requests and by WebSocket connections alike."""
+    if user is None or not user.is_authenticated or not user.is_active:
+        return ANONYMOUS
+    memberships = Membership.objects.filter(user_id=user.pk)
+    if token is not None:
+        memberships = memberships.filter(organization_id=token.organization_id)
+    roles = dict(memberships.values_list("organization_id", "role"))
+    return Actor(user_id=user.pk, is_staff=bool(user.is_staff and token is None), token=token, roles=roles)

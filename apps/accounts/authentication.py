@@ -19,6 +19,21 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def find_token(secret: str) -> tuple[ApiToken | None, str]:
+    """The usable token with this secret, or None and why not (unknown or revoked, or its user inactive).
+    The one token check of the API and of the WebSockets."""
+    token = (
+        ApiToken.objects.select_related("user", "organization", "hardware")
+        .filter(key_hash=hash_secret(secret))
+        .first()
+    )
+    if token is None or token.revoked_at is not None:
+        return None, "invalid or revoked token"
+    if not token.user.is_active:
+        return None, "the token's user is inactive"
+    return token, ""
+
+
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     """Looks the token up by the hash of its secret; revoked tokens and inactive users are refused."""
 
@@ -34,15 +49,9 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             secret = header[1].decode()
         except UnicodeDecodeError as exc:
             raise exceptions.AuthenticationFailed("token is not valid UTF-8") from exc
-        token = (
-            ApiToken.objects.select_related("user", "organization", "hardware")
-            .filter(key_hash=hash_secret(secret))
-            .first()
-        )
-        if token is None or token.revoked_at is not None:
-            raise exceptions.AuthenticationFailed("invalid or revoked token")
-        if not token.user.is_active:
-            raise exceptions.AuthenticationFailed("the token's user is inactive")
+        token, problem = find_token(secret)
+        if token is None:
+            raise exceptions.AuthenticationFailed(problem)
         now = timezone.now()
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)

@@ -29,22 +29,13 @@ def _query(scope: dict[str, Any]) -> dict[str, str]:
 @database_sync_to_async
 def _actor(scope: dict[str, Any], token_secret: str | None) -> Any:
     """The connection's actor: an API token from ``?token=``, else the session user; None for a bad token."""
-    from apps.accounts.access import ANONYMOUS, Actor
-    from apps.accounts.authentication import hash_secret
-    from apps.accounts.models import ApiToken, Membership
+    from apps.accounts.access import actor_of
+    from apps.accounts.authentication import find_token
 
     if token_secret:
-        token = ApiToken.objects.select_related("user").filter(key_hash=hash_secret(token_secret)).first()
-        if token is None or token.revoked_at is not None or not token.user.is_active:
-            return None
-        roles = dict(Membership.objects.filter(user_id=token.user_id, organization_id=token.organization_id)
-                     .values_list("organization_id", "role"))
-        return Actor(user_id=token.user_id, token=token, roles=roles)
-    user = scope.get("user")
-    if user is None or not user.is_authenticated or not user.is_active:
-        return ANONYMOUS
-    roles = dict(Membership.objects.filter(user_id=user.pk).values_list("organization_id", "role"))
-    return Actor(user_id=user.pk, is_staff=bool(user.is_staff), roles=roles)
+        token, _ = find_token(token_secret)
+        return None if token is None else actor_of(token.user, token)
+    return actor_of(scope.get("user"))
 
 
 @database_sync_to_async

@@ -122,6 +122,10 @@ def test_private_job_is_refused_to_outsiders_and_bad_tokens() -> None:
     assert async_to_sync(code_for)("?token=nope") == 4401
     assert async_to_sync(code_for)(f"?token={insider.secret}") is None
     assert async_to_sync(code_for)(f"?token={insider.secret}&after=x") == 4400
+    from apps.accounts.services import do_revoke_api_token
+
+    do_revoke_api_token(insider)  # the API's token check holds here too
+    assert async_to_sync(code_for)(f"?token={insider.secret}") == 4401
 
 
 def test_matrix_socket_pushes_cell_changes_of_visible_models() -> None:
