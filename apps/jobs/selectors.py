@@ -7,15 +7,18 @@ from django.db.models import Q, QuerySet
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.selectors import visible_models_q
+from apps.jobs.choices import ACTIVE_STATES
 from apps.jobs.models import Job, JobEvent
 
 
 def visible_jobs(actor: Actor) -> QuerySet[Job]:
-    """Jobs whose model the actor may see (a job on a private model is its organization's only); an agent token
-    also sees every job of its hardware, whatever the model's organization."""
+    """Jobs whose model the actor may see (a job on a private model is its organization's only). An agent token
+    also sees the jobs of its hardware it may be handed (queued, dispatched, running: its queue carries them,
+    whatever the model's organization) and those an agent registered with it ran; not the finished history of
+    other organizations' embargoed models."""
     q = visible_models_q(actor, prefix="model__")
     if actor.has_scope(Scope.AGENT):
-        q |= Q(hardware_id=actor.hardware_id)
+        q |= Q(hardware_id=actor.hardware_id) & (Q(state__in=ACTIVE_STATES) | Q(agent__token_id=actor.token.pk))
     return Job.objects.filter(q).select_related(
         "model", "hardware", "organization", "requested_by"
     )

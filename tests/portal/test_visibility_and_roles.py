@@ -98,3 +98,22 @@ def test_outsiders_cannot_submit_jobs_on_a_private_model(api_client, embargoed) 
     response = api_client.post("/api/v1/jobs/", {"model": model.slug, "hardware": hardware.slug}, format="json",
                                **auth(outsider))
     assert response.status_code == 400 and "next-big-1b" in response.json()["model"][0]
+
+
+def test_an_agent_token_sees_another_organizations_embargoed_job_only_while_it_may_run_it(api_client,
+                                                                                        embargoed) -> None:
+    from apps.fleet.models import Agent
+    from apps.jobs.models import Job
+
+    _, model, hardware, job = embargoed
+    # any organization's admin may mint an agent token for any hardware
+    agent_token = make_token(organization=OrganizationFactory(), role=Role.ADMIN, scopes=["agent"],
+                             hardware=hardware)
+    assert api_client.get(f"/api/v1/jobs/{job.pk}/", **auth(agent_token)).status_code == 200  # running: its queue's
+    Job.objects.filter(pk=job.pk).update(state="succeeded")
+    for url in (f"/api/v1/jobs/{job.pk}/", f"/api/v1/jobs/{job.pk}/events/"):
+        assert api_client.get(url, **auth(agent_token)).status_code == 404, url
+    assert model.slug not in str(api_client.get("/api/v1/jobs/", **auth(agent_token)).json())
+    ran_it = Agent.objects.create(hardware=hardware, hostname="gpu-host-1", token=agent_token)
+    Job.objects.filter(pk=job.pk).update(agent=ran_it)  # its own agent ran the job: it keeps reporting on it
+    assert api_client.get(f"/api/v1/jobs/{job.pk}/", **auth(agent_token)).status_code == 200
