@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -71,7 +72,7 @@ def trends_page(request: HttpRequest) -> HttpResponse:
         try:
             query = SeriesQuery.from_params({"model": model, "hardware": hardware, "since": request.GET.get("since"),
                                              "concurrency": request.GET.get("concurrency")})
-            query = SeriesQuery(**{**query.__dict__, "metrics": metrics})
+            query = replace(query, metrics=metrics)
             series = load_series(actor, query, rule=RegressionRule.from_params(request.GET))
         except NotVisible as exc:
             raise Http404(str(exc)) from None
