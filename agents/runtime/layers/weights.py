@@ -7,6 +7,8 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 from torch import nn
 
+from agents.runtime.layers.quant import dequantizing
+
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, Hashable], None]
 
 
@@ -25,8 +27,9 @@ def bind_loader(
     shards: Sequence[Hashable],
     shape_of: Callable[[Hashable], tuple[int, ...]],
 ) -> nn.Parameter:
-    """Attach the loading protocol: ``weight_loader``, the shard ids it needs, each shard's checkpoint shape."""
-    param.weight_loader = loader
+    """Attach the loading protocol: ``weight_loader``, the shard ids it needs, each shard's checkpoint shape.
+    The loader also takes a block-scaled FP8 checkpoint tensor, dequantised first (``layers/quant.py``)."""
+    param.weight_loader = dequantizing(loader)
     param.shards = list(shards)
     param.checkpoint_shape = shape_of
     return param

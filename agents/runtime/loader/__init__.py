@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from agents.runtime.distributed import get_ep_rank, get_tp_rank
+from agents.runtime.layers.quant import FP8_CODES, BlockFp8Tensor, ScaleSpec, TensorSpec, block_fp8_format
 from agents.runtime.loader.checkpoint import Checkpoint
 from agents.runtime.loader.hashing import ShardHasher
 from agents.runtime.loader.memory import advise_huge_pages
@@ -69,28 +70,75 @@ def checkpoint_dtype(config: dict[str, Any]) -> str | None:
         return None
 
 
-def _validate(ckpt: Checkpoint, model: Any, config: dict[str, Any]) -> None:
-    """Every name, shape and dtype checked before any copy: errors name the file and the tensor."""
-    expected = model.expected_tensors()
-    is_ignored = getattr(model, "is_ignored", None)
-    declared = checkpoint_dtype(config)
-    for name, entry in ckpt.tensors.items():
-        if name not in expected:
+def declared_tensors(model: Any, config: dict[str, Any]) -> dict[str, TensorSpec]:
+    """What the model accepts per checkpoint name: its own declaration (``checkpoint_tensors``), else its
+    ``expected_tensors`` shapes with unquantised storage only."""
+    try:
+        if hasattr(model, "checkpoint_tensors"):
+            return model.checkpoint_tensors()
+    except ValueError as exc:
+        raise LoadError(f"config.json: {exc}") from exc
+    if block_fp8_format(config) is not None:
+        raise LoadError(f"config.json: the checkpoint is FP8-quantised, which the {model.path} path of "
+                        f"{(config.get('architectures') or [None])[0]!r} cannot load")
+    return {name: TensorSpec(tuple(shape)) for name, (shape, _) in model.expected_tensors().items()}
+
+
+def _validate(ckpt: Checkpoint, declared: dict[str, TensorSpec], is_ignored: Callable[[str], bool] | None,
+              config: dict[str, Any]) -> dict[str, TensorEntry]:
+    """Every name, shape and dtype checked before any copy: errors name the file and the tensor. Returns each
+    FP8 weight's scale entry."""
+    scale_of = {spec.fp8.name: name for name, spec in declared.items() if spec.fp8 is not None}
+    config_dtype = checkpoint_dtype(config)
+    scales: dict[str, TensorEntry] = {}
+    # scale-like names last: an FP8 tensor the model does not take is the clearer error than its stray scale
+    for name, entry in sorted(ckpt.tensors.items(), key=lambda item: item[0].endswith("_scale_inv")):
+        if name in scale_of:
+            continue  # checked with its weight
+        spec = declared.get(name)
+        if spec is None:
             if is_ignored is not None and not is_ignored(name):
                 raise LoadError(f"{entry.file.name}: unexpected tensor {name!r}: the model has no parameter for it")
             continue
-        shape = expected[name][0]
-        if entry.shape != tuple(shape):
+        if entry.shape != spec.shape:
             raise LoadError(f"{entry.file.name}: tensor {name!r} has shape {list(entry.shape)}, "
-                            f"the model expects {list(shape)}")
-        # The declared dtype, or F32 (kept in full precision, e.g. routing biases in bf16 checkpoints).
-        if not DTYPES[entry.dtype].is_floating_point or (declared and entry.dtype not in (declared, "F32")):
-            want = f"{declared} (the config's dtype) or F32" if declared else "a floating-point dtype"
+                            f"the model expects {list(spec.shape)}")
+        if entry.dtype in FP8_CODES and spec.fp8 is not None:
+            scales[name] = _check_scale(ckpt, entry, spec.fp8)
+        elif not DTYPES[entry.dtype].is_floating_point or entry.dtype in FP8_CODES or (
+                config_dtype and entry.dtype not in (config_dtype, "F32")):
+            # The declared dtype, or F32 (kept in full precision, e.g. routing biases in bf16 checkpoints).
+            want = f"{config_dtype} (the config's dtype) or F32" if config_dtype else "a floating-point dtype"
+            if spec.fp8 is not None:
+                want += f", or {FP8_CODES[0]} with a {spec.fp8.name!r} scale"
+            elif entry.dtype in FP8_CODES:
+                want += " (the model expects no FP8 tensor here"
+                want += ")" if block_fp8_format(config) else ": config.json has no fp8 quantization_config)"
             raise LoadError(f"{entry.file.name}: tensor {name!r} has dtype {entry.dtype}, expected {want}")
-    missing = sorted(set(expected) - set(ckpt.tensors))
+    for scale_name, weight in scale_of.items():
+        if scale_name in ckpt.tensors and weight in ckpt.tensors and weight not in scales:
+            raise LoadError(f"{ckpt.tensors[scale_name].file.name}: scale tensor {scale_name!r} accompanies "
+                            f"{weight!r}, which is stored as {ckpt.tensors[weight].dtype}, not FP8")
+    missing = sorted(set(declared) - set(ckpt.tensors))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise LoadError(f"{ckpt.index_name}: missing tensor {missing[0]!r}{more}")
+    return scales
+
+
+def _check_scale(ckpt: Checkpoint, weight: TensorEntry, spec: ScaleSpec) -> TensorEntry:
+    scale = ckpt.tensors.get(spec.name)
+    if scale is None:
+        raise LoadError(f"{weight.file.name}: FP8 tensor {weight.name!r} has no scale tensor {spec.name!r} "
+                        f"in the checkpoint")
+    if scale.shape != spec.shape:
+        raise LoadError(f"{scale.file.name}: scale tensor {spec.name!r} has shape {list(scale.shape)}, expected "
+                        f"{list(spec.shape)} ({spec.block[0]}×{spec.block[1]} blocks of {weight.name!r} "
+                        f"{list(weight.shape)})")
+    if scale.dtype not in spec.dtypes:
+        raise LoadError(f"{scale.file.name}: scale tensor {spec.name!r} has dtype {scale.dtype}, expected one of "
+                        f"{', '.join(spec.dtypes)}")
+    return scale
 
 
 def load_model(
@@ -126,14 +174,19 @@ def load_model(
     except (ValueError, NotImplementedError) as exc:
         arch = (config.get("architectures") or [None])[0]
         raise LoadError(f"config.json: architecture {arch!r}: {exc}") from exc
-    _validate(ckpt, model, config)
+    declared = declared_tensors(model, config)
+    scales = _validate(ckpt, declared, getattr(model, "is_ignored", None), config)
+    blocks = {name: declared[name].fp8.block for name in scales}
     advise_huge_pages([p.data for p in model.parameters()])
 
     report: dict[str, Any] = {"ok": True, "path": model.path, "architecture": config.get("architectures", [None])[0],
                               "dtype": str(torch_dtype(dtype)).removeprefix("torch."), "problems": [], "stats": {}}
     # Largest first: a parameter's pages become resident only when written, so while a big tensor's source is
     # mapped few parameters are resident yet, and the peak stays near the model's size.
-    entries = sorted(ckpt.tensors.values(), key=lambda e: (-e.nbytes, e.file.name, e.start))
+    # FP8 scales travel with their weights, not on their own.
+    scale_names = {e.name for e in scales.values()}
+    entries = sorted((e for e in ckpt.tensors.values() if e.name not in scale_names),
+                     key=lambda e: (-e.nbytes, e.file.name, e.start))
     state = {"current": None, "bytes": 0, "adopted": 0}
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
@@ -144,9 +197,20 @@ def load_model(
                 source = mapped[entry.file]
                 tensor = source.tensor(entry)
                 tensor._day0_mapped = zero_copy  # weight loaders may adopt it as the parameter itself
-                if stats and lead:
+                scale = scales.get(entry.name)
+                item: torch.Tensor | BlockFp8Tensor = tensor
+                if scale is not None:
+                    item = BlockFp8Tensor(entry.name, tensor, mapped[scale.file].tensor(scale), blocks[entry.name])
+                elif stats and lead:
                     _record(entry, tensor_stats(tensor), report, fail_on_nonfinite)
-                yield entry.name, tensor
+                yield entry.name, item
+                if scale is not None:
+                    if stats and lead:  # on the dequantised values (as loaded, or in fp32 if the loader skipped it)
+                        values = item.dequantized if item.dequantized is not None else item.dequantize(torch.float32)
+                        _record(entry, tensor_stats(values), report, fail_on_nonfinite)
+                    mapped[scale.file].release(scale.start, scale.end)
+                    state["bytes"] += scale.nbytes
+                    del item
                 if getattr(tensor, "_day0_adopted", False):
                     source.keep = True
                     state["adopted"] += entry.nbytes
@@ -170,9 +234,9 @@ def load_model(
         raise LoadError(f"{where}{exc}") from exc
     shards = _checksums(ckpt, hasher, manifest)
     seconds = time.perf_counter() - t0
-    total = sum(e.nbytes for e in entries)
+    total = sum(e.nbytes for e in ckpt.tensors.values())
     report.update(
-        ok=not report["problems"], tensors=len(entries), bytes=total, seconds=round(seconds, 4),
+        ok=not report["problems"], tensors=len(ckpt.tensors), fp8_tensors=len(scales), bytes=total, seconds=round(seconds, 4),
         gb_per_s=round(total / seconds / 1e9, 3) if seconds > 0 else None, peak_rss_bytes=peak_rss(),
         rss_before_bytes=rss_before, shards=shards, zero_copy_bytes=state["adopted"],
     )

@@ -14,6 +14,7 @@ from agents.runtime.interface import ForwardOutput, KVCacheSpec
 from agents.runtime.layers.attention import AttentionMetadata
 from agents.runtime.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from agents.runtime.layers.norm import RMSNorm
+from agents.runtime.layers.quant import TensorSpec, declare_checkpoint
 from agents.runtime.layers.rotary import RotaryEmbedding
 from agents.runtime.layers.self_attention import SelfAttention
 from agents.runtime.models.mapping import WeightMapping
@@ -137,6 +138,10 @@ class DecoderCausalLM(nn.Module):
             for shard in param.shards:
                 out[self.mapping.checkpoint_name(name, shard)] = (tuple(param.checkpoint_shape(shard)), param.dtype)
         return out
+
+    def checkpoint_tensors(self) -> dict[str, TensorSpec]:
+        """Per checkpoint name: shape and accepted storage (FP8 with its block scale, per ``layers/quant.py``)."""
+        return declare_checkpoint(self, self.config, self.mapping.checkpoint_name)
 
     def is_ignored(self, name: str) -> bool:
         return self.mapping.ignored(name)
