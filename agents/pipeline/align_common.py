@@ -11,16 +11,11 @@ import torch
 from torch import nn
 
 from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.thresholds import ALIGN as ALIGN_THRESHOLDS
 from agents.runtime.context import ForwardContext
 
 # DESIGN.md §4 defaults (every dtype), overridable per job through ctx.thresholds.
-DEFAULT_THRESHOLDS: dict[str, float] = {
-    "op_cosine": 0.999,
-    "op_max_rel_err": 1e-2,
-    "layer_cosine": 0.99,
-    "e2e_top_k": 5,  # near-tie: each side's token within the other's top-k
-    "perplexity_rel_tol": 0.05,  # |ppl_target - ppl_ref| / ppl_ref
-}
+DEFAULT_THRESHOLDS: dict[str, float] = ALIGN_THRESHOLDS
 
 
 def align_thresholds(ctx: StageContext) -> dict[str, float]:

@@ -27,13 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.thresholds import OPS as OP_THRESHOLDS
 
-DEFAULT_THRESHOLDS: dict[str, float] = {
-    "op_cosine": 0.999,
-    "op_max_rel_err": 1e-2,
-    "moe_topk_agreement": 1.0,  # of the tokens that are not near-ties
-    "near_tie_margin": 1e-3,
-}
+DEFAULT_THRESHOLDS: dict[str, float] = OP_THRESHOLDS
 TOKENS = 32
 _MAX_HIDDEN = 1024
 _MAX_INTERMEDIATE = 2048

@@ -18,8 +18,9 @@ import torch
 from agents.pipeline.align_common import perplexity, reference_model, target_forward, target_model, tokenizer
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.eval_data import MULTIPLE_CHOICE, PERPLEXITY_TEXTS
+from agents.pipeline.thresholds import EVAL as EVAL_THRESHOLDS
 
-DEFAULT_TOLERANCES: dict[str, float] = {"eval_accuracy_tol": 0.07, "eval_perplexity_rel_tol": 0.02}
+DEFAULT_TOLERANCES: dict[str, float] = EVAL_THRESHOLDS
 
 
 def _mc_sequences(tok: Any) -> tuple[list[list[int]], list[int]]:

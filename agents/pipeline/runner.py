@@ -9,45 +9,22 @@ from __future__ import annotations
 import importlib
 import time
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
 from agents.pipeline import report as report_mod
-from agents.pipeline import tiers
+from agents.pipeline import thresholds, tiers
 from agents.pipeline.base import JobCancelled, StageContext, StageFailed
-
-# keys read by stages whose defaults are not exported as a table (align_kv, load, plan, align_layers)
-_OTHER_THRESHOLD_KEYS = ("kv_cache_max_abs_err", "kv_cache_max_len", "fail_on_nonfinite", "max_nodes",
-                         "layer_max_rel_err")
 
 
 def known_threshold_keys() -> set[str]:
-    """Every threshold key some stage reads (imports the stage modules that define them)."""
-    from agents.pipeline.align_common import DEFAULT_THRESHOLDS
-    from agents.pipeline.eval import DEFAULT_TOLERANCES
-
-    keys = {*DEFAULT_THRESHOLDS, *DEFAULT_TOLERANCES, *_OTHER_THRESHOLD_KEYS}
-    try:
-        from agents.pipeline.align_ops import DEFAULT_THRESHOLDS as op_thresholds
-    except ImportError:
-        op_thresholds = {}
-    return keys | set(op_thresholds)
+    """Every threshold key some stage reads (``thresholds.known_keys``)."""
+    return thresholds.known_keys()
 
 
-def check_thresholds(values: Mapping[str, Any]) -> dict[str, float]:
-    """A job's threshold overrides as floats; an unknown key or a non-number is a ValueError naming it."""
-    known = known_threshold_keys() if values else set()
-    out: dict[str, float] = {}
-    for key, value in values.items():
-        if key not in known:
-            raise ValueError(f"threshold {key!r} is not read by any stage; known: {', '.join(sorted(known))}")
-        try:
-            out[key] = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"threshold {key}: {value!r} is not a number") from None
-    return out
+check_thresholds = thresholds.check_thresholds
 
 
 def parse_stages(stages: Iterable[str] | str) -> list[str]:
