@@ -48,6 +48,7 @@ def test_creating_a_job_stores_it_queued_and_enqueues_after_commit(api_client, s
     ({"dtype": "float128"}, "dtype"),
     ({"dtype": "float8_e4m3fn"}, "dtype"),  # the factory's hardware does not list fp8
     ({"tp": 0}, "tp"),
+    ({"thresholds": {"layer_cosnie": 0.9}}, "thresholds"),  # a misspelt override is refused, not ignored
     ({"bench": {"concurrency": [0]}}, "bench"),
     ({"model": "no-such-model"}, "model"),
     ({"hardware": "no-such-hw"}, "hardware"),

@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from agents.pipeline.thresholds import check_thresholds
 from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
 from apps.catalog.api.serializers import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
@@ -31,6 +32,13 @@ class JobCreateSerializer(serializers.Serializer):
         if len(set(value)) != len(value):
             raise serializers.ValidationError("a stage is listed twice")
         return [s for s in STAGE_ORDER if s in value]  # the pipeline's order
+
+    def validate_thresholds(self, value: dict[str, float]) -> dict[str, float]:
+        """Only keys a stage reads: a misspelt override would otherwise be ignored by the agent."""
+        try:
+            return check_thresholds(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
     def validate_dtype(self, value: str) -> str:
         if value not in DTYPE_NAMES:
