@@ -212,3 +212,18 @@ def test_estimate_auto_plans_the_checkpoints_fp8_bytes() -> None:
             for d in ("auto", "fp8", "bfloat16")}
     assert plan["auto"]["weight_bytes"] == plan["fp8"]["weight_bytes"]
     assert plan["auto"]["weight_bytes"] < 0.55 * plan["bfloat16"]["weight_bytes"]
+
+
+def test_fp8_checkpoint_of_a_fallback_architecture_is_refused_by_name(tmp_path: Path) -> None:
+    """The generic fallback declares no FP8 storage: such a checkpoint is refused up front, not mis-loaded."""
+    import transformers
+
+    cfg = transformers.GPTNeoXConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=64)
+    transformers.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": list(BLOCK)}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LoadError, match="config.json: the checkpoint is FP8-quantised, which the fallback path of "
+                                        "'GPTNeoXForCausalLM' cannot load"):
+        load_model(tmp_path)

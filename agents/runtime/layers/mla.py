@@ -2,6 +2,8 @@
 (``kv_lora_rank``) plus a decoupled rope key shared by all heads (``qk_rope_head_dim``); the paged cache keeps
 only ``[latent | rope key]``. Prefill up-projects the latents through ``kv_b_proj``; decode absorbs
 ``kv_b_proj`` into the query and the output, attending over the cached latents directly. Heads split over TP.
+In FP8 checkpoints every projection here is block-quantised; weight loaders dequantise at load time
+(``layers/quant.py``), so the absorption reads the dequantised ``kv_b_proj`` and no FP8 tensor survives loading.
 """
 
 from __future__ import annotations

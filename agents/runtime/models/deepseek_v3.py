@@ -1,6 +1,11 @@
 """DeepSeek-V3 (and Kimi-K2, which ships the same architecture name): multi-head latent attention with a
 compressed-latent paged cache, grouped top-k sigmoid routing with a score-correction bias, shared experts, and
-``first_k_dense_replace`` dense layers before the MoE ones."""
+``first_k_dense_replace`` dense layers before the MoE ones.
+
+Both ship FP8 (``quantization_config.quant_method == "fp8"``, 128×128 ``weight_block_size``): the MLA
+projections, dense MLPs, routed and shared experts as ``float8_e4m3fn`` with ``<name>_scale_inv``; embeddings,
+norms, the LM head and the router in bf16, ``e_score_correction_bias`` in fp32. ``checkpoint_tensors`` (the shared
+declaration in ``layers/quant.py``) accepts exactly that; weights are dequantised into the runtime dtype on load."""
 
 from __future__ import annotations
 
