@@ -16,7 +16,8 @@ from apps.catalog.selectors import visible_models_q
 from apps.matrix.models import Cell
 
 # lead_hours is stored on the cell: parsing 8,000 timestamps per request would cost more than the rest
-CELL_COLUMNS = ("model_id", "hardware_id", "tier", "failed_stage", "fits", "fits_devices", "lead_hours", "job_count")
+CELL_COLUMNS = ("model_id", "hardware_id", "tier", "failed_stage", "fits", "fits_devices", "lead_hours", "job_count",
+                "current_tier_reached_at")
 
 
 def parse_tier(raw: str | None) -> int | None:
@@ -62,6 +63,8 @@ class CellView:
     fits_devices: int | None
     lead_hours: float | None
     job_count: int
+    reached_at: datetime | None = None  # when the current tier was first reached
+
 
     @property
     def tier_name(self) -> str:
@@ -70,7 +73,7 @@ class CellView:
     def as_dict(self) -> dict[str, Any]:
         return {"tier": self.tier, "tier_name": self.tier_name, "failed_stage": self.failed_stage or None,
                 "fits": self.fits, "fits_devices": self.fits_devices, "lead_time_hours": self.lead_hours,
-                "jobs": self.job_count}
+                "reached_at": self.reached_at.isoformat() if self.reached_at else None, "jobs": self.job_count}
 
 
 @dataclass
@@ -112,11 +115,11 @@ def build_matrix(actor: Actor, filters: MatrixFilters | None = None) -> Matrix:
     if filters.vendor:
         cells_q &= Q(hardware_id__in=[h.pk for h in hardware])
     cells: dict[tuple[int, int], CellView] = {}
-    for model_id, hw_id, tier, failed, fits, devices, lead, jobs in Cell.objects.filter(cells_q).values_list(
+    for model_id, hw_id, tier, failed, fits, devices, lead, jobs, reached in Cell.objects.filter(cells_q).values_list(
         *CELL_COLUMNS
     ):
         if model_id in known:
-            cells[(model_id, hw_id)] = CellView(tier, failed, fits, devices, lead, jobs)
+            cells[(model_id, hw_id)] = CellView(tier, failed, fits, devices, lead, jobs, reached)
     if filters.min_tier:
         keep = {mid for (mid, _), cell in cells.items() if cell.tier >= filters.min_tier}
         models = [m for m in models if m.pk in keep]

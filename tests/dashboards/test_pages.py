@@ -144,6 +144,10 @@ def test_matrix_exports_in_csv_and_json(world, client_for):
     rows = list(csv.DictReader(io.StringIO(client_for(None).get("/export/matrix.csv").content.decode())))
     mine = {(r["model"], r["hardware"]): r for r in rows}
     assert mine[(world.model.slug, world.hardware.slug)]["tier_name"] == "validated"
+    from apps.matrix.models import Cell
+
+    cell = Cell.objects.get(model=world.model, hardware=world.hardware)  # when the current tier was reached
+    assert mine[(world.model.slug, world.hardware.slug)]["reached_at"] == cell.current_tier_reached_at.isoformat()
     assert mine[(world.model.slug, world.other_hardware.slug)]["failed_stage"] == "align"
     data = json.loads(client_for(None).get("/export/matrix.json").content)
     assert data["count"] == len(data["cells"]) == len(rows)
