@@ -63,10 +63,23 @@ def convert(src: Path, dst: Path, *, fp8: bool, dtype: torch.dtype | None = None
     return dst
 
 
-@pytest.fixture(scope="module", params=["llama", "deepseek-v3"])
+def kimi_like(out: Path) -> Path:
+    """The tiny DeepSeek-V3 with Kimi-K2's attention choice (no q LoRA: a plain ``q_proj``), one expert group."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = json.loads((cached_model("deepseek-v3") / "config.json").read_text())
+    config.update(q_lora_rank=None, n_group=1, topk_group=1)
+    torch.manual_seed(0)
+    hf_config = AutoConfig.for_model(config.pop("model_type"), **config)
+    AutoModelForCausalLM.from_config(hf_config).save_pretrained(out)
+    assert json.loads((out / "config.json").read_text())["q_lora_rank"] is None
+    return out
+
+
+@pytest.fixture(scope="module", params=["llama", "deepseek-v3", "kimi-k2"])
 def dirs(request, tmp_path_factory) -> tuple[Path, Path]:  # noqa: ANN001
     root = tmp_path_factory.mktemp(f"fp8-{request.param}")
-    src = cached_model(request.param)
+    src = kimi_like(root / "src") if request.param == "kimi-k2" else cached_model(request.param)
     return convert(src, root / "fp8", fp8=True), convert(src, root / "ref", fp8=False)
 
 
@@ -135,6 +148,8 @@ def _tp_logits(model_dir: str) -> torch.Tensor:
     return run_logits(load_model(model_dir, dtype="float32").model)
 
 
+@pytest.mark.parametrize("dirs", ["llama", "deepseek-v3", pytest.param("kimi-k2", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_tensor_parallel_fp8_equals_one_rank(dirs) -> None:  # noqa: ANN001
     """Each rank dequantises and takes its slice: blocks of 24 straddle the split of 64 inputs at 32."""
     from agents.runtime.distributed import launch

@@ -94,8 +94,11 @@ class BlockFp8Tensor:
     def shape(self) -> torch.Size:
         return self.data.shape
 
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        self.dequantized = dequantize_block_fp8(self.data, self.scale_inv, self.block, dtype)
+    def dequantize(self, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
+        """[R, C] in ``dtype``, computed on ``device`` (the parameter's: the one-byte values travel, not the
+        dequantised ones)."""
+        data = self.data if device is None else self.data.to(device)
+        self.dequantized = dequantize_block_fp8(data, self.scale_inv, self.block, dtype)
         return self.dequantized
 
 
@@ -139,7 +142,7 @@ def dequantizing(loader: Callable[..., None]) -> Callable[..., None]:
 
     def load(param: nn.Parameter, loaded: Any, shard_id: Hashable = None) -> None:
         if isinstance(loaded, BlockFp8Tensor):
-            loaded = loaded.dequantize(param.dtype)  # [R, C]
+            loaded = loaded.dequantize(param.dtype, param.device)  # [R, C]
         loader(param, loaded, shard_id)
 
     load.inner = loader
