@@ -4,8 +4,6 @@ Every page answers 404 for a model the requester may not see (an embargoed model
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -28,6 +26,7 @@ from apps.benchmarks.selectors import (
 )
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import model_is_public
+from apps.core.csvfiles import csv_text
 from apps.dashboards import charts, selectors
 from apps.dashboards.badges import badge_svg
 from apps.dashboards.exports import MATRIX_COLUMNS, matrix_rows
@@ -120,12 +119,7 @@ def export_matrix(request: HttpRequest, fmt: str) -> HttpResponse:
                                 json_dumps_params={"indent": 1})
         response["Content-Disposition"] = f'attachment; filename="day0-matrix-{stamp}.json"'
         return response
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=MATRIX_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    response = HttpResponse(csv_text(rows, MATRIX_COLUMNS), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="day0-matrix-{stamp}.csv"'
     return response
 

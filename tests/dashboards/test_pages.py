@@ -140,6 +140,18 @@ def test_badge_is_an_svg_naming_the_tier(world, client_for):
     assert "failed at align" in failed
 
 
+def test_matrix_csv_does_not_hand_a_spreadsheet_a_formula(world, client_for):
+    from apps.catalog.models import ModelRelease
+
+    ModelRelease.objects.filter(pk=world.model.pk).update(name='=HYPERLINK("http://x.example","Tiny")')
+    rows = list(csv.DictReader(io.StringIO(client_for(None).get("/export/matrix.csv").content.decode())))
+    names = {r["model_name"] for r in rows if r["model"] == world.model.slug}
+    assert names == {"'=HYPERLINK(\"http://x.example\",\"Tiny\")"}
+    from apps.core.csvfiles import csv_field
+
+    assert csv_field(-2.5) == -2.5 and csv_field("-2 h") == "'-2 h" and csv_field(None) == ""  # numbers kept
+
+
 def test_matrix_exports_in_csv_and_json(world, client_for):
     rows = list(csv.DictReader(io.StringIO(client_for(None).get("/export/matrix.csv").content.decode())))
     mine = {(r["model"], r["hardware"]): r for r in rows}

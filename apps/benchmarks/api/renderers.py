@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any
 
 from rest_framework.renderers import BaseRenderer
+
+from apps.core.csvfiles import csv_text
 
 
 class CSVRenderer(BaseRenderer):
@@ -18,10 +18,4 @@ class CSVRenderer(BaseRenderer):
         rows = data if isinstance(data, list) else [data] if isinstance(data, dict) else []
         if rows and set(rows[0]) == {"detail"}:
             rows = [{"error": rows[0]["detail"]}]
-        out = io.StringIO()
-        if rows:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]), extrasaction="ignore", lineterminator="\n")
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-        return out.getvalue()
+        return csv_text(rows, list(rows[0])) if rows else ""
