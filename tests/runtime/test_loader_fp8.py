@@ -217,6 +217,14 @@ def test_fp8_without_block_size_is_refused(tmp_path: Path) -> None:
         load_model(_llama_fp8(tmp_path, edit))
 
 
+def test_other_quantisation_methods_are_refused_by_name(tmp_path: Path) -> None:
+    def edit(_t: dict[str, torch.Tensor], c: dict) -> None:
+        c["quantization_config"] = {"quant_method": "awq", "bits": 4}
+
+    with pytest.raises(LoadError, match="config.json: quantization_config.quant_method 'awq' is not supported"):
+        load_model(_llama_fp8(tmp_path, edit))
+
+
 def test_estimate_auto_plans_the_checkpoints_fp8_bytes() -> None:
     from agents.runtime.hardware import load_model_catalog
     from agents.runtime.planner import plan_report

@@ -38,6 +38,11 @@ def checkpoint_dtype(config: dict[str, Any]) -> str | None:
 def declared_tensors(model: Any, config: dict[str, Any]) -> dict[str, TensorSpec]:
     """What the model accepts per checkpoint name: its own declaration (``checkpoint_tensors``), else its
     ``expected_tensors`` shapes with unquantised storage only."""
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if quant and str(method).lower() != "fp8":
+        raise LoadError(f"config.json: quantization_config.quant_method {method!r} is not supported (the runtime "
+                        f"loads unquantised and block-scaled fp8 checkpoints)")
     try:
         if hasattr(model, "checkpoint_tensors"):
             return model.checkpoint_tensors()
