@@ -3,7 +3,9 @@
 Headers are validated before mapping; every checkpoint tensor is checked (name, shape, dtype) against what the
 model expects before any byte is copied; tensors then stream one at a time from the mapping into the
 already-allocated parameters (each rank copies only its slice) and their pages are dropped from the process
-right after, so no second copy of the model is ever resident.
+right after, so no second copy of the model is ever resident. A block-scaled FP8 weight streams together with its
+``_scale_inv`` as one ``BlockFp8Tensor``; the parameter's weight loader dequantises it (``layers/quant.py``), and
+its statistics are those of the dequantised values.
 """
 
 from __future__ import annotations
