@@ -16,7 +16,7 @@ from django.utils.dateparse import parse_datetime
 from agents.pipeline.tiers import STAGE_ORDER, TIER_GATES, TIER_NAMES
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
-from apps.catalog.selectors import visible_models_q
+from apps.catalog.selectors import visible_models, visible_models_q
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
@@ -29,6 +29,7 @@ from apps.evidence.models import (
 )
 from apps.evidence.selectors import newest_results
 from apps.jobs.models import Job, JobEvent
+from apps.jobs.selectors import visible_jobs
 from apps.jobs.services import can_cancel_job
 from apps.matrix.models import Cell
 from apps.matrix.selectors import lead_hours
@@ -80,7 +81,7 @@ def tier_ladder(cell: Cell | None, released_at: datetime | None) -> list[LadderS
 
 
 def visible_model(actor: Actor, slug: str) -> ModelRelease | None:
-    return ModelRelease.objects.filter(visible_models_q(actor), slug=slug).select_related("organization").first()
+    return visible_models(actor).filter(slug=slug).first()
 
 
 @dataclass
@@ -259,8 +260,7 @@ class JobPage:
 
 def job_page(actor: Actor, job_id: int) -> JobPage | None:
     """The job (None when invisible), its stage timeline and its newest log lines (a fixed number of queries)."""
-    job = (Job.objects.filter(visible_models_q(actor, prefix="model__"), pk=job_id)
-           .select_related("model", "hardware", "requested_by", "organization").first())
+    job = visible_jobs(actor).filter(pk=job_id).first()
     if job is None:
         return None
     # Up to the highest contiguous seq stored: the WebSocket replays from there, in order, so an event
