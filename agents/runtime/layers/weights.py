@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Callable, Hashable, Sequence
 
 import torch
 from torch import nn
 
 from agents.runtime.layers.quant import dequantizing
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+MADV_DONTNEED, MADV_HUGEPAGE = 4, 14
+PAGE, HUGE_PAGE = 4096, 2 * 1024 * 1024
 
 WeightLoader = Callable[[nn.Parameter, torch.Tensor, Hashable], None]
 
@@ -47,6 +54,7 @@ def adopt_or_copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
     if (getattr(loaded, "_day0_mapped", False) and loaded.dtype == param.dtype and loaded.shape == param.shape
             and loaded.device == param.device and loaded.is_contiguous()):
         param.data = loaded
+        param.file_backed = True  # its pages are the checkpoint's: droppable, the page cache holds them
         loaded._day0_adopted = True
     else:
         param.data.copy_(loaded)
@@ -67,3 +75,32 @@ def split(total: int, parts: int, what: str) -> int:
     if total % parts:
         raise ValueError(f"{what}={total} is not divisible by the parallel size {parts}")
     return total // parts
+
+
+def column_major(param: nn.Parameter) -> bool:
+    """Re-store a 2-D ``[out, in]`` weight column-major (an ``[in, out]`` buffer viewed transposed) when
+    ``out >= in``. Batch-1 decode reads every weight once per token: MKL's matrix-vector product streams a
+    column-major weight of these shapes at 1.3-1.9x the bandwidth of the row-major one (rows of only ``in``
+    floats), and matrix products of larger batches run at the same speed either way. The old storage's
+    file-backed pages are dropped from this process. True when the layout changed."""
+    w = param.data
+    out_features, in_features = w.shape if w.dim() == 2 else (0, 1)
+    if out_features < in_features or not w.is_floating_point() or w.device.type != "cpu" or w.stride(0) == 1:
+        return False
+    with torch.inference_mode(False), torch.no_grad():
+        buf = torch.empty((in_features, out_features), dtype=w.dtype)  # buf: [in, out]
+        _advise(buf, HUGE_PAGE, MADV_HUGEPAGE)  # before the first touch: fewer TLB misses while streaming
+        buf.copy_(w.t())
+        param.data = buf.t()  # [out, in] view, strides (1, out)
+    if getattr(param, "file_backed", False) and w.is_contiguous():
+        _advise(w, PAGE, MADV_DONTNEED)  # clean private file pages: a later read would refault the same bytes
+        param.file_backed = False
+    return True
+
+
+def _advise(t: torch.Tensor, unit: int, advice: int) -> None:
+    """``madvise`` the whole ``unit``-aligned pages inside contiguous ``t``'s bytes (best effort)."""
+    start = -(-t.data_ptr() // unit) * unit
+    end = (t.data_ptr() + t.numel() * t.element_size()) // unit * unit
+    if end > start:
+        _libc.madvise(start, end - start, advice)
