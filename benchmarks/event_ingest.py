@@ -1,7 +1,7 @@
 """Event ingest: events persisted per second when agents post batches to ``/api/v1/jobs/{id}/events/``.
 
-Runs against the database the environment selects (``DAY0_DATABASE_URL``: PostgreSQL; unset: the embedded
-SQLite under a temporary data folder). Rows: the whole REST path (DRF view, token authentication, validation,
+Runs against the database the environment selects (``DAY0_DATABASE_URL``: PostgreSQL, in a throwaway
+``test_<name>_ingest`` database; unset: the embedded SQLite under a temporary data folder). Rows: the whole REST path (DRF view, token authentication, validation,
 idempotent store, highest contiguous seq) in batches, the service alone, and the peer — one event per request,
 as an agent without batching would post — side by side. Target: ≥ 10,000 events/s persisted in batches.
 
@@ -32,8 +32,19 @@ def setup_django() -> None:
     import django
 
     django.setup()
+    from django.conf import settings
     from django.core.management import call_command
+    from django.db import connection
 
+    if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        # a throwaway database (test_<name>_ingest), created and migrated here and dropped at exit
+        import atexit
+
+        name = settings.DATABASES["default"]["NAME"]
+        settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_{name}_ingest"
+        old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+        atexit.register(connection.creation.destroy_test_db, old_name, verbosity=0)
+        return
     call_command("migrate", verbosity=0, interactive=False)
 
 
@@ -68,7 +79,10 @@ def main() -> int:
     org = Organization.objects.create(slug=tag, name=tag)
     from django.contrib.auth import get_user_model
 
+    from apps.accounts.models import Membership
+
     user = get_user_model().objects.create(username=tag)
+    Membership.objects.create(organization=org, user=user, role="admin")  # a token works while its user is a member
     hardware = do_create_hardware(slug=tag, vendor="bench", name=tag, memory_bytes=8 * 10**9, devices_per_node=1,
                                   dtypes=["float32"])
     model = do_create_model_release(slug=tag, name=tag, organization=org, visibility="public", modalities=["text"],
