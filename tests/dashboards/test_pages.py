@@ -46,6 +46,12 @@ def test_unreported_peak_memory_shows_a_dash_not_zero_bytes(world, client_for):
     table = html.split('id="benchmarks"')[1]
     assert 'data-label="peak memory"><span title="the server did not report it">—</span>' in table
     assert "0 bytes" not in table
+    from apps.evidence.models import LoadReport
+
+    LoadReport.objects.filter(result__job__model=world.model, result__job__hardware=world.history_hardware).update(
+        peak_rss_bytes=None)
+    html = client_for(None).get(f"/cells/{world.model.slug}/{world.history_hardware.slug}/").content.decode()
+    assert "peak RSS —" in html and "0 bytes" not in html
 
 
 def test_checklist_filter_works_without_javascript(world, client_for):
