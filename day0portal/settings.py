@@ -199,6 +199,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",  # operations grouped by resource (jobs, models, …), not all under "v1"
 }
 if importlib.util.find_spec("drf_spectacular_sidecar"):
     # Swagger UI served from this process, not a CDN (works offline).
