@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agents.runtime.distributed import all_gather, all_reduce, get_tp_rank, get_tp_world_size
+from agents.runtime.layers.linear import dense_linear
 from agents.runtime.layers.weights import adopt_or_copy, bind_loader, check_shape, make_param
 
 
@@ -46,7 +47,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Logits over this rank's vocab slice, gathered to the full vocab in ``compute_logits``."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)  # logits: [N, vocab_local]
+        logits = dense_linear(hidden, self.weight)  # logits: [N, vocab_local]
         if self.tp_size > 1:
             logits = all_gather(logits, dim=-1)  # [N, vocab_local * tp]
         return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size]
