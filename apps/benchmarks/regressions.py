@@ -27,6 +27,14 @@ from typing import Any
 MAD_TO_SIGMA = 1.4826
 
 
+class ParameterError(ValueError):
+    """A bad detector or query parameter; ``param`` names it (the API answers ``{param: [message]}``)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class Direction(StrEnum):
     """Which way a metric gets better."""
 
@@ -68,17 +76,17 @@ class RegressionRule:
 
     def __post_init__(self) -> None:
         if self.lookback < 2:
-            raise ValueError(f"lookback must be at least 2 runs, got {self.lookback}")
+            raise ParameterError("lookback", f"lookback must be at least 2 runs, got {self.lookback}")
         if not 2 <= self.min_history <= self.lookback:
-            raise ValueError(f"min_history must be between 2 and lookback ({self.lookback}), got {self.min_history}")
+            raise ParameterError("min_history", f"min_history must be between 2 and lookback ({self.lookback}), got {self.min_history}")
         if not self.z_threshold > 0:
-            raise ValueError(f"z_threshold must be positive, got {self.z_threshold}")
+            raise ParameterError("z_threshold", f"z_threshold must be positive, got {self.z_threshold}")
         if not self.latency_ratio > 1:
-            raise ValueError(f"latency_ratio must be above 1, got {self.latency_ratio}")
+            raise ParameterError("latency_ratio", f"latency_ratio must be above 1, got {self.latency_ratio}")
         if not 0 < self.throughput_ratio < 1:
-            raise ValueError(f"throughput_ratio must be between 0 and 1, got {self.throughput_ratio}")
+            raise ParameterError("throughput_ratio", f"throughput_ratio must be between 0 and 1, got {self.throughput_ratio}")
         if not self.spread_floor >= 0:
-            raise ValueError(f"spread_floor must be non-negative, got {self.spread_floor}")
+            raise ParameterError("spread_floor", f"spread_floor must be non-negative, got {self.spread_floor}")
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RegressionRule:
@@ -98,9 +106,10 @@ class RegressionRule:
             try:
                 value = kind(raw)
             except (TypeError, ValueError):
-                raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+                raise ParameterError(name, f"{name} must be {'an integer' if kind is int else 'a number'}, "
+                                            f"got {raw!r}") from None
             if kind is float and not math.isfinite(value):
-                raise ValueError(f"{name} must be finite, got {raw!r}")
+                raise ParameterError(name, f"{name} must be finite, got {raw!r}")
             kwargs[name] = value
         if "min_history" not in kwargs and "lookback" in kwargs:
             kwargs["min_history"] = min(cls.min_history, kwargs["lookback"])

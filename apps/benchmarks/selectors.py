@@ -15,7 +15,14 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.timezone import is_naive, make_aware
 
 from apps.accounts.access import Actor
-from apps.benchmarks.regressions import Point, Regression, RegressionRule, detect_regressions, known_metrics
+from apps.benchmarks.regressions import (
+    ParameterError,
+    Point,
+    Regression,
+    RegressionRule,
+    detect_regressions,
+    known_metrics,
+)
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
 from apps.evidence.models import BenchmarkPoint, BenchmarkRun
@@ -50,8 +57,8 @@ def display_value(metric: str, value: float) -> float:
     return value / GIB if metric == "peak_memory_bytes" else value
 
 
-class SeriesQueryError(ValueError):
-    """A bad filter; the message names the parameter."""
+class SeriesQueryError(ParameterError):
+    """A bad filter; ``param`` and the message name the parameter."""
 
 
 class NotVisible(LookupError):
@@ -114,7 +121,7 @@ def _parse_time(name: str, raw: str) -> datetime:
         if day is not None:
             value = datetime(day.year, day.month, day.day)
     if value is None:
-        raise SeriesQueryError(f"{name} must be an ISO date or date-time, got {raw!r}")
+        raise SeriesQueryError(name, f"{name} must be an ISO date or date-time, got {raw!r}")
     return make_aware(value) if is_naive(value) else value
 
 
@@ -141,17 +148,17 @@ class SeriesQuery:
         known = known_metrics()
         unknown = [m for m in raw_metrics if m not in known]
         if unknown:
-            raise SeriesQueryError(f"metric: unknown {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+            raise SeriesQueryError("metric", f"metric: unknown {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
         concurrency = None
         if params.get("concurrency") not in (None, ""):
             try:
                 concurrency = int(params["concurrency"])
             except ValueError:
-                raise SeriesQueryError(f"concurrency must be an integer, got {params['concurrency']!r}") from None
+                raise SeriesQueryError("concurrency", f"concurrency must be an integer, got {params['concurrency']!r}") from None
         since = _parse_time("since", params["since"]) if params.get("since") else None
         until = _parse_time("until", params["until"]) if params.get("until") else None
         if since and until and until < since:
-            raise SeriesQueryError("until must not be before since")
+            raise SeriesQueryError("until", "until must not be before since")
         return cls(model=str(params.get("model") or ""), hardware=str(params.get("hardware") or ""),
                    metrics=tuple(dict.fromkeys(raw_metrics)), since=since, until=until, concurrency=concurrency,
                    dtype=str(params.get("dtype") or ""))
@@ -200,7 +207,7 @@ def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None
     run_rows = list(runs.order_by("created_at", "id").values_list(
         "id", "created_at", "model__slug", "hardware__slug", "result__job_id", "result__job__spec")[:MAX_RUNS + 1])
     if len(run_rows) > MAX_RUNS:
-        raise SeriesQueryError(f"more than {MAX_RUNS} benchmark runs match: narrow the query with model, "
+        raise SeriesQueryError("detail", f"more than {MAX_RUNS} benchmark runs match: narrow the query with model, "
                                "hardware or until")
     by_run = {row[0]: row for row in run_rows}
     refs = {row[0]: (row[0], row[4], row[1].isoformat()) for row in run_rows}  # a run's ref, shared by its points

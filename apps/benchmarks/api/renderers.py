@@ -15,7 +15,11 @@ class CSVRenderer(BaseRenderer):
     charset = "utf-8"
 
     def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: dict | None = None) -> str:
+        response = (renderer_context or {}).get("response")
+        if response is not None and response.status_code >= 400 and isinstance(data, dict):
+            # an error ({"detail": ...} or {param: [messages]}): one "error" column naming what was wrong
+            rows = [{"error": f"{key}: {' '.join(map(str, v)) if isinstance(v, list) else v}"}
+                    for key, v in data.items()]
+            return csv_text(rows, ["error"])
         rows = data if isinstance(data, list) else [data] if isinstance(data, dict) else []
-        if rows and set(rows[0]) == {"detail"}:
-            rows = [{"error": rows[0]["detail"]}]
         return csv_text(rows, list(rows[0])) if rows else ""

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.exceptions import APIException, NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.access import actor_for
 from apps.benchmarks.api.renderers import CSVRenderer
-from apps.benchmarks.regressions import RegressionRule
+from apps.benchmarks.regressions import ParameterError, RegressionRule
 from apps.benchmarks.selectors import (
     NotVisible,
     SeriesQuery,
@@ -43,13 +43,6 @@ RULE_PARAMS = [
 ]
 
 
-class BadFilter(APIException):
-    """A bad query parameter: 400 with ``{"detail": "<what was wrong>"}``."""
-
-    status_code = 400
-    default_code = "invalid"
-
-
 class _BenchmarkView(APIView):
     renderer_classes = [JSONRenderer, CSVRenderer, BrowsableAPIRenderer]
 
@@ -60,8 +53,8 @@ class _BenchmarkView(APIView):
             return load_series(actor_for(request), query, rule=rule)
         except NotVisible as exc:
             raise NotFound(str(exc)) from None
-        except ValueError as exc:  # SeriesQueryError, and a bad rule parameter
-            raise BadFilter(str(exc)) from None
+        except ParameterError as exc:  # a bad filter or rule parameter: 400 {param: [message]}, as everywhere
+            raise ValidationError({exc.param: [str(exc)]}) from None
 
     def _filename(self, request: Request, kind: str) -> str:
         parts = [kind] + [request.query_params.get(k, "") for k in ("model", "hardware")]
