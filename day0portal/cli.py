@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-# (module, description) — the module's register() adds one or more subcommands.
+# Each module's register() adds one or more subcommands.
 COMMAND_MODULES: tuple[str, ...] = (
     "day0portal.commands.demo",  # day0 demo
     "agents.runtime.commands.estimate",  # day0 estimate
@@ -29,14 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="day0", description="Day-0 Portal: adapt new open-weights models to hardware.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            # A command whose module is not built yet is simply absent; any other import error is a bug.
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 

@@ -6,7 +6,6 @@ Without them the embedded default runs the same code: SQLite and a filesystem Ce
 
 from __future__ import annotations
 
-import importlib.util
 import secrets
 from pathlib import Path
 
@@ -57,10 +56,9 @@ INSTALLED_APPS = [
     "apps.jobs",
     "apps.evidence",
     "apps.matrix",
+    "apps.benchmarks",
+    "apps.dashboards",
 ]
-# Apps other slices add; each is installed once its package exists.
-OPTIONAL_APPS = ("apps.benchmarks", "apps.dashboards")
-INSTALLED_APPS += [name for name in OPTIONAL_APPS if importlib.util.find_spec(name)]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -201,10 +199,9 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",  # operations grouped by resource (jobs, models, …), not all under "v1"
 }
-if importlib.util.find_spec("drf_spectacular_sidecar"):
-    # Swagger UI served from this process, not a CDN (works offline).
-    INSTALLED_APPS.append("drf_spectacular_sidecar")
-    SPECTACULAR_SETTINGS.update(SWAGGER_UI_DIST="SIDECAR", SWAGGER_UI_FAVICON_HREF="SIDECAR", REDOC_DIST="SIDECAR")
+# Swagger UI served from this process, not a CDN (works offline).
+INSTALLED_APPS.append("drf_spectacular_sidecar")
+SPECTACULAR_SETTINGS.update(SWAGGER_UI_DIST="SIDECAR", SWAGGER_UI_FAVICON_HREF="SIDECAR", REDOC_DIST="SIDECAR")
 
 LOGGING = {
     "version": 1,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -11,10 +9,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.core import views as core_views
 
-# Page apps; the first match wins, so the richer dashboards (cell page, job console, trends) come first.
-PAGE_URLCONFS = ("apps.dashboards.urls", "apps.matrix.urls")
 urlpatterns = [
-    *[path("", include(name)) for name in PAGE_URLCONFS if importlib.util.find_spec(name)],
+    path("", include("apps.dashboards.urls")),  # cell page, job console, trends, Day-0 timeline, badges, exports
+    path("", include("apps.matrix.urls")),  # the matrix at /
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
