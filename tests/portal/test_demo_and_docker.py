@@ -17,11 +17,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_env_example_lists_every_variable_the_settings_read() -> None:
-    source = (ROOT / "day0portal" / "settings.py").read_text()
-    read = set(re.findall(r'env_(?:str|bool|int|list)\("(DAY0_[A-Z_]+)"', source))
-    listed = set(re.findall(r"^(DAY0_[A-Z_]+)=", (ROOT / "docker" / ".env.example").read_text(), re.M))
-    assert read and read <= listed, sorted(read - listed)
+# set by the project for its own processes or test runs (`day0 agent` passes --portal to its worker as
+# DAY0_AGENT_PORTAL), or prefixes the agent strips from its environment; never set by an operator
+INTERNAL_VARIABLES = {"DAY0_AGENT_ID", "DAY0_TEST_MODELS_DIR", "DAY0_AGENT_PORTAL", "DAY0_DATABASE", "DAY0_SECRET"}
+
+
+def test_env_example_lists_every_variable_the_code_reads() -> None:
+    read: set[str] = set()
+    for folder in ("day0portal", "apps", "agents"):
+        for path in (ROOT / folder).rglob("*.py"):
+            read |= set(re.findall(r'"(DAY0_[A-Z0-9_]*[A-Z0-9])"', path.read_text()))
+    read = {name for name in read if not name.endswith("_")} - INTERNAL_VARIABLES
+    listed = set(re.findall(r"^(DAY0_[A-Z0-9_]+)=", (ROOT / "docker" / ".env.example").read_text(), re.M))
+    assert "DAY0_DATABASE_URL" in read and read <= listed, sorted(read - listed)
 
 
 def _free_port() -> int:
@@ -33,8 +41,8 @@ def _free_port() -> int:
 def test_day0_demo_serves_the_seed_catalog_on_the_embedded_default(tmp_path) -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_")}
-    process = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(port), "--data-dir",
-                                str(tmp_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    process = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "demo", "--no-agent", "--port", str(port),
+                                "--data-dir", str(tmp_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     try:
         lines: list[str] = []
@@ -64,6 +72,39 @@ def test_day0_demo_serves_the_seed_catalog_on_the_embedded_default(tmp_path) -> 
             process.kill()
 
 
-@pytest.mark.parametrize("name", ["Dockerfile.portal", "Dockerfile.worker", "Dockerfile.agent", "compose.yaml"])
-def test_docker_files_exist(name: str) -> None:
-    assert (ROOT / "docker" / name).stat().st_size > 200
+@pytest.mark.timeout(400)
+def test_day0_demo_adapts_a_tiny_moe_end_to_end_and_prints_the_tier(tmp_path) -> None:
+    """The README's first command: portal, portal worker and a CPU agent on the embedded default; the tiny MoE
+    job goes through every default stage and the cell ends baselined."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_") or k == "DAY0_TEST_MODELS_DIR"}
+    result = subprocess.run([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(_free_port()),
+                             "--data-dir", str(tmp_path), "--exit-when-done"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=360)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    for stage in ("plan", "load", "inventory", "align", "serve", "bench", "env"):
+        assert re.search(rf"\[\s*{stage}\] {stage} passed", output), (stage, output[-4000:])
+    assert re.search(r"cells/tiny-qwen3-moe/cpu/ -> tier 5 \(baselined\)", output), output[-4000:]
+
+
+def test_compose_runs_the_production_stack_from_the_dockerfiles() -> None:
+    """No Docker engine here: the compose file and Dockerfiles are checked for what they must wire up."""
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"postgres", "redis", "web", "worker", "agent"}
+    commands = {}
+    for name in ("web", "worker", "agent"):
+        dockerfile = ROOT / services[name]["build"]["dockerfile"]
+        commands[name] = next(line for line in dockerfile.read_text().splitlines() if line.startswith("CMD"))
+    assert "uvicorn day0portal.asgi:application" in commands["web"]
+    assert "celery -A day0portal worker -B" in commands["worker"]  # beat: lost-job detection runs somewhere
+    assert "day0 agent" in commands["agent"]
+    for flag in re.findall(r"(--[a-z-]+)", commands["agent"]):  # every flag the image passes exists
+        assert flag in subprocess.run([sys.executable, "-m", "day0portal.cli", "agent", "--help"], cwd=ROOT,
+                                      capture_output=True, text=True).stdout, flag
+    for name in ("web", "worker"):
+        env = services[name]["environment"]
+        assert env["DAY0_DATABASE_URL"].startswith("postgres://") and env["DAY0_REDIS_URL"].startswith("redis://")
+    assert "DAY0_DATABASE_URL" not in services["agent"].get("environment", {})  # agents hold no DB credentials
