@@ -1,5 +1,9 @@
-"""The ``load`` stage: strict streaming load of the checkpoint with the bundled runtime's loader. The loaded
-model goes to ``ctx.shared["model"]`` so later stages (inventory, align, eval) run on it."""
+"""The ``load`` stage: strict streaming load of the checkpoint with the bundled runtime's loader.
+
+At TP=1 the model loads in this process and goes to ``ctx.shared["model"]`` so later stages (inventory, align,
+eval) run on it. At TP>1 (``load_sharded.effective_tp``: the job's override, else the plan clipped to this
+host's devices) ``tp`` ranks each load their slice and the section merges them; inventory, align and eval then
+load a TP=1 copy in this process when they need one (the align stage checks that its reference fits)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import time
 from typing import Any
 
 from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.load_sharded import effective_tp, load_sharded
 
 PROGRESS_INTERVAL_S = 0.5
 
@@ -17,6 +22,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
         raise StageFailed("load needs the model's weights, but this job has no model directory (config only)")
     if not ctx.model_dir.is_dir():
         raise StageFailed(f"model directory {ctx.model_dir} does not exist")
+    tp, tp_note = effective_tp(ctx)
+    if tp > 1:
+        section = load_sharded(ctx, tp)
+        section["notes"] = [f"loaded sharded over tp={tp} ranks; inventory, align and eval run on a tp=1 copy "
+                            "loaded in-process when they need it"]
+        return section
     from agents.runtime.loader import LoadError, load_model
 
     last = {"time": 0.0, "done": -1}
@@ -43,5 +54,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.shared["model_config"] = result.config
     section = dict(result.report)
     section.setdefault("path", getattr(result.model, "path", None))
-    section.setdefault("tp", 1)  # loaded in this process; multi-process TP runs under serve/bench
+    section.setdefault("tp", 1)  # loaded in this process
+    if tp_note:
+        section["notes"] = [tp_note]
     return section

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.load_sharded import effective_tp
 
 
 class ServerProcess:
@@ -36,6 +37,7 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        self.tp = tp or 1
         cmd = [
             sys.executable,
             "-m",
@@ -104,11 +106,12 @@ def start_server(ctx: StageContext) -> ServerProcess:
     if ctx.model_dir is None:
         raise StageFailed("serve needs the model's weights, but this job has no model directory")
     extra = [str(a) for a in ctx.bench.get("serve_args", [])]
+    tp, _ = effective_tp(ctx)
     server = ServerProcess(
         Path(ctx.model_dir),
         dtype=ctx.dtype,
         device=ctx.device,
-        tp=ctx.tp if ctx.tp != 1 else None,
+        tp=tp if tp > 1 else None,
         log_path=Path(ctx.workdir) / "serve.log",
         extra_args=extra,
     )
@@ -174,7 +177,8 @@ def text_path_checks(url: str, has_chat_template: bool) -> list[dict[str, Any]]:
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    """The serve section: ready_seconds, endpoint, text_path_ok, checks."""
+    """The serve section: ready_seconds, endpoint, tp (ranks serving: the job's override, else the plan's
+    degree clipped to this host), text_path_ok, checks."""
     stop(ctx)  # a server left by an earlier run of this stage
     server = start_server(ctx)
     timeout = float(ctx.bench.get("ready_timeout", 900))
@@ -188,12 +192,15 @@ def run(ctx: StageContext) -> dict[str, Any]:
     checks = text_path_checks(server.url, has_template)
     ok = all(c["ok"] for c in checks)
     notes = [] if has_template else ["no chat template: /v1/chat/completions not exercised"]
+    tp_note = effective_tp(ctx)[1]
+    notes += [tp_note] if tp_note else []
     if not ok:
         notes.append(f"server log tail:\n{server.log_tail()}")
         stop(ctx)
     return {
         "ready_seconds": round(ready_seconds, 3),
         "endpoint": server.url,
+        "tp": server.tp,
         "text_path_ok": ok,
         "checks": checks,
         "notes": notes,

@@ -1,0 +1,114 @@
+"""The plan's tensor-parallel degree on this host, and the load stage's sharded path: ``tp`` ranks (gloo on CPU,
+NCCL on CUDA, through ``agents.runtime.distributed.launch``) each ``load_model`` their slice of the checkpoint
+and report it; the parent merges the ranks into one ``load`` section."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.pipeline.base import StageContext, StageFailed
+
+# CPU ranks are processes sharing this host's cores and memory: enough to prove TP, not to serve with it
+MAX_CPU_TP = 8
+LOAD_TIMEOUT_S = 3600.0
+
+
+def effective_tp(ctx: StageContext) -> tuple[int, str | None]:
+    """(TP degree to run with, a note when the plan's degree was changed).
+
+    ``ctx.tp`` (a job's override, ``day0 adapt --tp``) wins; else the plan section's ``plan.tp``, clipped to the
+    CUDA devices of this host. On CPU the plan's degree is not used (ranks would only share the same cores):
+    TP stays 1 unless asked, and an override may ask for up to ``MAX_CPU_TP`` processes."""
+    plan = ((ctx.results.get("plan") or {}).get("plan") or {}).get("tp")
+    cuda = str(ctx.device).startswith("cuda")
+    devices = _cuda_devices() if cuda else MAX_CPU_TP
+    if ctx.tp is not None:
+        if isinstance(ctx.tp, bool) or not isinstance(ctx.tp, int) or ctx.tp < 1:
+            raise StageFailed(f"tp={ctx.tp!r} must be a positive integer")
+        if ctx.tp > devices:
+            where = f"{devices} CUDA device(s) on this host" if cuda else f"at most {MAX_CPU_TP} CPU processes"
+            raise StageFailed(f"tp={ctx.tp} asks for more ranks than this host runs ({where})")
+        return ctx.tp, None
+    if not plan or plan <= 1:
+        return 1, None
+    if not cuda:
+        return 1, f"the plan's tp={plan} is for the target hardware; on {ctx.device} this run uses tp=1 (pin --tp to shard)"
+    if plan > devices:
+        return max(devices, 1), f"the plan's tp={plan} clipped to the {devices} CUDA device(s) of this host"
+    return int(plan), None
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def load_rank(model_dir: str, dtype: str, device: str, manifest: dict[str, str] | None,
+              fail_on_nonfinite: bool) -> dict[str, Any]:
+    """One rank (run by ``launch``): load this rank's slice; its report, or ``error`` with the loader's message."""
+    from agents.runtime.distributed import get_tp_rank
+    from agents.runtime.loader import LoadError, load_model
+
+    rank = get_tp_rank()
+    if str(device).startswith("cuda"):
+        import torch
+
+        device = f"cuda:{torch.cuda.current_device()}"  # init_distributed picked this rank's device
+    try:
+        result = load_model(model_dir, dtype=dtype, device=device, manifest=manifest,
+                            fail_on_nonfinite=fail_on_nonfinite)
+    except LoadError as exc:  # no collective runs while loading: the peers finish on their own
+        return {"rank": rank, "error": str(exc)}
+    report = dict(result.report)
+    # the bytes this rank holds: its slice of every sharded parameter plus the replicated ones
+    report["rank_bytes"] = sum(p.numel() * p.element_size() for p in result.model.parameters())
+    report["rank"] = rank
+    return report
+
+
+def load_sharded(ctx: StageContext, tp: int) -> dict[str, Any]:
+    """Load ``ctx.model_dir`` over ``tp`` ranks and merge their reports into one ``load`` section."""
+    from agents.runtime.distributed import launch
+
+    ctx.emit("log", f"loading over tp={tp} ranks ({'NCCL' if str(ctx.device).startswith('cuda') else 'gloo'})")
+    t0 = time.perf_counter()
+    args = (str(Path(ctx.model_dir)), ctx.dtype, ctx.device, ctx.shared.get("manifest"),
+            bool(ctx.thresholds.get("fail_on_nonfinite", 0)))
+    try:
+        reports = launch(load_rank, tp, *args, timeout=LOAD_TIMEOUT_S)
+    except RuntimeError as exc:  # a crash, not a strictness error: the first line says which rank and why
+        raise StageFailed(f"sharded load (tp={tp}) failed: {str(exc).splitlines()[0]}") from exc
+    wall = time.perf_counter() - t0
+    ctx.check_cancelled()
+    return merge_ranks(reports, tp, wall)
+
+
+def merge_ranks(reports: list[dict[str, Any]], tp: int, wall_seconds: float) -> dict[str, Any]:
+    """One load section from the ranks' reports (rank 0's shards, checksums and statistics: it reads every
+    tensor whole; the other ranks read only their slices). Any rank's loader error fails the stage naming it."""
+    failed = [r for r in reports if "error" in r]
+    if failed:
+        first = failed[0]
+        also = f" (also ranks {[r['rank'] for r in failed[1:]]})" if len(failed) > 1 else ""
+        raise StageFailed(f"rank {first['rank']} of {tp}{also}: {first['error']}")
+    lead = reports[0]
+    mismatched = [r["rank"] for r in reports if (r["tensors"], r["bytes"]) != (lead["tensors"], lead["bytes"])]
+    if mismatched:
+        raise StageFailed(f"ranks {mismatched} saw a different checkpoint than rank 0 (tensors, bytes)")
+    problems = [{**p, "rank": r["rank"]} for r in reports for p in r["problems"]]
+    seconds = max(r["seconds"] for r in reports)
+    section = {k: v for k, v in lead.items() if k not in ("rank", "rank_bytes")}
+    section.update(
+        ok=not problems, problems=problems, tp=tp, seconds=round(seconds, 4),
+        gb_per_s=round(lead["bytes"] / seconds / 1e9, 3) if seconds > 0 else None,
+        wall_seconds=round(wall_seconds, 3),  # with process start and process-group setup
+        peak_rss_bytes=max(r["peak_rss_bytes"] for r in reports),  # per rank, like memory per device
+        peak_rss_bytes_sum=sum(r["peak_rss_bytes"] for r in reports),
+        zero_copy_bytes=sum(r.get("zero_copy_bytes", 0) for r in reports),
+        ranks=[{"rank": r["rank"], "bytes": r["rank_bytes"], "seconds": r["seconds"],
+                "peak_rss_bytes": r["peak_rss_bytes"]} for r in reports],
+    )
+    return section
