@@ -25,8 +25,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
     tp, tp_note = effective_tp(ctx)
     if tp > 1:
         section = load_sharded(ctx, tp)
-        section["notes"] = [f"loaded sharded over tp={tp} ranks; inventory, align and eval run on a tp=1 copy "
-                            "loaded in-process when they need it"]
+        copy, gib = section["tp1_copy"], 1 << 30
+        size = f"{copy['bytes'] / gib:.2f} GiB of {copy['available_bytes'] / gib:.2f} GiB free on {ctx.device}"
+        section["notes"] = [f"loaded sharded over tp={tp} ranks; inventory, align and eval load a tp=1 copy "
+                            f"in this process when they run ({size})" if copy["fits"] else
+                            f"loaded sharded over tp={tp} ranks; a tp=1 copy for inventory, align and eval does "
+                            f"not fit ({size}): run those stages where it does"]
         return section
     from agents.runtime.loader import LoadError, load_model
 

@@ -13,6 +13,7 @@ from agents.pipeline.base import StageContext, StageFailed
 # CPU ranks are processes sharing this host's cores and memory: enough to prove TP, not to serve with it
 MAX_CPU_TP = 8
 LOAD_TIMEOUT_S = 3600.0
+PROGRESS_INTERVAL_S = 0.5
 
 
 def effective_tp(ctx: StageContext) -> tuple[int, str | None]:
@@ -47,8 +48,9 @@ def _cuda_devices() -> int:
 
 
 def load_rank(model_dir: str, dtype: str, device: str, manifest: dict[str, str] | None,
-              fail_on_nonfinite: bool) -> dict[str, Any]:
-    """One rank (run by ``launch``): load this rank's slice; its report, or ``error`` with the loader's message."""
+              fail_on_nonfinite: bool, progress_queue: Any = None) -> dict[str, Any]:
+    """One rank (run by ``launch``): load this rank's slice; its report, or ``error`` with the loader's message.
+    Rank 0 puts ``(done, total)`` on ``progress_queue`` as tensors stream (at most every PROGRESS_INTERVAL_S)."""
     from agents.runtime.distributed import get_tp_rank
     from agents.runtime.loader import LoadError, load_model
 
@@ -57,9 +59,17 @@ def load_rank(model_dir: str, dtype: str, device: str, manifest: dict[str, str] 
         import torch
 
         device = f"cuda:{torch.cuda.current_device()}"  # init_distributed picked this rank's device
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if progress_queue is not None and rank == 0 and (done == total or now - last[0] >= PROGRESS_INTERVAL_S):
+            last[0] = now
+            progress_queue.put((done, total))
+
     try:
         result = load_model(model_dir, dtype=dtype, device=device, manifest=manifest,
-                            fail_on_nonfinite=fail_on_nonfinite)
+                            fail_on_nonfinite=fail_on_nonfinite, progress=progress)
     except LoadError as exc:  # no collective runs while loading: the peers finish on their own
         return {"rank": rank, "error": str(exc)}
     report = dict(result.report)
@@ -70,20 +80,61 @@ def load_rank(model_dir: str, dtype: str, device: str, manifest: dict[str, str] 
 
 
 def load_sharded(ctx: StageContext, tp: int) -> dict[str, Any]:
-    """Load ``ctx.model_dir`` over ``tp`` ranks and merge their reports into one ``load`` section."""
+    """Load ``ctx.model_dir`` over ``tp`` ranks and merge their reports into one ``load`` section. Rank 0's
+    progress reaches ``ctx.progress`` from this thread; a cancel stops waiting (the ranks finish on their own)."""
+    import queue
+    import threading
+
+    import torch.multiprocessing as mp
+
     from agents.runtime.distributed import launch
 
     ctx.emit("log", f"loading over tp={tp} ranks ({'NCCL' if str(ctx.device).startswith('cuda') else 'gloo'})")
     t0 = time.perf_counter()
-    args = (str(Path(ctx.model_dir)), ctx.dtype, ctx.device, ctx.shared.get("manifest"),
-            bool(ctx.thresholds.get("fail_on_nonfinite", 0)))
-    try:
-        reports = launch(load_rank, tp, *args, timeout=LOAD_TIMEOUT_S)
-    except RuntimeError as exc:  # a crash, not a strictness error: the first line says which rank and why
-        raise StageFailed(f"sharded load (tp={tp}) failed: {str(exc).splitlines()[0]}") from exc
-    wall = time.perf_counter() - t0
-    ctx.check_cancelled()
-    return merge_ranks(reports, tp, wall)
+    outcome: dict[str, Any] = {}
+    with mp.get_context("spawn").Manager() as manager:
+        updates = manager.Queue()
+        args = (str(Path(ctx.model_dir)), ctx.dtype, ctx.device, ctx.shared.get("manifest"),
+                bool(ctx.thresholds.get("fail_on_nonfinite", 0)), updates)
+
+        def run_ranks() -> None:
+            try:
+                outcome["reports"] = launch(load_rank, tp, *args, timeout=LOAD_TIMEOUT_S)
+            except BaseException as exc:  # re-raised in the stage's thread
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run_ranks, name="load-ranks", daemon=True)
+        thread.start()
+        while thread.is_alive() or not updates.empty():
+            ctx.check_cancelled()
+            try:
+                done, total = updates.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            ctx.progress(done, total, "tensors loaded (rank 0)")
+        thread.join()
+    error = outcome.get("error")
+    if isinstance(error, RuntimeError):  # a crash, not a strictness error: the first line says which rank and why
+        raise StageFailed(f"sharded load (tp={tp}) failed: {str(error).splitlines()[0]}") from error
+    if error is not None:
+        raise error
+    section = merge_ranks(outcome["reports"], tp, time.perf_counter() - t0)
+    section["tp1_copy"] = tp1_copy(ctx, sum(r["bytes"] for r in section["ranks"]))
+    return section
+
+
+def tp1_copy(ctx: StageContext, model_bytes: int) -> dict[str, Any]:
+    """Whether a whole (TP=1) copy of the model fits on one ``ctx.device`` now, for the stages that run the
+    model in this process (inventory, align, eval): ``{bytes, available_bytes, fits}``."""
+    import torch
+
+    from agents.runtime.engine.model_runner import available_memory_bytes
+
+    device = torch.device(ctx.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    available = available_memory_bytes(device)
+    return {"bytes": model_bytes, "available_bytes": available, "fits": model_bytes < 0.9 * available}
 
 
 def merge_ranks(reports: list[dict[str, Any]], tp: int, wall_seconds: float) -> dict[str, Any]:

@@ -34,6 +34,11 @@ def test_sharded_load_merges_the_ranks_and_matches_the_tp1_totals(make_ctx):
     assert all(r["seconds"] > 0 and r["peak_rss_bytes"] > 0 for r in sharded["ranks"])
     assert sharded["peak_rss_bytes"] == max(r["peak_rss_bytes"] for r in sharded["ranks"])
     assert any("tp=2" in e["message"] for e in log.events if e["kind"] == "log")
+    progress = [e["data"] for e in log.events if e["kind"] == "progress"]
+    assert progress and progress[-1]["done"] == progress[-1]["total"] == single["tensors"]
+    copy = sharded["tp1_copy"]
+    assert copy["fits"] and copy["bytes"] == sum(rank_bytes) and copy["available_bytes"] > copy["bytes"]
+    assert "tp=1 copy" in sharded["notes"][0]
 
 
 def test_a_corrupted_shard_fails_the_tp2_load_naming_rank_file_and_tensor(make_ctx, tmp_path):
@@ -93,3 +98,23 @@ def test_serve_at_tp2_answers_the_text_path_with_tp1_greedy_output(make_ctx, tmp
             serve.stop(ctx)
     assert "rank1" in (tmp_path / "tp2" / "serve.log").read_text()  # two ranks served
     assert all(outputs[2]) and outputs[2] == outputs[1]
+
+
+@pytest.mark.slow
+def test_adapt_with_tp2_reports_tp2_in_plan_load_and_serve(tmp_path):
+    """``day0 adapt --tp 2`` end to end (about 25 s here: two spawned loads and a served bench)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "day0portal.cli", "adapt", str(cached_model("llama")), "--hardware", "cpu",
+           "--tp", "2", "--stages", "plan,load,serve,bench", "--workdir", str(tmp_path), "--report", str(report)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    stages = json.loads(report.read_text())["stages"]
+    assert stages["plan"]["plan"]["tp"] == stages["load"]["tp"] == stages["serve"]["tp"] == 2
+    assert len(stages["load"]["ranks"]) == 2 and stages["serve"]["text_path_ok"]
+    assert any(run["output_tok_s"] > 0 for run in stages["bench"]["runs"])
+    assert json.loads(report.read_text())["tier"] >= 3
