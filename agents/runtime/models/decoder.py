@@ -84,10 +84,11 @@ class DecoderCausalLM(nn.Module):
         self._decode_layout = False  # set once the dense linears have their decode-friendly layout
 
     def use_decode_layout(self) -> None:
-        """Column-major storage for the dense linears whose batch-1 matrix-vector product streams faster so
-        (see ``column_major``); done once, on the first forward after loading."""
+        """Column-major storage for the linears whose batch-1 matrix-vector product streams faster so (see
+        ``column_major`` and ``dense_linear``): the LM head always, the layers' linears when torch runs one
+        thread (with more, oneDNN reads their row-major weights on every thread). Done on the first forward."""
         modules: list[nn.Module] = [] if self.lm_head.weight is self.model.embed_tokens.weight else [self.lm_head]
-        for layer in self.model.layers:
+        for layer in self.model.layers if torch.get_num_threads() == 1 else []:
             if isinstance(layer.self_attn, SelfAttention):
                 modules += [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
             if isinstance(layer.mlp, SwiGLUMLP):
