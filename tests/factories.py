@@ -81,6 +81,7 @@ class HardwareFactory(factory.django.DjangoModelFactory):
         model = Hardware
 
     slug = factory.Sequence(lambda n: f"accel-{n}")
+    organization = None  # a shared catalog entry; pass an organization for owned hardware
     vendor = "Acme"
     name = factory.LazyAttribute(lambda h: f"Acme {h.slug}")
     memory_bytes = 80 * 10**9

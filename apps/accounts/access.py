@@ -2,7 +2,11 @@
 
 Reading public data needs nothing. Private (embargoed) data is visible to members of its organization;
 a token sees only its own organization's private data. Writing needs a scope: ``submit`` (jobs, models),
-``agent`` (events, results, agent registration; the token's hardware only)."""
+``agent`` (events, results, agent registration; the token's hardware only).
+
+Hardware belongs to an organization (its admins edit it and mint its agent tokens) or is a shared catalog entry
+(staff's). An agent token sees the embargoed jobs its organization may see; the token of a shared entry minted
+by staff also sees the jobs its queue carries (``Actor.operates_shared_hardware``)."""
 
 from __future__ import annotations
 
@@ -64,12 +68,31 @@ class Actor:
         return self.is_staff or self.roles.get(org_id) == Role.ADMIN
 
     def is_catalog_admin(self) -> bool:
-        """May create and edit hardware: staff, or an admin of any organization (through a submit token too)."""
+        """May create hardware (it becomes its organization's): staff, or an admin of any organization (through
+        a submit token too)."""
         if self.is_staff and self.token is None:
             return True
         if self.token is not None and not self.token.has_scope(Scope.SUBMIT):
             return False
         return any(ROLE_RANK[role] >= ROLE_RANK[Role.ADMIN] for role in self.roles.values())
+
+    def administers_hardware(self, owner_id: int | None) -> bool:
+        """May edit a hardware owned by ``owner_id`` and mint its agent tokens: staff (a session), or an admin of
+        the owning organization (a session, or a submit token of that organization). A shared catalog entry
+        (``owner_id`` None) is staff's only."""
+        if self.is_staff and self.token is None:
+            return True
+        if owner_id is None or (self.token is not None and not self.token.has_scope(Scope.SUBMIT)):
+            return False
+        return self.roles.get(owner_id) == Role.ADMIN
+
+    @property
+    def operates_shared_hardware(self) -> bool:
+        """An agent token bound to a shared catalog entry (no owning organization) and minted by a user who is
+        still staff: staff operate that hardware's agents, so such a token is handed every job of its queue."""
+        token = self.token
+        return (token is not None and token.hardware_id is not None and token.hardware.organization_id is None
+                and token.user.is_staff)
 
     def default_org_id(self) -> int | None:
         """The organization new rows belong to: the token's, or the user's one membership with submit rights."""

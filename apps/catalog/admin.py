@@ -16,6 +16,10 @@ class ModelReleaseAdmin(admin.ModelAdmin):
 
 @admin.register(Hardware)
 class HardwareAdmin(admin.ModelAdmin):
-    list_display = ["slug", "vendor", "name", "memory_bytes", "devices_per_node"]
-    list_filter = ["vendor"]
+    """Staff's view of the catalog: the owner decides who mints agent tokens (empty = a shared entry)."""
+
+    list_display = ["slug", "vendor", "name", "organization", "memory_bytes", "devices_per_node"]
+    list_filter = ["vendor", "organization"]
+    list_select_related = ["organization"]
+    autocomplete_fields = ["organization"]
     search_fields = ["slug", "name", "vendor"]

@@ -40,9 +40,17 @@ class ModelRelease(models.Model):
 
 class Hardware(models.Model):
     """An accelerator pool: one device's memory, devices per node, bandwidths, dtypes, peak TFLOP/s per dtype
-    and the names of operators its library implements natively."""
+    and the names of operators its library implements natively.
+
+    ``organization`` owns the pool: its admins edit it and mint its agent tokens, and its embargoed models may
+    run on it. None is a shared catalog entry (the seeded public accelerators): staff edit it and operate its
+    agents."""
 
     slug = models.CharField(max_length=64, unique=True, validators=[slug_validator])
+    organization = models.ForeignKey(
+        "accounts.Organization", null=True, blank=True, on_delete=models.PROTECT, related_name="hardware",
+        help_text="the owning organization; empty for a shared catalog entry operated by staff",
+    )
     vendor = models.CharField(max_length=64, db_index=True)
     name = models.CharField(max_length=200)
     memory_bytes = models.BigIntegerField(help_text="memory per device, bytes")

@@ -36,4 +36,4 @@ def visible_models(actor: Actor) -> QuerySet[ModelRelease]:
 
 
 def all_hardware() -> QuerySet[Hardware]:
-    return Hardware.objects.all()
+    return Hardware.objects.select_related("organization")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
 from agents.runtime.params import count_params
 from agents.runtime.spec import SpecError, parse_config
+from apps.accounts.access import Actor
+from apps.accounts.models import Organization
 from apps.catalog.models import Hardware, ModelRelease
 
 # Fields derived from config.json; clients cannot set them.
@@ -126,3 +128,30 @@ def do_update_hardware(hardware: Hardware, **fields: Any) -> Hardware:
 
     refresh_cells(hardware=[hardware])
     return hardware
+
+
+def check_create_hardware(actor: Actor, *, organization: Organization | None, **fields: Any) -> Hardware:
+    """Any organization's admin creates hardware, owned by that organization (it decides who mints its agent
+    tokens and which embargoed models run on it); staff also create shared catalog entries
+    (``organization=None``)."""
+    if not actor.is_catalog_admin():
+        raise PermissionDenied("creating hardware needs an organization admin or staff")
+    if organization is None and not (actor.is_staff and actor.token is None):
+        raise PermissionDenied("only staff create shared hardware (no owning organization)")
+    if organization is not None and not actor.administers_hardware(organization.pk):
+        raise PermissionDenied(f"only admins of {organization.slug} or staff create hardware owned by it")
+    return do_create_hardware(organization=organization, **fields)
+
+
+def check_update_hardware(actor: Actor, hardware: Hardware, **fields: Any) -> Hardware:
+    """Admins of the owning organization, or staff, edit a hardware (its fits estimates follow); a shared
+    catalog entry is staff's only, and only staff give a hardware another owner."""
+    owner = hardware.organization
+    if not actor.administers_hardware(hardware.organization_id):
+        if owner is None:
+            raise PermissionDenied(f"hardware {hardware.slug} is a shared catalog entry: only staff edit it")
+        raise PermissionDenied(f"hardware {hardware.slug} belongs to {owner.slug}: only admins of {owner.slug} "
+                               "or staff edit it")
+    if "organization" in fields and fields["organization"] != owner and not (actor.is_staff and actor.token is None):
+        raise PermissionDenied(f"only staff move hardware {hardware.slug} to another organization")
+    return do_update_hardware(hardware, **fields)

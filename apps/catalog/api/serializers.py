@@ -5,6 +5,7 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
+from apps.accounts.models import Organization
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.services import model_fields_from_config
 
@@ -47,10 +48,15 @@ class ModelReleaseListSerializer(ModelReleaseSerializer):
 
 class HardwareSerializer(serializers.ModelSerializer):
     memory_gb = serializers.FloatField(read_only=True)
+    organization = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Organization.objects.all(), required=False, allow_null=True,
+        error_messages={"does_not_exist": "no organization with slug {value!r}"},
+        help_text="the owning organization (default: the one you administer); null is a shared entry (staff)",
+    )
 
     class Meta:
         model = Hardware
-        fields = ["id", "slug", "vendor", "name", "memory_bytes", "memory_gb", "devices_per_node", "intra_node_gbps",
+        fields = ["id", "slug", "organization", "vendor", "name", "memory_bytes", "memory_gb", "devices_per_node", "intra_node_gbps",
                   "inter_node_gbps", "memory_bandwidth_gbps", "dtypes", "peak_tflops", "operator_manifest",
                   "shared_memory", "notes", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]

@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import django_filters
 from django.db.models import QuerySet
-from rest_framework import mixins, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.accounts.choices import Scope
+from apps.accounts.access import Actor
+from apps.accounts.choices import Role, Scope
 from apps.accounts.models import Organization
 from apps.catalog import services
 from apps.catalog.api.serializers import HardwareSerializer, ModelReleaseListSerializer, ModelReleaseSerializer
@@ -103,8 +104,28 @@ class HardwareViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.C
             actor = get_actor(request)
             require(actor.is_catalog_admin(), actor, "editing hardware needs an organization admin or staff")
 
-    def perform_create(self, serializer: HardwareSerializer) -> None:
-        serializer.instance = services.do_create_hardware(**serializer.validated_data)
+    def create(self, request: Request, *args, **kwargs) -> Response:
+        """An organization admin's new hardware is that organization's (``organization`` defaults to the one
+        organization the creator administers); staff may create shared entries with ``"organization": null``."""
+        actor = get_actor(request)
+        serializer = HardwareSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = dict(serializer.validated_data)
+        organization = data.pop("organization") if "organization" in data else _default_owner(actor)
+        hardware = services.check_create_hardware(actor, organization=organization, **data)
+        return Response(HardwareSerializer(hardware).data, status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer: HardwareSerializer) -> None:
-        serializer.instance = services.do_update_hardware(serializer.instance, **serializer.validated_data)
+        serializer.instance = services.check_update_hardware(get_actor(self.request), serializer.instance,
+                                                             **serializer.validated_data)
+
+
+def _default_owner(actor: Actor) -> Organization | None:
+    """The organization new hardware belongs to when the request names none: the token's, or the one the user
+    administers; None (a shared entry) for staff who administer none."""
+    if actor.token is not None:
+        return Organization.objects.filter(pk=actor.token.organization_id).first()
+    administered = sorted(org for org, role in actor.roles.items() if role == Role.ADMIN)
+    if len(administered) > 1:
+        raise ValidationError({"organization": "is required: you administer several organizations"})
+    return Organization.objects.filter(pk=administered[0]).first() if administered else None
