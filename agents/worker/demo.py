@@ -63,22 +63,26 @@ def ensure_demo_model(arch: str = "qwen3-moe", *, org_slug: str = "day0-demo") -
 
 
 def make_agent_token(hardware: str = "cpu", *, org_slug: str = "day0-demo", username: str = "admin") -> str:
-    """A fresh agent token bound to ``hardware`` (the secret is shown only now)."""
+    """A fresh agent token bound to ``hardware`` (the secret is shown only now), minted by ``username`` through
+    ``check_create_api_token``: the demo admin is a superuser (created as one here if missing), as the shared
+    catalog entries' agent tokens need staff."""
     from django.contrib.auth import get_user_model
 
+    from apps.accounts.access import actor_of
     from apps.accounts.choices import Role, Scope
     from apps.accounts.models import Membership, Organization
-    from apps.accounts.services import do_create_api_token
+    from apps.accounts.services import check_create_api_token
     from apps.catalog.models import Hardware
+    from apps.catalog.seed import ensure_demo_admin
 
-    hw = Hardware.objects.filter(slug=hardware).first()
+    hw = Hardware.objects.select_related("organization").filter(slug=hardware).first()
     if hw is None:
         raise ValueError(f"no hardware {hardware!r} in the catalog (seed it first)")
     org, _ = Organization.objects.get_or_create(slug=org_slug, defaults={"name": "Day-0 demo"})
-    user, _ = get_user_model().objects.get_or_create(username=username)
+    user = get_user_model().objects.filter(username=username).first() or ensure_demo_admin(username)[0]
     Membership.objects.get_or_create(organization=org, user=user, defaults={"role": Role.ADMIN})
-    _, secret = do_create_api_token(organization=org, user=user, name=f"agent-{hardware}", scopes=[Scope.AGENT],
-                                    hardware_id=hw.pk)
+    _, secret = check_create_api_token(actor_of(user), organization=org, name=f"agent-{hardware}",
+                                       scopes=[Scope.AGENT], hardware=hw)
     return secret
 
 

@@ -12,6 +12,7 @@ from apps.accounts.access import Actor
 from apps.accounts.authentication import hash_secret
 from apps.accounts.choices import SCOPES_FOR_ROLE, Role, Scope
 from apps.accounts.models import ApiToken, Membership, Organization
+from apps.catalog.models import Hardware
 
 TOKEN_PREFIX_LEN = 8
 
@@ -49,9 +50,28 @@ def do_create_api_token(*, organization: Organization, user, name: str, scopes: 
     return token, secret
 
 
+def check_agent_token_hardware(actor: Actor, *, organization: Organization, hardware: Hardware) -> None:
+    """Who may bind an agent token to ``hardware`` (an agent token reads the jobs its hardware's queue carries):
+    an admin of the hardware's owning organization, or staff, and the token belongs to that organization; for a
+    shared catalog entry (no owner), staff only. Raises ``PermissionDenied`` naming the hardware and the rule."""
+    owner = hardware.organization
+    if owner is None:
+        if not (actor.is_staff and actor.token is None):
+            raise PermissionDenied(f"hardware {hardware.slug} is a shared catalog entry: only staff create its "
+                                   "agent tokens")
+        return
+    if not actor.administers_hardware(owner.pk):
+        raise PermissionDenied(f"hardware {hardware.slug} belongs to {owner.slug}: only admins of {owner.slug} "
+                               "or staff create its agent tokens")
+    if organization.pk != owner.pk:
+        raise PermissionDenied(f"hardware {hardware.slug} belongs to {owner.slug}: its agent tokens belong to "
+                               f"{owner.slug}, not {organization.slug}")
+
+
 def check_create_api_token(actor: Actor, *, organization: Organization, name: str, scopes: list[str],
-                           hardware_id: int | None = None) -> tuple[ApiToken, str]:
-    """Members create tokens within their role; agent tokens need an admin. Tokens cannot mint tokens."""
+                           hardware: Hardware | None = None) -> tuple[ApiToken, str]:
+    """Members create tokens within their role; agent tokens need an admin and ``check_agent_token_hardware``.
+    Tokens cannot mint tokens. The one way tokens are created (API, ``manage.py create_token``, the demo)."""
     if actor.token is not None:
         raise PermissionDenied("tokens are created from a signed-in session, not with another token")
     role = actor.role_in(organization.pk)
@@ -61,9 +81,11 @@ def check_create_api_token(actor: Actor, *, organization: Organization, name: st
     beyond = sorted(set(scopes) - allowed)
     if beyond:
         raise PermissionDenied(f"your role ({role or 'staff'}) cannot grant the scopes {beyond}")
+    if hardware is not None and Scope.AGENT in scopes:
+        check_agent_token_hardware(actor, organization=organization, hardware=hardware)
     user = get_user_model().objects.get(pk=actor.user_id)
     return do_create_api_token(organization=organization, user=user, name=name, scopes=scopes,
-                               hardware_id=hardware_id)
+                               hardware_id=hardware.pk if hardware is not None else None)
 
 
 def do_revoke_api_token(token: ApiToken) -> ApiToken:

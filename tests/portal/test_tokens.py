@@ -57,7 +57,7 @@ def test_scopes_are_limited_by_role_and_agent_tokens_need_a_hardware(admin_clien
     client, org, user = admin_client
     response = client.post("/api/v1/tokens/", {"name": "a", "scopes": ["agent"]}, content_type="application/json")
     assert response.status_code == 400 and "hardware" in response.json()
-    hw = HardwareFactory()
+    hw = HardwareFactory(organization=org)
     response = client.post("/api/v1/tokens/", {"name": "a", "scopes": ["agent"], "hardware": hw.slug},
                            content_type="application/json")
     assert response.status_code == 201 and response.json()["hardware"] == hw.slug
@@ -113,7 +113,7 @@ def test_create_token_command_prints_a_working_agent_token(api_client) -> None:
     org = OrganizationFactory(slug="ops")
     user = UserFactory(username="operator")
     Membership.objects.create(organization=org, user=user, role=Role.ADMIN)
-    hardware = HardwareFactory()
+    hardware = HardwareFactory(organization=org)
     out = StringIO()
     call_command("create_token", "--user", "operator", "--org", "ops", "--scopes", "agent",
                  "--hardware", hardware.slug, stdout=out, stderr=StringIO())

@@ -50,11 +50,11 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
             if len(actor.roles) != 1:
                 raise ValidationError({"organization": "is required: name the organization of the token"})
             org = Organization.objects.get(pk=next(iter(actor.roles)))
-        hardware_id = None
+        hardware = None
         if data.get("hardware"):
-            hardware_id = get_or_404(Hardware.objects.all(), "hardware", slug=data["hardware"]).pk
+            hardware = get_or_404(Hardware.objects.select_related("organization"), "hardware", slug=data["hardware"])
         token, secret = services.check_create_api_token(actor, organization=org, name=data["name"],
-                                                        scopes=data["scopes"], hardware_id=hardware_id)
+                                                        scopes=data["scopes"], hardware=hardware)
         body = dict(ApiTokenSerializer(token).data, token=secret)
         return Response(body, status=status.HTTP_201_CREATED)
 

@@ -1,16 +1,19 @@
 """``manage.py create_token``: an API token for operators (agent tokens for new hosts, CI tokens); the secret
-is printed once."""
+is printed once. The token is created as ``--user`` would create it through the API
+(``accounts.services.check_create_api_token``): scopes within the user's role, and an agent token only for
+hardware the user may mint it for (an admin of its owning organization, or staff; staff only for a shared entry)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from apps.accounts.access import actor_of
 from apps.accounts.models import Membership, Organization
-from apps.accounts.services import do_create_api_token
+from apps.accounts.services import check_create_api_token
 from apps.catalog.models import Hardware
 
 
@@ -33,16 +36,17 @@ class Command(BaseCommand):
             raise CommandError(f"no organization {options['org']!r}")
         if not Membership.objects.filter(user=user, organization=org).exists():
             raise CommandError(f"{user.username} is not a member of {org.slug}")
-        hardware_id = None
+        hardware = None
         if options["hardware"]:
-            hardware = Hardware.objects.filter(slug=options["hardware"]).first()
+            hardware = Hardware.objects.select_related("organization").filter(slug=options["hardware"]).first()
             if hardware is None:
                 raise CommandError(f"no hardware {options['hardware']!r}")
-            hardware_id = hardware.pk
         scopes = [s.strip() for s in options["scopes"].split(",") if s.strip()]
         try:
-            token, secret = do_create_api_token(organization=org, user=user, name=options["name"], scopes=scopes,
-                                                hardware_id=hardware_id)
+            token, secret = check_create_api_token(actor_of(user), organization=org, name=options["name"],
+                                                   scopes=scopes, hardware=hardware)
+        except PermissionDenied as exc:
+            raise CommandError(f"refused for {user.username}: {exc}") from exc
         except ValidationError as exc:
             raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())) from exc
         self.stderr.write(f"token {token.prefix}… scopes {','.join(token.scopes)} (the secret is shown only now)")
