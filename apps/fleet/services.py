@@ -48,6 +48,12 @@ def do_heartbeat_agent(agent: Agent, *, current_job_id: int | None = None) -> Ag
 
 
 def check_heartbeat_agent(actor: Actor, agent: Agent, *, current_job_id: int | None = None) -> Agent:
+    """Heartbeats come from an agent token of the agent's hardware; the job it reports must be one the token may
+    see (``jobs.selectors.visible_jobs``)."""
+    from apps.jobs.selectors import visible_jobs
+
     if not actor.has_scope(Scope.AGENT) or actor.hardware_id != agent.hardware_id:
         raise PermissionDenied("heartbeats come from an agent token bound to the agent's hardware")
+    if current_job_id is not None and not visible_jobs(actor).filter(pk=current_job_id).exists():
+        raise ValidationError({"current_job": f"no job {current_job_id} on this agent's hardware"})
     return do_heartbeat_agent(agent, current_job_id=current_job_id)

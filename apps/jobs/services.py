@@ -27,8 +27,24 @@ class InvalidTransition(ConflictError):
 # --- creation and state -------------------------------------------------------------------------------------
 
 
+def check_hardware_runs_model(model: ModelRelease, hardware: Hardware) -> None:
+    """Where an embargoed model may run: on hardware its own organization owns, or on a shared catalog entry
+    (no owner), whose agent tokens only staff mint. Its job's queue hands the model's config to the
+    hardware's agents, so any other organization's hardware is refused (``ValidationError`` on ``hardware``,
+    a 400 naming both). A public or released model runs anywhere."""
+    from apps.catalog.selectors import model_is_public
+
+    if model_is_public(model) or hardware.organization_id is None or hardware.organization_id == model.organization_id:
+        return
+    owner = hardware.organization.slug if hardware.organization else hardware.organization_id
+    raise ValidationError({"hardware": (
+        f"{model.slug} is embargoed: it runs only on hardware {model.organization.slug} owns or on shared hardware "
+        f"operated by staff, and {hardware.slug} belongs to {owner}")})
+
+
 def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, spec: dict[str, Any]) -> Job:
-    """Submitters (of the model's organization for a private model) create jobs."""
+    """Submitters (of the model's organization for a private model) create jobs; an embargoed model only on
+    hardware ``check_hardware_runs_model`` allows."""
     from apps.catalog.selectors import model_is_public
 
     org_id = actor.default_org_id()
@@ -36,6 +52,7 @@ def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, s
         org_id = model.organization_id
     if not actor.has_scope(Scope.SUBMIT, org_id):
         raise PermissionDenied("creating a job needs the submit scope (a submitter or admin role)")
+    check_hardware_runs_model(model, hardware)
     return do_create_job(model=model, hardware=hardware, spec=spec, organization_id=org_id,
                          requested_by_id=actor.user_id)
 

@@ -74,7 +74,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         model = visible_models(actor).filter(slug=data["model"]).first()
         if model is None:
             raise ValidationError({"model": f"no model with slug {data['model']!r}"})
-        hardware = Hardware.objects.filter(slug=data["hardware"]).first()
+        hardware = Hardware.objects.select_related("organization").filter(slug=data["hardware"]).first()
         if hardware is None:
             raise ValidationError({"hardware": f"no hardware with slug {data['hardware']!r}"})
         spec = serializer.spec()
