@@ -16,14 +16,17 @@ from agents.runtime.layers.weights import adopt_or_copy, bind_loader, check_shap
 # MKL's on this AVX-512 host (MKL's path on AMD cores). For matrix-vector products (decode at batch 1) MKL's
 # sgemv is single-threaded: with one thread it streams column-major weights fastest (see ``column_major``);
 # with more threads oneDNN on row-major weights uses them all and reads 1.4-1.6x faster.
+# Small weights (tiny models, routers) stay with MKL: a parallel region per call costs more than it saves there.
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 GEMM_MIN_ROWS = 4
+ONEDNN_MIN_WEIGHT = 1 << 18  # elements (1 MiB of fp32)
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x W^T + b`` for ``x: [T, in]``, ``weight: [out, in]`` (either memory layout)."""
-    if _ONEDNN and x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and (
-            x.shape[0] >= GEMM_MIN_ROWS or (weight.stride(1) == 1 and torch.get_num_threads() > 1)):
+    if _ONEDNN and weight.numel() >= ONEDNN_MIN_WEIGHT and x.dim() == 2 and x.dtype == torch.float32 and (
+            x.device.type == "cpu") and (x.shape[0] >= GEMM_MIN_ROWS or (
+            weight.stride(1) == 1 and torch.get_num_threads() > 1)):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # [T, out]
     return F.linear(x, weight, bias)
 
