@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -159,27 +160,20 @@ def test_queue_full_is_429_and_the_server_keeps_serving(engine, url):
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_aborts_and_frees_blocks(engine, url, stream):
     req = {"prompt": "Hello " * 20, "max_tokens": 900, "ignore_eos": True, "stream": stream}
-    client = httpx.Client(timeout=30)
-    with pytest.raises(httpx.ReadTimeout) if not stream else _nullcontext():
-        with client.stream("POST", f"{url}/v1/completions", json=req, timeout=1.0 if not stream else 30) as resp:
-            if stream:
-                lines = resp.iter_lines()
-                next(lines)
-                assert engine.stats()["kv_blocks_used"] > 0
-            else:
-                resp.read()
-    client.close()
+    if stream:
+        with httpx.Client(timeout=30) as client, client.stream("POST", f"{url}/v1/completions", json=req) as resp:
+            next(resp.iter_lines())
+            assert engine.stats()["kv_blocks_used"] > 0
+    else:  # a raw socket, closed as soon as the request runs: no timing assumption about the model's speed
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps(req).encode()
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            assert _wait(lambda: engine.stats()["kv_blocks_used"] > 0)
     assert _wait(lambda: engine.stats()["kv_blocks_used"] == 0 and engine.stats()["num_running"] == 0)
     metrics = httpx.get(f"{url}/metrics").text
     assert 'day0_requests_total{finish_reason="abort"}' in metrics
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_models_health_and_metrics(url):
