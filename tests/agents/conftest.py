@@ -8,7 +8,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,8 @@ from urllib.error import URLError
 from urllib.request import urlopen
 
 import pytest
-from django.conf import settings
+
+from tests.live_services import database_url, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LOGS = ROOT / "test-artifacts" / "agents"
@@ -29,21 +29,6 @@ _SLUGS = itertools.count()
 
 def unique_slug(prefix: str) -> str:
     return f"{prefix}{os.getpid()}x{next(_SLUGS)}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _database_url() -> str:
-    db = settings.DATABASES["default"]
-    if "postgresql" not in db["ENGINE"]:
-        pytest.fail("agent tests need PostgreSQL: set DAY0_DATABASE_URL=postgres://… (see `make test`)")
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    return f"postgres://{db.get('USER') or 'postgres'}{password}@{db.get('HOST') or '127.0.0.1'}:" \
-           f"{db.get('PORT') or 5432}/{db['NAME']}"
 
 
 def _redis_url() -> str:
@@ -57,14 +42,14 @@ class PortalProcess:
     """uvicorn serving the portal; ``stop()``/``start()`` simulate an outage on the same port."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         LOGS.mkdir(parents=True, exist_ok=True)
         self.log_path = LOGS / f"portal-{os.getpid()}.log"
 
     def start(self) -> None:
-        env = {**os.environ, "DAY0_DATABASE_URL": _database_url(), "DAY0_REDIS_URL": _redis_url(),
+        env = {**os.environ, "DAY0_DATABASE_URL": database_url("agent tests"), "DAY0_REDIS_URL": _redis_url(),
                "PYTHONUNBUFFERED": "1"}
         log = self.log_path.open("a")
         self.proc = subprocess.Popen(
@@ -168,7 +153,7 @@ def portal_worker(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[..
     procs: list[subprocess.Popen] = []
 
     def start(**env: str) -> subprocess.Popen:
-        run_env = {"DAY0_DATABASE_URL": _database_url(), "DAY0_REDIS_URL": _redis_url(),
+        run_env = {"DAY0_DATABASE_URL": database_url("agent tests"), "DAY0_REDIS_URL": _redis_url(),
                    "DAY0_CELERY_DEFAULT_QUEUE": f"portal{os.getpid()}", "DAY0_DETECT_LOST_EVERY": "1", **env}
         proc = start_portal_worker(env=run_env, log_path=LOGS / f"portal-worker-{os.getpid()}.log")
         procs.append(proc)

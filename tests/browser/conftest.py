@@ -10,7 +10,6 @@ Each test gets a fresh Chromium profile; ``shot(page, name)`` saves a screenshot
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from urllib.request import urlopen
 
 import pytest
 from django.conf import settings
+
+from tests.live_services import database_url, free_port
 
 # Playwright's sync API keeps an event loop running in the test thread; Django's ORM calls from the test
 # itself (factories, assertions) are still synchronous and safe (the documented pytest-playwright setting).
@@ -42,23 +43,6 @@ PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 900}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _database_url() -> str:
-    db = settings.DATABASES["default"]
-    if "postgresql" not in db["ENGINE"]:
-        pytest.fail("browser tests need PostgreSQL: set DAY0_DATABASE_URL=postgres://… (see `make test`)")
-    user = db.get("USER") or "postgres"
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    host = db.get("HOST") or "127.0.0.1"
-    port = db.get("PORT") or 5432
-    return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
-
-
 @pytest.fixture(scope="session")
 def portal_server(django_db_setup, django_db_blocker) -> Iterator[str]:
     """Base URL of uvicorn serving the ASGI app (HTTP and WebSocket) on the test database."""
@@ -68,8 +52,8 @@ def portal_server(django_db_setup, django_db_blocker) -> Iterator[str]:
         built = subprocess.run([str(ROOT / "scripts" / "build_static.sh")], capture_output=True, text=True)
         if built.returncode != 0:
             pytest.fail(f"static/vendor is missing and scripts/build_static.sh failed:\n{built.stderr[-2000:]}")
-    port = _free_port()
-    env = {**os.environ, "DAY0_DATABASE_URL": _database_url(), "PYTHONUNBUFFERED": "1",
+    port = free_port()
+    env = {**os.environ, "DAY0_DATABASE_URL": database_url("browser tests"), "PYTHONUNBUFFERED": "1",
            "DJANGO_SETTINGS_MODULE": "day0portal.settings"}
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the server keeps Django's async safety checks
     log_path = ROOT / "test-artifacts" / "portal-server.log"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.live_services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,14 +33,8 @@ def test_env_example_lists_every_variable_the_code_reads() -> None:
     assert "DAY0_DATABASE_URL" in read and read <= listed, sorted(read - listed)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_day0_demo_serves_the_seed_catalog_on_the_embedded_default(tmp_path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_")}
     process = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "demo", "--no-agent", "--port", str(port),
                                 "--data-dir", str(tmp_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -77,7 +72,7 @@ def test_day0_demo_adapts_a_tiny_moe_end_to_end_and_prints_the_tier(tmp_path) ->
     """The README's first command: portal, portal worker and a CPU agent on the embedded default; the tiny MoE
     job goes through every default stage and the cell ends baselined."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_") or k == "DAY0_TEST_MODELS_DIR"}
-    result = subprocess.run([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(_free_port()),
+    result = subprocess.run([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(free_port()),
                              "--data-dir", str(tmp_path), "--exit-when-done"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=360)
     output = result.stdout + result.stderr
