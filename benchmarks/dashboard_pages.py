@@ -27,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _throwaway_db import use_throwaway_database  # noqa: E402  (benchmarks/ is the script's folder)
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "day0portal.settings")
 TEN_METRICS = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50", "itl_ms_p99",
                "e2e_ms_p50", "e2e_ms_p99", "output_tok_s", "peak_memory_bytes")
@@ -65,90 +67,81 @@ def main() -> int:
     import django
 
     django.setup()
-    from django.conf import settings
     from django.contrib.auth.models import AnonymousUser
     from django.db import connection, reset_queries
     from django.test import Client, RequestFactory
-    from django.test.utils import CaptureQueriesContext, setup_test_environment
+    from django.test.utils import CaptureQueriesContext
 
-    if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
-        print("set DAY0_DATABASE_URL=postgres://… (the benchmark runs on PostgreSQL)", file=sys.stderr)
+    if not use_throwaway_database("dashbench"):
         return 2
-    setup_test_environment()
-    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = (
-        f"test_{settings.DATABASES['default']['NAME']}_dashbench")
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
-    try:
-        from apps.benchmarks.seeding import run_adaptation, run_benchmark_history, simulated_clock
-        from apps.evidence.models import BenchmarkPoint, BenchmarkRun
-        from apps.matrix import views as matrix_views
-        from tests.factories import HardwareFactory, ModelReleaseFactory
+    from apps.benchmarks.seeding import run_adaptation, run_benchmark_history, simulated_clock
+    from apps.evidence.models import BenchmarkPoint, BenchmarkRun
+    from apps.matrix import views as matrix_views
+    from tests.factories import HardwareFactory, ModelReleaseFactory
 
-        now = datetime.now(UTC).replace(microsecond=0)
-        start = now - timedelta(days=args.days)
-        model = ModelReleaseFactory(slug="bench-model-8b", released_at=start - timedelta(days=2))
-        hardware = HardwareFactory(slug="bench-accel")
-        rng = random.Random(0)
-        t0 = time.perf_counter()
-        with connection.cursor() as cursor:
-            cursor.execute("SET synchronous_commit TO OFF")
-        with simulated_clock(start - timedelta(days=1)) as clock:
-            run_adaptation(model, hardware, "validated", clock, rng)
-            run_benchmark_history(model, hardware, clock, rng, start=start, days=args.days,
-                                  regression_day=args.days - 10)
-        runs = BenchmarkRun.objects.filter(model=model, hardware=hardware).count()
-        points = BenchmarkPoint.objects.filter(run__model=model).count()
-        print(f"data: 1 cell, {runs} benchmark runs over {args.days} days, {points} concurrency rows, "
-              f"{len(TEN_METRICS)} metrics charted by the API (built in {time.perf_counter() - t0:.1f} s)\n")
+    now = datetime.now(UTC).replace(microsecond=0)
+    start = now - timedelta(days=args.days)
+    model = ModelReleaseFactory(slug="bench-model-8b", released_at=start - timedelta(days=2))
+    hardware = HardwareFactory(slug="bench-accel")
+    rng = random.Random(0)
+    t0 = time.perf_counter()
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit TO OFF")
+    with simulated_clock(start - timedelta(days=1)) as clock:
+        run_adaptation(model, hardware, "validated", clock, rng)
+        run_benchmark_history(model, hardware, clock, rng, start=start, days=args.days,
+                              regression_day=args.days - 10)
+    runs = BenchmarkRun.objects.filter(model=model, hardware=hardware).count()
+    points = BenchmarkPoint.objects.filter(run__model=model).count()
+    print(f"data: 1 cell, {runs} benchmark runs over {args.days} days, {points} concurrency rows, "
+          f"{len(TEN_METRICS)} metrics charted by the API (built in {time.perf_counter() - t0:.1f} s)\n")
 
-        client = Client()
-        cell = f"/cells/{model.slug}/{hardware.slug}/"
-        requests = [
-            ("cell page      GET /cells/<model>/<hw>/", cell),
-            ("trends page    GET /trends/ (5 charts)", f"/trends/?model={model.slug}&hardware={hardware.slug}"),
-            ("series API     10 metrics", f"/api/v1/benchmarks/?model={model.slug}&hardware={hardware.slug}"
-                                          f"&metric={','.join(TEN_METRICS)}"),
-            ("regressions    10 metrics", f"/api/v1/benchmarks/regressions/?model={model.slug}"
-                                          f"&metric={','.join(TEN_METRICS)}"),
-        ]
-        rows = []
-        for label, url in requests:
-            client.get(url)  # warm
-            reset_queries()
-            with CaptureQueriesContext(connection) as ctx:
-                response = client.get(url)
-            assert response.status_code == 200, (url, response.content[:300])
-            queries = len(ctx.captured_queries)
-            median, best = _timed(lambda u=url: client.get(u), args.repeat)
-            rows.append((label, median, best, queries, len(response.content)))
+    client = Client()
+    cell = f"/cells/{model.slug}/{hardware.slug}/"
+    requests = [
+        ("cell page      GET /cells/<model>/<hw>/", cell),
+        ("trends page    GET /trends/ (5 charts)", f"/trends/?model={model.slug}&hardware={hardware.slug}"),
+        ("series API     10 metrics", f"/api/v1/benchmarks/?model={model.slug}&hardware={hardware.slug}"
+                                      f"&metric={','.join(TEN_METRICS)}"),
+        ("regressions    10 metrics", f"/api/v1/benchmarks/regressions/?model={model.slug}"
+                                      f"&metric={','.join(TEN_METRICS)}"),
+    ]
+    rows = []
+    for label, url in requests:
+        client.get(url)  # warm
+        reset_queries()
+        with CaptureQueriesContext(connection) as ctx:
+            response = client.get(url)
+        assert response.status_code == 200, (url, response.content[:300])
+        queries = len(ctx.captured_queries)
+        median, best = _timed(lambda u=url: client.get(u), args.repeat)
+        rows.append((label, median, best, queries, len(response.content)))
 
-        factory = RequestFactory()
+    factory = RequestFactory()
 
-        def plain_cell_page() -> None:
-            request = factory.get(cell)
-            request.user = AnonymousUser()
-            assert matrix_views.cell_page(request, model.slug, hardware.slug).status_code == 200
+    def plain_cell_page() -> None:
+        request = factory.get(cell)
+        request.user = AnonymousUser()
+        assert matrix_views.cell_page(request, model.slug, hardware.slug).status_code == 200
 
+    plain_cell_page()
+    reset_queries()
+    with CaptureQueriesContext(connection) as ctx:
         plain_cell_page()
-        reset_queries()
-        with CaptureQueriesContext(connection) as ctx:
-            plain_cell_page()
-        queries = len(ctx.captured_queries)
-        median, best = _timed(plain_cell_page, args.repeat)
-        rows.append(("peer: portal's plain cell page", median, best, queries, 0))
-        reset_queries()
-        with CaptureQueriesContext(connection) as ctx:
-            flagged = _peer_trends(model.pk, hardware.pk)
-        queries = len(ctx.captured_queries)
-        median, best = _timed(lambda: _peer_trends(model.pk, hardware.pk), max(1, args.repeat // 2))
-        rows.append((f"peer: query per run ({flagged} flags)", median, best, queries, 0))
+    queries = len(ctx.captured_queries)
+    median, best = _timed(plain_cell_page, args.repeat)
+    rows.append(("peer: portal's plain cell page", median, best, queries, 0))
+    reset_queries()
+    with CaptureQueriesContext(connection) as ctx:
+        flagged = _peer_trends(model.pk, hardware.pk)
+    queries = len(ctx.captured_queries)
+    median, best = _timed(lambda: _peer_trends(model.pk, hardware.pk), max(1, args.repeat // 2))
+    rows.append((f"peer: query per run ({flagged} flags)", median, best, queries, 0))
 
-        print(f"{'request':<44} {'median ms':>10} {'best ms':>9} {'queries':>8} {'bytes':>10}  target")
-        for label, median, best, queries, size in rows:
-            target = "" if label.startswith("peer") else ("< 150 ms ok" if median < 150 else "< 150 ms MISSED")
-            print(f"{label:<44} {median:>10.1f} {best:>9.1f} {queries:>8} {size or '':>10}  {target}")
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+    print(f"{'request':<44} {'median ms':>10} {'best ms':>9} {'queries':>8} {'bytes':>10}  target")
+    for label, median, best, queries, size in rows:
+        target = "" if label.startswith("peer") else ("< 150 ms ok" if median < 150 else "< 150 ms MISSED")
+        print(f"{label:<44} {median:>10.1f} {best:>9.1f} {queries:>8} {size or '':>10}  {target}")
     return 0
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _throwaway_db import use_throwaway_database  # noqa: E402  (benchmarks/ is the script's folder)
+
 TARGET = 10_000
 
 
@@ -34,16 +36,9 @@ def setup_django() -> None:
     django.setup()
     from django.conf import settings
     from django.core.management import call_command
-    from django.db import connection
 
     if settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
-        # a throwaway database (test_<name>_ingest), created and migrated here and dropped at exit
-        import atexit
-
-        name = settings.DATABASES["default"]["NAME"]
-        settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_{name}_ingest"
-        old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
-        atexit.register(connection.creation.destroy_test_db, old_name, verbosity=0)
+        use_throwaway_database("ingest")
         return
     call_command("migrate", verbosity=0, interactive=False)
 

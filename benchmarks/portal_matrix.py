@@ -22,6 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _throwaway_db import use_throwaway_database  # noqa: E402  (benchmarks/ is the script's folder)
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "day0portal.settings")
 
 
@@ -65,94 +67,86 @@ def main() -> int:
     import django
 
     django.setup()
-    from django.conf import settings
     from django.db import connection, reset_queries, transaction
     from django.test import Client
-    from django.test.utils import CaptureQueriesContext, setup_test_environment
+    from django.test.utils import CaptureQueriesContext
 
-    if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
-        print("set DAY0_DATABASE_URL=postgres://… (the benchmark runs on PostgreSQL)", file=sys.stderr)
+    if not use_throwaway_database("bench"):
         return 2
-    setup_test_environment()
-    settings.DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_{settings.DATABASES['default']['NAME']}_bench"
-    old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
-    try:
-        from apps.jobs.models import Job, JobEvent
-        from tests.factories import HardwareFactory, JobFactory, OrganizationFactory, make_token
-        from tests.portal.bulk import build_matrix
+    from apps.jobs.models import Job, JobEvent
+    from tests.factories import HardwareFactory, JobFactory, OrganizationFactory, make_token
+    from tests.portal.bulk import build_matrix
 
-        t0 = time.perf_counter()
-        build_matrix(args.models, args.hardware, args.jobs, tag="bench")
-        print(f"data: {args.models} models × {args.hardware} hardware = {args.models * args.hardware} cells, "
-              f"{Job.objects.count()} jobs with evidence (built in {time.perf_counter() - t0:.1f} s)\n")
+    t0 = time.perf_counter()
+    build_matrix(args.models, args.hardware, args.jobs, tag="bench")
+    print(f"data: {args.models} models × {args.hardware} hardware = {args.models * args.hardware} cells, "
+          f"{Job.objects.count()} jobs with evidence (built in {time.perf_counter() - t0:.1f} s)\n")
 
-        client = Client()
-        rows = []
-        for label, url in (("matrix page  GET /", "/"), ("matrix API   GET /api/v1/matrix/", "/api/v1/matrix/")):
-            client.get(url)  # warm
-            reset_queries()  # each request resets the log; start the capture from an empty one
-            with CaptureQueriesContext(connection) as ctx:
-                response = client.get(url)
-            assert response.status_code == 200
-            queries = len(ctx.captured_queries)  # read now: later requests reset the log it slices
-            median, cpu = _timed(lambda u=url: client.get(u), args.repeat)
-            rows.append((label, median, cpu, queries, len(response.content)))
-        reset_queries()
+    client = Client()
+    rows = []
+    for label, url in (("matrix page  GET /", "/"), ("matrix API   GET /api/v1/matrix/", "/api/v1/matrix/")):
+        client.get(url)  # warm
+        reset_queries()  # each request resets the log; start the capture from an empty one
         with CaptureQueriesContext(connection) as ctx:
-            _naive_matrix_json()
-        queries = len(ctx.captured_queries)
-        median, cpu = _timed(_naive_matrix_json, max(1, args.repeat // 2))
-        rows.append(("peer: N+1 per model row (JSON)", median, cpu, queries, 0))
+            response = client.get(url)
+        assert response.status_code == 200
+        queries = len(ctx.captured_queries)  # read now: later requests reset the log it slices
+        median, cpu = _timed(lambda u=url: client.get(u), args.repeat)
+        rows.append((label, median, cpu, queries, len(response.content)))
+    reset_queries()
+    with CaptureQueriesContext(connection) as ctx:
+        _naive_matrix_json()
+    queries = len(ctx.captured_queries)
+    median, cpu = _timed(_naive_matrix_json, max(1, args.repeat // 2))
+    rows.append(("peer: N+1 per model row (JSON)", median, cpu, queries, 0))
 
-        print(f"{'request':<36} {'wall ms':>8} {'CPU ms':>7} {'queries':>8} {'bytes':>10}   (medians)")
-        for label, median, cpu, queries, size in rows:
-            print(f"{label:<36} {median:>8.1f} {cpu:>7.1f} {queries:>8} {size or '':>10}")
+    print(f"{'request':<36} {'wall ms':>8} {'CPU ms':>7} {'queries':>8} {'bytes':>10}   (medians)")
+    for label, median, cpu, queries, size in rows:
+        print(f"{label:<36} {median:>8.1f} {cpu:>7.1f} {queries:>8} {size or '':>10}")
 
-        # --- event ingest -----------------------------------------------------------------------------------
-        hardware = HardwareFactory()
-        token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
-        job = JobFactory(hardware=hardware)
-        ts = datetime.now(UTC).isoformat()
+    # --- event ingest -----------------------------------------------------------------------------------
+    hardware = HardwareFactory()
+    token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
+    job = JobFactory(hardware=hardware)
+    ts = datetime.now(UTC).isoformat()
 
-        def batch(start: int, n: int) -> list[dict]:
-            return [{"seq": s, "ts": ts, "stage": "load", "kind": "progress", "level": "info",
-                     "message": f"tensor {s} loaded", "data": {"done": s, "total": args.events}}
-                    for s in range(start, start + n)]
+    def batch(start: int, n: int) -> list[dict]:
+        return [{"seq": s, "ts": ts, "stage": "load", "kind": "progress", "level": "info",
+                 "message": f"tensor {s} loaded", "data": {"done": s, "total": args.events}}
+                for s in range(start, start + n)]
 
-        headers = {"HTTP_AUTHORIZATION": f"Token {token.secret}"}
-        import json
+    headers = {"HTTP_AUTHORIZATION": f"Token {token.secret}"}
+    import json
 
-        bodies = [json.dumps(batch(s, args.batch)) for s in range(1, args.events + 1, args.batch)]
-        t0, c0 = time.perf_counter(), time.process_time()
-        for body in bodies:
-            r = client.post(f"/api/v1/jobs/{job.pk}/events/", body, content_type="application/json", **headers)
-            assert r.status_code == 200, r.content
-        ours, ours_cpu = time.perf_counter() - t0, time.process_time() - c0
-        assert r.json()["acked"] == args.events
-        # idempotent replay of the last batch
-        t1 = time.perf_counter()
-        client.post(f"/api/v1/jobs/{job.pk}/events/", bodies[-1], content_type="application/json", **headers)
-        replay = time.perf_counter() - t1
+    bodies = [json.dumps(batch(s, args.batch)) for s in range(1, args.events + 1, args.batch)]
+    t0, c0 = time.perf_counter(), time.process_time()
+    for body in bodies:
+        r = client.post(f"/api/v1/jobs/{job.pk}/events/", body, content_type="application/json", **headers)
+        assert r.status_code == 200, r.content
+    ours, ours_cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert r.json()["acked"] == args.events
+    # idempotent replay of the last batch
+    t1 = time.perf_counter()
+    client.post(f"/api/v1/jobs/{job.pk}/events/", bodies[-1], content_type="application/json", **headers)
+    replay = time.perf_counter() - t1
 
-        peer_job = JobFactory(hardware=hardware)
-        peer_n = min(args.events, 5000)
-        t0 = time.perf_counter()
-        for start in range(1, peer_n + 1, args.batch):
-            with transaction.atomic():
-                for e in batch(start, min(args.batch, peer_n - start + 1)):
-                    JobEvent.objects.get_or_create(job=peer_job, seq=e["seq"], defaults={
-                        "ts": datetime.fromisoformat(e["ts"]), "stage": e["stage"], "kind": e["kind"],
-                        "level": e["level"], "message": e["message"], "data": e["data"]})
-        peer = time.perf_counter() - t0
-        title = f"event ingest (batches of {args.batch})"
-        print(f"\n{title:<36} {'events':>10} {'seconds':>9} {'events/s':>10}")
-        print(f"{'ours: POST .../events/ (HTTP stack)':<36} {args.events:>10} {ours:>9.2f} {args.events / ours:>10.0f}")
-        print(f"{'  same, per CPU second of the portal':<36} {args.events:>10} {ours_cpu:>9.2f} "
-              f"{args.events / ours_cpu:>10.0f}")
-        print(f"{'ours: replay of one batch (dupes)':<36} {args.batch:>10} {replay:>9.3f} {args.batch / replay:>10.0f}")
-        print(f"{'peer: get_or_create per event (ORM)':<36} {peer_n:>10} {peer:>9.2f} {peer_n / peer:>10.0f}")
-    finally:
-        connection.creation.destroy_test_db(old_name, verbosity=0)
+    peer_job = JobFactory(hardware=hardware)
+    peer_n = min(args.events, 5000)
+    t0 = time.perf_counter()
+    for start in range(1, peer_n + 1, args.batch):
+        with transaction.atomic():
+            for e in batch(start, min(args.batch, peer_n - start + 1)):
+                JobEvent.objects.get_or_create(job=peer_job, seq=e["seq"], defaults={
+                    "ts": datetime.fromisoformat(e["ts"]), "stage": e["stage"], "kind": e["kind"],
+                    "level": e["level"], "message": e["message"], "data": e["data"]})
+    peer = time.perf_counter() - t0
+    title = f"event ingest (batches of {args.batch})"
+    print(f"\n{title:<36} {'events':>10} {'seconds':>9} {'events/s':>10}")
+    print(f"{'ours: POST .../events/ (HTTP stack)':<36} {args.events:>10} {ours:>9.2f} {args.events / ours:>10.0f}")
+    print(f"{'  same, per CPU second of the portal':<36} {args.events:>10} {ours_cpu:>9.2f} "
+          f"{args.events / ours_cpu:>10.0f}")
+    print(f"{'ours: replay of one batch (dupes)':<36} {args.batch:>10} {replay:>9.3f} {args.batch / replay:>10.0f}")
+    print(f"{'peer: get_or_create per event (ORM)':<36} {peer_n:>10} {peer:>9.2f} {peer_n / peer:>10.0f}")
     return 0
 
 
