@@ -98,7 +98,11 @@ def do_revoke_api_token(token: ApiToken) -> ApiToken:
 
 
 def check_revoke_api_token(actor: Actor, token: ApiToken) -> ApiToken:
-    """A token's owner or an admin of its organization revokes it."""
+    """A token's owner or an admin of its organization revokes it, from a session or with a submit token: a
+    read-only or agent token cannot revoke tokens (not even its own admin's)."""
+    if actor.token is not None and not actor.token.has_scope(Scope.SUBMIT):
+        raise PermissionDenied("revoking a token needs a signed-in session or a token with the submit scope; "
+                               f"this token's scopes are {', '.join(sorted(actor.token.scopes))}")
     if not (actor.user_id == token.user_id or actor.is_admin_of(token.organization_id)):
         raise PermissionDenied("only the token's owner or an organization admin can revoke it")
     return do_revoke_api_token(token)

@@ -124,3 +124,23 @@ def test_create_token_command_prints_a_working_agent_token(api_client) -> None:
     with pytest.raises(CommandError, match="bound to a hardware"):
         call_command("create_token", "--user", "operator", "--org", "ops", "--scopes", "agent",
                      stdout=StringIO(), stderr=StringIO())
+
+
+def test_read_and_agent_tokens_cannot_revoke_tokens_even_an_admins(api_client) -> None:
+    org = OrganizationFactory()
+    admin = UserFactory()
+    Membership.objects.create(organization=org, user=admin, role=Role.ADMIN)
+    victim = make_token(organization=org, user=admin, name="ci")
+    read = make_token(organization=org, user=admin, scopes=["read"], name="read")
+    agent = make_token(organization=org, user=admin, scopes=["agent"], hardware=HardwareFactory(organization=org),
+                       name="agent")
+    for token in (read, agent):
+        response = api_client.post(f"/api/v1/tokens/{victim.pk}/revoke/", **auth(token))
+        assert response.status_code == 403, response.content
+        assert "submit scope" in response.json()["detail"]
+        response = api_client.post(f"/api/v1/tokens/{token.pk}/revoke/", **auth(token))  # not even itself
+        assert response.status_code == 403
+    victim.refresh_from_db()
+    assert victim.revoked_at is None
+    submit = make_token(organization=org, user=admin, name="submit")  # a submit token of the admin may
+    assert api_client.post(f"/api/v1/tokens/{victim.pk}/revoke/", **auth(submit)).status_code == 200
