@@ -11,8 +11,8 @@ Runs on PostgreSQL in a throwaway database (``test_<name>_dashbench``), created 
 The history is written through the portal's services (jobs, result ingest, cell recomputation) under a
 simulated clock (apps/benchmarks/seeding.py). Server time is measured in-process through Django's test client
 (middleware, auth, view, template, JSON; no network); query counts come from ``CaptureQueriesContext``.
-Peers: the portal's plain cell page (``apps.matrix.views.cell_page``, which reads the whole history), and a
-per-run loop (one query per run for its points) feeding the same regression rule."""
+Peers: the cell's REST evidence (``/api/v1/cells/<model>/<hw>/``, ``apps.evidence.selectors.cell_evidence``,
+which reads the whole history), and a per-run loop (one query per run for its points) feeding the same regression rule."""
 
 from __future__ import annotations
 
@@ -67,16 +67,14 @@ def main() -> int:
     import django
 
     django.setup()
-    from django.contrib.auth.models import AnonymousUser
     from django.db import connection, reset_queries
-    from django.test import Client, RequestFactory
+    from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
     if not use_throwaway_database("dashbench"):
         return 2
     from apps.benchmarks.seeding import run_adaptation, run_benchmark_history, simulated_clock
     from apps.evidence.models import BenchmarkPoint, BenchmarkRun
-    from apps.matrix import views as matrix_views
     from tests.factories import HardwareFactory, ModelReleaseFactory
 
     now = datetime.now(UTC).replace(microsecond=0)
@@ -117,12 +115,8 @@ def main() -> int:
         median, best = _timed(lambda u=url: client.get(u), args.repeat)
         rows.append((label, median, best, queries, len(response.content)))
 
-    factory = RequestFactory()
-
     def plain_cell_page() -> None:
-        request = factory.get(cell)
-        request.user = AnonymousUser()
-        assert matrix_views.cell_page(request, model.slug, hardware.slug).status_code == 200
+        assert client.get(f"/api/v1/cells/{model.slug}/{hardware.slug}/").status_code == 200
 
     plain_cell_page()
     reset_queries()
@@ -130,7 +124,7 @@ def main() -> int:
         plain_cell_page()
     queries = len(ctx.captured_queries)
     median, best = _timed(plain_cell_page, args.repeat)
-    rows.append(("peer: portal's plain cell page", median, best, queries, 0))
+    rows.append(("peer: cell evidence API", median, best, queries, 0))
     reset_queries()
     with CaptureQueriesContext(connection) as ctx:
         flagged = _peer_trends(model.pk, hardware.pk)

@@ -4,7 +4,7 @@ from django.urls import path
 
 from apps.matrix import views
 
+# The cell page lives in apps.dashboards (/cells/<model>/<hardware>/): the matrix links there.
 urlpatterns = [
     path("", views.matrix_page, name="matrix-page"),
-    path("cells/<str:model>/<str:hardware>/", views.cell_page, name="cell-page"),
 ]

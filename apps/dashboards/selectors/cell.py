@@ -1,22 +1,21 @@
-"""Read side of the dashboard pages: a cell's evidence, a job's console, the Day-0 timeline.
+"""The cell page: a model on a hardware, its tier ladder, plan, checklist, alignment, benchmarks and jobs.
 
-Each function costs a fixed number of queries whatever the number of jobs, runs or events: newest rows are
-picked in the database (a correlated subquery per stage), never by reading a cell's whole history."""
+A fixed number of queries whatever the number of jobs, runs or events: newest rows are picked in the database
+(a correlated subquery per stage), never by reading a cell's whole history."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from statistics import median
 from typing import Any
 
-from django.db.models import Max, Subquery
 from django.utils.dateparse import parse_datetime
 
 from agents.pipeline.tiers import STAGE_ORDER, TIER_GATES, TIER_NAMES
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
-from apps.catalog.selectors import visible_models, visible_models_q
+from apps.catalog.selectors import visible_models
+from apps.dashboards.selectors.format import hours_text, human_bytes, human_count
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
@@ -28,26 +27,12 @@ from apps.evidence.models import (
     TokenDivergence,
 )
 from apps.evidence.selectors import newest_results
-from apps.jobs.models import Job, JobEvent
-from apps.jobs.selectors import visible_jobs
-from apps.jobs.services import can_cancel_job
+from apps.jobs.models import Job
 from apps.matrix.models import Cell
 from apps.matrix.selectors import lead_hours
 
 OPERATOR_STATUSES = ("native", "decomposed", "fallback", "missing")
 LADDER_TIERS = tuple(level for level, _ in TIER_GATES)  # 1..6
-DAY0_TIERS = (2, 3, 4, 5, 6)  # loads, serves, aligned, baselined, validated
-CONSOLE_LINES = 500
-
-
-def hours_text(hours: float | None) -> str:
-    """Lead time for people: "+5.2 h", "+3.1 d", "−12 h (before release)"; "" when not reached."""
-    if hours is None:
-        return ""
-    sign = "−" if hours < 0 else "+"
-    h = abs(hours)
-    text = f"{sign}{h:.1f} h" if h < 72 else f"{sign}{h / 24:.1f} d"
-    return text + (" (before release)" if hours < 0 else "")
 
 
 def _reached_times(cell: Cell | None) -> dict[int, datetime]:
@@ -141,25 +126,6 @@ class CellPage:
                 "high": int(self.hardware.memory_bytes * 0.9)}
 
 
-def human_count(n: int | None) -> str:
-    """116_829_156_672 -> "116.8 B"."""
-    if n is None:
-        return "–"
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return str(n)
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "–"
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def _top_rows(entries: Any) -> list[dict[str, Any]]:
     """Top-k entries as ``{token, text, logprob}``, whether stored as objects or as ``[token, logprob]`` pairs."""
     rows = []
@@ -229,150 +195,3 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str) -> CellPage | N
     page.jobs = list(Job.objects.filter(model=model, hardware=hardware).select_related("requested_by")
                      .order_by("-created_at", "-id")[:20])
     return page
-
-
-# --- job console ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StageStatus:
-    stage: str
-    status: str  # pending | running | done | failed
-    done: int | None = None
-    total: int | None = None
-    what: str = ""
-    seconds: float | None = None
-
-    @property
-    def percent(self) -> int | None:
-        return round(100 * self.done / self.total) if self.done is not None and self.total else None
-
-
-@dataclass
-class JobPage:
-    job: Job
-    stages: list[StageStatus]
-    events: list[JobEvent]
-    earlier: int
-    last_seq: int
-    can_cancel: bool
-
-
-def job_page(actor: Actor, job_id: int) -> JobPage | None:
-    """The job (None when invisible), its stage timeline and its newest log lines (a fixed number of queries)."""
-    job = visible_jobs(actor).filter(pk=job_id).first()
-    if job is None:
-        return None
-    # Up to the highest contiguous seq stored: the WebSocket replays from there, in order, so an event
-    # after a gap is shown once, when the gap fills.
-    last_seq = job.events_acked
-    events = JobEvent.objects.filter(job=job, seq__lte=last_seq)
-    lines = events.exclude(kind="progress").only("seq", "ts", "stage", "kind", "level", "message")
-    shown = list(lines.order_by("-seq")[:CONSOLE_LINES])[::-1]
-    earlier = lines.filter(seq__lt=shown[0].seq).count() if len(shown) == CONSOLE_LINES else 0
-    names = list(job.stages)
-    status: dict[str, StageStatus] = {}
-    marks = events.filter(kind__in=("stage_started", "stage_finished")).order_by("seq").values_list(
-        "stage", "kind", "data__passed", "data__seconds")
-    for stage, kind, passed, seconds in marks:
-        s = status.setdefault(stage, StageStatus(stage, "running"))
-        if kind == "stage_finished":
-            s.status = "failed" if passed is False else "done"
-            s.seconds = seconds if isinstance(seconds, int | float) else None
-        if stage not in names:
-            names.append(stage)
-    newest_progress = (events.filter(kind="progress").values("stage").annotate(seq=Max("seq")).values("seq"))
-    for stage, data in events.filter(kind="progress", seq__in=Subquery(newest_progress)).values_list("stage", "data"):
-        s = status.setdefault(stage, StageStatus(stage, "running"))
-        if isinstance(data, dict) and isinstance(data.get("total"), int | float) and data["total"] > 0:
-            s.done, s.total, s.what = int(data.get("done") or 0), int(data["total"]), str(data.get("what") or "")
-        if stage not in names:
-            names.append(stage)
-    stages = [status.get(n) or StageStatus(n, "pending") for n in names]
-    return JobPage(job, stages, shown, earlier, last_seq, can_cancel_job(actor, job))
-
-
-# --- Day-0 timeline ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class Day0Row:
-    hardware: Hardware
-    hours: list[float | None]  # one per DAY0_TIERS
-    tier: int
-    failed_stage: str
-
-    @property
-    def cells(self) -> list[tuple[float | None, str, str]]:
-        return [(h, hours_text(h), f"→ {TIER_NAMES[t]}") for h, t in zip(self.hours, DAY0_TIERS, strict=True)]
-
-    @property
-    def tier_name(self) -> str:
-        return TIER_NAMES[self.tier]
-
-
-@dataclass
-class Day0Release:
-    model: ModelRelease
-    rows: list[Day0Row]
-    untested: int
-
-
-@dataclass
-class LeaderRow:
-    hardware: Hardware
-    medians: list[float | None]  # one per DAY0_TIERS
-    reached: list[int]
-    rank_hours: float | None
-
-    @property
-    def cells(self) -> list[tuple[float | None, str, int, str]]:
-        return [(h, hours_text(h), n, f"median → {TIER_NAMES[t]}")
-                for h, n, t in zip(self.medians, self.reached, DAY0_TIERS, strict=True)]
-
-
-@dataclass
-class Day0Timeline:
-    releases: list[Day0Release]
-    leaderboard: list[LeaderRow]
-    rank_tier: int
-    tiers: list[tuple[int, str]]
-
-
-def day0_timeline(actor: Actor, *, rank_tier: int = 3) -> Day0Timeline:
-    """For each visible release (newest first), hours from release to each tier on each hardware; and the
-    hardware ranked by median lead time to ``rank_tier`` (three queries)."""
-    if rank_tier not in DAY0_TIERS:
-        raise ValueError(f"tier must be one of {', '.join(map(str, DAY0_TIERS))}, got {rank_tier}")
-    models = list(ModelRelease.objects.filter(visible_models_q(actor), released_at__isnull=False)
-                  .only("id", "slug", "name", "released_at", "visibility", "family"))
-    hardware = list(Hardware.objects.only("id", "slug", "name", "vendor"))
-    cells = {(m, h): (tier, failed, reached) for m, h, tier, failed, reached in
-             Cell.objects.filter(model_id__in=[m.pk for m in models])
-             .values_list("model_id", "hardware_id", "tier", "failed_stage", "tier_reached_at")}
-    per_hw: dict[int, list[list[float]]] = {h.pk: [[] for _ in DAY0_TIERS] for h in hardware}
-    releases = []
-    for m in models:
-        rows, untested = [], 0
-        for h in hardware:
-            tier, failed, reached = cells.get((m.pk, h.pk), (0, "", {}))
-            times = {int(k): parse_datetime(v) for k, v in (reached or {}).items() if str(k).isdigit()}
-            hours = [lead_hours(times.get(t), m.released_at) if t <= tier else None for t in DAY0_TIERS]
-            if tier < DAY0_TIERS[0] and not failed:
-                untested += 1
-                continue
-            rows.append(Day0Row(h, hours, tier, failed))
-            for i, value in enumerate(hours):
-                if value is not None:
-                    per_hw[h.pk][i].append(value)
-        rows.sort(key=lambda r: (-r.tier, r.hours[0] if r.hours[0] is not None else float("inf")))
-        releases.append(Day0Release(m, rows, untested))
-    board = []
-    rank_index = DAY0_TIERS.index(rank_tier)
-    for h in hardware:
-        lists = per_hw[h.pk]
-        medians = [median(v) if v else None for v in lists]
-        board.append(LeaderRow(h, medians, [len(v) for v in lists], medians[rank_index]))
-    board.sort(key=lambda r: (r.rank_hours is None, r.rank_hours if r.rank_hours is not None else 0,
-                              r.hardware.slug))
-    return Day0Timeline(releases, board, rank_tier, [(t, TIER_NAMES[t]) for t in DAY0_TIERS])

@@ -1,0 +1,72 @@
+"""The job console: a job's stage timeline and its newest log lines (a fixed number of queries)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import Max, Subquery
+
+from apps.accounts.access import Actor
+from apps.jobs.models import Job, JobEvent
+from apps.jobs.selectors import visible_jobs
+from apps.jobs.services import can_cancel_job
+
+CONSOLE_LINES = 500
+
+
+@dataclass
+class StageStatus:
+    stage: str
+    status: str  # pending | running | done | failed
+    done: int | None = None
+    total: int | None = None
+    what: str = ""
+    seconds: float | None = None
+
+    @property
+    def percent(self) -> int | None:
+        return round(100 * self.done / self.total) if self.done is not None and self.total else None
+
+
+@dataclass
+class JobPage:
+    job: Job
+    stages: list[StageStatus]
+    events: list[JobEvent]
+    earlier: int
+    last_seq: int
+    can_cancel: bool
+
+
+def job_page(actor: Actor, job_id: int) -> JobPage | None:
+    """The job (None when invisible), its stage timeline and its newest log lines (a fixed number of queries)."""
+    job = visible_jobs(actor).filter(pk=job_id).first()
+    if job is None:
+        return None
+    # Up to the highest contiguous seq stored: the WebSocket replays from there, in order, so an event
+    # after a gap is shown once, when the gap fills.
+    last_seq = job.events_acked
+    events = JobEvent.objects.filter(job=job, seq__lte=last_seq)
+    lines = events.exclude(kind="progress").only("seq", "ts", "stage", "kind", "level", "message")
+    shown = list(lines.order_by("-seq")[:CONSOLE_LINES])[::-1]
+    earlier = lines.filter(seq__lt=shown[0].seq).count() if len(shown) == CONSOLE_LINES else 0
+    names = list(job.stages)
+    status: dict[str, StageStatus] = {}
+    marks = events.filter(kind__in=("stage_started", "stage_finished")).order_by("seq").values_list(
+        "stage", "kind", "data__passed", "data__seconds")
+    for stage, kind, passed, seconds in marks:
+        s = status.setdefault(stage, StageStatus(stage, "running"))
+        if kind == "stage_finished":
+            s.status = "failed" if passed is False else "done"
+            s.seconds = seconds if isinstance(seconds, int | float) else None
+        if stage not in names:
+            names.append(stage)
+    newest_progress = (events.filter(kind="progress").values("stage").annotate(seq=Max("seq")).values("seq"))
+    for stage, data in events.filter(kind="progress", seq__in=Subquery(newest_progress)).values_list("stage", "data"):
+        s = status.setdefault(stage, StageStatus(stage, "running"))
+        if isinstance(data, dict) and isinstance(data.get("total"), int | float) and data["total"] > 0:
+            s.done, s.total, s.what = int(data.get("done") or 0), int(data["total"]), str(data.get("what") or "")
+        if stage not in names:
+            names.append(stage)
+    stages = [status.get(n) or StageStatus(n, "pending") for n in names]
+    return JobPage(job, stages, shown, earlier, last_seq, can_cancel_job(actor, job))
