@@ -44,6 +44,9 @@ class StageContext:
     ep: int | None = None
     thresholds: dict[str, float] = field(default_factory=dict)  # overrides of DESIGN.md §4 defaults
     bench: dict[str, Any] = field(default_factory=dict)  # concurrency, input_len, output_len, num_prompts …
+    # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (a job's
+    # ``manifest``, ``day0 adapt --manifest FILE``); the load stage fails on any shard that disagrees with it
+    manifest: list[dict[str, Any]] | None = None
     workdir: Path = field(default_factory=lambda: Path("var/adapt"))
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     emit_fn: Emit = _print_emit

@@ -1,4 +1,5 @@
-"""`day0 adapt`: run pipeline stages standalone (no portal) and write the stage report (DESIGN.md §6)."""
+"""`day0 adapt`: run pipeline stages standalone (no portal) and write the stage report (DESIGN.md §6);
+`day0 manifest`: print the checksum manifest of a checkpoint's weight files (what ``--manifest`` takes)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,53 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workdir", type=Path, default=Path("var/adapt"))
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
+    parser.add_argument("--manifest", type=Path, default=None, metavar="FILE",
+                        help="the release's checksum manifest (JSON, as `day0 manifest` prints it): the load stage "
+                             "fails naming any shard whose sha256 or size differs, or that is missing or extra")
     parser.set_defaults(handler=handle)
+    manifest = subparsers.add_parser(
+        "manifest", help="print the checksum manifest [{name, size, sha256}] of a checkpoint's weight files",
+        description="Hash every weight file of MODEL_DIR (the shards its safetensors index names, or "
+                    "model.safetensors) and print the manifest as JSON.")
+    manifest.add_argument("model_dir", type=Path, metavar="MODEL_DIR")
+    manifest.add_argument("--out", type=Path, default=None, metavar="FILE", help="write it here instead of stdout")
+    manifest.set_defaults(handler=handle_manifest)
+
+
+def handle_manifest(args: argparse.Namespace) -> int:
+    """``day0 manifest MODEL_DIR``: the manifest on stdout (or ``--out``); 2 with a message when unreadable."""
+    from agents.runtime.loader import LoadError
+    from agents.runtime.loader.manifest import build_manifest
+
+    try:
+        manifest = build_manifest(args.model_dir)
+    except (LoadError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = json.dumps(manifest, indent=2) + "\n"
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+def read_manifest(path: Path) -> list[dict[str, Any]]:
+    """The manifest in ``path`` as ``[{name, size, sha256}]``; a ValueError names the file and what is wrong."""
+    from agents.runtime.loader.manifest import parse_manifest
+
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"--manifest {path}: cannot read it: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--manifest {path}: not valid JSON: {exc}") from None
+    try:
+        entries = parse_manifest(data)
+    except ValueError as exc:
+        raise ValueError(f"--manifest {path}: {exc}") from None
+    return [{"name": e.name, "size": e.size, "sha256": e.sha256} for e in entries.values()]
 
 
 def parse_thresholds(items: list[str]) -> dict[str, float]:
@@ -122,6 +169,7 @@ def handle(args: argparse.Namespace) -> int:
         stages = parse_stages(args.stages)
         thresholds = parse_thresholds(args.threshold)
         model_dir, config = _load_job(args.model_dir)
+        manifest = read_manifest(args.manifest) if args.manifest is not None else None
         for name, value in (("--tp", args.tp), ("--ep", args.ep), ("--threads", args.threads)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
@@ -136,7 +184,7 @@ def handle(args: argparse.Namespace) -> int:
         return 2
 
     ctx = StageContext(model_dir=model_dir, config=config, hardware=hardware, dtype=args.dtype, device=args.device,
-                       tp=args.tp, ep=args.ep, thresholds=thresholds, workdir=args.workdir,
+                       tp=args.tp, ep=args.ep, thresholds=thresholds, workdir=args.workdir, manifest=manifest,
                        emit_fn=ConsoleEmitter(args.quiet))
     if model_dir is None:  # a config alone: name the model after its file (deepseek-v3.json -> deepseek-v3)
         ctx.shared["model_name"] = args.model_dir.stem

@@ -48,7 +48,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
             ctx.model_dir,
             dtype=ctx.dtype,
             device=ctx.device,
-            manifest=ctx.shared.get("manifest"),
+            manifest=ctx.manifest,
             fail_on_nonfinite=bool(ctx.thresholds.get("fail_on_nonfinite", 0)),
             progress=progress,
         )

@@ -47,7 +47,7 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def load_rank(model_dir: str, dtype: str, device: str, manifest: dict[str, str] | None,
+def load_rank(model_dir: str, dtype: str, device: str, manifest: Any,
               fail_on_nonfinite: bool, progress_queue: Any = None) -> dict[str, Any]:
     """One rank (run by ``launch``): load this rank's slice; its report, or ``error`` with the loader's message.
     Rank 0 puts ``(done, total)`` on ``progress_queue`` as tensors stream (at most every PROGRESS_INTERVAL_S)."""
@@ -94,7 +94,7 @@ def load_sharded(ctx: StageContext, tp: int) -> dict[str, Any]:
     outcome: dict[str, Any] = {}
     with mp.get_context("spawn").Manager() as manager:
         updates = manager.Queue()
-        args = (str(Path(ctx.model_dir)), ctx.dtype, ctx.device, ctx.shared.get("manifest"),
+        args = (str(Path(ctx.model_dir)), ctx.dtype, ctx.device, ctx.manifest,
                 bool(ctx.thresholds.get("fail_on_nonfinite", 0)), updates)
 
         def run_ranks() -> None:

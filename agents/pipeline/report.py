@@ -99,7 +99,7 @@ def failure_reason(stage: str, section: Mapping[str, Any]) -> str:
                 f"ep={plan.get('ep')}) needs {per_device} bytes per device")
     if stage == "load":
         problems = section.get("problems") or []
-        shown = "; ".join(f"{p.get('tensor')}: {p.get('problem')}" for p in problems[:3])
+        shown = "; ".join(f"{p.get('tensor') or p.get('file')}: {p.get('problem')}" for p in problems[:3])
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         return f"weights failed verification: {shown}{more}" if problems else "weights failed verification"
     if stage == "align":

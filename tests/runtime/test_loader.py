@@ -228,11 +228,38 @@ def test_nonfinite_weights_are_reported_and_fatal_on_request(model_dir, bad):
 
 def test_manifest_is_checked(model_dir):
     report = load_model(model_dir).report
-    manifest = {s["file"]: s["sha256"] for s in report["shards"]}
-    assert load_model(model_dir, manifest=manifest).report["ok"]
-    first = next(iter(manifest))
-    _refused(model_dir, first, "does not match", manifest={**manifest, first: "0" * 64})
-    _refused(model_dir, first, "not listed", manifest={k: v for k, v in manifest.items() if k != first})
+    manifest = [{"name": s["file"], "size": s["size"], "sha256": s["sha256"]} for s in report["shards"]]
+    good = load_model(model_dir, manifest=manifest).report
+    assert good["ok"] and all(s["matches"] and s["expected_sha256"] == s["sha256"] for s in good["shards"])
+    assert good["manifest"] == {"files": len(manifest), "matched": len(manifest)}
+    first = manifest[0]["name"]
+
+    def problems(entries) -> list[str]:
+        result = load_model(model_dir, manifest=entries).report
+        assert not result["ok"]
+        return [f"{p['file']}: {p['problem']}" for p in result["problems"]]
+
+    wrong = [{**manifest[0], "sha256": "0" * 64}, *manifest[1:]]
+    assert problems(wrong) == [f"{first}: sha256 {manifest[0]['sha256']} does not match the manifest's {'0' * 64}"]
+    assert problems([{**manifest[0], "size": 1}, *manifest[1:]]) == [
+        f"{first}: size {manifest[0]['size']} bytes does not match the manifest's 1"]
+    assert problems(manifest[1:]) == [f"{first}: not listed in the checksum manifest"]
+    extra = [*manifest, {"name": "model-extra.safetensors", "size": 8, "sha256": "1" * 64}]
+    assert problems(extra)[0].startswith("model-extra.safetensors: listed in the checksum manifest")
+    # the older {name: sha256} form still works
+    assert load_model(model_dir, manifest={m["name"]: m["sha256"] for m in manifest}).report["ok"]
+
+
+@pytest.mark.parametrize(("manifest", "message"), [
+    ([], "empty"),
+    ("abc", "must be a list"),
+    ([{"name": "a/b.safetensors", "sha256": "0" * 64}], "manifest[0].name"),
+    ([{"name": "x.safetensors", "sha256": "xyz"}], "manifest[0].sha256 (x.safetensors) must be 64 hex"),
+    ([{"name": "x.safetensors", "sha256": "0" * 64, "size": -1}], "manifest[0].size"),
+    ([{"name": "x.safetensors", "sha256": "0" * 64, "mtime": 3}], "unknown key(s) mtime"),
+])
+def test_a_malformed_manifest_is_refused_before_loading(model_dir, manifest, message):
+    _refused(model_dir, "checksum manifest", message, manifest=manifest)
 
 
 def test_bfloat16_load_casts_weights(model_dir):

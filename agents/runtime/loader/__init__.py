@@ -23,6 +23,7 @@ from agents.runtime.distributed import get_ep_rank, get_tp_rank
 from agents.runtime.layers.quant import BlockFp8Tensor
 from agents.runtime.loader.checkpoint import Checkpoint
 from agents.runtime.loader.hashing import ShardHasher
+from agents.runtime.loader.manifest import compare_manifest, parse_manifest
 from agents.runtime.loader.memory import advise_huge_pages
 from agents.runtime.loader.safetensors_file import LoadError, MappedFile, TensorEntry
 from agents.runtime.loader.stats import current_rss, peak_rss, reset_peak_rss, tensor_stats
@@ -57,7 +58,7 @@ def load_model(
     *,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
-    manifest: dict[str, str] | None = None,
+    manifest: Any = None,
     fail_on_nonfinite: bool = False,
     progress: Callable[[int, int], None] | None = None,
     stats: bool = True,
@@ -66,20 +67,27 @@ def load_model(
 ) -> LoadResult:
     """Build the model for ``model_dir/config.json`` and stream its safetensors weights into it, strictly.
 
-    ``manifest`` maps shard file names to expected sha256 digests. Statistics and checksums are computed on
-    the first rank only (other TP/EP ranks read only their slices). ``checksum_cache`` lets a shard whose file
+    ``manifest`` is the release's checksum manifest (``[{name, size, sha256}]``, or ``{name: sha256}``; see
+    ``loader/manifest.py``; a malformed one is a LoadError before anything loads). Every shard's digest and size
+    are compared with it: each shard row gains ``expected_sha256`` and ``matches``, and every disagreement (a
+    digest, a size, a shard missing from either side) is a problem naming the shard and both values, so the
+    report says ``ok: false``. Statistics and checksums are computed on the first rank only (other TP/EP ranks read only their slices). ``checksum_cache`` lets a shard whose file
     identity is unchanged since it was last hashed reuse that digest (see ``loader/hashing.py``); each shard's
     report says whether its digest was "computed" or came from the "cache". With ``zero_copy`` a CPU parameter
     that needs no slicing or casting keeps the mapped checkpoint bytes as its storage (a private mapping: the
     weights survive a rename or delete of the files, but rewriting a shard in place while serving is unsafe)."""
     model_dir = Path(model_dir)
+    try:
+        expected = parse_manifest(manifest) if manifest is not None else None
+    except ValueError as exc:
+        raise LoadError(f"checksum manifest: {exc}") from exc
     reset_peak_rss()
     rss_before = current_rss()
     t0 = time.perf_counter()
     config = read_config(model_dir)
     ckpt = Checkpoint.open(model_dir)
     lead = get_tp_rank() == 0 and get_ep_rank() == 0
-    hasher = ShardHasher(ckpt.files, checksum_cache) if lead or manifest else None
+    hasher = ShardHasher(ckpt.files, checksum_cache) if lead else None
     try:
         model = build_model(config, dtype=torch_dtype(dtype), device=device)
     except (ValueError, NotImplementedError) as exc:
@@ -143,7 +151,10 @@ def load_model(
         entry: TensorEntry | None = state["current"]
         where = f"{entry.file.name}: tensor {entry.name!r}: " if entry else ""
         raise LoadError(f"{where}{exc}") from exc
-    shards = _checksums(ckpt, hasher, manifest)
+    shards = _checksums(ckpt, hasher)
+    if expected is not None and hasher is not None:  # the lead rank hashes every shard and checks them
+        report["problems"] += compare_manifest(shards, expected)
+        report["manifest"] = {"files": len(expected), "matched": sum(1 for s in shards if s.get("matches"))}
     seconds = time.perf_counter() - t0
     total = sum(e.nbytes for e in ckpt.tensors.values())
     report.update(
@@ -163,17 +174,12 @@ def _record(entry: TensorEntry, st: dict[str, Any], report: dict[str, Any], fata
             raise LoadError(f"{entry.file.name}: tensor {entry.name!r} has {problem}")
 
 
-def _checksums(ckpt: Checkpoint, hasher: ShardHasher | None, manifest: dict[str, str] | None) -> list[dict]:
+def _checksums(ckpt: Checkpoint, hasher: ShardHasher | None) -> list[dict]:
+    """One row per shard: file, sha256 (None on ranks that do not hash), where the digest came from, size."""
     digests = hasher.result() if hasher is not None else {}
-    if manifest is not None:
-        for path in ckpt.files:
-            want = manifest.get(path.name)
-            if want is None:
-                raise LoadError(f"{path.name}: not listed in the checksum manifest")
-            if digests[path.name][0] != want.lower():
-                raise LoadError(f"{path.name}: sha256 {digests[path.name][0]} does not match the manifest's {want}")
-        extra = sorted(set(manifest) - {p.name for p in ckpt.files})
-        if extra:
-            raise LoadError(f"{extra[0]}: listed in the checksum manifest but not part of the checkpoint")
-    return [{"file": p.name, "sha256": digests.get(p.name, (None,))[0], "sha256_source": digests.get(
-        p.name, (None, None))[1], "bytes": p.stat().st_size} for p in ckpt.files]
+    rows = []
+    for path in ckpt.files:
+        digest, source = digests.get(path.name, (None, None))
+        size = path.stat().st_size
+        rows.append({"file": path.name, "sha256": digest, "sha256_source": source, "size": size, "bytes": size})
+    return rows
