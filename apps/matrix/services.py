@@ -24,13 +24,9 @@ logger = logging.getLogger(__name__)
 FIT_FIELDS = ("fits", "fits_devices", "fits_plan", "fits_error")
 
 
-def plan_dtype(model: ModelRelease, hardware: Hardware) -> str:
-    """The dtype a plan assumes: the model's own when the hardware supports it, else bfloat16."""
-    return model.dtype if model.dtype in (hardware.dtypes or []) else "bfloat16"
-
-
-def estimate_fit(model: ModelRelease, hardware: Hardware) -> dict[str, Any]:
-    """The fits estimate of a cell from the config alone, via ``agents.runtime.planner.plan_report``."""
+def estimate_fit(model: ModelRelease, hardware: Hardware, dtype: str = "auto") -> dict[str, Any]:
+    """The fits estimate of a cell from the config alone, via ``agents.runtime.planner.plan_report``; by default
+    in the checkpoint's own format (``"auto"``: FP8, MXFP4, bf16 …), recorded as ``fits_plan["dtype"]``."""
     try:
         from agents.runtime.planner import plan_report
     except ImportError as exc:
@@ -40,8 +36,9 @@ def estimate_fit(model: ModelRelease, hardware: Hardware) -> dict[str, Any]:
             model.config,
             memory_bytes=hardware.memory_bytes,
             devices_per_node=hardware.devices_per_node,
-            dtype=plan_dtype(model, hardware),
+            dtype=dtype,
             shared_memory=hardware.shared_memory,
+            hardware_dtypes=list(hardware.dtypes or []),
         )
     except Exception as exc:  # a config the planner cannot plan is shown on the cell, never a crash
         return {"fits": None, "fits_devices": None, "fits_plan": {}, "fits_error": f"{type(exc).__name__}: {exc}"}
