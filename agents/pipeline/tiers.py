@@ -1,10 +1,13 @@
 """The tier rule of DESIGN.md §3, shared by the pipeline (the tier a report claims) and the portal (the tier
-a cell shows from the newest evidence of each stage). Pure functions, no Django, no torch."""
+a cell shows from the newest verdict of each stage). Pure functions, no Django, no torch; the per-stage rules
+live in ``agents.pipeline.verdicts``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from agents.pipeline import verdicts
 
 TIER_NAMES: dict[int, str] = {
     0: "untested",
@@ -30,27 +33,13 @@ STAGE_ORDER: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "
 DEFAULT_STAGES: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "env")
 
 
-def stage_passed(stage: str, section: Mapping[str, Any] | None) -> bool | None:
-    """Whether a stage's report section is passing evidence. None: no evidence (section absent).
-
-    Stages that gate no tier (inventory, env) pass when they produced a section."""
+def stage_passed(stage: str, section: Mapping[str, Any] | None, thresholds: Mapping[str, Any] | None = None,
+                 context: verdicts.Context | None = None) -> bool | None:
+    """Whether a stage's report section is passing evidence by ``agents.pipeline.verdicts`` (None: no section).
+    An incomplete section is not passing. Stages that gate no tier (inventory, env) pass with a section."""
     if section is None:
         return None
-    if stage == "plan":
-        return bool(section.get("fits"))
-    if stage == "load":
-        return bool(section.get("ok"))
-    if stage == "serve":
-        return bool(section.get("text_path_ok"))
-    if stage == "align":
-        kv = section.get("kv_cache")
-        return bool(section.get("passed")) and (kv is None or bool(kv.get("passed")))
-    if stage == "bench":
-        runs = section.get("runs") or []
-        return any((run.get("output_tok_s") or 0) > 0 for run in runs)
-    if stage == "eval":
-        return bool(section.get("passed"))
-    return True
+    return verdicts.judge(stage, section, thresholds, context).passed
 
 
 def compute_tier(passed: Mapping[str, bool | None]) -> int:
@@ -63,6 +52,7 @@ def compute_tier(passed: Mapping[str, bool | None]) -> int:
     return tier
 
 
-def tier_of_report(stages: Mapping[str, Mapping[str, Any]]) -> int:
-    """The tier a stage report's ``stages`` mapping claims."""
-    return compute_tier({name: stage_passed(name, section) for name, section in stages.items()})
+def tier_of_report(stages: Mapping[str, Mapping[str, Any]], thresholds: Mapping[str, Any] | None = None,
+                   context: verdicts.Context | None = None) -> int:
+    """The tier the verdicts on a stage report's ``stages`` mapping reach."""
+    return compute_tier({name: stage_passed(name, section, thresholds, context) for name, section in stages.items()})
