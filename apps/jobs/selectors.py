@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from django.db.models import Q, QuerySet
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Max, Q, QuerySet
+from django.utils import timezone
 
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.selectors import visible_models_q
-from apps.jobs.choices import ACTIVE_STATES
+from apps.jobs.choices import ACTIVE_STATES, JobState
+from apps.jobs.dispatch import stuck_after
 from apps.jobs.models import Job, JobEvent
 
 
@@ -32,3 +36,35 @@ def visible_jobs(actor: Actor) -> QuerySet[Job]:
 def job_events_after(job: Job, after: int, limit: int) -> list[JobEvent]:
     """Up to ``limit`` events of ``job`` with seq > ``after``, in order."""
     return list(JobEvent.objects.filter(job=job, seq__gt=after).order_by("seq")[:limit])
+
+
+def job_waiting_reason(job: Job, *, now: datetime | None = None) -> str | None:
+    """Why a dispatched job has not been claimed, once it waited ``DAY0_JOB_STUCK_SECONDS``: no agent of its
+    hardware online (and when one was last seen), or agents online that did not take it. None otherwise."""
+    from apps.fleet.models import ONLINE_WINDOW, Agent
+
+    if job.state != JobState.DISPATCHED or job.dispatched_at is None or job.agent_id is not None:
+        return None
+    now = now or timezone.now()
+    waited = now - job.dispatched_at
+    if waited < stuck_after():
+        return None
+    since = f"dispatched {_duration(waited)} ago ({job.dispatched_at:%Y-%m-%d %H:%M} UTC) and not claimed"
+    slug = job.hardware.slug
+    beats = Agent.objects.filter(hardware_id=job.hardware_id).aggregate(
+        last=Max("last_heartbeat_at"), online=Count("pk", filter=Q(last_heartbeat_at__gte=now - ONLINE_WINDOW)))
+    if beats["online"]:
+        return (f"{since}: {beats['online']} agent(s) of {slug} online, but none took it from queue hw.{slug} "
+                "(busy with other jobs, or consuming another queue)")
+    if beats["last"] is None:
+        return f"{since}: no agent of {slug} is online; none has ever registered (start one with day0 agent)"
+    return f"{since}: no agent of {slug} is online; the last heartbeat was {_duration(now - beats['last'])} ago"
+
+
+def _duration(delta: timedelta) -> str:
+    seconds = max(int(delta.total_seconds()), 0)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"

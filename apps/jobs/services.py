@@ -1,23 +1,29 @@
-"""Every write to jobs: creation, state transitions, cancellation, event ingest and result ingest."""
+"""Every write to jobs: creation, dispatch, state transitions (the agents' claims and finishes included),
+cancellation, event ingest, result ingest and lost-job recovery."""
 
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware, ModelRelease
 from apps.core.errors import ConflictError
+from apps.fleet.models import Agent
 from apps.jobs import dispatch
 from apps.jobs.choices import ACTIVE_STATES, ALLOWED_TRANSITIONS, FINISHED_STATES, EventLevel, JobState
 from apps.jobs.events import JobEventPayload, JobStateMessage, broadcast_job_events, broadcast_job_state
 from apps.jobs.models import Job, JobEvent
+
+logger = logging.getLogger(__name__)
 
 
 class InvalidTransition(ConflictError):
@@ -60,14 +66,14 @@ def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, s
 @transaction.atomic
 def do_create_job(*, model: ModelRelease, hardware: Hardware, spec: dict[str, Any],
                   organization_id: int | None = None, requested_by_id: int | None = None) -> Job:
-    """Stores a queued job and hands it to ``dispatch.enqueue_job`` once the transaction commits."""
+    """Stores a queued job and hands it to ``do_dispatch_job`` once the transaction commits."""
     job = Job.objects.create(model=model, hardware=hardware, spec=spec, organization_id=organization_id,
                              requested_by_id=requested_by_id, state=JobState.QUEUED)
     from apps.matrix.services import recompute_cell
 
     recompute_cell(model.pk, hardware.pk)
     job_id = job.pk
-    transaction.on_commit(lambda: dispatch.enqueue_job(job_id))
+    transaction.on_commit(lambda: do_dispatch_job(job_id))
     return job
 
 
@@ -147,11 +153,63 @@ def check_cancel_job(actor: Actor, job: Job) -> Job:
 
 
 def check_agent_for_job(actor: Actor, job: Job) -> None:
-    """Agents report only on jobs of the hardware their token is bound to."""
+    """Agents report only on jobs of the hardware their token is bound to, and once an agent claimed a job, only
+    through that agent's token: another agent of the same hardware cannot write into its log or evidence."""
     if not actor.has_scope(Scope.AGENT):
         raise PermissionDenied("this needs an agent token")
     if actor.hardware_id != job.hardware_id:
         raise PermissionDenied(f"the agent token is bound to another hardware than job {job.pk}'s")
+    if job.agent_id is not None:
+        owner_token = Agent.objects.filter(pk=job.agent_id).values_list("token_id", flat=True).first()
+        if owner_token != actor.token.pk:
+            raise PermissionDenied(f"job {job.pk} is run by agent {job.agent_id}, registered with another token")
+
+
+AGENT_STATES = (JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED)
+
+
+def _agent_of_token(actor: Actor, agent_id: int | None) -> Agent | None:
+    if agent_id is None:
+        return None
+    agent = Agent.objects.filter(pk=agent_id).first()
+    if agent is None or agent.token_id != actor.token.pk:
+        raise PermissionDenied(f"agent {agent_id} is not registered with this token")
+    return agent
+
+
+def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_id: int | None = None,
+                               attempt: int | None = None, failed_stage: str | None = None,
+                               error: str | None = None) -> Job:
+    """An agent claims a dispatched job (dispatched → running, naming its agent id, which must be registered
+    with its token, and optionally the attempt its delivery carries) and finishes the job it claimed (running →
+    succeeded | failed). Every other move is the portal's: queued, dispatched and lost are refused with a 400,
+    a claim of a job that is not dispatched (or of a stale attempt) or a finish of one that is not running is a
+    409, and a finish from another agent than the claimant is a 403."""
+    check_agent_for_job(actor, job)
+    if to_state not in AGENT_STATES:
+        raise ValidationError({"state": f"an agent reports only {', '.join(AGENT_STATES)}, not {to_state!r}"})
+    agent = _agent_of_token(actor, agent_id)
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if to_state == JobState.RUNNING:
+            if locked.state != JobState.DISPATCHED:
+                raise InvalidTransition(f"job {job.pk} is {locked.state}; an agent claims only a dispatched job")
+            if agent is None:
+                raise ValidationError({"agent": "a claim names the agent that runs the job (its id from registering)"})
+            if attempt is not None and attempt != locked.attempts:
+                raise InvalidTransition(f"the claim is for attempt {attempt}, job {job.pk} is at attempt "
+                                        f"{locked.attempts}: a stale delivery")
+        else:
+            if locked.state != JobState.RUNNING:
+                raise InvalidTransition(f"job {job.pk} is {locked.state}; an agent finishes only a running job")
+            if agent is not None and locked.agent_id is not None and agent.pk != locked.agent_id:
+                raise PermissionDenied(f"job {job.pk} is run by agent {locked.agent_id}, not {agent.pk}")
+        do_transition_job(locked, to_state, failed_stage=failed_stage, error=error,
+                          agent_id=agent.pk if to_state == JobState.RUNNING else None)
+    for name in ("state", "attempts", "agent_id", "dispatched_at", "started_at", "finished_at", "failed_stage",
+                 "error", "updated_at"):
+        setattr(job, name, getattr(locked, name))
+    return job
 
 
 # --- events -------------------------------------------------------------------------------------------------
@@ -316,3 +374,123 @@ def do_record_job_results(job: Job, doc: Any) -> list:
                                              error=extra.get("error") or "")
     recompute_cell(job.model_id, job.hardware_id)
     return results
+
+
+# --- dispatch, portal events and lost jobs -------------------------------------------------------------------
+
+
+def do_append_job_event(job_id: int, *, kind: str, message: str, level: str = EventLevel.INFO, stage: str = "",
+                        data: dict[str, Any] | None = None) -> int:
+    """Adds an event the portal itself writes (a lost attempt, a job nobody claims) after the job's highest seq,
+    stored and broadcast like an agent's; returns its seq. The next agent continues after it: its spool starts
+    from the job's ``events_acked``."""
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().only("id", "events_acked", "events_max_seq").get(pk=job_id)
+        seq = max(locked.events_max_seq, locked.events_acked) + 1
+        do_store_job_events(locked, [{"seq": seq, "ts": timezone.now(), "stage": stage, "kind": kind, "level": level,
+                                      "message": message, "data": data}])
+    return seq
+
+
+def do_dispatch_job(job_id: int) -> None:
+    """Sends queued job ``job_id`` to its hardware's agents as one more attempt (a job no longer queued is left
+    alone). A job that used up ``DAY0_JOB_MAX_ATTEMPTS`` fails instead, naming the cap. When the broker refuses
+    the message, the job goes back to queued with the reason and the attempt is not counted (no agent got it);
+    ``do_requeue_lost_jobs`` sends it again later."""
+    cap = dispatch.max_attempts()
+    with transaction.atomic():
+        job = Job.objects.select_for_update().select_related("model", "hardware").filter(pk=job_id).first()
+        if job is None or job.state != JobState.QUEUED:
+            return
+        if job.attempts >= cap:
+            do_transition_job(job, JobState.FAILED, error=f"gave up after {job.attempts} attempts "
+                                                           f"(DAY0_JOB_MAX_ATTEMPTS={cap})")
+            return
+        do_transition_job(job, JobState.DISPATCHED)
+    try:
+        dispatch.send_job(job)
+    except Exception as exc:  # the broker is down: the job stays visible as queued, with the reason
+        logger.exception("job %s: sending to %s failed", job_id, dispatch.queue_for(job.hardware.slug))
+        with transaction.atomic():
+            locked = Job.objects.select_for_update().filter(pk=job_id, state=JobState.DISPATCHED,
+                                                            attempts=job.attempts, agent__isnull=True).first()
+            if locked is None:
+                return  # an agent claimed it meanwhile (the broker did take it) or it was cancelled
+            do_transition_job(locked, JobState.QUEUED)
+            Job.objects.filter(pk=job_id).update(
+                attempts=F("attempts") - 1, dispatched_at=None,
+                error=f"dispatch failed, will retry: {type(exc).__name__}: {exc}")
+
+
+def _lost_reason(job: Job, now: datetime) -> str | None:
+    agent = job.agent
+    if agent is None:
+        return None  # still in the broker's queue: no agent took it yet (see selectors.job_waiting_reason)
+    silent_for = now - agent.last_heartbeat_at if agent.last_heartbeat_at else None
+    if silent_for is None or silent_for > dispatch.lost_after():
+        return f"agent {agent.hostname} stopped heartbeating"
+    # dispatched_at is this attempt's; the agent reports the job in a heartbeat as soon as it takes it
+    taken = job.dispatched_at
+    if (job.state == JobState.RUNNING and agent.current_job_id != job.pk and taken is not None
+            and now - taken > dispatch.lost_after()):
+        return f"agent {agent.hostname} no longer runs this job (it restarted or moved on)"
+    return None
+
+
+def _declare_lost(job: Job, reason: str, cap: int) -> bool:
+    """Marks ``job`` lost and re-queues it while attempts remain; keeps the reason as an event. False when the
+    job moved on meanwhile."""
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().filter(pk=job.pk, state=job.state).first()
+        if locked is None:
+            return False
+        attempt = locked.attempts
+        do_transition_job(locked, JobState.LOST, error=f"lost: {reason}")
+        if attempt < cap:
+            do_transition_job(locked, JobState.QUEUED)
+            Job.objects.filter(pk=locked.pk).update(agent=None)  # the next attempt's agent claims it
+            outcome = f"re-queued for attempt {attempt + 1} of {cap}"
+            transaction.on_commit(lambda: do_dispatch_job(locked.pk))
+        else:
+            outcome = f"gave up after {attempt} attempts (DAY0_JOB_MAX_ATTEMPTS={cap})"
+            Job.objects.filter(pk=locked.pk).update(error=f"lost: {reason}; {outcome}")
+        do_append_job_event(locked.pk, kind="lost", level=EventLevel.WARNING,
+                            message=f"attempt {attempt} lost: {reason}; {outcome}",
+                            data={"attempt": attempt, "reason": reason, "requeued": attempt < cap})
+    logger.warning("job %s lost: %s; %s", job.pk, reason, outcome)
+    return True
+
+
+def _notice_stuck(now: datetime) -> None:
+    """Writes, once per attempt, an event on each dispatched job nobody claimed within ``DAY0_JOB_STUCK_SECONDS``
+    saying why (``selectors.job_waiting_reason``): the job's console and ``day0 jobs watch`` show it."""
+    from apps.jobs.selectors import job_waiting_reason
+
+    waiting = Job.objects.filter(state=JobState.DISPATCHED, agent__isnull=True,
+                                 dispatched_at__lt=now - dispatch.stuck_after()).select_related("hardware")
+    for job in waiting[:500]:
+        if JobEvent.objects.filter(job=job, kind="stuck", data__attempt=job.attempts).exists():
+            continue
+        reason = job_waiting_reason(job, now=now)
+        if reason:
+            do_append_job_event(job.pk, kind="stuck", level=EventLevel.WARNING, message=reason,
+                                data={"attempt": job.attempts, "since": job.dispatched_at.isoformat()})
+
+
+def do_requeue_lost_jobs() -> list[int]:
+    """Marks lost and re-queues (or gives up on) jobs whose agent is gone, keeping the reason as an event; sends
+    again the queued jobs whose dispatch failed; notes the dispatched jobs nobody claims. Returns the ids declared
+    lost."""
+    now = timezone.now()
+    cap = dispatch.max_attempts()
+    lost: list[int] = []
+    candidates = Job.objects.filter(state__in=[JobState.DISPATCHED, JobState.RUNNING], agent__isnull=False)
+    for job in candidates.select_related("agent", "hardware"):
+        reason = _lost_reason(job, now)
+        if reason is not None and _declare_lost(job, reason, cap):
+            lost.append(job.pk)
+    stale = now - dispatch.lost_after()
+    for job_id in Job.objects.filter(state=JobState.QUEUED, updated_at__lt=stale).values_list("pk", flat=True):
+        do_dispatch_job(job_id)
+    _notice_stuck(now)
+    return lost

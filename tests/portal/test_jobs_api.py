@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from apps.accounts.choices import Role
-from apps.jobs import dispatch
+from apps.jobs import services
 from apps.jobs.choices import ALLOWED_TRANSITIONS, JobState
 from apps.jobs.models import Job
 from apps.jobs.services import InvalidTransition, do_transition_job
@@ -25,7 +25,7 @@ def test_creating_a_job_stores_it_queued_and_enqueues_after_commit(api_client, s
                                                                    django_capture_on_commit_callbacks) -> None:
     model, hardware, token = setup
     sent: list[int] = []
-    monkeypatch.setattr(dispatch, "enqueue_job", sent.append)
+    monkeypatch.setattr(services, "do_dispatch_job", sent.append)
     body = {"model": model.slug, "hardware": hardware.slug, "stages": ["load", "plan"], "tp": 2,
             "bench": {"concurrency": [1, 8]}}
     with django_capture_on_commit_callbacks(execute=False) as callbacks:

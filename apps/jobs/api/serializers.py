@@ -8,6 +8,7 @@ from agents.pipeline.thresholds import check_thresholds
 from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
 from apps.catalog.api.serializers import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
+from apps.jobs.selectors import job_waiting_reason
 
 BENCH_INT_KEYS = ("input_len", "output_len", "num_prompts", "request_rate", "max_concurrency")
 
@@ -74,13 +75,24 @@ class JobSerializer(serializers.ModelSerializer):
     hardware = serializers.CharField(source="hardware.slug", read_only=True)
     organization = serializers.CharField(source="organization.slug", read_only=True, default=None)
     requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None)
+    waiting_reason = serializers.SerializerMethodField(
+        help_text="why a dispatched job is not claimed yet, once it waited DAY0_JOB_STUCK_SECONDS; else null")
+    stuck = serializers.SerializerMethodField(help_text="true when waiting_reason is set")
 
     class Meta:
         model = Job
         fields = ["id", "model", "hardware", "organization", "requested_by", "spec", "state", "attempts", "agent",
                   "failed_stage", "error", "events_acked", "created_at", "updated_at", "dispatched_at", "started_at",
-                  "finished_at"]
+                  "finished_at", "stuck", "waiting_reason"]
         read_only_fields = fields
+
+    def get_waiting_reason(self, job: Job) -> str | None:
+        if not hasattr(job, "_waiting_reason"):
+            job._waiting_reason = job_waiting_reason(job)
+        return job._waiting_reason
+
+    def get_stuck(self, job: Job) -> bool:
+        return self.get_waiting_reason(job) is not None
 
 
 class JobEventSerializer(serializers.ModelSerializer):
@@ -96,3 +108,4 @@ class JobStateSerializer(serializers.Serializer):
     failed_stage = serializers.CharField(required=False, allow_blank=True, max_length=32)
     error = serializers.CharField(required=False, allow_blank=True, max_length=100_000)
     agent = serializers.IntegerField(required=False, allow_null=True)
+    attempt = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)

@@ -15,7 +15,6 @@ from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.core.api.mixins import get_actor, get_or_404, require
-from apps.fleet.models import Agent
 from apps.jobs import services
 from apps.jobs.api.serializers import JobCreateSerializer, JobEventSerializer, JobSerializer, JobStateSerializer
 from apps.jobs.models import Job
@@ -139,17 +138,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(request=JobStateSerializer, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def state(self, request: Request, pk: str | None = None) -> Response:
-        """POST (agent): ``{"state", "failed_stage", "error", "agent"}`` moves the job through its state machine."""
+        """POST (agent): ``{"state": "running", "agent", "attempt"}`` claims a dispatched job; ``{"state":
+        "succeeded" | "failed", "failed_stage", "error", "agent"}`` finishes the job the agent claimed."""
         job = self.get_object()
         actor = get_actor(request)
         require(actor.authenticated, actor, "")
-        services.check_agent_for_job(actor, job)
         serializer = JobStateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        agent_id = data.get("agent")
-        if agent_id is not None and not Agent.objects.filter(pk=agent_id, hardware_id=job.hardware_id).exists():
-            raise ValidationError({"agent": f"no agent {agent_id} on {job.hardware.slug}"})
-        services.do_transition_job(job, data["state"], failed_stage=data.get("failed_stage"),
-                                   error=data.get("error"), agent_id=agent_id)
+        services.check_agent_transition_job(actor, job, data["state"], agent_id=data.get("agent"),
+                                            attempt=data.get("attempt"), failed_stage=data.get("failed_stage"),
+                                            error=data.get("error"))
         return Response(JobSerializer(job).data)
