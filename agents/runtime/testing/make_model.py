@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,15 +106,22 @@ def cached_model(arch: str, size: str = "tiny", seed: int = 0) -> Path:
     root = models_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{arch}-{size}-s{seed}-{builder_version()}"
+    return build_once(final, lambda out: make_model(arch, size, seed, out))
+
+
+def build_once(final: Path, build: Callable[[Path], object]) -> Path:
+    """``final``, made by ``build(out)`` once: in a temporary sibling renamed into place, under a file lock so
+    that concurrent processes wait for the first instead of building twice."""
     if (final / "config.json").exists():
         return final
+    root = final.parent
     with open(root / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same model: wait for it
         if (final / "config.json").exists():
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
         try:
-            make_model(arch, size, seed, tmp / "m")
+            build(tmp / "m")
             os.rename(tmp / "m", final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
