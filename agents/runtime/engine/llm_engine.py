@@ -14,8 +14,9 @@ import torch
 from agents.runtime.engine.block_manager import BlockManager
 from agents.runtime.engine.config import EngineConfig
 from agents.runtime.engine.expert_load import ExpertLoad
+from agents.runtime.engine.logprobs import token_logprobs
 from agents.runtime.engine.model_runner import ModelRunner, size_kv_pool
-from agents.runtime.engine.outputs import QueueFullError, RequestError, RequestOutput
+from agents.runtime.engine.outputs import QueueFullError, RequestError, RequestOutput, TokenLogprob
 from agents.runtime.engine.sampler import sample
 from agents.runtime.engine.sampling_params import SamplingParams
 from agents.runtime.engine.scheduler import Scheduler, SchedulerConfig
@@ -156,9 +157,11 @@ class LLMEngine:
             return outputs
         self.num_steps += 1
         try:
-            seqs, logits = self.runner.run(batch, self.blocks)
+            step = self.runner.run_step(batch)
             self.scheduler.on_step_done(batch)
-            tokens = sample(logits, seqs) if seqs else []
+            seqs = step.seqs
+            tokens = sample(step.logits, seqs) if seqs else []
+            logprobs = self._sampled_logprobs(step.logits, seqs, tokens)
         except Exception as exc:  # a failing batch never ends the engine, and ends only the request at fault
             error = f"{type(exc).__name__}: {exc}"
             log.exception("forward pass failed for %d sequence(s)", len(batch.seqs))
@@ -169,19 +172,52 @@ class LLMEngine:
                 else:  # which one is at fault? each retries alone
                     self.scheduler.requeue_isolated(seq)
             return outputs
-        for seq, token in zip(seqs, tokens, strict=True):
+        for seq, scored in step.prompt_logprobs:
+            seq.prompt_logprobs.extend(scored)
+        for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
             seq.isolate = False
+            if seq.params.max_tokens == 0:  # prefill only (prompt logprobs): no token is drawn
+                self.scheduler.finish(seq, "length")
+                outputs.append(self._output(seq, []))
+                continue
             seq.append_token(token)
             reason = check_stop(seq, token, self.tokenizer, self.eos_token_ids, self.max_model_len)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-            outputs.append(self._output(seq, [token]))
+            outputs.append(self._output(seq, [token], None if lp is None else [lp]))
         return outputs
 
-    def _output(self, seq: Sequence, new_ids: list[int], error: str | None = None) -> RequestOutput:
+    @staticmethod
+    def _sampled_logprobs(
+        logits: torch.Tensor | None, seqs: list[Sequence], tokens: list[int]
+    ) -> list[TokenLogprob | None]:
+        """The sampled token's logprob and top alternatives for the rows whose request asked for them."""
+        out: list[TokenLogprob | None] = [None] * len(seqs)
+        rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None and s.params.max_tokens > 0]
+        if rows:
+            index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            scored = token_logprobs(
+                logits.index_select(0, index), [tokens[i] for i in rows], [seqs[i].params.logprobs for i in rows]
+            )
+            for i, lp in zip(rows, scored, strict=True):
+                out[i] = lp
+        return out
+
+    def _output(
+        self,
+        seq: Sequence,
+        new_ids: list[int],
+        new_logprobs: list[TokenLogprob] | None = None,
+        error: str | None = None,
+    ) -> RequestOutput:
         if seq.is_finished:
             with self._lock:
                 self._live.pop(seq.request_id, None)
+        prompt_logprobs = None
+        prefilled = seq.num_computed_tokens >= seq.num_prompt_tokens
+        if seq.prompt_logprobs is not None and not seq.prompt_logprobs_sent and prefilled and error is None:
+            seq.prompt_logprobs_sent = True
+            prompt_logprobs = list(seq.prompt_logprobs)
         return RequestOutput(
             request_id=seq.request_id,
             new_token_ids=new_ids,
@@ -196,6 +232,8 @@ class LLMEngine:
             arrival_time=seq.arrival_time,
             first_token_time=seq.first_token_time,
             finish_time=seq.finish_time,
+            new_logprobs=new_logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
 
     # ---- conveniences ----

@@ -5,17 +5,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from agents.runtime.context import ForwardContext
 from agents.runtime.engine.block_manager import BlockManager
+from agents.runtime.engine.logprobs import ROW_CHUNK, token_logprobs
+from agents.runtime.engine.outputs import TokenLogprob
 from agents.runtime.engine.scheduler import ScheduledBatch
 from agents.runtime.engine.sequence import Sequence
 from agents.runtime.interface import KVCacheSpec, RuntimeModel
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    """One forward pass: the sequences that sample and their logits [N, V]; per sequence that asked, the
+    logprobs of the prompt tokens this step scored, in position order."""
+
+    seqs: list[Sequence]
+    logits: torch.Tensor | None
+    prompt_logprobs: list[tuple[Sequence, list[TokenLogprob]]] = field(default_factory=list)
 
 
 def available_memory_bytes(device: torch.device) -> int:
@@ -79,13 +92,51 @@ class ModelRunner:
 
     def run(self, batch: ScheduledBatch, blocks: BlockManager) -> tuple[list[Sequence], torch.Tensor | None]:
         """Forward the batch; return the sequences that reach their end this step and their logits [N, V]."""
+        step = self.run_step(batch)
+        return step.seqs, step.logits
+
+    def run_step(self, batch: ScheduledBatch) -> StepResult:
+        """Forward the batch: the logits of the sequences that reach their end, and the prompt logprobs this
+        step's chunks contribute for the sequences that asked for them."""
         ends = [
             s.num_computed_tokens + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
         ]
         inputs = self.prepare(batch, ends)
+        plan = self._prompt_logprob_plan(batch, ends, inputs)
         if self.broadcast is not None:  # tensor parallel: every rank runs the same step
             self.broadcast(inputs)
-        return [s for s, end in zip(batch.seqs, ends, strict=True) if end], self.execute(inputs)
+        logits, prompt = self.execute(inputs)
+        seqs = [s for s, end in zip(batch.seqs, ends, strict=True) if end]
+        return StepResult(seqs, logits, [(seq, prompt[lo:hi]) for seq, lo, hi in plan])
+
+    def _prompt_logprob_plan(
+        self, batch: ScheduledBatch, ends: list[bool], inputs: dict[str, Any]
+    ) -> list[tuple[Sequence, int, int]]:
+        """Add the rows whose logits score a prompt token (``prompt_rows``, ``prompt_targets``, ``prompt_top``)
+        to ``inputs``; return, per sequence, its slice of them. A position already scored (before a preemption)
+        is not scored again."""
+        rows: list[int] = []
+        targets: list[int] = []
+        top: list[int] = []
+        plan: list[tuple[Sequence, int, int]] = []
+        offset = 0  # first row of the sequence in the step's hidden states
+        for seq, n, end in zip(batch.seqs, batch.num_new_tokens, ends, strict=True):
+            start = seq.num_computed_tokens if self.paged else 0
+            length = n if self.paged else seq.num_tokens
+            if not self.paged and not end:
+                continue  # the recompute path forwards only the sequences that sample
+            if seq.prompt_logprobs is not None:
+                first = max(start, len(seq.prompt_logprobs) - 1)  # row p scores token p + 1
+                last = min(start + length, seq.num_prompt_tokens - 1)
+                if first < last:
+                    plan.append((seq, len(rows), len(rows) + last - first))
+                    rows.extend(offset + p - start for p in range(first, last))
+                    targets.extend(seq.token_ids[p + 1] for p in range(first, last))
+                    top.extend([seq.params.prompt_logprobs] * (last - first))
+            offset += length
+        if rows:
+            inputs.update(prompt_rows=rows, prompt_targets=targets, prompt_top=top)
+        return plan
 
     def prepare(self, batch: ScheduledBatch, ends: list[bool]) -> dict[str, Any]:
         """The step's inputs as plain lists (cheap to send to other ranks)."""
@@ -123,11 +174,28 @@ class ModelRunner:
         }
 
     @torch.inference_mode()
-    def execute(self, inputs: dict[str, Any]) -> torch.Tensor | None:
-        """Run the model on prepared inputs; logits [N, V] of the rows that sample, None when none does."""
+    def execute(self, inputs: dict[str, Any]) -> tuple[torch.Tensor | None, list[TokenLogprob]]:
+        """Run the model on prepared inputs: logits [N, V] of the rows that sample (None when none does) and
+        the logprobs of the prompt tokens in ``prompt_rows`` (every rank computes both: the LM head of a
+        tensor-parallel model gathers across ranks)."""
         dev = self.device
         if not self.paged:
-            return self._execute_recompute(inputs)
+            hidden, last = self._forward_recompute(inputs)
+        else:
+            hidden, last = self._forward_paged(inputs)
+        prompt: list[TokenLogprob] = []
+        if inputs.get("prompt_rows"):
+            rows = torch.tensor(inputs["prompt_rows"], dtype=torch.long, device=dev)  # rows: [P]
+            for lo in range(0, rows.numel(), ROW_CHUNK):  # bounded fp32 logits: at most ROW_CHUNK x V at once
+                chunk = self.model.compute_logits(hidden.index_select(0, rows[lo : lo + ROW_CHUNK]))
+                hi = lo + chunk.shape[0]
+                prompt += token_logprobs(chunk, inputs["prompt_targets"][lo:hi], inputs["prompt_top"][lo:hi])
+        if last is None:
+            return None, prompt
+        return self.model.compute_logits(hidden.index_select(0, last)), prompt
+
+    def _forward_paged(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        dev = self.device
         ctx = ForwardContext(
             cu_seqlens_q=torch.tensor(inputs["cu"], dtype=torch.int32, device=dev),  # [B + 1]
             seqlens_k=torch.tensor(inputs["seqlens_k"], dtype=torch.int32, device=dev),  # [B]
@@ -141,18 +209,16 @@ class ModelRunner:
         pos = torch.tensor(inputs["positions"], dtype=torch.int64, device=dev)  # [T]
         hidden = self.model.forward(input_ids, pos, ctx).hidden  # hidden: [T, D]
         if not inputs["last"]:
-            return None
-        rows = hidden.index_select(0, torch.tensor(inputs["last"], device=dev))  # rows: [N, D]
-        return self.model.compute_logits(rows)
+            return hidden, None
+        return hidden, torch.tensor(inputs["last"], dtype=torch.long, device=dev)  # last: [N]
 
-    def _execute_recompute(self, inputs: dict[str, Any]) -> torch.Tensor | None:
+    def _forward_recompute(self, inputs: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         lengths = inputs["lengths"]
         if not lengths:
-            return None
+            return None, None
         positions = [p for n in lengths for p in range(n)]
         ctx = ForwardContext.for_prompts(lengths, device=self.device)
         input_ids = torch.tensor(inputs["ids"], dtype=torch.int64, device=self.device)  # [T]
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [T]
         hidden = self.model.forward(input_ids, pos, ctx).hidden  # hidden: [T, D]
-        last = (ctx.cu_seqlens_q[1:] - 1).long()  # last: [B]
-        return self.model.compute_logits(hidden.index_select(0, last))
+        return hidden, (ctx.cu_seqlens_q[1:] - 1).long()  # last: [B]

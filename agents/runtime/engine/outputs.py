@@ -5,6 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability under the model's fp32 logits (log-softmax, before temperature or
+    filtering) and the ``top`` most likely tokens at that position as (token id, logprob), best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class RequestOutput:
     """New tokens and text of one request since the last step; the totals when ``finished``.
@@ -23,6 +33,9 @@ class RequestOutput:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finish_time: float | None = None
+    new_logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked for logprobs
+    # the prompt's logprobs (the first token has none), once, with the first output after the prefill
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class RequestError(ValueError):

@@ -9,21 +9,24 @@ from agents.runtime.engine.sequence import Sequence
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     """Greedy rows take the argmax; the others are scaled by temperature, filtered by top-k and top-p,
-    and drawn with the request's own generator when it set a seed."""
+    and drawn with the request's own generator when it set a seed. Every index and parameter tensor is built
+    on the logits' device."""
     logits = logits.float()  # logits: [N, V]
+    dev = logits.device
     greedy = logits.argmax(dim=-1).tolist()
     rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if not rows:
         return greedy
-    idx = torch.tensor(rows, dtype=torch.long)
-    temps = torch.tensor([seqs[i].params.temperature for i in rows], dtype=torch.float32)
+    vocab = logits.shape[1]
+    params = [seqs[i].params for i in rows]
+    idx = torch.tensor(rows, dtype=torch.long, device=dev)  # idx: [R]
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)  # temps: [R]
     scaled = logits.index_select(0, idx) / temps.unsqueeze(1)  # scaled: [R, V]
     sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)  # both [R, V]
-    vocab = scaled.shape[1]
-    top_k = torch.tensor([seqs[i].params.top_k if seqs[i].params.top_k > 0 else vocab for i in rows])
-    ranks = torch.arange(vocab).unsqueeze(0)  # ranks: [1, V]
-    drop = ranks >= top_k.clamp(max=vocab).unsqueeze(1)  # drop: [R, V]
-    top_p = torch.tensor([seqs[i].params.top_p for i in rows], dtype=torch.float32)
+    top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=dev)  # [R]
+    ranks = torch.arange(vocab, device=dev).unsqueeze(0)  # ranks: [1, V]
+    drop = ranks >= top_k.unsqueeze(1)  # drop: [R, V]
+    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)  # top_p: [R]
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
     # keep a token while the mass before it is below top_p (the first token always stays)
     mass_before = probs.cumsum(dim=-1) - probs

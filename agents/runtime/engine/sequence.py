@@ -39,6 +39,9 @@ class Sequence:
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
+        # prompt logprobs filled position by position as prefill chunks run (position 0 has none)
+        self.prompt_logprobs: list | None = [None] if params.prompt_logprobs is not None else None
+        self.prompt_logprobs_sent = False
         # incremental detokenisation state (owned by the engine's detokenizer)
         self.text = ""
         self.prefix_offset = max(0, len(prompt_token_ids) - 6)
