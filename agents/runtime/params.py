@@ -15,6 +15,7 @@ Active parameters: the total minus, in every MoE layer, the routed experts a tok
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from agents.runtime.spec import ModelSpec
@@ -62,10 +63,22 @@ class ParamCount:
     final_norm: int = 0
     layers: tuple[LayerParams, ...] = ()
 
+    def kind_counts(self) -> list[tuple[LayerParams, int]]:
+        """Each distinct layer with how many times it occurs: sums over layers cost O(kinds), not O(layers)
+        (``count_params`` shares one object per kind, so grouping by identity is exact and C-speed)."""
+        counts = Counter(map(id, self.layers))
+        by_id: dict[int, LayerParams] = {}
+        for layer in self.layers:  # stops once every kind is seen (the first few layers, as a rule)
+            by_id.setdefault(id(layer), layer)
+            if len(by_id) == len(counts):
+                break
+        return [(by_id[key], n) for key, n in counts.items()]
+
     def to_dict(self) -> dict[str, int]:
-        experts = sum(layer.experts for layer in self.layers)
+        kinds = self.kind_counts()
         return {"total": self.total, "active": self.active, "embedding": self.embedding, "lm_head": self.lm_head,
-                "layers": sum(layer.total for layer in self.layers), "routed_experts": experts}
+                "layers": sum(layer.total * n for layer, n in kinds),
+                "routed_experts": sum(layer.experts * n for layer, n in kinds)}
 
 
 def _attention(spec: ModelSpec) -> tuple[int, int, int]:

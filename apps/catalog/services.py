@@ -22,24 +22,69 @@ HARDWARE_FIELDS: tuple[str, ...] = ("slug", "vendor", "name", "memory_bytes", "d
                                     "operator_manifest", "shared_memory", "notes")
 
 
-# Upper bounds on the sizes a config may declare: far above any real model, low enough that counting and
-# planning stay fast and every count fits a 64-bit column.
+# Upper bounds on the counts a config may declare: far above any real model, low enough that counting and
+# planning stay fast and every count fits a 64-bit column. Each must be a JSON integer (5000.0 and 1e6 are not).
 CONFIG_LIMITS: dict[str, int] = {
-    "num_hidden_layers": 4096, "n_layer": 4096, "hidden_size": 1 << 20, "intermediate_size": 1 << 24,
-    "moe_intermediate_size": 1 << 24, "vocab_size": 1 << 24, "num_attention_heads": 1 << 14,
-    "num_key_value_heads": 1 << 14, "head_dim": 1 << 14, "num_local_experts": 1 << 16, "num_experts": 1 << 16,
-    "n_routed_experts": 1 << 16, "n_shared_experts": 1 << 10, "max_position_embeddings": 1 << 30,
-    "kv_lora_rank": 1 << 16, "q_lora_rank": 1 << 16,
+    "num_hidden_layers": 4096, "n_layer": 4096, "num_layers": 4096, "hidden_size": 1 << 20, "n_embd": 1 << 20,
+    "d_model": 1 << 20, "intermediate_size": 1 << 24, "moe_intermediate_size": 1 << 24, "vocab_size": 1 << 24,
+    "num_attention_heads": 1 << 14, "n_head": 1 << 14, "num_key_value_heads": 1 << 14, "head_dim": 1 << 14,
+    "num_local_experts": 1 << 16, "num_experts": 1 << 16, "n_routed_experts": 1 << 16, "n_shared_experts": 1 << 10,
+    "num_experts_per_tok": 1 << 16, "experts_per_token": 1 << 16, "max_position_embeddings": 1 << 30,
+    "n_positions": 1 << 30, "seq_length": 1 << 30, "kv_lora_rank": 1 << 16, "q_lora_rank": 1 << 16,
+    "qk_nope_head_dim": 1 << 14, "qk_rope_head_dim": 1 << 14, "v_head_dim": 1 << 14, "first_k_dense_replace": 4096,
+    "moe_layer_freq": 4096, "decoder_sparse_step": 4096, "num_nextn_predict_layers": 64, "n_group": 1 << 16,
+    "topk_group": 1 << 16, "sliding_window": 1 << 30,
 }
+# The whole model, however its sizes combine: 10^15 parameters (the largest public models have ~10^12).
+MAX_CONFIG_PARAMS = 10**15
+CONFIG_OBJECT_KEYS: tuple[str, ...] = ("rope_scaling", "rope_parameters", "quantization_config", "text_config")
+CONFIG_DTYPE_KEYS: tuple[str, ...] = ("torch_dtype", "dtype")
+
+
+def _config_error(message: str) -> ValidationError:
+    return ValidationError({"config": message})
+
+
+def _check_section(section: dict[str, Any], where: str) -> None:
+    from apps.catalog.api.serializers import DTYPE_NAMES
+
+    for key, limit in CONFIG_LIMITS.items():
+        value = section.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _config_error(f"config key '{where}{key}' must be an integer from 0 to {limit}, got {value!r}")
+        if not 0 <= value <= limit:
+            raise _config_error(f"config key '{where}{key}' is {value}, outside the bounds 0..{limit}")
+    for key in CONFIG_OBJECT_KEYS:
+        value = section.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise _config_error(f"config key '{where}{key}' must be an object or null, got {type(value).__name__}")
+    for key in CONFIG_DTYPE_KEYS:
+        value = section.get(key)
+        if value is not None and not (isinstance(value, str) and value in DTYPE_NAMES):
+            raise _config_error(f"config key '{where}{key}' must be a dtype name such as 'bfloat16' (one of "
+                                f"{', '.join(sorted(DTYPE_NAMES))}), got {value!r}")
+    for key in ("layer_types", "mlp_only_layers"):
+        value = section.get(key)
+        kind = str if key == "layer_types" else int
+        if value is not None and not (isinstance(value, list) and len(value) <= CONFIG_LIMITS["num_hidden_layers"]
+                                      and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)):
+            raise _config_error(f"config key '{where}{key}' must be a list of at most "
+                                f"{CONFIG_LIMITS['num_hidden_layers']} {kind.__name__}s")
 
 
 def _check_limits(config: dict[str, Any]) -> None:
-    sections = [config] + [v for k, v in config.items() if k.endswith("_config") and isinstance(v, dict)]
-    for section in sections:
-        for key, limit in CONFIG_LIMITS.items():
-            value = section.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > limit:
-                raise ValidationError({"config": f"config key '{key}' is {value}, above the limit {limit}"})
+    """Refuses (400 naming the key and its bound) a config whose counts are not integers or out of bounds, whose
+    dtype is not a dtype name, or whose object-valued keys hold something else."""
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and 0 < len(archs) <= 16
+                                  and all(isinstance(a, str) and len(a) <= 100 for a in archs)):
+        raise _config_error("config key 'architectures' must be a list of 1 to 16 class names")
+    _check_section(config, "")
+    for key, value in config.items():
+        if key.endswith("_config") and isinstance(value, dict):
+            _check_section(value, f"{key}.")
 
 
 def model_fields_from_config(config: Any) -> dict[str, Any]:
@@ -54,8 +99,11 @@ def model_fields_from_config(config: Any) -> dict[str, Any]:
         counts = count_params(spec)
     except SpecError as exc:
         raise ValidationError({"config": str(exc)}) from exc
-    except (TypeError, ValueError, KeyError, ZeroDivisionError) as exc:
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError, OverflowError) as exc:
         raise ValidationError({"config": f"config cannot be parsed: {exc}"}) from exc
+    if counts.total > MAX_CONFIG_PARAMS:
+        raise ValidationError({"config": f"the config declares {counts.total:.3e} parameters, above the limit "
+                                         f"{MAX_CONFIG_PARAMS:.0e}"})
     return {
         "architecture": spec.architecture,
         "family": spec.family,

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import json
+from functools import lru_cache
 from typing import Any
 
-from agents.runtime.params import count_params
+from agents.runtime.params import ParamCount, count_params
 from agents.runtime.planner import search as _candidates
 from agents.runtime.planner.memory import PlanSettings, kv_bytes_per_token, resolve_dtype, weight_bytes
-from agents.runtime.spec import parse_config
+from agents.runtime.spec import ModelSpec, parse_config
+
+# The per-model part of a plan (parse, count, per-layer bytes) is O(layers); the per-hardware part is O(candidate
+# plans × pipeline stages). A matrix refresh plans one model on every hardware (or one hardware for every model),
+# so the per-model part is computed once per (config, dtype, settings) and reused for each hardware.
+PREPARED_CACHE_SIZE = 64
+
+
+@lru_cache(maxsize=PREPARED_CACHE_SIZE)
+def _prepared(config_json: str, dtype: str, settings: PlanSettings,
+              keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model]:
+    spec = parse_config(json.loads(config_json))
+    counts = count_params(spec)
+    return spec, counts, _candidates.Model.build(spec, counts, dtype, settings, keep_attention)
+
+
+def _prepare(config: Any, dtype: str, settings: PlanSettings,
+             keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model]:
+    try:
+        key = json.dumps(config, sort_keys=True, allow_nan=True)
+    except (TypeError, ValueError):  # not JSON data (a caller's own objects): plan it uncached
+        spec = parse_config(config)
+        counts = count_params(spec)
+        return spec, counts, _candidates.Model.build(spec, counts, dtype, settings, keep_attention)
+    return _prepared(key, dtype, settings, keep_attention)
 
 
 def plan_report(
@@ -35,9 +61,7 @@ def plan_report(
     settings = settings or PlanSettings(max_nodes=max_nodes)
     if settings.max_nodes != max_nodes:
         settings = PlanSettings(**{**settings.__dict__, "max_nodes": max_nodes})
-    spec = parse_config(config)
-    counts = count_params(spec)
-    ctx = _candidates.Model.build(spec, counts, dtype, settings, keep_attention)
+    spec, counts, ctx = _prepare(config, dtype, settings, keep_attention)
     hw = _candidates.Devices(memory_bytes, devices_per_node, shared_memory)
     plans = _candidates.search(ctx, hw, fixed={"tp": tp, "pp": pp, "ep": ep})
     chosen = _candidates.choose(plans)

@@ -43,6 +43,7 @@ class Model:
     embed_bytes: float
     head_bytes: float
     act_bytes: int
+    has_dense: bool  # some layer has a dense MLP (``spec.dense_layers`` is O(layers): computed once here)
 
     @classmethod
     def build(cls, spec: ModelSpec, counts: ParamCount, dtype: str, settings: PlanSettings,
@@ -63,7 +64,8 @@ class Model:
             prefix.append(tuple(running))
         rest = DTYPES[dtype][1] / 8
         return cls(spec, settings, tuple(kinds), tuple(prefix), counts.embedding * rest,
-                   (counts.lm_head + counts.final_norm) * rest, activation_bytes(dtype))
+                   (counts.lm_head + counts.final_norm) * rest, activation_bytes(dtype),
+                   has_dense=len(moe) < spec.num_layers)
 
 
 @dataclass(frozen=True)
@@ -118,12 +120,13 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def _tp_ok(spec: ModelSpec, tp: int) -> bool:
+def _tp_ok(model: Model, tp: int) -> bool:
+    spec = model.spec
     if spec.num_attention_heads % tp:
         return False
     if not spec.is_mla and spec.num_kv_heads % tp and tp % spec.num_kv_heads:
         return False
-    return not (spec.dense_layers and spec.intermediate_size % tp)
+    return not (model.has_dense and spec.intermediate_size % tp)
 
 
 def _stage_ok(spec: ModelSpec, tp: int, ep: int) -> bool:
@@ -155,7 +158,7 @@ def evaluate(model: Model, hw: Devices, tp: int, pp: int, ep: int) -> Plan:
     else:
         kv_per_layer = 2 * math.ceil(spec.num_kv_heads / tp) * spec.head_dim * act
         qkv = (2 * spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
-    ffn = spec.intermediate_size if spec.dense_layers else 0
+    ffn = spec.intermediate_size if model.has_dense else 0
     if spec.is_moe:
         ffn = max(ffn, spec.num_experts_per_tok * spec.moe_intermediate_size
                   + spec.num_shared_experts * spec.moe_intermediate_size)
@@ -214,11 +217,11 @@ def search(model: Model, hw: Devices, fixed: dict[str, int | None]) -> list[Plan
     spec = model.spec
     max_devices = hw.devices_per_node * model.settings.max_nodes
     if fixed.get("tp"):
-        tps = [fixed["tp"]] if _tp_ok(spec, fixed["tp"]) else []
+        tps = [fixed["tp"]] if _tp_ok(model, fixed["tp"]) else []
     else:
         # a tensor-parallel group never straddles two nodes
         tps = [t for t in _divisors(spec.num_attention_heads, hw.devices_per_node)
-               if _tp_ok(spec, t) and (hw.shared_memory or hw.devices_per_node % t == 0)]
+               if _tp_ok(model, t) and (hw.shared_memory or hw.devices_per_node % t == 0)]
     if fixed.get("ep"):
         eps = [fixed["ep"]]
     else:
