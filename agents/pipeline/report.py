@@ -20,6 +20,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "serve": ("ready_seconds", "endpoint", "text_path_ok"),
     "bench": ("runs",),
     "eval": ("passed",),
+    "comm": ("ranks", "collectives"),
     "env": ("runtime_commit", "torch", "python", "device", "device_count", "dispatch_key", "driver"),
 }
 NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -35,6 +36,7 @@ ROW_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
     ("inventory", "ops"): ("op", "count", "dtypes", "status", "decomposes_to"),
     ("align", "ops"): ("op", "cosine", "max_rel_err", "max_abs_err", "passed"),
     ("align", "layers"): ("layer", "cosine", "max_rel_err", "passed"),
+    ("comm", "collectives"): ("op", "dtype", "ok", "sizes"),
 }
 DIVERGENCE_KEYS: tuple[str, ...] = ("prompt", "position", "ref_token", "target_token", "ref_top5", "target_top5",
                                     "near_tie")

@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -70,10 +71,12 @@ def init_distributed(
     ep_size: int = 1,
     init_method: str | None = None,
     backend: str | None = None,
+    timeout: float | None = None,
 ) -> None:
     """Join the process group (gloo on CPU, NCCL on CUDA) and record the TP/EP layout.
 
     ``tp_size`` defaults to ``world_size``; each of ``tp_size`` and ``ep_size`` must be 1 or ``world_size``.
+    ``timeout`` (seconds) bounds every collective of the group: one that does not finish raises on its rank.
     """
     tp = world_size if tp_size is None else tp_size
     for name, size in (("tp_size", tp), ("ep_size", ep_size)):
@@ -83,7 +86,9 @@ def init_distributed(
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size)
+        bound = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
+        dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size,
+                                **bound)
     set_parallel_state(tp, ep_size, rank)
 
 
@@ -116,11 +121,11 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, tp_size: int, ep_size: int, fn: Callable, args: tuple,
-            results: Any) -> None:
+            results: Any, pg_timeout: float | None = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     try:
-        init_distributed(rank, world_size, tp_size=tp_size, ep_size=ep_size)
+        init_distributed(rank, world_size, tp_size=tp_size, ep_size=ep_size, timeout=pg_timeout)
         results[rank] = ("ok", fn(*args))
     except BaseException as exc:  # surfaced in the parent with the rank that failed
         import traceback
@@ -130,29 +135,39 @@ def _worker(rank: int, world_size: int, port: int, tp_size: int, ep_size: int, f
     destroy_distributed()
 
 
-def _wait(procs: list, timeout: float | None, grace: float = 5.0) -> None:
-    """Join all ranks; once one has failed (its peers would block in a collective) or the timeout has passed,
-    give the rest ``grace`` seconds, then terminate them."""
+def _wait(procs: list, timeout: float | None, grace: float = 5.0,
+          watchdog: Callable[[], str | None] | None = None) -> str | None:
+    """Join all ranks; once one has failed (its peers would block in a collective), the timeout has passed or
+    ``watchdog()`` returns a reason, give the rest ``grace`` seconds (none for the watchdog: its ranks are stuck),
+    then terminate them. Returns the watchdog's reason when it fired."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while any(p.is_alive() for p in procs):
         failed = any(p.exitcode not in (None, 0) for p in procs)
-        if failed or (deadline is not None and time.monotonic() > deadline):
+        reason = watchdog() if watchdog is not None else None
+        if failed or reason or (deadline is not None and time.monotonic() > deadline):
             for p in procs:
-                p.join(grace)
+                p.join(0 if reason else grace)
                 if p.is_alive():
                     p.terminate()
+                    p.join(grace)
+                if p.is_alive():
+                    p.kill()
                     p.join()
-            return
+            return reason
         time.sleep(0.05)
+    return None
 
 
 def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None, ep_size: int = 1,
-           timeout: float | None = None) -> list[Any]:
+           timeout: float | None = None, pg_timeout: float | None = None,
+           watchdog: Callable[[], str | None] | None = None) -> list[Any]:
     """Run ``fn(*args)`` in ``world_size`` processes on this machine and return each rank's result.
 
     ``fn`` must be importable (module level) and its result picklable. A failure on any rank raises
     ``RuntimeError`` naming the rank and carrying its traceback; ranks left waiting on a failed peer are
-    terminated, and so is every rank still running after ``timeout`` seconds.
+    terminated, and so is every rank still running after ``timeout`` seconds. ``pg_timeout`` bounds each
+    collective inside the ranks; ``watchdog`` (polled in the parent) returns a reason to kill every rank at once
+    (a collective stuck past its bound), which the ``RuntimeError`` then names.
     """
     tp = world_size if tp_size is None else tp_size
     ctx = mp.get_context("spawn")
@@ -160,13 +175,15 @@ def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None
         results = manager.dict()
         port = free_port()
         procs = [
-            ctx.Process(target=_worker, args=(r, world_size, port, tp, ep_size, fn, args, results))
+            ctx.Process(target=_worker, args=(r, world_size, port, tp, ep_size, fn, args, results, pg_timeout))
             for r in range(world_size)
         ]
         for p in procs:
             p.start()
-        _wait(procs, timeout)
+        reason = _wait(procs, timeout, watchdog=watchdog)
         out = dict(results)
+    if reason:
+        raise RuntimeError(f"ranks of {world_size} ended by the watchdog: {reason}")
     failed = [r for r in range(world_size) if r not in out or out[r][0] != "ok"]
     if failed:
         # the earliest failure is the cause; its peers typically fail after it ("connection closed by peer")

@@ -8,8 +8,10 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
-from agents.pipeline.tiers import STAGE_ORDER, stage_passed
+from agents.pipeline import verdicts
+from agents.pipeline.tiers import STAGE_ORDER
 from apps.evidence import parsing as p
 from apps.evidence.models import (
     LATENCY_METRICS,
@@ -32,11 +34,19 @@ from apps.evidence.models import (
 from apps.jobs.models import Job
 
 Saver = Callable[[StageResult], None]
-OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing"})
-# the key a section must have for the tier rule to judge it
-REQUIRED_KEY: dict[str, str] = {"plan": "fits", "load": "ok", "serve": "text_path_ok", "align": "passed",
-                                "bench": "runs", "eval": "passed"}
-
+OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing", "unchecked"})
+# Bounds on what one result stores (issue 16): more is a 400 naming the field and the bound, storing nothing.
+MAX_BENCH_RUNS = 64
+MAX_CONCURRENCY = 4096
+MAX_LOAD_PROBLEMS = 1000
+MAX_SHARDS = 10_000
+MAX_INVENTORY_OPS = 5000
+MAX_ALIGN_OPS = 2000
+MAX_LAYERS = 1000
+MAX_DIVERGENCES = 1000
+MAX_KV_LENGTHS = 64
+MAX_EVAL_TASKS = 256
+MAX_NEEDLE_CELLS = 256
 
 def _plan(s: dict[str, Any], path: str) -> Saver:
     plan = p.obj(s.get("plan"), f"{path}.plan", required=False)
@@ -45,7 +55,7 @@ def _plan(s: dict[str, Any], path: str) -> Saver:
         weight_bytes=p.integer(s, "weight_bytes", path), kv_bytes_per_token=p.integer(s, "kv_bytes_per_token", path),
         tp=p.integer(plan, "tp", f"{path}.plan"), pp=p.integer(plan, "pp", f"{path}.plan"),
         ep=p.integer(plan, "ep", f"{path}.plan"), devices=p.integer(plan, "devices", f"{path}.plan"),
-        fits=bool(p.boolean(s, "fits", path, required=True)), bytes_per_device=p.integer(s, "bytes_per_device", path),
+        fits=bool(p.boolean(s, "fits", path)), bytes_per_device=p.integer(s, "bytes_per_device", path),
         max_context=p.integer(s, "max_context", path), max_batch=p.integer(s, "max_batch", path),
         dtype=p.text(s, "dtype", path, max_length=32),
     )
@@ -54,17 +64,17 @@ def _plan(s: dict[str, Any], path: str) -> Saver:
 
 def _load(s: dict[str, Any], path: str) -> Saver:
     fields = dict(
-        ok=bool(p.boolean(s, "ok", path, required=True)), tensors=p.integer(s, "tensors", path),
+        ok=bool(p.boolean(s, "ok", path)), tensors=p.integer(s, "tensors", path),
         bytes=p.integer(s, "bytes", path), seconds=p.num(s, "seconds", path), gb_per_s=p.num(s, "gb_per_s", path),
         peak_rss_bytes=p.integer(s, "peak_rss_bytes", path),
     )
     shards = []
-    for i, raw in enumerate(p.arr(s.get("shards"), f"{path}.shards")):
+    for i, raw in enumerate(p.arr(s.get("shards"), f"{path}.shards", max_items=MAX_SHARDS)):
         row = p.obj(raw, f"{path}.shards[{i}]")
         shards.append(ShardChecksum(file=p.text(row, "file", f"{path}.shards[{i}]", required=True),
                                     sha256=p.text(row, "sha256", f"{path}.shards[{i}]", max_length=64)))
     problems = []
-    for i, raw in enumerate(p.arr(s.get("problems"), f"{path}.problems")):
+    for i, raw in enumerate(p.arr(s.get("problems"), f"{path}.problems", max_items=MAX_LOAD_PROBLEMS)):
         row = p.obj(raw, f"{path}.problems[{i}]")
         problems.append(LoadProblem(tensor=p.text(row, "tensor", f"{path}.problems[{i}]"),
                                     problem=p.text(row, "problem", f"{path}.problems[{i}]", max_length=10_000)))
@@ -81,7 +91,7 @@ def _load(s: dict[str, Any], path: str) -> Saver:
 
 def _inventory(s: dict[str, Any], path: str) -> Saver:
     rows = []
-    for i, raw in enumerate(p.arr(s.get("ops"), f"{path}.ops")):
+    for i, raw in enumerate(p.arr(s.get("ops"), f"{path}.ops", max_items=MAX_INVENTORY_OPS)):
         at = f"{path}.ops[{i}]"
         row = p.obj(raw, at)
         status = p.text(row, "status", at, max_length=16, required=True)
@@ -103,27 +113,27 @@ def _align(s: dict[str, Any], path: str) -> Saver:
     e2e = p.obj(s.get("e2e"), f"{path}.e2e", required=False)
     kv = p.obj(s.get("kv_cache"), f"{path}.kv_cache", required=False)
     fields = dict(
-        passed=bool(p.boolean(s, "passed", path, required=True)),
+        passed=bool(p.boolean(s, "passed", path)),
         thresholds=p.obj(s.get("thresholds"), f"{path}.thresholds", required=False),
         e2e_prompts=p.integer(e2e, "prompts", f"{path}.e2e"), e2e_tokens=p.integer(e2e, "tokens", f"{path}.e2e"),
         token_match_rate=p.num(e2e, "token_match_rate", f"{path}.e2e"),
         perplexity_ref=p.num(e2e, "perplexity_ref", f"{path}.e2e"),
         perplexity_target=p.num(e2e, "perplexity_target", f"{path}.e2e"),
         kv_passed=p.boolean(kv, "passed", f"{path}.kv_cache"), kv_max_abs_err=p.num(kv, "max_abs_err", f"{path}.kv_cache"),
-        kv_lengths=p.arr(kv.get("lengths"), f"{path}.kv_cache.lengths"),
+        kv_lengths=p.arr(kv.get("lengths"), f"{path}.kv_cache.lengths", max_items=MAX_KV_LENGTHS),
     )
     ops, layers, divergences = [], [], []
-    for i, raw in enumerate(p.arr(s.get("ops"), f"{path}.ops")):
+    for i, raw in enumerate(p.arr(s.get("ops"), f"{path}.ops", max_items=MAX_ALIGN_OPS)):
         at, row = f"{path}.ops[{i}]", p.obj(raw, f"{path}.ops[{i}]")
         ops.append(AlignmentOp(op=p.text(row, "op", at, max_length=200, required=True), cosine=p.num(row, "cosine", at),
                                max_rel_err=p.num(row, "max_rel_err", at), max_abs_err=p.num(row, "max_abs_err", at),
-                               passed=bool(p.boolean(row, "passed", at, required=True))))
-    for i, raw in enumerate(p.arr(s.get("layers"), f"{path}.layers")):
+                               passed=bool(p.boolean(row, "passed", at))))
+    for i, raw in enumerate(p.arr(s.get("layers"), f"{path}.layers", max_items=MAX_LAYERS)):
         at, row = f"{path}.layers[{i}]", p.obj(raw, f"{path}.layers[{i}]")
         layers.append(AlignmentLayer(layer=p.integer(row, "layer", at, required=True), cosine=p.num(row, "cosine", at),
                                      max_rel_err=p.num(row, "max_rel_err", at),
-                                     passed=bool(p.boolean(row, "passed", at, required=True))))
-    for i, raw in enumerate(p.arr(e2e.get("divergences"), f"{path}.e2e.divergences")):
+                                     passed=bool(p.boolean(row, "passed", at))))
+    for i, raw in enumerate(p.arr(e2e.get("divergences"), f"{path}.e2e.divergences", max_items=MAX_DIVERGENCES)):
         at, row = f"{path}.e2e.divergences[{i}]", p.obj(raw, f"{path}.e2e.divergences[{i}]")
         divergences.append(TokenDivergence(
             prompt=p.integer(row, "prompt", at, required=True), position=p.integer(row, "position", at, required=True),
@@ -146,7 +156,9 @@ def _align(s: dict[str, Any], path: str) -> Saver:
 
 def _serve(s: dict[str, Any], path: str) -> Saver:
     fields = dict(ready_seconds=p.num(s, "ready_seconds", path), endpoint=p.text(s, "endpoint", path),
-                  text_path_ok=bool(p.boolean(s, "text_path_ok", path, required=True)))
+                  text_path_ok=bool(p.boolean(s, "text_path_ok", path)))
+    for key in ("chat_path_ok", "image_path_ok", "has_chat_template"):
+        p.boolean(s, key, path)
     return lambda result: ServeReport.objects.create(result=result, **fields) and None
 
 
@@ -155,6 +167,8 @@ def _bench(s: dict[str, Any], path: str) -> Saver:
     runs = s.get("runs")
     if not isinstance(runs, list):
         raise p.fail(f"{path}.runs", "must be a list of concurrency levels")
+    if len(runs) > MAX_BENCH_RUNS:
+        raise p.fail(f"{path}.runs", f"has {len(runs)} runs; at most {MAX_BENCH_RUNS} are accepted")
     # the runtime's benchmark reports the server's peak once, for the whole sweep; a run may carry its own
     sweep_peak = p.integer(s, "peak_memory_bytes", path)
     for i, raw in enumerate(runs):
@@ -164,9 +178,7 @@ def _bench(s: dict[str, Any], path: str) -> Saver:
             stats = p.obj(row.get(metric), f"{at}.{metric}", required=False)
             for stat in LATENCY_STATS:
                 values[f"{metric}_{stat}"] = p.num(stats, stat, f"{at}.{metric}")
-        concurrency = p.integer(row, "concurrency", at, required=True)
-        if concurrency < 1:
-            raise p.fail(f"{at}.concurrency", "must be at least 1")
+        concurrency = p.integer(row, "concurrency", at, required=True, low=1, high=MAX_CONCURRENCY)
         points.append(BenchmarkPoint(concurrency=concurrency, output_tok_s=p.num(row, "output_tok_s", at),
                                      req_s=p.num(row, "req_s", at), failed=p.integer(row, "failed", at) or 0,
                                      peak_memory_bytes=p.integer(row, "peak_memory_bytes", at) or sweep_peak,
@@ -191,14 +203,59 @@ def _env(s: dict[str, Any], path: str) -> Saver:
     return lambda result: EnvLock.objects.create(result=result, **fields) and None
 
 
+COMM_OPS = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"})
+COMM_MAX_ROWS, COMM_MAX_SIZES = 256, 64
+
+
+def _comm(s: dict[str, Any], path: str) -> Saver:
+    """The collectives report: bounded rows of known ops, each size's numbers non-negative; the section itself
+    (on StageResult) is the stored evidence."""
+    ranks = p.integer(s, "ranks", path, required=True)
+    if not 1 <= ranks <= 65536:
+        raise p.fail(f"{path}.ranks", "must be from 1 to 65536")
+    rows = p.arr(s.get("collectives"), f"{path}.collectives")
+    if len(rows) > COMM_MAX_ROWS:
+        raise p.fail(f"{path}.collectives", f"has more than {COMM_MAX_ROWS} rows")
+    for i, raw in enumerate(rows):
+        at = f"{path}.collectives[{i}]"
+        row = p.obj(raw, at)
+        if p.text(row, "op", at, max_length=32, required=True) not in COMM_OPS:
+            raise p.fail(f"{at}.op", f"unknown collective; collectives are {', '.join(sorted(COMM_OPS))}")
+        p.text(row, "dtype", at, max_length=32, required=True)
+        p.boolean(row, "ok", at, required=True)
+        sizes = p.arr(row.get("sizes"), f"{at}.sizes")
+        if len(sizes) > COMM_MAX_SIZES:
+            raise p.fail(f"{at}.sizes", f"has more than {COMM_MAX_SIZES} sizes")
+        for j, raw_size in enumerate(sizes):
+            sat = f"{at}.sizes[{j}]"
+            size = p.obj(raw_size, sat)
+            values = [(sat, "bytes", p.integer(size, "bytes", sat, required=True))]
+            values += [(sat, key, p.num(size, key, sat)) for key in ("algbw_gbps", "busbw_gbps")]
+            latency = p.obj(size.get("latency_us"), f"{sat}.latency_us", required=False)
+            values += [(f"{sat}.latency_us", key, p.num(latency, key, f"{sat}.latency_us")) for key in ("p50", "p99", "max")]
+            for where, key, value in values:
+                if value is not None and value < 0:
+                    raise p.fail(f"{where}.{key}", "must not be negative")
+    return lambda result: None
+
+
 def _eval(s: dict[str, Any], path: str) -> Saver:
-    p.boolean(s, "passed", path, required=True)
+    p.boolean(s, "passed", path)
+    tasks = s.get("tasks")
+    for i, raw in enumerate(p.arr(tasks, f"{path}.tasks", max_items=MAX_EVAL_TASKS) if isinstance(tasks, list) else []):
+        at, row = f"{path}.tasks[{i}]", p.obj(raw, f"{path}.tasks[{i}]")
+        p.text(row, "task", at)
+        p.num(row, "reference", at), p.num(row, "target", at)
+        p.integer(row, "n", at, low=0)
+    needle = p.obj(s.get("needle"), f"{path}.needle", required=False)
+    for key in ("lengths", "depths", "reference", "target"):
+        p.arr(needle.get(key), f"{path}.needle.{key}", max_items=MAX_NEEDLE_CELLS)
     return lambda result: None  # the section itself (on StageResult) is the evidence
 
 
 PARSERS: dict[str, Callable[[dict[str, Any], str], Saver]] = {
     "plan": _plan, "load": _load, "inventory": _inventory, "align": _align, "serve": _serve, "bench": _bench,
-    "env": _env, "eval": _eval,
+    "env": _env, "eval": _eval, "comm": _comm,
 }
 assert set(PARSERS) == set(STAGE_ORDER)
 
@@ -211,18 +268,103 @@ def parse_stage_section(stage: str, section: Any) -> Saver:
     return PARSERS[stage](section, f"stages.{stage}")
 
 
+def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None) -> verdicts.Context:
+    """The facts the portal judges a job's sections with: its release (config, manifest, tensor count, chat
+    template, images, context), its hardware (for the plan), its dtype. Which path runs the model (native or
+    the fallback, which has no paged KV cache) comes from the job's load evidence."""
+    model, hardware = job.model, job.hardware
+    load = (sections or {}).get("load")
+    if not isinstance(load, dict):
+        stored = StageResult.objects.filter(job=job, stage="load").values_list("section", flat=True).first()
+        load = stored if isinstance(stored, dict) else {}
+    has_template = model.has_chat_template
+    if has_template is None and any(str(m.get("name")) == "chat_template.jinja" for m in model.manifest or []):
+        has_template = True
+    return verdicts.Context(
+        model=verdicts.ModelFacts(
+            config=model.config, has_chat_template=has_template, takes_images=model.takes_images,
+            declared_tensors=model.tensor_count, manifest=model.manifest or None,
+            manifest_source=model.manifest_source, context_length=model.context_length,
+            runtime_path=load.get("path") if isinstance(load.get("path"), str) else None,
+        ),
+        hardware=verdicts.HardwareFacts(memory_bytes=hardware.memory_bytes, devices_per_node=hardware.devices_per_node,
+                                        shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ())),
+        dtype=job.spec.get("dtype") or "auto",
+    )
+
+
+def _record_first_seen_manifest(job: Job, section: dict[str, Any]) -> None:
+    """A release without a manifest takes the digests (and tensor count) of its first passing load."""
+    from apps.catalog.models import ModelRelease
+
+    model = ModelRelease.objects.select_for_update().get(pk=job.model_id)
+    changed = []
+    if not model.manifest:
+        model.manifest = [{"name": s["file"], "size": s.get("size", s.get("bytes")), "sha256": s["sha256"].lower()}
+                          for s in section["shards"]]
+        model.manifest_source = "first seen"
+        model.manifest_seen = {"job": job.pk, "hardware": job.hardware.slug, "at": timezone.now().isoformat()}
+        changed += ["manifest", "manifest_source", "manifest_seen"]
+    if model.tensor_count is None:
+        model.tensor_count = section["tensors"]
+        changed.append("tensor_count")
+    if changed:
+        model.save(update_fields=[*changed, "updated_at"])
+        job.model = model
+
+
+def _flag_digest_conflict(job: Job, section: dict[str, Any]) -> None:
+    """Flags the release when this load's shard digests differ from a load of it on another hardware."""
+    from apps.catalog.models import ModelRelease
+
+    mine = {s.get("file"): str(s.get("sha256") or "").lower() for s in section.get("shards") or []
+            if isinstance(s, dict) and s.get("sha256")}
+    if not mine:
+        return
+    others = (ShardChecksum.objects.filter(load__result__job__model_id=job.model_id, file__in=list(mine))
+              .exclude(load__result__job__hardware_id=job.hardware_id)
+              .order_by("-load__result__created_at")
+              .values_list("file", "sha256", "load__result__job_id", "load__result__job__hardware__slug")[:MAX_SHARDS])
+    for file, digest, other_job, other_hardware in others:
+        if digest and digest.lower() != mine[file]:
+            conflict = {"file": file, "hardware": [other_hardware, job.hardware.slug],
+                        "sha256": [digest.lower(), mine[file]], "jobs": [other_job, job.pk],
+                        "at": timezone.now().isoformat()}
+            ModelRelease.objects.filter(pk=job.model_id).update(digest_conflict=conflict)
+            job.model.digest_conflict = conflict
+            return
+
+
 @transaction.atomic
 def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> list[StageResult]:
-    """Stores validated sections of ``job`` (replacing earlier results of the same stages) as evidence rows.
-    Every section is validated before the first write."""
+    """Stores validated sections of ``job`` (replacing earlier results of the same stages) as evidence rows,
+    each with the portal's verdict (``agents.pipeline.verdicts``: the numbers in the section judged with the
+    job's thresholds over the versioned defaults) beside the agent's claimed flag. Every section is validated
+    (types, bounds) before the first write. A passing load of a release without a manifest records its digests
+    as the "first seen" manifest; a load whose digests differ from another hardware's flags the release."""
+    for stage, section in sections.items():
+        p.check_numbers(section, f"stages.{stage}")
     savers = {stage: parse_stage_section(stage, section) for stage, section in sections.items()}
+    overrides = job.spec.get("thresholds") or {}
+    synthetic = bool(job.spec.get("seeded"))
     StageResult.objects.filter(job=job, stage__in=list(sections)).delete()
     results = []
-    for stage, section in sections.items():
-        result = StageResult.objects.create(job=job, stage=stage, passed=bool(stage_passed(stage, section)),
-                                            section=section)
+    # load first: its verdict (and a first-seen manifest) is what later sections of the same report rely on
+    for stage in sorted(sections, key=lambda name: name != "load"):
+        section = sections[stage]
+        verdict = verdicts.judge(stage, section, overrides, judging_context(job, sections))
+        result = StageResult.objects.create(
+            job=job, stage=stage, passed=verdict.passed, verdict=verdict.status, reasons=verdict.reasons,
+            verdict_notes=verdict.notes, defaults_version=verdict.defaults_version,
+            custom_thresholds=verdict.custom_thresholds, claimed_passed=verdicts.claimed(stage, section),
+            synthetic=synthetic, section=section,
+        )
         result.job = job
         savers[stage](result)
+        if stage == "load":
+            _flag_digest_conflict(job, section)
+            if verdict.passed:
+                _record_first_seen_manifest(job, section)
         results.append(result)
     return results
 
