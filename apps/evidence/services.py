@@ -210,31 +210,22 @@ COMM_MAX_ROWS, COMM_MAX_SIZES = 256, 64
 def _comm(s: dict[str, Any], path: str) -> Saver:
     """The collectives report: bounded rows of known ops, each size's numbers non-negative; the section itself
     (on StageResult) is the stored evidence."""
-    ranks = p.integer(s, "ranks", path, required=True)
-    if not 1 <= ranks <= 65536:
-        raise p.fail(f"{path}.ranks", "must be from 1 to 65536")
-    rows = p.arr(s.get("collectives"), f"{path}.collectives")
-    if len(rows) > COMM_MAX_ROWS:
-        raise p.fail(f"{path}.collectives", f"has more than {COMM_MAX_ROWS} rows")
-    for i, raw in enumerate(rows):
+    p.integer(s, "ranks", path, required=True, low=1, high=65536)
+    for i, raw in enumerate(p.arr(s.get("collectives"), f"{path}.collectives", max_items=COMM_MAX_ROWS)):
         at = f"{path}.collectives[{i}]"
         row = p.obj(raw, at)
         if p.text(row, "op", at, max_length=32, required=True) not in COMM_OPS:
             raise p.fail(f"{at}.op", f"unknown collective; collectives are {', '.join(sorted(COMM_OPS))}")
         p.text(row, "dtype", at, max_length=32, required=True)
         p.boolean(row, "ok", at, required=True)
-        sizes = p.arr(row.get("sizes"), f"{at}.sizes")
-        if len(sizes) > COMM_MAX_SIZES:
-            raise p.fail(f"{at}.sizes", f"has more than {COMM_MAX_SIZES} sizes")
-        for j, raw_size in enumerate(sizes):
+        for j, raw_size in enumerate(p.arr(row.get("sizes"), f"{at}.sizes", max_items=COMM_MAX_SIZES)):
             sat = f"{at}.sizes[{j}]"
             size = p.obj(raw_size, sat)
-            values = [(sat, "bytes", p.integer(size, "bytes", sat, required=True))]
-            values += [(sat, key, p.num(size, key, sat)) for key in ("algbw_gbps", "busbw_gbps")]
+            p.integer(size, "bytes", sat, required=True, low=0)
             latency = p.obj(size.get("latency_us"), f"{sat}.latency_us", required=False)
-            values += [(f"{sat}.latency_us", key, p.num(latency, key, f"{sat}.latency_us")) for key in ("p50", "p99", "max")]
-            for where, key, value in values:
-                if value is not None and value < 0:
+            for where, values, key in [(sat, size, k) for k in ("algbw_gbps", "busbw_gbps")] + [
+                    (f"{sat}.latency_us", latency, k) for k in ("p50", "p99", "max")]:
+                if (p.num(values, key, where) or 0) < 0:
                     raise p.fail(f"{where}.{key}", "must not be negative")
     return lambda result: None
 
