@@ -7,7 +7,7 @@ from typing import Any
 from apps.matrix.selectors import Matrix
 
 MATRIX_COLUMNS = ("model", "model_name", "family", "released_at", "visibility", "hardware", "vendor", "tier",
-                  "tier_name", "failed_stage", "fits", "fits_devices", "reached_at", "lead_time_hours", "jobs")
+                  "tier_name", "failed_stage", "fits", "fits_devices", "fits_dtype", "reached_at", "lead_time_hours", "jobs")
 
 
 def matrix_rows(matrix: Matrix) -> list[dict[str, Any]]:
@@ -21,7 +21,8 @@ def matrix_rows(matrix: Matrix) -> list[dict[str, Any]]:
                 "released_at": m.released_at.isoformat() if m.released_at else None, "visibility": m.visibility,
                 "hardware": hw.slug, "vendor": hw.vendor, "tier": c.get("tier", 0),
                 "tier_name": c.get("tier_name", "untested"), "failed_stage": c.get("failed_stage"),
-                "fits": c.get("fits"), "fits_devices": c.get("fits_devices"), "reached_at": c.get("reached_at"),
+                "fits": c.get("fits"), "fits_devices": c.get("fits_devices"), "fits_dtype": c.get("fits_dtype"),
+                "reached_at": c.get("reached_at"),
                 "lead_time_hours": c.get("lead_time_hours"), "jobs": c.get("jobs", 0),
             })
     return rows

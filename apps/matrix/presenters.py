@@ -3,11 +3,12 @@ would cost most of the page's time budget. Every value is escaped."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from html import escape
 
 from agents.pipeline.tiers import TIER_NAMES
 from apps.catalog.models import Hardware, ModelRelease
-from apps.matrix.selectors import CellView
+from apps.matrix.selectors import CellView, lead_hours
 
 
 def human_count(n: int | None) -> str:
@@ -20,44 +21,122 @@ def human_count(n: int | None) -> str:
     return str(n)
 
 
+DTYPE_SHORT = {"float8_e4m3fn": "FP8", "float8_e5m2": "FP8 e5m2", "mxfp4": "MXFP4", "bfloat16": "bf16",
+               "float16": "fp16", "float32": "fp32", "int8": "int8", "int4": "int4"}
+
+
+def dtype_short(dtype: str | None) -> str:
+    """"float8_e4m3fn" -> "FP8": the format as people name it."""
+    return DTYPE_SHORT.get(dtype or "", dtype or "?")
+
+
 def human_hours(hours: float | None) -> str:
+    """A signed lead time: "+5.2 h", "−9 h", "+3 d"; "" when unknown (never "+−9h")."""
     if hours is None:
         return ""
-    sign = "−" if hours < 0 else ""
+    sign = "−" if hours < 0 else "+"
     h = abs(hours)
+    if h < 10:
+        return f"{sign}{h:.1f}\u202fh"
     if h < 48:
-        return f"{sign}{h:.0f}h"
-    return f"{sign}{h / 24:.0f}d"
+        return f"{sign}{h:.0f}\u202fh"
+    return f"{sign}{h / 24:.0f}\u202fd"
 
 
-def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None, hardware_name: str = "") -> str:
-    """One ``<td>``: tier label (and colour class), failed stage, fits estimate (on the hardware's name, the slug
-    in its tooltip), lead time; links to the cell. Slugs and name arrive already HTML-escaped."""
+def _when(raw: str) -> tuple[datetime | None, str]:
+    try:
+        when = datetime.fromisoformat(raw)
+    except (TypeError, ValueError):
+        return None, ""
+    return when, when.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def cell_title(cell: CellView, hardware_name: str, released_at: datetime | None, regressions: list[str]) -> str:
+    """The hover text: when each tier was reached and its lead time, the fit and its format, open regressions."""
+    lines = []
+    for key in sorted(cell.tier_reached, key=lambda k: int(k) if str(k).isdigit() else 99):
+        if not str(key).isdigit() or int(key) > cell.tier:
+            continue
+        when, text = _when(cell.tier_reached[key])
+        lead = lead_hours(when, released_at)
+        lines.append(f"T{key} {TIER_NAMES[int(key)]}: {text}" + (f" ({human_hours(lead)} from release)"
+                                                                  if lead is not None else ""))
+    if cell.failed_stage:
+        lines.append(f"newest job failed at {cell.failed_stage}")
+    if cell.fits is True:
+        lines.append(f"fits on {cell.fits_devices} × {hardware_name} in {cell.fits_dtype or '?'}")
+    elif cell.fits is False:
+        lines.append(f"does not fit on {hardware_name} in {cell.fits_dtype or '?'}")
+    if regressions:
+        lines.append("open regression: " + ", ".join(regressions))
+    return "\n".join(lines)
+
+
+def _fit_text(cell: CellView) -> str:
+    if cell.fits is True:
+        return f"fits {cell.fits_devices}× · {dtype_short(cell.fits_dtype)}"
+    if cell.fits is False:
+        return f"no fit · {dtype_short(cell.fits_dtype)}"
+    return "fit unknown"
+
+
+def evidence_marks(cell: CellView) -> str:
+    """Marks on a tested cell: a claim the portal's verdict refutes, a tier on custom (looser) thresholds, a tier
+    on synthetic (seeded) evidence."""
+    marks = []
+    if cell.disputed:
+        marks.append(f'<span class="disputed" title="the agent claimed what the portal\'s verdict refutes">'
+                     f'claim refuted: {escape(", ".join(cell.disputed))}</span>')
+    if cell.custom_thresholds and cell.tier:
+        marks.append('<span class="custom-thresholds" title="reached with thresholds looser than the defaults">'
+                     'custom thresholds</span>')
+    if cell.synthetic and cell.tier:
+        marks.append('<span class="synthetic" title="seeded evidence, not an agent run">synthetic</span>')
+    return "".join(marks)
+
+
+def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None, hardware_name: str = "", *,
+              released_at: datetime | None = None, regressions: list[str] | None = None) -> str:
+    """One ``<td>``. Untested: the fit and its format on one muted line. Tested: the tier, the date the current
+    tier was reached and its signed lead time, "failed at", an open-regression flag; every tier's date in the
+    tooltip. Slugs arrive already HTML-escaped; the name does not."""
     if cell is None:
         return '<td class="cell tier-none">—</td>'
-    parts = [f'<span class="tier-label">{cell.tier} · {TIER_NAMES[cell.tier]}</span>']
+    regressions = regressions or []
+    title = escape(cell_title(cell, hardware_name, released_at, regressions))
+    href = f"/cells/{model_slug}/{hardware_slug}/"
+    flag = (f'<span class="reg-open" title="open regression: {escape(", ".join(regressions))}">▲ regression</span>'
+            if regressions else "")
+    if cell.tier == 0 and not cell.failed_stage:
+        fit = " no-fit" if cell.fits is False else ""
+        return (f'<td class="cell untested{fit}" data-tier="0" title="{title}"><a href="{href}">'
+                f'<span class="fit-line">{escape(_fit_text(cell))}</span>{flag}</a></td>')
+    parts = [f'<span class="tier-label">T{cell.tier} {TIER_NAMES[cell.tier]}</span>']
     if cell.failed_stage:
-        parts.append(f'<span class="failed">failed at {escape(cell.failed_stage)}</span>')
-    if cell.fits is True:
-        parts.append(f'<span class="fits" title="{cell.fits_devices} × {hardware_slug}">'
-                     f'fits on {cell.fits_devices} × {hardware_name or hardware_slug}</span>')
-    elif cell.fits is False:
-        parts.append('<span class="fits no-fit">does not fit</span>')
-    if cell.lead_hours is not None and cell.tier:
-        parts.append(f'<span class="lead" title="Day-0 lead time to tier {cell.tier}">'
-                     f'+{human_hours(cell.lead_hours)}</span>')
+        parts.append(f'<span class="failed">✗ at {escape(cell.failed_stage)}</span>')
+    if cell.reached_at is not None and cell.tier:
+        lead = human_hours(cell.lead_hours)
+        parts.append(f'<span class="since"><time datetime="{cell.reached_at.isoformat()}">'
+                     f'{cell.reached_at.astimezone(UTC).strftime("%d %b %y")}</time>'
+                     + (f' <span class="lead">{lead}</span>' if lead else "") + "</span>")
+    parts.append(flag)
+    parts.append(evidence_marks(cell))
     failed = " failed-cell" if cell.failed_stage else ""
-    return (f'<td class="cell tier-{cell.tier}{failed}"><a href="/cells/{model_slug}/{hardware_slug}/">'
-            f'{"".join(parts)}</a></td>')
+    regressed = " regressed" if regressions else ""
+    return (f'<td class="cell tier-{cell.tier}{failed}{regressed}" data-tier="{cell.tier}" title="{title}">'
+            f'<a href="{href}">{"".join(parts)}</a></td>')
 
 
-def rows_html(models: list[ModelRelease], hardware: list[Hardware],
-              cells: dict[tuple[int, int], CellView]) -> list[str]:
-    """The cells of every model row, as HTML (one string per row)."""
-    columns = [(hw.pk, escape(hw.slug), escape(hw.name)) for hw in hardware]
+def rows_html(models: list[ModelRelease], hardware: list[Hardware], cells: dict[tuple[int, int], CellView],
+              regressions: dict[tuple[str, str], list[str]] | None = None) -> list[str]:
+    """The cells of every model row, as HTML (one string per row); ``regressions``: the open ones per
+    (model slug, hardware slug)."""
+    columns = [(hw.pk, hw.slug, escape(hw.slug), hw.name) for hw in hardware]
+    regressions = regressions or {}
     out = []
     for model in models:
         model_id, model_slug = model.pk, escape(model.slug)
-        out.append("".join(cell_html(model_slug, slug, cells.get((model_id, hw_id)), name)
-                           for hw_id, slug, name in columns))
+        out.append("".join(cell_html(model_slug, slug_e, cells.get((model_id, hw_id)), name,
+                                     released_at=model.released_at, regressions=regressions.get((model.slug, slug)))
+                           for hw_id, slug, slug_e, name in columns))
     return out

@@ -17,7 +17,8 @@ from apps.matrix.models import Cell
 
 # lead_hours is stored on the cell: parsing 8,000 timestamps per request would cost more than the rest
 CELL_COLUMNS = ("model_id", "hardware_id", "tier", "failed_stage", "fits", "fits_devices", "lead_hours", "job_count",
-                "current_tier_reached_at")
+                "current_tier_reached_at", "fits_plan__dtype", "tier_reached_at", "custom_thresholds", "synthetic",
+                "disputed")
 
 
 def parse_tier(raw: str | None) -> int | None:
@@ -64,7 +65,11 @@ class CellView:
     lead_hours: float | None
     job_count: int
     reached_at: datetime | None = None  # when the current tier was first reached
-
+    fits_dtype: str | None = None  # the format the fits estimate assumed (the checkpoint's own by default)
+    tier_reached: dict[str, str] = field(default_factory=dict)  # "tier" -> ISO time it was first reached
+    custom_thresholds: bool = False  # the tier rests on thresholds looser than the defaults
+    synthetic: bool = False  # the tier rests on seeded evidence
+    disputed: list[str] = field(default_factory=list)  # stages whose agent claim the portal's verdict refutes
 
     @property
     def tier_name(self) -> str:
@@ -72,8 +77,11 @@ class CellView:
 
     def as_dict(self) -> dict[str, Any]:
         return {"tier": self.tier, "tier_name": self.tier_name, "failed_stage": self.failed_stage or None,
-                "fits": self.fits, "fits_devices": self.fits_devices, "lead_time_hours": self.lead_hours,
-                "reached_at": self.reached_at.isoformat() if self.reached_at else None, "jobs": self.job_count}
+                "fits": self.fits, "fits_devices": self.fits_devices, "fits_dtype": self.fits_dtype,
+                "lead_time_hours": self.lead_hours, "tier_reached_at": self.tier_reached,
+                "reached_at": self.reached_at.isoformat() if self.reached_at else None, "jobs": self.job_count,
+                "custom_thresholds": self.custom_thresholds, "synthetic": self.synthetic,
+                "disputed": list(self.disputed)}
 
 
 @dataclass
@@ -115,11 +123,12 @@ def build_matrix(actor: Actor, filters: MatrixFilters | None = None) -> Matrix:
     if filters.vendor:
         cells_q &= Q(hardware_id__in=[h.pk for h in hardware])
     cells: dict[tuple[int, int], CellView] = {}
-    for model_id, hw_id, tier, failed, fits, devices, lead, jobs, reached in Cell.objects.filter(cells_q).values_list(
-        *CELL_COLUMNS
-    ):
+    for (model_id, hw_id, tier, failed, fits, devices, lead, jobs, reached, dtype, reached_map, custom, synthetic,
+         disputed) in Cell.objects.filter(cells_q).values_list(*CELL_COLUMNS):
         if model_id in known:
-            cells[(model_id, hw_id)] = CellView(tier, failed, fits, devices, lead, jobs, reached)
+            cells[(model_id, hw_id)] = CellView(tier, failed, fits, devices, lead, jobs, reached, dtype,
+                                                reached_map if isinstance(reached_map, dict) else {},
+                                                bool(custom), bool(synthetic), list(disputed or []))
     if filters.min_tier:
         keep = {mid for (mid, _), cell in cells.items() if cell.tier >= filters.min_tier}
         models = [m for m in models if m.pk in keep]

@@ -27,24 +27,28 @@
     var link = table.querySelector('a[href="/cells/' + CSS.escape(msg.model) + "/" + CSS.escape(msg.hardware) + '/"]');
     if (!link) { return false; }
     var td = link.closest("td");
-    var before = td.className;
-    td.className = "cell tier-" + msg.tier + (msg.failed_stage ? " failed-cell" : "") + " live-updated";
-    var lead = link.querySelector(".lead");
-    var oldTier = (before.match(/\btier-(\d)\b/) || [])[1];
-    var keepLead = lead && oldTier === String(msg.tier);  // the lead time belongs to the tier shown
+    var oldTier = td.dataset.tier;
+    var since = link.querySelector(".since");
+    var flag = link.querySelector(".reg-open");
+    var keepSince = since && oldTier === String(msg.tier);  // the date and lead time belong to the tier shown
     link.textContent = "";
-    link.appendChild(span("tier-label", msg.tier + " · " + msg.tier_name));
-    if (msg.failed_stage) { link.appendChild(span("failed", "failed at " + msg.failed_stage)); }
-    if (msg.fits === true) {  // the column header holds the hardware's name (the message carries its slug)
-      var header = table.tHead && table.tHead.rows[0].cells[td.cellIndex];
-      var fits = span("fits", "fits on " + msg.fits_devices + " × " + ((header && header.dataset.name) || msg.hardware));
-      fits.title = msg.fits_devices + " × " + msg.hardware;
-      link.appendChild(fits);
+    if (msg.tier === 0 && !msg.failed_stage) {  // untested: the fit on one muted line, as the server renders it
+      td.className = "cell untested" + (msg.fits === false ? " no-fit" : "") + " live-updated";
+      var fitLine = td.title.match(/in (\S+)$/m);
+      var dtype = fitLine ? fitLine[1] : "";
+      link.appendChild(span("fit-line", msg.fits === true ? "fits " + msg.fits_devices + "× · " + dtype
+        : msg.fits === false ? "no fit · " + dtype : "fit unknown"));
+    } else {
+      td.className = "cell tier-" + msg.tier + (msg.failed_stage ? " failed-cell" : "") + " live-updated";
+      link.appendChild(span("tier-label", "T" + msg.tier + " " + msg.tier_name));
+      if (msg.failed_stage) { link.appendChild(span("failed", "✗ at " + msg.failed_stage)); }
+      if (keepSince) { link.appendChild(since); }
+      else if (msg.tier > 0) { link.appendChild(span("since", "reached just now")); }
     }
-    else if (msg.fits === false) { link.appendChild(span("fits no-fit", "does not fit")); }
-    if (keepLead) { link.appendChild(lead); }
-    td.style.boxShadow = "inset 0 0 0 3px #2563eb";  // this page loads only the base stylesheet
-    td.title = "updated live at " + new Date().toLocaleTimeString();
+    if (flag) { link.appendChild(flag); }
+    td.dataset.tier = String(msg.tier);
+    td.style.boxShadow = "inset 0 0 0 3px #2563eb";
+    td.title = "updated live at " + new Date().toLocaleTimeString() + "\n" + td.title;
     td.dataset.liveTier = String(msg.tier);
     return true;
   }

@@ -1,0 +1,89 @@
+"""Regressions across every benchmark series: the regressions page, and the "open regression" flags of the matrix,
+the cell page and the model and hardware pages.
+
+A flagged run is *open* while it is the newest run of its series (nothing ran since to show a recovery); the
+detector itself (apps.benchmarks.regressions) stops flagging a step that persists once it becomes the new
+median. Each row names the run it flags and the run it is compared with: the newest earlier run of the same
+series that was not flagged. Two queries (the runs, their concurrency rows) whatever the history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from apps.accounts.access import Actor
+from apps.benchmarks.regressions import RegressionRule
+from apps.benchmarks.selectors import Series, SeriesQuery, display_value, load_series
+
+# The metrics a manager reads first: median latencies, throughput and memory (one per family).
+HEADLINE_METRICS = ("ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "output_tok_s", "peak_memory_bytes")
+PAGE_ROWS = 50
+
+
+@dataclass
+class RegressionRow:
+    """One flagged run of one series, with the run it is compared with."""
+
+    model: str
+    hardware: str
+    config: str
+    metric: str
+    unit: str
+    at: datetime
+    value: float
+    baseline_median: float
+    ratio: float
+    z: float
+    job: int | None
+    previous_job: int | None
+    is_open: bool
+
+    @property
+    def change(self) -> str:
+        return f"×{self.ratio:.2f}"
+
+    @property
+    def shown_value(self) -> float:
+        return display_value(self.metric, self.value)
+
+    @property
+    def shown_baseline(self) -> float:
+        return display_value(self.metric, self.baseline_median)
+
+
+def _rows_of(series: Series) -> list[RegressionRow]:
+    flagged = {r.ref[0] for r in series.regressions}
+    newest = series.points[-1].ref[0] if series.points else None
+    previous: dict[Any, int | None] = {}
+    last_good: int | None = None
+    for p in series.points:  # time order: the newest unflagged run before each point
+        previous[p.ref[0]] = last_good
+        if p.ref[0] not in flagged:
+            last_good = p.ref[1]
+    return [RegressionRow(series.model, series.hardware, series.config.label, series.metric, series.unit, r.at,
+                          r.value, r.baseline_median, r.ratio, r.z, r.ref[1], previous.get(r.ref[0]),
+                          r.ref[0] == newest) for r in series.regressions]
+
+
+def regression_rows(actor: Actor, query: SeriesQuery, rule: RegressionRule | None = None, *,
+                    open_only: bool = False) -> list[RegressionRow]:
+    """Every flagged run ``actor`` may see matching ``query``, newest first (``metrics`` default to the
+    headline ones). Raises the selectors' ``SeriesQueryError``/``NotVisible`` on a bad filter."""
+    if not query.metrics:
+        query = SeriesQuery(**{**query.__dict__, "metrics": HEADLINE_METRICS})
+    rows = [row for s in load_series(actor, query, rule=rule) for row in _rows_of(s)]
+    if open_only:
+        rows = [r for r in rows if r.is_open]
+    rows.sort(key=lambda r: (r.at, r.model, r.hardware, r.metric, r.config), reverse=True)
+    return rows
+
+
+def open_regressions(actor: Actor, *, model: str = "", hardware: str = "") -> dict[tuple[str, str], list[str]]:
+    """(model slug, hardware slug) -> the headline metrics whose newest run is flagged."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for row in regression_rows(actor, SeriesQuery(model=model, hardware=hardware), open_only=True):
+        metrics = out.setdefault((row.model, row.hardware), [])
+        if row.metric not in metrics:
+            metrics.append(row.metric)
+    return out
