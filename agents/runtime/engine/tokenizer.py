@@ -56,6 +56,8 @@ class Tokenizer:
         self.chat_template: str | None = template
         self._compiled = None
         self.eos_token_ids = self._eos_ids(model_dir)
+        self._token_texts: dict[int, str] = {}
+        self._max_token_chars: int | None = None
 
     def _eos_ids(self, model_dir: Path) -> set[int]:
         ids: set[int] = set()
@@ -90,6 +92,24 @@ class Tokenizer:
         if self._fast is not None:
             return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
         return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token as it stands alone (special tokens included), for logprobs listings."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self.decode([token_id], skip_special_tokens=False)
+            if len(self._token_texts) < 1 << 20:
+                self._token_texts[token_id] = text
+        return text
+
+    @property
+    def max_token_chars(self) -> int:
+        """The longest vocabulary entry in characters: a text of C characters is at least about
+        C / max_token_chars tokens, so a prompt far longer than the context is refused before tokenizing."""
+        if self._max_token_chars is None:
+            vocab = self._fast.get_vocab(with_added_tokens=True) if self._fast is not None else self._hf.get_vocab()
+            self._max_token_chars = max((len(t) for t in vocab), default=1)
+        return self._max_token_chars
 
     def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
         """Render validated ``messages`` with the model's template; ChatFormatError names what is wrong."""

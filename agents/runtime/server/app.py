@@ -1,17 +1,20 @@
-"""The OpenAI-compatible ASGI app: completions and chat completions (streamed over SSE or not), models,
-health, readiness and Prometheus metrics."""
+"""The OpenAI-compatible ASGI app: completions and chat completions (streamed over SSE or not, several
+prompts and choices per request, logprobs), models, health, readiness and Prometheus metrics; a body size
+limit, an optional API key, optional CORS and a request id on every response."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -19,9 +22,27 @@ from starlette.routing import Route
 from agents.runtime.engine import LLMEngine, QueueFullError, RequestError
 from agents.runtime.engine.tokenizer import ChatFormatError
 from agents.runtime.server.async_engine import AsyncEngine
-from agents.runtime.server.protocol import APIError, check_model, completion_prompt, include_usage, sampling_params
-from agents.runtime.server.render import ChatRenderer, Renderer
+from agents.runtime.server.errors import APIError
+from agents.runtime.server.fields import parse_json
+from agents.runtime.server.middleware import (
+    DEFAULT_MAX_BODY_BYTES,
+    ApiKeyMiddleware,
+    RequestIdMiddleware,
+    read_body_limited,
+)
+from agents.runtime.server.protocol import (
+    MAX_CHOICES,
+    Generation,
+    chat_generation,
+    check_model,
+    completion_generation,
+    completion_prompts,
+)
+from agents.runtime.server.render import ChatRenderer, Choice, Renderer
 from agents.runtime.server.sse import SSEResponse, collect_unless_disconnected
+
+log = logging.getLogger(__name__)
+INLINE_PARSE_BYTES = 64 * 1024  # bodies above this are parsed in a worker thread, off the event loop
 
 
 def create_app(
@@ -30,8 +51,15 @@ def create_app(
     *,
     warmup: bool = True,
     on_fatal: Callable[[str], None] | None = None,
+    api_key: str | None = None,
+    allowed_origins: Sequence[str] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> Starlette:
-    """``engine``: a built engine, a factory building one in the engine thread, or an ``AsyncEngine``."""
+    """``engine``: a built engine, a factory building one in the engine thread, or an ``AsyncEngine``.
+    ``api_key``: ``/v1/*`` then needs ``Authorization: Bearer <key>``. ``allowed_origins``: CORS origins
+    (``*`` for any). ``max_body_bytes``: larger request bodies are a 413."""
+    if max_body_bytes < 1024:
+        raise ValueError(f"max_body_bytes must be at least 1024, got {max_body_bytes}")
     runtime = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, warmup=warmup, on_fatal=on_fatal)
     started = time.time()
 
@@ -46,14 +74,10 @@ def create_app(
             raise APIError(503, runtime.error or "the model is still loading", err_type="server_error")
         return runtime.engine
 
-    async def read_body(request: Request, served: str) -> dict[str, Any]:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"request body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise APIError(400, "request body must be a JSON object")
-        check_model(body, served)
+    async def read_body(request: Request) -> dict[str, Any]:
+        raw = await read_body_limited(request, max_body_bytes)
+        body = parse_json(raw) if len(raw) <= INLINE_PARSE_BYTES else await run_in_threadpool(parse_json, raw)
+        check_model(body, model_name)
         return body
 
     def guarded(handler: Callable) -> Callable:
@@ -64,53 +88,71 @@ def create_app(
                 runtime.metrics.count_error(exc.status)
                 return exc.response()
             except Exception as exc:  # a bug in one request must not take the server down
-                logging.getLogger(__name__).exception("request failed")
+                log.exception("request failed")
                 runtime.metrics.count_error(500)
                 return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
 
         return endpoint
 
-    async def serve_request(
-        request: Request, prompt_ids: list[int], params: Any, body: dict, renderer: Renderer
+    async def tokenize(engine: LLMEngine, prompt: str) -> list[int]:
+        """Token ids of a text prompt, in a worker thread (a long prompt must not stall ``/health``); a text
+        too long to fit the context whatever its tokens is refused without tokenizing it."""
+        bound = 4 * engine.tokenizer.max_token_chars * engine.max_model_len
+        if len(prompt) > bound:
+            raise APIError(400, f"prompt of {len(prompt)} characters cannot fit the model's context of "
+                                f"{engine.max_model_len} tokens", "prompt")
+        return await run_in_threadpool(engine.tokenizer.encode, prompt)
+
+    async def serve_choices(
+        request: Request, engine: LLMEngine, gen: Generation, choices: list[Choice], renderer_cls: type[Renderer]
     ) -> Response:
+        requests = [(c.prompt_ids, gen.choice_params(c.index % gen.n)) for c in choices]
         try:
-            gen = runtime.generate(prompt_ids, params)
+            group = runtime.generate_group(requests)
         except RequestError as exc:
             raise APIError(400, str(exc), "prompt") from exc
         except QueueFullError as exc:
             raise APIError(429, str(exc), err_type="rate_limit_exceeded") from exc
-        if body.get("stream", False):
-            return SSEResponse(renderer.stream(gen, include_usage(body)), gen)
-        outputs = await collect_unless_disconnected(request, gen)
+        renderer = renderer_cls(model_name, request.state.request_id, gen, choices, engine.tokenizer.token_text)
+        if gen.stream:
+            return SSEResponse(renderer.stream(group), group)
+        outputs = await collect_unless_disconnected(request, group)
         if outputs is None:
             return Response(status_code=499)  # the client left; nobody reads this
-        final = outputs[-1]
-        if final.finish_reason == "error":
-            raise APIError(500, f"generation failed: {final.error}")
-        return JSONResponse(renderer.whole("".join(o.new_text for o in outputs), final))
+        return JSONResponse(renderer.whole(outputs))
 
     async def completions(request: Request) -> Response:
         engine = ready_engine()
-        body = await read_body(request, model_name)
-        prompt = completion_prompt(body)
-        ids = engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-        params = sampling_params(body, max_model_len=engine.max_model_len, default_max_tokens=16)
-        return await serve_request(request, ids, params, body, Renderer(model_name))
+        body = await read_body(request)
+        prompts = completion_prompts(body)
+        gen = completion_generation(body, max_model_len=engine.max_model_len)
+        if len(prompts) * gen.n > MAX_CHOICES:
+            raise APIError(400, f"{len(prompts)} prompts x n={gen.n} choices is over {MAX_CHOICES} per request", "n")
+        choices: list[Choice] = []
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                ids, text = await tokenize(engine, prompt), prompt
+            else:
+                ids, text = prompt, engine.tokenizer.decode(prompt) if gen.echo else ""
+            for j in range(gen.n):
+                choices.append(Choice(len(choices), ids, text, counts_prompt=j == 0))
+        return await serve_choices(request, engine, gen, choices, Renderer)
 
     async def chat_completions(request: Request) -> Response:
         engine = ready_engine()
-        body = await read_body(request, model_name)
+        body = await read_body(request)
         try:
-            ids = engine.tokenizer.encode_chat(body.get("messages"))
+            text = await run_in_threadpool(engine.tokenizer.apply_chat_template, body.get("messages"))
         except ChatFormatError as exc:
             raise APIError(400, str(exc), "messages") from exc
-        room = max(1, engine.max_model_len - len(ids))
-        params = sampling_params(body, max_model_len=engine.max_model_len, default_max_tokens=room)
-        return await serve_request(request, ids, params, body, ChatRenderer(model_name))
+        ids = await run_in_threadpool(engine.tokenizer.encode, text, False)  # the template writes the BOS
+        gen = chat_generation(body, max_model_len=engine.max_model_len, prompt_tokens=len(ids))
+        choices = [Choice(j, ids, "", counts_prompt=j == 0) for j in range(gen.n)]
+        return await serve_choices(request, engine, gen, choices, ChatRenderer)
 
-    async def models(request: Request) -> Response:
+    def model_card() -> dict[str, Any]:
         engine = runtime.engine if runtime.ready else None
-        card = {
+        return {
             "id": model_name,
             "object": "model",
             "created": int(started),
@@ -118,7 +160,16 @@ def create_app(
             "max_model_len": engine.max_model_len if engine else None,
             "vocab_size": engine.vocab_size if engine else None,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def model(request: Request) -> Response:
+        wanted = request.path_params["model_id"]
+        if wanted != model_name:
+            raise APIError(404, f"The model '{wanted[:200]}' does not exist; this server serves '{model_name}'",
+                           "model", code="model_not_found")
+        return JSONResponse(model_card())
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -142,6 +193,7 @@ def create_app(
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
         Route("/v1/models", models),
+        Route("/v1/models/{model_id:path}", guarded(model)),
         Route("/health", health),
         Route("/ready", ready),
         Route("/metrics", metrics),
@@ -151,6 +203,19 @@ def create_app(
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").response()
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    middleware = []
+    if allowed_origins:  # outermost: preflights are answered, and every answer (401s too) carries CORS headers
+        middleware.append(Middleware(
+            CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id"], expose_headers=["X-Request-Id"],
+        ))
+    middleware.append(Middleware(RequestIdMiddleware))
+    if api_key:
+        middleware.append(Middleware(ApiKeyMiddleware, api_key=api_key))
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
+                    exception_handlers={HTTPException: http_error})
     app.state.runtime = runtime
     return app
+
+
+

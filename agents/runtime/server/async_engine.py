@@ -104,6 +104,19 @@ class AsyncEngine:
         self._wake.set()
         return RequestStream(self, request_id, queue)
 
+    def generate_group(self, requests: list[tuple[list[int], SamplingParams]]) -> RequestGroup:
+        """Queue several requests (the choices of one HTTP request) together: if one is refused, the ones
+        already queued are aborted and the error is raised."""
+        streams: list[RequestStream] = []
+        try:
+            for prompt, params in requests:
+                streams.append(self.generate(prompt, params))
+        except Exception:
+            for stream in streams:
+                stream.close()
+            raise
+        return RequestGroup(streams)
+
     def _release(self, request_id: str, finished: bool) -> None:
         self._queues.pop(request_id, None)
         if not finished:
@@ -137,3 +150,40 @@ class RequestStream:
         if not self.closed:
             self.closed = True
             self.owner._release(self.request_id, self.finished)
+
+
+class RequestGroup:
+    """The streams of one HTTP request's choices, merged: iterates ``(choice index, output)`` in the order the
+    engine produced them; ``close()`` aborts every choice still running."""
+
+    def __init__(self, streams: list[RequestStream]) -> None:
+        self.streams = streams
+        self._queue: asyncio.Queue[tuple[int, RequestOutput | None]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._remaining = len(streams)
+
+    def __aiter__(self) -> RequestGroup:
+        if not self._tasks:
+            self._tasks = [asyncio.create_task(self._pump(i, s)) for i, s in enumerate(self.streams)]
+        return self
+
+    async def _pump(self, index: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                self._queue.put_nowait((index, out))
+        finally:
+            self._queue.put_nowait((index, None))
+
+    async def __anext__(self) -> tuple[int, RequestOutput]:
+        while self._remaining:
+            index, out = await self._queue.get()
+            if out is not None:
+                return index, out
+            self._remaining -= 1
+        raise StopAsyncIteration
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for stream in self.streams:
+            stream.close()

@@ -1,101 +1,209 @@
-"""OpenAI request bodies turned into engine arguments, and the OpenAI error shape."""
+"""OpenAI request bodies turned into engine arguments: the fields each endpoint knows (any other is a 400
+naming it), the parameters the runtime does not implement (a 400 unless given their neutral value), typed
+sampling fields and the completion prompt forms."""
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
+from dataclasses import dataclass, replace
+from typing import Any
 
 from agents.runtime.engine import SamplingParams
+from agents.runtime.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE
+from agents.runtime.server.errors import APIError
+from agents.runtime.server.fields import get_bool, get_int, get_number, get_object, get_str, is_int
+
+MAX_N = 64  # choices per prompt
+MAX_CHOICES = 256  # prompts x n per request
+MAX_STOP = 16
+MAX_STOP_LEN = 512
+
+SAMPLING_FIELDS = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
+    "stop_token_ids", "seed", "ignore_eos", "user",
+})
+# parameters accepted only at the value that means "off": anything else would be silently ignored
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_p": (0, 0.0),
+    "min_tokens": (0,),
+    "logit_bias": ({},),
+}
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {**NEUTRAL, "suffix": ("",)}
+CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    **NEUTRAL,
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none",),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+}
+COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "logprobs", "best_of"} | set(COMPLETION_NEUTRAL)
+CHAT_FIELDS = (SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
+                                  "parallel_tool_calls"} | set(CHAT_NEUTRAL))
 
 
-class APIError(Exception):
-    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+@dataclass
+class Generation:
+    """What one request asks for beyond its sampling parameters."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, err_type: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.err_type = err_type or ("invalid_request_error" if status < 500 else "server_error")
+    params: SamplingParams
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    echo: bool = False
+    logprobs: int | None = None  # completions: top alternatives (0..20); chat: top_logprobs when logprobs is on
 
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
-        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
-        return JSONResponse(body, status_code=self.status, headers=headers)
-
-
-def _int(body: dict, key: str, default: int | None) -> int | None:
-    value = body.get(key, default)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise APIError(400, f"'{key}' must be an integer, got {value!r}", key)
-    return value
+    def choice_params(self, j: int) -> SamplingParams:
+        """Choice ``j`` of ``n``: its own seed (the request's seed plus j), so seeded choices differ."""
+        seed = self.params.seed
+        if j == 0 or seed is None:
+            return self.params
+        return replace(self.params, seed=(seed + j) % SEED_RANGE[1])
 
 
-def _number(body: dict, key: str, default: float) -> float:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise APIError(400, f"'{key}' must be a number, got {value!r}", key)
-    return float(value)
+def check_fields(body: dict, known: frozenset[str] | set[str], neutral: dict[str, tuple[Any, ...]]) -> None:
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise APIError(400, f"unknown or unsupported parameter(s): {', '.join(unknown)}", unknown[0])
+    for key, accepted in neutral.items():
+        value = body.get(key)
+        if value is not None and not any(value == ok and type(value) is type(ok) or
+                                         (isinstance(ok, float) and is_number(value) and value == ok)
+                                         for ok in accepted):
+            raise APIError(400, f"'{key}' is not supported by this runtime (only {accepted[0]!r} or null)", key)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def check_model(body: dict, served: str) -> None:
     model = body.get("model")
-    if model is not None and model != served:
-        raise APIError(400, f"The model '{model}' does not exist; this server serves '{served}'", "model")
+    if model is None:
+        return
+    if not isinstance(model, str):
+        raise APIError(400, "'model' must be a string", "model")
+    if model != served:
+        raise APIError(404, f"The model '{model[:200]}' does not exist; this server serves '{served}'", "model",
+                       code="model_not_found")
 
 
-def sampling_params(body: dict, *, max_model_len: int, default_max_tokens: int | None) -> SamplingParams:
-    """Validate the shared sampling fields; ``default_max_tokens`` None means "the rest of the context"."""
-    for unsupported, ok in (("n", 1), ("best_of", 1), ("echo", False), ("logprobs", None)):
-        value = body.get(unsupported, ok)
-        if value not in (ok, None, False) or (unsupported in ("n", "best_of") and value not in (1, None)):
-            raise APIError(400, f"'{unsupported}'={value!r} is not supported (only {ok!r})", unsupported)
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _int(body, key, default_max_tokens)
-    if max_tokens is not None and max_tokens < 1:
-        raise APIError(400, f"'{key}' must be at least 1, got {max_tokens}", key)
-    if max_tokens is not None and max_tokens >= max_model_len:
-        raise APIError(400, f"'{key}' ({max_tokens}) must be below the model's context of {max_model_len}", key)
-    stop = body.get("stop") or []
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
-        raise APIError(400, "'stop' must be a non-empty string or a list of at most 16 of them", "stop")
-    stop_ids = body.get("stop_token_ids") or []
+    if (not isinstance(stop, list) or len(stop) > MAX_STOP
+            or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN for s in stop)):
+        raise APIError(400, f"'stop' must be a non-empty string or a list of at most {MAX_STOP} of them "
+                            f"(each at most {MAX_STOP_LEN} characters)", "stop")
+    return stop
+
+
+def _stop_token_ids(body: dict) -> list[int]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(is_int(t) for t in ids):
+        raise APIError(400, "'stop_token_ids' must be a list of integers", "stop_token_ids")
+    return ids
+
+
+def generation(
+    body: dict,
+    *,
+    max_model_len: int,
+    default_max_tokens: int | None,
+    min_max_tokens: int = 1,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+) -> Generation:
+    """Validate the shared fields; ``default_max_tokens`` None means "the rest of the context"."""
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = get_int(body, key, default_max_tokens, lo=min_max_tokens, hi=max_model_len - 1)
+    n = get_int(body, "n", 1, lo=1, hi=MAX_N)
+    get_str(body, "user", 512)
+    stream = get_bool(body, "stream")
+    options = get_object(body, "stream_options", frozenset({"include_usage"}))
+    if options and not stream:
+        raise APIError(400, "'stream_options' is only allowed with 'stream': true", "stream_options")
+    include_usage = get_bool(options, "include_usage")
+    if max_tokens == 0 and prompt_logprobs is None:
+        prompt_logprobs = 0  # a prefill-only request: the engine scores the prompt and draws nothing
     try:
-        return SamplingParams(
-            max_tokens=max_tokens or 1,
-            temperature=_number(body, "temperature", 1.0),
-            top_p=_number(body, "top_p", 1.0),
-            top_k=_int(body, "top_k", 0) or 0,
-            seed=_int(body, "seed", None),
-            stop=stop,
-            stop_token_ids=stop_ids,
-            ignore_eos=bool(body.get("ignore_eos", False)),
+        params = SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else 1,
+            temperature=get_number(body, "temperature", 1.0),
+            top_p=get_number(body, "top_p", 1.0),
+            top_k=get_int(body, "top_k", 0),
+            seed=get_int(body, "seed", None),
+            stop=_stop(body),
+            stop_token_ids=_stop_token_ids(body),
+            ignore_eos=get_bool(body, "ignore_eos"),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
     except ValueError as exc:
-        raise APIError(400, str(exc)) from exc
+        param = str(exc).split(" ", 1)[0]
+        raise APIError(400, str(exc), param if param in body else None) from exc
+    return Generation(params, n=n, stream=stream, include_usage=include_usage)
 
 
-def completion_prompt(body: dict) -> str | list[int]:
+def completion_generation(body: dict, *, max_model_len: int) -> Generation:
+    """``/v1/completions``: legacy ``logprobs`` (0..20 alternatives), ``echo`` (with logprobs: the prompt's),
+    ``best_of`` only equal to ``n``."""
+    check_fields(body, COMPLETION_FIELDS, COMPLETION_NEUTRAL)
+    logprobs = get_int(body, "logprobs", None, lo=0, hi=MAX_LOGPROBS)
+    echo = get_bool(body, "echo")
+    gen = generation(body, max_model_len=max_model_len, default_max_tokens=16, min_max_tokens=0,
+                     logprobs=logprobs, prompt_logprobs=logprobs if echo else None)
+    best_of = get_int(body, "best_of", None, lo=1, hi=MAX_N)
+    if best_of is not None and best_of != gen.n:
+        raise APIError(400, f"'best_of' ({best_of}) other than 'n' ({gen.n}) is not supported", "best_of")
+    gen.echo, gen.logprobs = echo, logprobs
+    return gen
+
+
+def chat_generation(body: dict, *, max_model_len: int, prompt_tokens: int) -> Generation:
+    """``/v1/chat/completions``: ``logprobs`` true with ``top_logprobs`` (0..20) alternatives."""
+    check_fields(body, CHAT_FIELDS, CHAT_NEUTRAL)
+    get_bool(body, "parallel_tool_calls")
+    want = get_bool(body, "logprobs")
+    top = get_int(body, "top_logprobs", None, lo=0, hi=MAX_LOGPROBS)
+    if top is not None and not want:
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    logprobs = (top or 0) if want else None
+    room = max(1, max_model_len - prompt_tokens)
+    gen = generation(body, max_model_len=max_model_len, default_max_tokens=room, logprobs=logprobs)
+    gen.logprobs = logprobs
+    return gen
+
+
+def completion_prompts(body: dict) -> list[str | list[int]]:
+    """One prompt or a batch: a string, a list of strings, a list of token ids, or a list of such lists."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str) and prompt:
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return prompt
-    raise APIError(400, "'prompt' must be a non-empty string or a list of token ids (one prompt per request)", "prompt")
-
-
-def include_usage(body: dict) -> bool:
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise APIError(400, "'stream_options' must be an object", "stream_options")
-    return bool(options.get("include_usage", False))
+    prompts: list[Any] | None = None
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            prompts = prompt
+        elif all(is_int(t) for t in prompt):
+            prompts = [prompt]
+        elif all(isinstance(p, list) and all(is_int(t) for t in p) for p in prompt):
+            prompts = prompt
+    if prompts is None:
+        raise APIError(400, "'prompt' must be a string, a list of strings, a list of token ids or a list of "
+                            "lists of token ids", "prompt")
+    if len(prompts) > MAX_CHOICES:
+        raise APIError(400, f"'prompt' holds {len(prompts)} prompts; at most {MAX_CHOICES} per request", "prompt")
+    for i, p in enumerate(prompts):
+        if not p or (isinstance(p, str) and not p.strip()):
+            raise APIError(400, f"prompt {i} is empty", "prompt")
+    return prompts
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -1,34 +1,65 @@
-"""OpenAI response bodies: whole responses and SSE chunks for completions and chat completions."""
+"""OpenAI response bodies: whole responses and SSE chunks for completions and chat completions, with one
+choice per (prompt, n) and logprobs in each endpoint's format."""
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agents.runtime.engine import RequestOutput
-from agents.runtime.server.protocol import usage
+from agents.runtime.engine.outputs import TokenLogprob
+from agents.runtime.server.errors import APIError
+from agents.runtime.server.protocol import Generation, usage
 
 DONE = "data: [DONE]\n\n"
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf: a token the model rules out gets this
 
 
 def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
+def _lp(value: float) -> float:
+    return max(value, LOGPROB_FLOOR)
+
+
+@dataclass
+class Choice:
+    """One choice of the response: which prompt it answers, and whether its prompt tokens count in usage
+    (once per prompt, however many choices it has)."""
+
+    index: int
+    prompt_ids: list[int]
+    prompt_text: str
+    counts_prompt: bool
+
+
 class Renderer:
-    """Shapes one request's outputs; subclasses say what a choice looks like."""
+    """Shapes one request's outputs (``(choice index, RequestOutput)`` pairs); subclasses say what a choice
+    and its logprobs look like."""
 
     prefix = "cmpl"
     kind = "text_completion"
     chunk_kind = "text_completion"
 
-    def __init__(self, model: str) -> None:
+    def __init__(
+        self,
+        model: str,
+        request_id: str,
+        gen: Generation,
+        choices: list[Choice],
+        token_text: Callable[[int], str],
+    ) -> None:
         self.model = model
-        self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
+        self.id = f"{self.prefix}-{request_id}"
         self.created = int(time.time())
+        self.gen = gen
+        self.choices = choices
+        self.token_text = token_text
+        self._logprobs: dict[int, LegacyLogprobs] = {}  # per streamed choice: its text offsets continue
 
     def body(self, kind: str, choices: list[dict[str, Any]], usage_: dict[str, int] | None = None) -> dict:
         out: dict[str, Any] = {
@@ -42,35 +73,121 @@ class Renderer:
             out["usage"] = usage_
         return out
 
-    def whole(self, text: str, final: RequestOutput) -> dict[str, Any]:
-        return self.body(
-            self.kind,
-            [self.final_choice(text, final.finish_reason)],
-            usage(final.num_prompt_tokens, final.num_output_tokens),
-        )
+    def usage(self, finals: dict[int, RequestOutput]) -> dict[str, int]:
+        prompt = sum(len(c.prompt_ids) for c in self.choices if c.counts_prompt)
+        return usage(prompt, sum(out.num_output_tokens for out in finals.values()))
 
-    async def stream(self, outs: AsyncIterator[RequestOutput], with_usage: bool) -> AsyncIterator[str]:
-        """One chunk per engine step that produced tokens, the finish reason on the last, then usage."""
-        for chunk in self.opening():
-            yield sse(self.body(self.chunk_kind, [chunk]))
-        async for out in outs:
+    def whole(self, outputs: list[tuple[int, RequestOutput]]) -> dict[str, Any]:
+        per_choice: dict[int, list[RequestOutput]] = {c.index: [] for c in self.choices}
+        for index, out in outputs:
+            per_choice[index].append(out)
+        finals = {i: outs[-1] for i, outs in per_choice.items()}
+        for final in finals.values():
+            if final.finish_reason == "error":
+                raise APIError(500, f"generation failed: {final.error}")
+        rendered = [self.whole_choice(self.choices[i], outs) for i, outs in per_choice.items()]
+        return self.body(self.kind, rendered, self.usage(finals))
+
+    async def stream(self, events: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+        """Per choice an opening chunk, then one chunk per engine step that produced tokens (the finish reason
+        on its last); then usage when asked, then ``[DONE]``."""
+        started: set[int] = set()
+        finals: dict[int, RequestOutput] = {}
+        async for index, out in events:
             if out.finish_reason == "error":
                 yield sse({"error": {"message": out.error, "type": "server_error", "param": None, "code": 500}})
                 break
+            if index not in started:
+                started.add(index)
+                for chunk in self.opening(self.choices[index], out):
+                    yield sse(self.body(self.chunk_kind, [chunk]))
             if out.new_token_ids or out.finished:
-                yield sse(self.body(self.chunk_kind, [self.delta_choice(out.new_text, out.finish_reason)]))
-            if out.finished and with_usage:
-                yield sse(self.body(self.chunk_kind, [], usage(out.num_prompt_tokens, out.num_output_tokens)))
+                yield sse(self.body(self.chunk_kind, [self.delta_choice(index, out)]))
+            if out.finished:
+                finals[index] = out
+        else:
+            if self.gen.include_usage:
+                yield sse(self.body(self.chunk_kind, [], self.usage(finals)))
         yield DONE
 
-    def opening(self) -> list[dict[str, Any]]:
-        return []
+    @staticmethod
+    def generated(outs: list[RequestOutput]) -> list[tuple[int, TokenLogprob | None]]:
+        pairs: list[tuple[int, TokenLogprob | None]] = []
+        for out in outs:
+            lps = out.new_logprobs or [None] * len(out.new_token_ids)
+            pairs += list(zip(out.new_token_ids, lps, strict=True))
+        return pairs
 
-    def final_choice(self, text: str, reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    # ---- what a choice looks like (completions) ----
 
-    def delta_choice(self, text: str, reason: str | None) -> dict[str, Any]:
-        return self.final_choice(text, reason)
+    def opening(self, choice: Choice, first: RequestOutput) -> list[dict[str, Any]]:
+        if not self.gen.echo:
+            return []
+        block = None
+        if self.gen.logprobs is not None:
+            block = self._stream_logprobs(choice.index).block(self.prompt_entries(choice, first.prompt_logprobs))
+        return [{"index": choice.index, "text": choice.prompt_text, "logprobs": block, "finish_reason": None}]
+
+    def prompt_entries(
+        self, choice: Choice, prompt_logprobs: list[TokenLogprob | None] | None
+    ) -> list[tuple[int, TokenLogprob | None]]:
+        lps = prompt_logprobs or [None] * len(choice.prompt_ids)
+        return list(zip(choice.prompt_ids, lps, strict=True))
+
+    def _stream_logprobs(self, index: int) -> LegacyLogprobs:
+        if index not in self._logprobs:
+            self._logprobs[index] = LegacyLogprobs(self.token_text)
+        return self._logprobs[index]
+
+    def whole_choice(self, choice: Choice, outs: list[RequestOutput]) -> dict[str, Any]:
+        text = (choice.prompt_text if self.gen.echo else "") + "".join(o.new_text for o in outs)
+        block = None
+        if self.gen.logprobs is not None:
+            entries = self.generated(outs)
+            if self.gen.echo:
+                prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
+                entries = self.prompt_entries(choice, prompt_lps) + entries
+            block = LegacyLogprobs(self.token_text).block(entries)
+        return {"index": choice.index, "text": text, "logprobs": block, "finish_reason": outs[-1].finish_reason}
+
+    def delta_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
+        block = None
+        if self.gen.logprobs is not None:
+            block = self._stream_logprobs(index).block(self.generated([out]))
+        return {"index": index, "text": out.new_text, "logprobs": block, "finish_reason": out.finish_reason}
+
+
+class LegacyLogprobs:
+    """The completions format: parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs`` (token text ->
+    logprob: the top alternatives and the chosen token) and ``text_offset`` (character offsets, continuing
+    across the chunks of one choice)."""
+
+    def __init__(self, token_text: Callable[[int], str]) -> None:
+        self.token_text = token_text
+        self.offset = 0
+
+    def block(self, entries: list[tuple[int, TokenLogprob | None]]) -> dict[str, list[Any]]:
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        for token_id, lp in entries:
+            text = self.token_text(token_id)
+            tokens.append(text)
+            offsets.append(self.offset)
+            self.offset += len(text)
+            if lp is None:
+                token_logprobs.append(None)
+                top_logprobs.append(None)
+                continue
+            token_logprobs.append(_lp(lp.logprob))
+            top: dict[str, float] = {}
+            for alt, value in lp.top:
+                top.setdefault(self.token_text(alt), _lp(value))
+            top.setdefault(text, _lp(lp.logprob))
+            top_logprobs.append(top)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+                "text_offset": offsets}
 
 
 class ChatRenderer(Renderer):
@@ -78,12 +195,28 @@ class ChatRenderer(Renderer):
     kind = "chat.completion"
     chunk_kind = "chat.completion.chunk"
 
-    def opening(self) -> list[dict[str, Any]]:
-        return [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]
+    def opening(self, choice: Choice, first: RequestOutput) -> list[dict[str, Any]]:
+        delta = {"role": "assistant", "content": ""}
+        return [{"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}]
 
-    def final_choice(self, text: str, reason: str | None) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+    def chat_logprobs(self, entries: list[tuple[int, TokenLogprob | None]]) -> dict[str, Any] | None:
+        if self.gen.logprobs is None:
+            return None
+        return {"content": [self._entry(token_id, lp) for token_id, lp in entries if lp is not None]}
 
-    def delta_choice(self, text: str, reason: str | None) -> dict[str, Any]:
-        return {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None, "finish_reason": reason}
+    def _entry(self, token_id: int, lp: TokenLogprob) -> dict[str, Any]:
+        def one(tid: int, value: float) -> dict[str, Any]:
+            text = self.token_text(tid)
+            return {"token": text, "logprob": _lp(value), "bytes": list(text.encode("utf-8"))}
+
+        return {**one(token_id, lp.logprob), "top_logprobs": [one(tid, v) for tid, v in lp.top]}
+
+    def whole_choice(self, choice: Choice, outs: list[RequestOutput]) -> dict[str, Any]:
+        message = {"role": "assistant", "content": "".join(o.new_text for o in outs)}
+        return {"index": choice.index, "message": message, "logprobs": self.chat_logprobs(self.generated(outs)),
+                "finish_reason": outs[-1].finish_reason}
+
+    def delta_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
+        delta = {"content": out.new_text} if out.new_text else {}
+        return {"index": index, "delta": delta, "logprobs": self.chat_logprobs(self.generated([out])),
+                "finish_reason": out.finish_reason}

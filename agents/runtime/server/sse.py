@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from agents.runtime.engine import RequestOutput
-from agents.runtime.server.async_engine import RequestStream
+from agents.runtime.server.async_engine import RequestGroup
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ async def _wait_disconnect(receive: Receive) -> None:
 class SSEResponse(Response):
     """Streams ``events`` (already formatted SSE strings); ``source`` is the engine generator to close."""
 
-    def __init__(self, events: AsyncIterator[str], source: RequestStream) -> None:
+    def __init__(self, events: AsyncIterator[str], source: RequestGroup) -> None:
         super().__init__(status_code=200, media_type="text/event-stream")
         self.events = events
         self.source = source
@@ -58,11 +58,16 @@ class SSEResponse(Response):
             self.source.close()
 
 
-async def collect_unless_disconnected(request: Request, stream: RequestStream) -> list[RequestOutput] | None:
+async def collect_unless_disconnected(
+    request: Request, stream: RequestGroup
+) -> list[tuple[int, RequestOutput]] | None:
     """All outputs of a non-streamed request, or None when the client left first (the request is aborted)."""
 
-    async def collect() -> list[RequestOutput]:
-        return [out async for out in stream]
+    async def collect() -> list[tuple[int, RequestOutput]]:
+        try:
+            return [out async for out in stream]
+        finally:
+            stream.close()
 
     work = asyncio.create_task(collect())
     watch = asyncio.create_task(_wait_disconnect(request.receive))
