@@ -16,32 +16,30 @@ from agents.pipeline.base import JobCancelled, StageContext
 PARTS: dict[str, str] = {"ops": "agents.pipeline.align_ops", "kv_cache": "agents.pipeline.align_kv"}
 
 
-def _optional_part(ctx: StageContext, key: str, module_name: str) -> tuple[Any, str | None]:
-    """The part's result, or (None, a note) when its module is absent."""
+def _run_part(ctx: StageContext, section: dict[str, Any], notes: list[str], key: str) -> None:
+    """Merge a part into ``section``. A part whose module is absent, or that crashes, leaves the section
+    *incomplete* (``missing`` names it, ``passed`` is false) but keeps the other parts' evidence."""
+    module_name = PARTS[key]
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            return None, f"{key} not checked: {module_name} is not available"
-        raise
-    ctx.emit("log", f"align: {key} check started")
-    return module.run(ctx), None
-
-
-def _run_part(ctx: StageContext, section: dict[str, Any], notes: list[str], key: str) -> None:
-    """Merge an optional part into ``section``; a part that crashes fails the check but keeps the rest."""
-    try:
-        part, note = _optional_part(ctx, key, PARTS[key])
+        ctx.emit("log", f"align: {key} check started")
+        part = module.run(ctx)
     except (JobCancelled, KeyboardInterrupt):
         raise
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        section.setdefault("missing", []).append(key)
+        section.setdefault("part_errors", {})[key] = f"{module_name} is not available"
+        notes.append(f"{key} not checked: {module_name} is not available (the section is incomplete)")
+        return
     except Exception as exc:  # the other checks' evidence is still worth keeping
         section.setdefault("part_errors", {})[key] = f"{type(exc).__name__}: {exc}"
         notes.append(f"{key} check failed to run: {type(exc).__name__}: {exc}")
         return
-    if note:
-        notes.append(note)
-    elif key == "ops":
+    if key == "ops":
         section["ops"] = part if isinstance(part, list) else part.get("ops", [])
+        section["ops_unchecked"] = [row["op"] for row in section["ops"] if row.get("status") == "unchecked"]
     else:
         section[key] = part
 
@@ -77,11 +75,18 @@ def run(ctx: StageContext) -> dict[str, Any]:
     _run_part(ctx, section, notes, "kv_cache")
     ctx.progress(4, steps, "alignment checks")
 
-    ops_ok = all(row.get("passed") for row in section.get("ops") or [])
+    # unchecked operators are listed, never counted as passing; the runtime's own checked ones must all pass
+    checked = [row for row in section.get("ops") or [] if row.get("status") != "unchecked"]
+    fallback = getattr(target, "path", None) == "fallback"
+    ops_ok = "ops" in section and (bool(checked) or fallback) and all(row.get("passed") for row in checked)
     layers_ok = bool(section["layers"]) and all(row["passed"] for row in section["layers"])
-    kv_ok = "kv_cache" not in section or bool(section["kv_cache"].get("passed"))
+    kv_ok = "kv_cache" in section and bool(section["kv_cache"].get("passed"))
     parts_ok = not section.get("part_errors")
-    section["passed"] = ops_ok and layers_ok and section["e2e"]["passed"] and kv_ok and parts_ok
+    missing = [key for key in ("ops", "layers", "e2e", "kv_cache") if not section.get(key)]
+    if missing:
+        section["missing"] = sorted(set(section.get("missing", [])) | set(missing))
+    section["complete"] = not missing
+    section["passed"] = ops_ok and layers_ok and section["e2e"]["passed"] and kv_ok and parts_ok and not missing
     section["checks"] = {"ops": ops_ok if "ops" in section else None, "layers": layers_ok,
                          "e2e": section["e2e"]["passed"], "kv_cache": kv_ok if "kv_cache" in section else None}
     section["notes"] = notes

@@ -117,9 +117,16 @@ def failure_reason(stage: str, section: Mapping[str, Any]) -> str:
 
 def align_failure_reason(section: Mapping[str, Any]) -> str:
     reasons: list[str] = []
-    bad_ops = [row["op"] for row in section.get("ops") or [] if not row.get("passed")]
+    bad_ops = [row for row in section.get("ops") or [] if row.get("status") != "unchecked" and not row.get("passed")]
     if bad_ops:
-        reasons.append(f"operators out of threshold: {', '.join(map(str, bad_ops[:5]))}")
+        shown = [f"{row['op']} ({row.get('module') or '?'} at {row.get('where') or '?'}"
+                 + (f": {row['problem']})" if row.get("problem") else ")") for row in bad_ops[:5]]
+        reasons.append(f"operators out of threshold: {', '.join(shown)}")
+    if section.get("missing"):
+        reasons.append(f"incomplete: no {', '.join(map(str, section['missing']))} evidence")
+    elif isinstance(section.get("ops"), list) and not any(
+            row.get("status") != "unchecked" for row in section["ops"]) and section.get("checks", {}).get("ops") is False:
+        reasons.append("no operator of the runtime was checked")
     bad_layers = [row for row in section.get("layers") or [] if not row.get("passed")]
     if bad_layers:
         first = bad_layers[0]

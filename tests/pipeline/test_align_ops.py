@@ -1,17 +1,56 @@
+"""Operator checks on the runtime's own modules: every module class the model uses is checked against an
+independent float64 reference, unchecked ones are listed, and a planted bug fails at the operator holding it."""
+
 from __future__ import annotations
 
+import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from agents.pipeline import align_ops
-from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.report import ROW_KEYS
+from agents.pipeline.runner import run_pipeline
+from agents.runtime.layers import grouped_router
+from agents.runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
+from agents.runtime.models.registry import build_model, register
+from agents.runtime.testing.make_model import cached_model
 
-TINY_MOE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096}
-OPS = ["matmul", "attention", "rms_norm", "rope", "softmax", "silu", "moe_routing", "moe_experts"]
+PLANTED = "PlantedBugDeepseekV3ForCausalLM"
+
+
+class BiasDroppingRouter(grouped_router.GroupedTopKRouter):
+    """DeepSeek-V3's router with the planted bug: the score-correction bias never steers the choice."""
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = nn.functional.linear(hidden.float(), self.weight)
+        return grouped_router.grouped_topk(logits, self.top_k, self.n_group, self.topk_group, correction_bias=None,
+                                           scoring=self.scoring, renormalize=self.renormalize,
+                                           scaling_factor=self.scaling_factor)
+
+
+@register(PLANTED)
+class PlantedBugDeepseekV3(DeepseekV3ForCausalLM):
+    """A copy of the DeepSeek-V3 family whose MoE layers use the bias-dropping router."""
+
+    def make_mlp(self, layer: int) -> nn.Module:
+        mlp = super().make_mlp(layer)
+        if isinstance(getattr(mlp, "gate", None), grouped_router.GroupedTopKRouter):
+            mlp.gate.__class__ = BiasDroppingRouter
+        return mlp
+
+
+def _config(arch: str) -> dict:
+    return json.loads((cached_model(arch) / "config.json").read_text())
+
+
+def _rows(arch: str, dtype: torch.dtype = torch.float32, **overrides) -> list[dict]:
+    config = {**_config(arch), **overrides}
+    return align_ops.run_checks(build_model(config, dtype=dtype), config)
 
 
 def test_compare_defines_normwise_relative_error():
@@ -28,32 +67,105 @@ def test_compare_flags_non_finite_target():
     assert m["max_rel_err"] == float("inf") and math.isnan(m["cosine"])
 
 
-def test_float32_cpu_matches_the_reference_on_every_operator():
-    ops = align_ops.run_checks(TINY_MOE, dtype="float32")
-    assert [op["op"] for op in ops] == OPS
-    for op in ops:
-        assert all(k in op for k in ROW_KEYS[("align", "ops")])
-        assert op["passed"] and op["cosine"] > 0.99999 and op["max_rel_err"] < 1e-4, op
+FAMILY_OPS = {
+    "llama": {"attention", "embedding", "lm_head", "linear", "rms_norm", "rope", "self_attention", "swiglu_mlp"},
+    "qwen3": {"attention", "embedding", "lm_head", "linear", "rms_norm", "rope", "self_attention", "swiglu_mlp"},
+    "mixtral": {"attention", "embedding", "lm_head", "linear", "rms_norm", "rope", "self_attention", "router",
+                "moe_experts"},
+    "qwen3-moe": {"attention", "embedding", "lm_head", "linear", "rms_norm", "rope", "self_attention", "router",
+                  "moe_experts"},
+    "deepseek-v3": {"embedding", "lm_head", "linear", "rms_norm", "rope", "mla", "router", "moe_experts",
+                    "swiglu_mlp"},
+}
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILY_OPS))
+def test_every_module_class_of_each_family_is_checked_and_exact_in_float32(arch: str):
+    rows = _rows(arch)
+    assert {row["op"] for row in rows} == FAMILY_OPS[arch]
+    assert not [row for row in rows if row["status"] == "unchecked"]
+    for row in rows:
+        assert all(k in row for k in ROW_KEYS[("align", "ops")]), row
+        assert row["passed"] and row["cosine"] > 0.99999 and row["max_rel_err"] < 1e-4, row
+
+
+def test_the_checks_run_the_models_own_classes_and_layouts():
+    rows = _rows("deepseek-v3")
+    router = next(row for row in rows if row["op"] == "router")
+    assert router["module"] == "GroupedTopKRouter" and "correction bias" in router["rule"]
+    assert next(row for row in rows if row["op"] == "rope")["interleaved"] is True  # DeepSeek's layout
+    assert {row["phase"] for row in rows if row["op"] == "mla"} == {"prefill", "paged prefill + absorbed decode"}
+    assert {row["module"] for row in rows if row["op"] == "linear"} == {
+        "ReplicatedLinear", "ColumnParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear"}
+    llama = _rows("llama")
+    assert next(row for row in llama if row["op"] == "rope")["interleaved"] is False
+    assert next(row for row in _rows("qwen3") if row["op"] == "self_attention")["qk_norm"] is True
+
+
+def test_a_column_major_weight_is_checked_in_its_own_layout():
+    from agents.runtime.layers.weights import column_major
+
+    config = _config("llama")
+    model = build_model(config)
+    gate_up = model.model.layers[0].mlp.gate_up_proj
+    assert column_major(gate_up.weight) and gate_up.weight.stride(0) == 1  # the decode layout
+    probe = align_ops.make_probe("gate_up", gate_up, config, torch.float32, 0)
+    assert probe.params["weight"].stride() == gate_up.weight.stride()
+    assert all(row["cosine"] > 0.99999 for row in align_ops.check_linear(probe))
 
 
 def test_bfloat16_is_within_default_thresholds_but_not_exact():
-    ops = {op["op"]: op for op in align_ops.run_checks(TINY_MOE, dtype="bfloat16")}
-    assert all(op["passed"] for op in ops.values()), ops
-    assert ops["matmul"]["max_rel_err"] > 1e-4  # bf16 rounding is visible: the check measures something
-    assert 0 < ops["moe_routing"]["topk_agreement"] <= 1
+    rows = _rows("mixtral", torch.bfloat16)
+    assert all(row["passed"] for row in rows), [row for row in rows if not row["passed"]]
+    linear = next(row for row in rows if row["op"] == "linear")
+    assert linear["max_rel_err"] > 1e-4  # bf16 rounding is visible: the check measures something
 
 
 def test_thresholds_override_fails_operators():
-    ctx = StageContext(model_dir=None, config=TINY_MOE, hardware={}, dtype="bfloat16",
-                       thresholds={"op_max_rel_err": 1e-5}, emit_fn=lambda *a, **k: None)
-    section = align_ops.run(ctx)
-    assert section["thresholds"]["op_max_rel_err"] == 1e-5
-    assert not section["passed"]
-    assert not next(op for op in section["ops"] if op["op"] == "matmul")["passed"]
+    config = _config("llama")
+    rows = align_ops.run_checks(build_model(config, dtype=torch.bfloat16), config, thresholds={"op_max_rel_err": 1e-6})
+    assert not any(row["passed"] for row in rows if row["op"] == "linear")
 
 
-def test_dense_config_has_no_moe_checks_and_integer_dtype_is_refused():
-    dense = {k: v for k, v in TINY_MOE.items() if k not in ("num_local_experts", "num_experts_per_tok")}
-    assert [op["op"] for op in align_ops.run_checks(dense)] == OPS[:6]
-    with pytest.raises(StageFailed, match="int8"):
-        align_ops.run_checks(dense, dtype="int8")
+def test_the_planted_router_bug_fails_at_the_router_only():
+    rows = _rows("deepseek-v3", architectures=[PLANTED])
+    failed = [row for row in rows if not row["passed"]]
+    assert [(row["op"], row["module"]) for row in failed] == [("router", "BiasDroppingRouter")]
+    assert failed[0]["hard_topk_agreement"] < 1 and "expert choice differs" in failed[0]["problem"]
+
+
+def test_a_wrong_rope_layout_fails_rope_and_mla():
+    config = _config("deepseek-v3")
+    model = build_model(config)
+    model.rotary.interleaved = False  # Llama's layout in a DeepSeek model
+    failed = {row["op"] for row in align_ops.run_checks(model, config) if not row["passed"]}
+    assert failed == {"rope", "mla"}
+
+
+def test_a_module_without_a_check_is_listed_unchecked_not_passed():
+    config = _config("llama")
+    model = build_model(config)
+    model.model.layers[0].extra_scale = nn.Linear(4, 4)  # a torch module the runtime has no check for
+    rows = align_ops.run_checks(model, config)
+    [unchecked] = [row for row in rows if row["status"] == "unchecked"]
+    assert unchecked["op"] == "Linear" and unchecked["passed"] is None and unchecked["where"] == "model.layers.0.extra_scale"
+    assert "no operator check" in unchecked["reason"]
+
+
+def test_the_transformers_fallback_has_no_runtime_operator_to_check():
+    config = {**_config("llama"), "architectures": ["SomeNewArchForCausalLM"]}
+    [row] = align_ops.run_checks(build_model(config), config)
+    assert row["status"] == "unchecked" and "fallback" in row["reason"]
+
+
+def test_the_planted_router_bug_fails_the_align_stage_at_the_router(make_ctx, tmp_path: Path) -> None:
+    model_dir = tmp_path / "planted"
+    shutil.copytree(cached_model("deepseek-v3"), model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "architectures": [PLANTED]}))
+    ctx, _ = make_ctx(model_dir)
+    report = run_pipeline(ctx, "load,align")
+    assert report["failed_stage"] == "align", report["error"]
+    ops = report["stages"]["align"]["ops"]
+    assert [row["op"] for row in ops if row["status"] == "failed"] == ["router"]
+    assert "router (BiasDroppingRouter at model.layers." in report["error"]

@@ -59,15 +59,25 @@ def test_near_tie_needs_each_token_in_the_others_top_k() -> None:
     assert compare_step(ref, ref, 0, 5) == (0, False)
 
 
-def test_absent_optional_parts_are_noted_and_omitted(make_ctx, monkeypatch) -> None:
+def test_absent_parts_leave_align_incomplete_and_failed(make_ctx, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "agents.pipeline.align_kv", None)
     monkeypatch.setitem(sys.modules, "agents.pipeline.align_ops", None)
     ctx, _ = make_ctx("llama")
     report = run_pipeline(ctx, ["load", "align"])
     align = report["stages"]["align"]
-    assert "kv_cache" not in align and "ops" not in align and align["passed"] is True
-    assert "align: kv_cache not checked: agents.pipeline.align_kv is not available" in report["notes"]
-    assert "align: ops not checked: agents.pipeline.align_ops is not available" in report["notes"]
+    assert report["failed_stage"] == "align" and align["passed"] is False and align["complete"] is False
+    assert "kv_cache" not in align and "ops" not in align and align["missing"] == ["kv_cache", "ops"]
+    assert "incomplete: no kv_cache, ops evidence" in report["error"]
+    assert align["layers"] and align["e2e"]["passed"]  # what did run is kept
+
+
+def test_a_complete_align_section_has_every_part(make_ctx) -> None:
+    ctx, _ = make_ctx("llama")
+    report = run_pipeline(ctx, ["load", "align"])
+    align = report["stages"]["align"]
+    assert report["failed_stage"] is None, report["error"]
+    assert align["complete"] is True and "missing" not in align and align["ops_unchecked"] == []
+    assert align["ops"] and align["layers"] and align["e2e"] and align["kv_cache"]["passed"]
 
 
 def test_a_part_that_crashes_fails_align_but_keeps_the_other_evidence(make_ctx, monkeypatch) -> None:
