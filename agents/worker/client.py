@@ -90,9 +90,10 @@ class PortalClient:
         return self.request("POST", f"/jobs/{job_id}/results/", json=report)
 
     def set_job_state(self, job_id: int, state: str, *, failed_stage: str | None = None,
-                      error: str | None = None, agent_id: int | None = None) -> dict:
-        """The agent's transitions of its job: running, then succeeded or failed."""
-        body = {"state": state, "failed_stage": failed_stage, "error": error, "agent": agent_id}
+                      error: str | None = None, agent_id: int | None = None, attempt: int | None = None) -> dict:
+        """The agent's transitions of its job: the claim (running, with its agent id and the delivery's
+        attempt), then succeeded or failed."""
+        body = {"state": state, "failed_stage": failed_stage, "error": error, "agent": agent_id, "attempt": attempt}
         return self.request("POST", f"/jobs/{job_id}/state/", json={k: v for k, v in body.items() if v is not None})
 
     # ------------------------------------------------------------------ vendor calls

@@ -73,6 +73,7 @@ def run_agent(args: argparse.Namespace) -> int:
     from agents.worker.app import app, queue_name
     from agents.worker.client import PortalClient, PortalError
     from agents.worker.heartbeat import Heartbeat
+    from agents.worker.lifecycle import install_stop_on_shutdown
 
     client = PortalClient(STATE.portal_url, STATE.token)
     versions = environment_lock(STATE.device)
@@ -98,6 +99,7 @@ def run_agent(args: argparse.Namespace) -> int:
     os.environ["DAY0_AGENT_ID"] = str(STATE.agent_id)
     print(f"agent {STATE.agent_id} ({STATE.hostname}) registered for {args.hardware}; consuming "
           f"{queue_name(args.hardware)} on {app.conf.broker_url.split('@')[-1]}", flush=True)
+    install_stop_on_shutdown(STATE)
     heartbeat = Heartbeat(STATE, interval=args.heartbeat).start()
     try:
         app.worker_main([

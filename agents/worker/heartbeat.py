@@ -38,5 +38,14 @@ class Heartbeat:
         client.close()
 
     def stop(self) -> None:
+        """Stops beating; a last beat (2 s at most) tells the portal this agent runs no job any more, so a job
+        it left is re-queued at the portal's next check instead of after ``DAY0_AGENT_LOST_SECONDS``."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=2)
+        if self.state.agent_id is None:
+            return
+        try:
+            with PortalClient(self.state.portal_url, self.state.token, timeout=2) as client:
+                client.heartbeat(self.state.agent_id, current_job=None)
+        except PortalError as exc:
+            logger.info("last heartbeat not delivered: %s", exc)

@@ -1,9 +1,11 @@
 """The agent's one Celery task: run a job's pipeline and report it to the portal.
 
 Thin by design: the task checks that the delivery is current, builds a ``StageContext`` from the job spec the
-payload carries, and calls ``run_pipeline``. Events go through the durable spool; each stage's section is
-posted as it is produced; a watcher polls the job's state and sets ``ctx.cancel_event`` when it is cancelled,
-which the pipeline honours between steps."""
+payload carries, and calls ``run_pipeline``. Events go through the durable spool and each stage's section through
+the durable outbox (both survive an agent restart, under the folder of this portal and agent); a watcher polls
+the job's state and sets ``ctx.cancel_event`` when it is cancelled, which the pipeline honours between steps.
+When the worker shuts down (``lifecycle``), the pipeline is cancelled too and no loop waits for the portal:
+what was not delivered stays on disk, and the portal re-queues the job when it sees the agent gone."""
 
 from __future__ import annotations
 
@@ -18,45 +20,16 @@ from typing import Any
 from agents.worker.agent_state import STATE
 from agents.worker.app import TASK_NAME, app
 from agents.worker.client import PortalClient, PortalError, PortalUnavailable
-from agents.worker.spool import JobSpool, SpoolSender
+from agents.worker.outbox import ResultOutbox
+from agents.worker.spool import JobSpool, SpoolGap, SpoolSender, release_job_files
 
 logger = logging.getLogger(__name__)
 
 CANCEL_POLL_SECONDS = float(os.environ.get("DAY0_AGENT_CANCEL_POLL", "1.0"))
 FLUSH_SECONDS = float(os.environ.get("DAY0_AGENT_FLUSH_SECONDS", "600"))
-
-
-class ResultOutbox:
-    """Stage sections waiting to be posted, in order; retried while the portal is away."""
-
-    def __init__(self, client: PortalClient, job_id: int) -> None:
-        self.client, self.job_id = client, job_id
-        self._items: list[tuple[str, dict[str, Any]]] = []
-        self._lock = threading.Lock()
-
-    def add(self, stage: str, section: dict[str, Any]) -> None:
-        with self._lock:
-            self._items.append((stage, section))
-
-    def drain(self) -> None:
-        """Posts what is waiting; raises ``PortalUnavailable`` (kept for a later try) when the portal is away."""
-        while True:
-            with self._lock:
-                if not self._items:
-                    return
-                stage, section = self._items[0]
-            try:
-                self.client.post_result(self.job_id, stage, section)
-            except PortalUnavailable:
-                raise
-            except PortalError as exc:  # refused for good (e.g. the job was cancelled): log, do not retry
-                logger.warning("job %s: result of %s refused: %s", self.job_id, stage, exc)
-            with self._lock:
-                self._items.pop(0)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._items)
+# a delivery waits this many times 5 s for an unreachable portal before the broker drops it (the portal's
+# lost-job detection and attempt cap decide what happens to the job then)
+MAX_DELIVERY_RETRIES = 60
 
 
 def _model_dir(spec: dict[str, Any]) -> Path | None:
@@ -73,8 +46,11 @@ def _model_dir(spec: dict[str, Any]) -> Path | None:
     return None
 
 
-def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
-    """The ``StageContext`` of a job spec (as ``apps.jobs.dispatch`` builds it)."""
+def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any,
+                  manifest: list[dict[str, Any]] | None = None) -> Any:
+    """The ``StageContext`` of a job spec (as ``apps.jobs.dispatch`` builds it); ``manifest`` is the release's
+    checksum manifest ``[{name, size, sha256}]`` from the job detail (the load stage checks every shard against
+    it), else the spec's."""
     from agents.pipeline.base import StageContext
 
     model_dir = _model_dir(spec)
@@ -85,12 +61,15 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
         raise ValueError(f"job {job_id}: no model files and no config in the job spec")
     hardware = dict(spec.get("hardware") or {})
     hardware.setdefault("memory_gb", (hardware.get("memory_bytes") or 0) / 1e9)
-    workdir = Path(STATE.work_dir) / f"job-{job_id}"
+    workdir = STATE.work_dir / f"job-{job_id}"
     workdir.mkdir(parents=True, exist_ok=True)
+    manifest = manifest or spec.get("manifest") or None
+    if manifest is not None and not (isinstance(manifest, list) and all(isinstance(m, dict) for m in manifest)):
+        raise ValueError(f"job {job_id}: the manifest must be a list of {{name, size, sha256}} objects")
     return StageContext(
         model_dir=model_dir, config=config, hardware=hardware, dtype=spec.get("dtype") or "float32",
         device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), thresholds=dict(spec.get("thresholds") or {}),
-        bench=dict(spec.get("bench") or {}), workdir=workdir, emit_fn=emit_fn,
+        bench=dict(spec.get("bench") or {}), manifest=manifest, workdir=workdir, emit_fn=emit_fn,
     )
 
 
@@ -114,12 +93,21 @@ def _is_current(job: dict[str, Any], spec: dict[str, Any]) -> str | None:
     return None
 
 
-@app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+def _retryable(exc: Exception) -> bool:
+    """Worth posting again later: the portal is away (5xx, 429, no answer); not a 4xx refusal."""
+    return isinstance(exc, PortalUnavailable) or not isinstance(exc, PortalError | SpoolGap)
+
+
+@app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_DELIVERY_RETRIES)
 def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any] | None:
     """Runs job ``job_id`` as its ``spec`` says; returns a short summary (or None when skipped)."""
     from agents.pipeline.runner import run_pipeline
     from agents.pipeline.tiers import DEFAULT_STAGES
 
+    if STATE.stopping.is_set():
+        from celery.exceptions import Reject
+
+        raise Reject("the agent is stopping", requeue=True)  # leave the delivery to the next agent
     client = PortalClient(STATE.portal_url, STATE.token)
     try:
         job = client.get_job(job_id)
@@ -135,11 +123,11 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
 
     STATE.current_job = job_id  # before the claim, so no heartbeat after it reports another job
     try:
-        client.set_job_state(job_id, "running", agent_id=STATE.agent_id)
+        claimed = client.set_job_state(job_id, "running", agent_id=STATE.agent_id, attempt=spec.get("attempt"))
     except PortalUnavailable as exc:
         STATE.current_job = None
         raise self.retry(exc=exc, countdown=5) from exc
-    except PortalError as exc:  # cancelled or re-queued in between: not ours to run
+    except PortalError as exc:  # cancelled, re-queued or claimed by another agent in between: not ours to run
         STATE.current_job = None
         logger.warning("job %s: the portal refused the claim (%s); dropping the delivery", job_id, exc)
         return None
@@ -149,8 +137,12 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
         except PortalError as exc:
             logger.warning("job %s: heartbeat failed (%s); the heartbeat thread will report it", job_id, exc)
 
-    spool = JobSpool(Path(STATE.spool_dir), job_id, portal_acked=int(job.get("events_acked") or 0))
-    outbox = ResultOutbox(client, job_id)
+    folder = STATE.spool_dir
+    identity = f"{STATE.portal_url.rstrip('/')} job {job_id} created {job.get('created_at')}"
+    acked = (claimed or {}).get("events_acked", job.get("events_acked"))
+    spool = JobSpool(folder, job_id, portal_acked=int(acked or 0), identity=identity)
+    outbox = ResultOutbox(folder, job_id, lambda stage, section: client.post_result(job_id, stage, section),
+                          retry_on=PortalUnavailable, identity=identity)
     sender_client = PortalClient(STATE.portal_url, STATE.token)
 
     def post(jid: int, events: list[dict[str, Any]]) -> int:
@@ -158,7 +150,7 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
         outbox.drain()  # results follow the events that announce them
         return acked
 
-    sender = SpoolSender(spool, post).start()
+    sender = SpoolSender(spool, post, retryable=_retryable).start()
 
     def emit(kind: str, message: str, *, level: str = "info", data: dict | None = None, stage: str = "") -> None:
         if kind == "result" and data and "section" in data:
@@ -170,7 +162,10 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
 
     done = threading.Event()
     try:
-        ctx = build_context(job_id, spec, emit)
+        ctx = build_context(job_id, spec, emit, manifest=job.get("manifest"))
+        STATE.cancel_event = ctx.cancel_event
+        if STATE.stopping.is_set():
+            ctx.cancel_event.set()
         watcher = threading.Thread(target=_watch_cancel, args=(client, job_id, ctx.cancel_event, done), daemon=True)
         watcher.start()
         emit("log", f"agent {STATE.hostname} runs job {job_id} (attempt {spec.get('attempt')}) on {ctx.device}")
@@ -181,9 +176,12 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
         report = {"failed_stage": "agent", "error": f"{type(exc).__name__}: {exc}", "tier": 0, "stages": {}}
     finally:
         done.set()
+        STATE.cancel_event = None
     cancelled = report.get("error") == "cancelled"
     _finish(client, sender, outbox, job_id, report, cancelled)
     spool.close()
+    outbox.close()
+    release_job_files(folder, job_id)
     sender_client.close()
     client.close()
     STATE.current_job = None
@@ -192,9 +190,17 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
 
 def _finish(client: PortalClient, sender: SpoolSender, outbox: ResultOutbox, job_id: int, report: dict[str, Any],
             cancelled: bool) -> None:
-    """Delivers every event and result, then the final state (a cancelled job is already final)."""
-    flushed = sender.flush(FLUSH_SECONDS)
+    """Delivers every event and result, then the final state (a cancelled job is already final). A spool the
+    portal cannot accept fails the job naming why; a shutdown leaves what is undelivered on disk."""
+    flushed = sender.flush(FLUSH_SECONDS, abort=STATE.stopping)
     sender.stop()
+    if STATE.stopping.is_set():
+        logger.warning("job %s: the agent is stopping; undelivered events and results stay in %s", job_id,
+                       STATE.spool_dir)
+        return
+    if sender.fatal and not cancelled:
+        report = {**report, "failed_stage": report.get("failed_stage") or "agent",
+                  "error": f"the job's event log cannot be delivered: {sender.fatal}"}
     deadline = time.monotonic() + FLUSH_SECONDS
     while True:
         try:
@@ -203,15 +209,17 @@ def _finish(client: PortalClient, sender: SpoolSender, outbox: ResultOutbox, job
                 return
             failed = report.get("failed_stage")
             if failed:
-                client.set_job_state(job_id, "failed", failed_stage=failed, error=report.get("error") or "failed")
+                client.set_job_state(job_id, "failed", failed_stage=failed, error=report.get("error") or "failed",
+                                     agent_id=STATE.agent_id)
             else:
-                client.set_job_state(job_id, "succeeded")
+                client.set_job_state(job_id, "succeeded", agent_id=STATE.agent_id)
             return
         except PortalUnavailable:
             if time.monotonic() > deadline:
                 logger.error("job %s: portal unreachable; the final state was not delivered", job_id)
                 return
-            time.sleep(2)
+            if STATE.stopping.wait(2):
+                return
         except PortalError as exc:
             logger.warning("job %s: final report refused: %s (events flushed: %s)", job_id, exc, flushed)
             return
