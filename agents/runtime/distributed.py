@@ -8,6 +8,7 @@ single process never touches ``torch.distributed``.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -98,10 +99,80 @@ def destroy_distributed() -> None:
     set_parallel_state()
 
 
+class CommTimer:
+    """Time in collectives against time in steps on this rank, for the benchmark's communication overhead ratio.
+
+    Off by default and then free (one attribute test per collective). While on (a benchmark asked), every
+    collective and every step is bracketed by a device synchronisation so the host clock measures the device's
+    work: that costs a host sync per collective, which is why the serving path never pays it unasked."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.comm_seconds = 0.0
+        self.step_seconds = 0.0
+        self.steps = 0
+        self.calls = 0
+        self._depth = 0
+
+    def enable(self, on: bool = True) -> None:
+        """Start (or stop) timing from zero."""
+        self.reset()
+        self.enabled = on
+
+    def snapshot(self) -> dict[str, Any]:
+        ratio = self.comm_seconds / self.step_seconds if self.step_seconds > 0 else None
+        return {"enabled": self.enabled, "steps": self.steps, "collectives": self.calls,
+                "comm_seconds": self.comm_seconds, "step_seconds": self.step_seconds, "comm_overhead_ratio": ratio}
+
+    @staticmethod
+    def _sync(device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def collective(self, x: torch.Tensor, op: Callable[[], Any]) -> Any:
+        if not self.enabled:
+            return op()
+        self._sync(x.device)
+        t0 = time.perf_counter()
+        out = op()
+        self._sync(x.device)
+        self.comm_seconds += time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+    def step(self, fn: Callable) -> Callable:
+        """Decorator of a runner's ``execute(self, inputs)``: one engine step on this rank (``self.device``)."""
+
+        @functools.wraps(fn)
+        def timed(runner: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.enabled or self._depth:
+                return fn(runner, *args, **kwargs)
+            device = torch.device(runner.device)
+            self._sync(device)
+            self._depth += 1
+            t0 = time.perf_counter()
+            try:
+                out = fn(runner, *args, **kwargs)
+                self._sync(device)
+            finally:
+                self._depth -= 1
+            self.step_seconds += time.perf_counter() - t0
+            self.steps += 1
+            return out
+
+        return timed
+
+
+COMM_TIMER = CommTimer()
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum ``x`` over all ranks in place (no-op at world size 1)."""
     if _collectives_active():
-        dist.all_reduce(x)
+        COMM_TIMER.collective(x, lambda: dist.all_reduce(x))
     return x
 
 
@@ -110,7 +181,7 @@ def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if not _collectives_active():
         return x
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
+    COMM_TIMER.collective(x, lambda: dist.all_gather(parts, x.contiguous()))
     return torch.cat(parts, dim=dim)
 
 

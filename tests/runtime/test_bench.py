@@ -42,10 +42,22 @@ def test_table_lists_sweep_and_long_context():
 
 
 def test_expert_balance_summary():
-    out = expert_balance([[10, 10, 10, 10], [40, 0, 0, 0], [0, 0, 0, 0]])
+    out = expert_balance([[10, 10, 10, 10], [40, 0, 0, 0], [0, 0, 0, 0]], ep_size=2)
     assert out["layers"] == 2 and out["experts"] == 4 and out["routed_tokens"] == 80
     assert out["worst_layer_max_over_mean"] == 4.0 and out["max_over_mean"] == 2.5
+    assert out["tokens_per_expert"] == [50, 10, 10, 10]
+    assert out["tokens_per_ep_rank"] == [60, 20] and out["ep_size"] == 2
+    assert out["ep_max_over_mean"] == 1.5  # layer 0 balanced (1.0), layer 1 all on rank 0 (2.0)
     assert expert_balance([[0, 0]]) is None
+
+
+def test_tpot_jitter_is_p99_over_p50():
+    fast = [RequestResult(ok=True, ttft=0.1, e2e=0.1 + 0.01 * 9, output_tokens=10) for _ in range(98)]
+    slow = [RequestResult(ok=True, ttft=0.1, e2e=0.1 + 0.05 * 9, output_tokens=10) for _ in range(2)]
+    run = summarize(fast + slow, duration=1.0, concurrency=1)
+    assert run["tpot_jitter"] == pytest.approx(run["tpot_ms"]["p99"] / run["tpot_ms"]["p50"], rel=1e-3)
+    assert run["tpot_jitter"] > 3
+    assert summarize([], duration=1.0)["tpot_jitter"] is None
 
 
 def test_benchmark_against_a_live_moe_server_reports_expert_load():
@@ -75,3 +87,8 @@ def test_benchmark_against_a_live_moe_server_reports_expert_load():
     tokens_fed = 4 * (12 + 5 - 1)  # the last sampled token of each request is never fed back
     assert load["routed_tokens"] == tokens_fed * config["num_experts_per_tok"] * config["num_hidden_layers"]
     assert load["max_over_mean"] >= 1.0
+    assert sum(load["tokens_per_expert"]) == load["routed_tokens"] == sum(load["tokens_per_ep_rank"])
+    run = section["runs"][0]
+    assert run["expert_balance"]["routed_tokens"] == load["routed_tokens"]  # the only run: the whole window
+    assert run["comm_overhead_ratio"] == 0.0 and run["comm"]["steps"] > 0  # one process: no collectives
+    assert run["tpot_jitter"] >= 1.0

@@ -117,12 +117,46 @@ async def _peak_memory(client: httpx.AsyncClient, base: str) -> int | None:
     return None
 
 
-async def _expert_counts(client: httpx.AsyncClient, base: str) -> list[list[int]] | None:
+async def _expert_counts(client: httpx.AsyncClient, base: str) -> tuple[list[list[int]], int] | None:
+    """(tokens per layer and expert so far, EP size), or None when the server has no routed experts."""
     try:
         resp = await client.get(f"{base}/stats/experts")
     except httpx.HTTPError:
         return None
-    return resp.json()["counts"] if resp.status_code == 200 else None
+    if resp.status_code != 200:
+        return None
+    body = resp.json()
+    return body["counts"], int(body.get("ep_size") or 1)
+
+
+def _balance(before: tuple[list[list[int]], int] | None, after: tuple[list[list[int]], int] | None) -> dict | None:
+    if before is None or after is None:
+        return None
+    delta = [[a - b for a, b in zip(la, lb, strict=True)] for la, lb in zip(after[0], before[0], strict=True)]
+    return expert_balance(delta, after[1])
+
+
+async def _comm_timer(client: httpx.AsyncClient, base: str, on: bool) -> dict | None:
+    """Start (``on``) or stop the server's collective timer; its totals (None: a server without one)."""
+    try:
+        resp = await client.post(f"{base}/stats/comm", json={"enabled": on})
+    except httpx.HTTPError:
+        return None
+    return resp.json() if resp.status_code == 200 else None
+
+
+async def _measured_run(client: httpx.AsyncClient, base: str, prompts: list[Any], **kwargs: Any) -> dict:
+    """One run with the server's counters around it: the communication overhead ratio (time in collectives over
+    step time, timed on the serving rank with device synchronisation only for this run) and the expert balance
+    of the tokens this run routed."""
+    experts_before = await _expert_counts(client, base)
+    await _comm_timer(client, base, True)
+    run = await _run(client, base, prompts, **kwargs)
+    comm = await _comm_timer(client, base, False)
+    run["comm_overhead_ratio"] = comm.get("comm_overhead_ratio") if comm else None
+    run["comm"] = comm
+    run["expert_balance"] = _balance(experts_before, await _expert_counts(client, base))
+    return run
 
 
 async def run_benchmark_async(
@@ -157,7 +191,7 @@ async def run_benchmark_async(
         runs = []
         for conc in concurrency:
             runs.append(
-                await _run(
+                await _measured_run(
                     client,
                     base,
                     prompts,
@@ -174,7 +208,7 @@ async def run_benchmark_async(
             long_in = min(long_in, max_len - output_len - 1)
             if long_in > input_len:
                 long_prompts = make_prompts(2, long_in, vocab, seed + 1)
-                long_run = await _run(
+                long_run = await _measured_run(
                     client,
                     base,
                     long_prompts,
@@ -187,12 +221,7 @@ async def run_benchmark_async(
                 long_run["input_len"] = long_in
         peak = await _peak_memory(client, base)
         experts_after = await _expert_counts(client, base)
-    expert_load = None
-    if experts_before is not None and experts_after is not None:
-        delta = [
-            [a - b for a, b in zip(la, lb, strict=True)] for la, lb in zip(experts_after, experts_before, strict=True)
-        ]
-        expert_load = expert_balance(delta)
+    expert_load = _balance(experts_before, experts_after)
     return {
         "endpoint": base,
         "model": model,

@@ -36,17 +36,25 @@ def stats_ms(values: list[float]) -> dict[str, float | None]:
     }
 
 
+def jitter(stats: dict[str, float | None]) -> float | None:
+    """p99 / p50 of a latency summary (1.0: every step as fast as the median); None without data."""
+    p50, p99 = stats.get("p50"), stats.get("p99")
+    return round(p99 / p50, 4) if p50 and p99 is not None else None
+
+
 def summarize(results: list[RequestResult], duration: float, **extra: object) -> dict:
     """One ``runs`` entry of the bench section."""
     done = [r for r in results if r.ok]
     output_tokens = sum(r.output_tokens for r in done)
+    tpot = stats_ms([r.tpot for r in done if r.tpot is not None])
     return {
         **extra,
         "completed": len(done),
         "failed": len(results) - len(done),
         "duration_s": round(duration, 3),
         "ttft_ms": stats_ms([r.ttft for r in done]),
-        "tpot_ms": stats_ms([r.tpot for r in done if r.tpot is not None]),
+        "tpot_ms": tpot,
+        "tpot_jitter": jitter(tpot),
         "itl_ms": stats_ms([gap for r in done for gap in r.itl]),
         "e2e_ms": stats_ms([r.e2e for r in done]),
         "input_tokens": sum(r.prompt_tokens for r in done),
@@ -57,20 +65,32 @@ def summarize(results: list[RequestResult], duration: float, **extra: object) ->
     }
 
 
-def expert_balance(counts: list[list[int]]) -> dict | None:
-    """Per-layer expert counts summarised: max/mean load (1.0 is perfect balance) and coefficient of variation."""
+def expert_balance(counts: list[list[int]], ep_size: int = 1) -> dict | None:
+    """Per-layer expert counts summarised: max/mean load per layer (1.0 is perfect balance, averaged over layers
+    and the worst layer), coefficient of variation, tokens per expert (all layers) and per EP rank (experts
+    partitioned in contiguous blocks, as the runtime places them) with that rank's max/mean."""
     rows = [np.asarray(row, dtype=np.float64) for row in counts]
     rows = [r for r in rows if r.sum() > 0]
     if not rows:
         return None
     ratio = [float(r.max() / r.mean()) for r in rows]
+    experts = int(rows[0].size)
+    per_expert = np.sum([r for r in rows if r.size == experts], axis=0)
+    ep = ep_size if ep_size >= 1 and experts % ep_size == 0 else 1
+    per_rank = per_expert.reshape(ep, experts // ep).sum(axis=1)
+    # the busiest rank's share of the layer, per layer: what an EP step waits for
+    rank_ratio = [float(r.reshape(ep, -1).sum(axis=1).max() / (r.sum() / ep)) for r in rows if r.size == experts]
     return {
         "layers": len(rows),
-        "experts": int(rows[0].size),
+        "experts": experts,
         "max_over_mean": round(float(np.mean(ratio)), 4),
         "worst_layer_max_over_mean": round(max(ratio), 4),
         "cv": round(float(np.mean([r.std() / r.mean() for r in rows])), 4),
         "routed_tokens": int(sum(r.sum() for r in rows)),
+        "tokens_per_expert": [int(v) for v in per_expert],
+        "ep_size": ep,
+        "tokens_per_ep_rank": [int(v) for v in per_rank],
+        "ep_max_over_mean": round(float(np.mean(rank_ratio)), 4),
     }
 
 
@@ -92,6 +112,16 @@ def format_table(section: dict) -> str:
                 line += f"{'-' if value is None else f'{value:.1f}':>11}"
         lines.append(line)
     lines.append("(latencies in ms)")
+    for case, run in runs:
+        extras = []
+        if run.get("tpot_jitter") is not None:
+            extras.append(f"TPOT p99/p50 {run['tpot_jitter']:.2f}")
+        if run.get("comm_overhead_ratio") is not None:
+            extras.append(f"comm overhead {run['comm_overhead_ratio']:.1%}")
+        if run.get("expert_balance"):
+            extras.append(f"expert max/mean {run['expert_balance']['max_over_mean']:.2f}")
+        if extras:
+            lines.append(f"{case} c={run['concurrency']}: " + ", ".join(extras))
     if section.get("expert_load"):
         load = section["expert_load"]
         lines.append(

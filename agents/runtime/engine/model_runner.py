@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from agents.runtime.context import ForwardContext
+from agents.runtime.distributed import COMM_TIMER
 from agents.runtime.engine.block_manager import BlockManager
 from agents.runtime.engine.logprobs import ROW_CHUNK, token_logprobs
 from agents.runtime.engine.outputs import TokenLogprob
@@ -174,6 +175,7 @@ class ModelRunner:
         }
 
     @torch.inference_mode()
+    @COMM_TIMER.step
     def execute(self, inputs: dict[str, Any]) -> tuple[torch.Tensor | None, list[TokenLogprob]]:
         """Run the model on prepared inputs: logits [N, V] of the rows that sample (None when none does) and
         the logprobs of the prompt tokens in ``prompt_rows`` (every rank computes both: the LM head of a

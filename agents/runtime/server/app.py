@@ -187,7 +187,22 @@ def create_app(
         engine = runtime.engine if runtime.ready else None
         if engine is None or not engine.expert_load.active:
             return APIError(404, "this model has no routed experts (or is still loading)").response()
-        return JSONResponse({"counts": engine.expert_load.counts()})
+        return JSONResponse({"counts": engine.expert_load.counts(), "ep_size": engine.expert_load.ep_size})
+
+    async def comm_timer(request: Request) -> Response:
+        """GET: this rank's time in collectives and in steps so far; POST ``{"enabled": bool}``: start timing
+        from zero, or stop (answering the totals). Timing synchronises the device per collective: only on ask."""
+        from agents.runtime.distributed import COMM_TIMER
+
+        if request.method == "POST":
+            body = parse_json(await read_body_limited(request, 4096))
+            enabled = body.get("enabled") if isinstance(body, dict) else None
+            if not isinstance(enabled, bool):
+                raise APIError(400, "'enabled' must be true or false", "enabled")
+            totals = COMM_TIMER.snapshot()
+            COMM_TIMER.enable(enabled)
+            return JSONResponse(totals if not enabled else COMM_TIMER.snapshot())
+        return JSONResponse(COMM_TIMER.snapshot())
 
     routes = [
         Route("/v1/completions", guarded(completions), methods=["POST"]),
@@ -198,6 +213,7 @@ def create_app(
         Route("/ready", ready),
         Route("/metrics", metrics),
         Route("/stats/experts", expert_load),
+        Route("/stats/comm", guarded(comm_timer), methods=["GET", "POST"]),
     ]
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
