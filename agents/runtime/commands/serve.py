@@ -21,6 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $DAY0_API_KEY; /health stays open)")
+    p.add_argument("--allowed-origins", default="",
+                   help="comma-separated CORS origins allowed to call the API ('*' for any; default: none)")
+    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
     p.set_defaults(handler=handle)
 
 
@@ -34,6 +39,10 @@ def handle(args: argparse.Namespace) -> int:
     if args.tp < 1:
         print(f"day0 serve: --tp must be >= 1, got {args.tp}", flush=True)
         return 2
+    if not 0.001 <= args.max_body_mb <= 1024:
+        print(f"day0 serve: --max-body-mb must be in [0.001, 1024], got {args.max_body_mb}", flush=True)
+        return 2
+    origins = [o.strip() for o in args.allowed_origins.split(",") if o.strip()]
     from agents.runtime.server.launcher import serve
 
     run = serve
@@ -48,6 +57,9 @@ def handle(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         model_name=args.served_model_name,
+        api_key=args.api_key,
+        allowed_origins=origins,
+        max_body_bytes=int(args.max_body_mb * 2**20),
         dtype=args.dtype,
         device=args.device,
         num_blocks=args.num_blocks,

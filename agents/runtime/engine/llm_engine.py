@@ -269,10 +269,9 @@ class LLMEngine:
 
     def close(self) -> None:
         """Release the other tensor-parallel ranks, if any (the engine is unusable afterwards)."""
-        if self.runner.broadcast is not None:
-            from agents.runtime.engine.tp import detach
-
-            detach(self)
+        broadcast, self.runner.broadcast = self.runner.broadcast, None
+        if broadcast is not None:
+            broadcast(None)  # ``None`` stops the workers (see ``engine/tp.py``)
 
     def stats(self) -> dict[str, int]:
         return {

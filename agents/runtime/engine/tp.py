@@ -30,13 +30,6 @@ def attach(engine: Any) -> None:
     engine.runner.broadcast = broadcast_from_rank0
 
 
-def detach(engine: Any) -> None:
-    """Rank 0: stop the workers."""
-    if engine.runner.broadcast is not None:
-        engine.runner.broadcast = None
-        broadcast_from_rank0(None)
-
-
 def worker(model_dir: str, dtype: str, device: str) -> None:
     """Ranks > 0: load this rank's shard, size the cache as rank 0 says, run every step rank 0 sends."""
     from agents.runtime.engine.model_runner import ModelRunner
@@ -59,7 +52,7 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
         if rank == 0:
             from agents.runtime.server.launcher import serve
 
-            code = serve(model_dir, tp_attach=True, **serve_kwargs)
+            code = serve(model_dir, on_engine=attach, **serve_kwargs)  # the other ranks follow every step
             sys.exit(code)
         worker(model_dir, serve_kwargs.get("dtype", "float32"), serve_kwargs.get("device", "cpu"))
     finally:

@@ -7,12 +7,14 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
 from agents.runtime.server.app import create_app
+from agents.runtime.server.middleware import DEFAULT_MAX_BODY_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +32,15 @@ def build_server(
     port: int = 8000,
     model_name: str | None = None,
     log_level: str = "info",
-    tp_attach: bool = False,
+    on_engine: Callable[[Any], None] | None = None,
+    api_key: str | None = None,
+    allowed_origins: Sequence[str] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     **engine_settings: Any,
 ) -> uvicorn.Server:
-    """A uvicorn server whose app loads ``model_dir`` in its engine thread; a failed load stops the server."""
+    """A uvicorn server whose app loads ``model_dir`` in its engine thread; a failed load stops the server.
+    ``on_engine`` runs on the built engine before it serves (tensor parallelism attaches its ranks there).
+    ``api_key`` None: ``DAY0_API_KEY`` from the environment, if set."""
     from agents.runtime.engine import LLMEngine
 
     model_dir = Path(model_dir)
@@ -47,13 +54,18 @@ def build_server(
 
     def factory() -> LLMEngine:
         engine = LLMEngine(model_dir, **engine_settings)
-        if tp_attach:  # rank 0 of a tensor-parallel group: the other ranks follow every step
-            from agents.runtime.engine.tp import attach
-
-            attach(engine)
+        if on_engine is not None:
+            on_engine(engine)
         return engine
 
-    app = create_app(factory, model_name or model_dir.name, on_fatal=fatal)
+    app = create_app(
+        factory,
+        model_name or model_dir.name,
+        on_fatal=fatal,
+        api_key=api_key if api_key is not None else os.environ.get("DAY0_API_KEY") or None,
+        allowed_origins=allowed_origins,
+        max_body_bytes=max_body_bytes,
+    )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     holder["server"] = server
