@@ -9,20 +9,44 @@ from django.db import models
 
 
 class StageResult(models.Model):
-    """One stage's section of one job's report. ``passed`` is ``agents.pipeline.tiers.stage_passed``."""
+    """One stage's section of one job's report and the portal's verdict on it.
+
+    ``verdict`` is computed by the portal (``agents.pipeline.verdicts``) from the numbers in the section, with
+    the job's thresholds over the defaults of ``defaults_version``; ``passed`` is ``verdict == "pass"``.
+    ``claimed_passed`` is the agent's own flag, kept as a claim and never read by a tier. ``synthetic``: written
+    by ``seed_evidence``, not by an agent."""
 
     job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="stage_results")
     stage = models.CharField(max_length=32)
     passed = models.BooleanField()
+    verdict = models.CharField(max_length=16, default="incomplete")  # pass | fail | incomplete
+    reasons = models.JSONField(default=list, blank=True)  # sentences naming the part, empty when passing
+    verdict_notes = models.JSONField(default=list, blank=True)
+    defaults_version = models.CharField(max_length=32, blank=True)
+    custom_thresholds = models.JSONField(default=list, blank=True)  # the job's keys looser than the defaults
+    claimed_passed = models.BooleanField(null=True)
+    synthetic = models.BooleanField(default=False)
     section = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    @property
+    def disputed(self) -> bool:
+        """The agent claimed a pass (or a failure) that the portal's verdict does not share."""
+        return self.claimed_passed is not None and self.claimed_passed != (self.verdict == "pass")
+
+    def summary(self) -> dict:
+        """What the results API answers for a stored stage."""
+        return {"stage": self.stage, "passed": self.passed, "verdict": self.verdict, "reasons": self.reasons,
+                "claimed_passed": self.claimed_passed, "disputed": self.disputed,
+                "defaults_version": self.defaults_version, "custom_thresholds": self.custom_thresholds,
+                "synthetic": self.synthetic}
 
     class Meta:
         ordering = ["job_id", "created_at"]
         constraints = [models.UniqueConstraint(fields=["job", "stage"], name="uniq_stage_result")]
 
     def __str__(self) -> str:
-        return f"{self.job_id}:{self.stage} {'pass' if self.passed else 'fail'}"
+        return f"{self.job_id}:{self.stage} {self.verdict}"
 
 
 class PlanEvidence(models.Model):

@@ -7,6 +7,10 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+# The largest magnitude a result number may have: above every real count of bytes, tokens or milliseconds,
+# and below PostgreSQL's bigint (2**63 ≈ 9.2e18).
+MAX_NUMBER = 1e18
+
 
 def fail(path: str, message: str) -> ValidationError:
     return ValidationError({path: message})
@@ -20,11 +24,13 @@ def obj(value: Any, path: str, *, required: bool = True) -> dict[str, Any]:
     return value
 
 
-def arr(value: Any, path: str) -> list[Any]:
+def arr(value: Any, path: str, *, max_items: int = 10_000) -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
         raise fail(path, "must be a list")
+    if len(value) > max_items:
+        raise fail(path, f"has {len(value)} items; at most {max_items} are accepted")
     return value
 
 
@@ -38,22 +44,50 @@ def num(section: dict[str, Any], key: str, path: str, *, required: bool = False)
         raise fail(f"{path}.{key}", f"must be a number, got {type(value).__name__}")
     if not math.isfinite(value):
         return None  # NaN/Inf metrics are stored as unknown (JSON has no NaN; some clients send it anyway)
+    if abs(value) > MAX_NUMBER:
+        raise fail(f"{path}.{key}", f"{value:g} is out of range: a result number is at most {MAX_NUMBER:g} in size")
     return float(value)
 
 
-def integer(section: dict[str, Any], key: str, path: str, *, required: bool = False) -> int | None:
+def integer(section: dict[str, Any], key: str, path: str, *, required: bool = False, low: int | None = None,
+            high: int | None = None) -> int | None:
     value = section.get(key)
     if value is None:
         if required:
             raise fail(f"{path}.{key}", "is required")
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise fail(f"{path}.{key}", f"must be an integer, got {type(value).__name__}")
-    if abs(value) >= 2**63:
-        raise fail(f"{path}.{key}", "is out of range")
+        if not (isinstance(value, float) and value.is_integer()):
+            raise fail(f"{path}.{key}", f"must be an integer, got {type(value).__name__}")
+        if abs(value) > MAX_NUMBER:
+            raise fail(f"{path}.{key}", f"{value:g} is out of range: at most {MAX_NUMBER:g} in size")
+        value = int(value)
+    if abs(value) > MAX_NUMBER:
+        raise fail(f"{path}.{key}", f"{value} is out of range: at most {MAX_NUMBER:g} in size")
+    if low is not None and value < low or high is not None and value > high:
+        raise fail(f"{path}.{key}", f"{value} is out of range: must be from {low} to {high}")
     return value
+
+
+def check_numbers(value: Any, path: str, *, max_depth: int = 32) -> None:
+    """Every number anywhere in ``value`` is finite and at most ``MAX_NUMBER`` in size, and the document nests
+    at most ``max_depth`` deep; the first offender is a ValidationError naming its path."""
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while stack:
+        item, at, depth = stack.pop()
+        if depth > max_depth:
+            raise fail(at, f"nests deeper than {max_depth} levels")
+        if isinstance(item, dict):
+            stack.extend((v, f"{at}.{k}", depth + 1) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]", depth + 1) for i, v in enumerate(item))
+        elif isinstance(item, float) and not isinstance(item, bool):
+            if not math.isfinite(item):
+                raise fail(at, "must be a finite number")
+            if abs(item) > MAX_NUMBER:
+                raise fail(at, f"{item:g} is out of range: a result number is at most {MAX_NUMBER:g} in size")
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_NUMBER:
+            raise fail(at, f"{item} is out of range: a result number is at most {MAX_NUMBER:g} in size")
 
 
 def boolean(section: dict[str, Any], key: str, path: str, *, required: bool = False) -> bool | None:

@@ -54,7 +54,10 @@ def cell_evidence(model_id: int, hardware_id: int) -> dict[str, Any]:
     newest = newest_results(model_id, hardware_id)
     sections = dict(StageResult.objects.filter(pk__in=[r.pk for r in newest.values()]).values_list("stage", "section"))
     out: dict[str, Any] = {
-        "stages": {stage: {"job": r.job_id, "passed": r.passed, "at": r.created_at.isoformat(),
+        "stages": {stage: {"job": r.job_id, "passed": r.passed, "verdict": r.verdict, "reasons": r.reasons,
+                           "claimed_passed": r.claimed_passed, "disputed": r.disputed,
+                           "defaults_version": r.defaults_version, "custom_thresholds": r.custom_thresholds,
+                           "synthetic": r.synthetic, "at": r.created_at.isoformat(),
                            "section": sections.get(stage)} for stage, r in newest.items()},
     }
     inventory = newest.get("inventory")
@@ -76,7 +79,8 @@ def cell_evidence(model_id: int, hardware_id: int) -> dict[str, Any]:
     }
     point_fields = [f.name for f in BenchmarkPoint._meta.fields if f.name not in ("id", "run")]
     out["benchmarks"] = [
-        {"job": run.result.job_id, "at": run.created_at.isoformat(),
+        {"job": run.result.job_id, "at": run.created_at.isoformat(), "synthetic": run.result.synthetic,
+         "verdict": run.result.verdict,
          "points": [{name: getattr(pt, name) for name in point_fields} for pt in run.points.all()]}
         for run in benchmark_runs(model_id, hardware_id)
     ]

@@ -14,7 +14,12 @@ class Cell(models.Model):
     model = models.ForeignKey("catalog.ModelRelease", on_delete=models.CASCADE, related_name="cells")
     hardware = models.ForeignKey("catalog.Hardware", on_delete=models.CASCADE, related_name="cells")
     tier = models.PositiveSmallIntegerField(default=0, db_index=True)
-    stage_passed = models.JSONField(default=dict, blank=True)  # stage -> newest evidence passes
+    stage_passed = models.JSONField(default=dict, blank=True)  # stage -> the newest evidence's verdict passes
+    # stage -> the newest verdict: {"status", "reasons", "claimed", "disputed", "job", "defaults_version", ...}
+    verdicts = models.JSONField(default=dict, blank=True)
+    custom_thresholds = models.BooleanField(default=False, help_text="the tier rests on looser thresholds")
+    synthetic = models.BooleanField(default=False, help_text="the tier rests on seeded (synthetic) evidence")
+    disputed = models.JSONField(default=list, blank=True)  # stages whose newest claim and verdict disagree
     tier_reached_at = models.JSONField(default=dict, blank=True)  # "tier" -> ISO time it was first reached
     current_tier_reached_at = models.DateTimeField(null=True, blank=True)
     lead_hours = models.FloatField(null=True, blank=True, help_text="Day-0 lead time of the current tier, hours")

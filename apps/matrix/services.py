@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.pipeline.tiers import TIER_GATES, TIER_NAMES, compute_tier
+from agents.pipeline.verdicts import PASS
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import StageResult
 from apps.jobs.choices import FINISHED_STATES, JobState
@@ -90,40 +91,66 @@ def refresh_lead_times(model: ModelRelease) -> None:
     Cell.objects.bulk_update(cells, ["lead_hours"])
 
 
-def _newest_pass_flags(model_id: int, hardware_id: int) -> tuple[dict[str, bool], dict[str, datetime]]:
-    """stage -> pass flag of its newest evidence in this cell, and when that evidence arrived."""
-    flags: dict[str, bool] = {}
-    times: dict[str, datetime] = {}
-    rows = (
-        StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
-        .order_by("stage", "-created_at", "-id")
-        .values_list("stage", "passed", "created_at")
-    )
-    for stage, passed, created_at in rows:
-        if stage not in flags:
-            flags[stage] = passed
-            times[stage] = created_at
-    return flags, times
+def _newest_verdicts(model_id: int, hardware_id: int) -> dict[str, StageResult]:
+    """stage -> its newest result in this cell (with the verdict, the claim and when it arrived)."""
+    newest: dict[str, int] = {}
+    for pk, stage in (StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
+                      .order_by("stage", "-created_at", "-id").values_list("id", "stage")):
+        newest.setdefault(stage, pk)
+    rows = StageResult.objects.filter(pk__in=list(newest.values())).defer("section")
+    return {r.stage: r for r in rows}
+
+
+def _verdict_summary(result: StageResult) -> dict[str, Any]:
+    return {"status": result.verdict, "reasons": result.reasons, "claimed": result.claimed_passed,
+            "disputed": result.disputed, "job": result.job_id, "at": result.created_at.isoformat(),
+            "defaults_version": result.defaults_version, "custom_thresholds": result.custom_thresholds,
+            "synthetic": result.synthetic}
+
+
+def tier_times(reached: dict[str, str], tier: int, times: dict[str, datetime], now: datetime) -> dict[str, str]:
+    """The first time each tier up to ``tier`` was reached, kept monotone: a tier is reached no earlier than
+    its own gate's evidence, nor than any tier below it (whatever order the stages arrived in)."""
+    out = dict(reached)
+    floor: datetime | None = None
+    for level, stage in TIER_GATES:
+        known = out.get(str(level))
+        if known is None:
+            if level > tier:
+                break
+            at = times.get(stage) or now
+        else:
+            at = datetime.fromisoformat(known)
+        if floor is not None and at < floor:
+            at = floor
+        out[str(level)] = at.isoformat()
+        floor = at
+    return out
 
 
 @transaction.atomic
 def recompute_cell(model_id: int, hardware_id: int) -> Cell:
-    """Recomputes a cell's tier from the newest evidence of each stage, its "failed at" from the newest
-    finished job, and the first time each tier was reached. Broadcasts the change after commit."""
+    """Recomputes a cell's tier from the portal's verdicts on the newest evidence of each stage (never the
+    agent's claimed flags), its "failed at" from the newest finished job (or the first gate above the tier
+    whose newest verdict refuses it, with the reasons), whether the tier rests on custom thresholds or
+    synthetic evidence, and the first time each tier was reached (monotone). Broadcasts the change after
+    commit."""
     Cell.objects.bulk_create([Cell(model_id=model_id, hardware_id=hardware_id)], ignore_conflicts=True)
     cell = Cell.objects.select_for_update().select_related("model", "hardware").get(
         model_id=model_id, hardware_id=hardware_id
     )
     before = (cell.tier, cell.failed_stage, cell.error)
-    flags, times = _newest_pass_flags(model_id, hardware_id)
+    newest = _newest_verdicts(model_id, hardware_id)
+    flags = {stage: r.verdict == PASS for stage, r in newest.items()}
+    times = {stage: r.created_at for stage, r in newest.items()}
     tier = compute_tier(flags)
     now = timezone.now()
-    reached = dict(cell.tier_reached_at or {})
-    for level, stage in TIER_GATES:
-        if level > tier:
-            break
-        if str(level) not in reached:
-            reached[str(level)] = (times.get(stage) or now).isoformat()
+    reached = tier_times(dict(cell.tier_reached_at or {}), tier, times, now)
+    gates = [newest[stage] for level, stage in TIER_GATES if level <= tier]
+    cell.verdicts = {stage: _verdict_summary(r) for stage, r in sorted(newest.items())}
+    cell.disputed = sorted(stage for stage, r in newest.items() if r.disputed)
+    cell.custom_thresholds = any(r.custom_thresholds for r in gates)
+    cell.synthetic = any(r.synthetic for r in gates)
     jobs = Job.objects.filter(model_id=model_id, hardware_id=hardware_id)
     newest_finished = jobs.filter(state__in=FINISHED_STATES).order_by("-finished_at", "-id").first()
     cell.tier = tier
@@ -131,9 +158,14 @@ def recompute_cell(model_id: int, hardware_id: int) -> Cell:
     cell.tier_reached_at = reached
     cell.current_tier_reached_at = datetime.fromisoformat(reached[str(tier)]) if tier else None
     cell.lead_hours = lead_hours(cell.current_tier_reached_at, cell.model.released_at)
+    next_gate = next((stage for level, stage in TIER_GATES if level == tier + 1), None)
+    refused = newest.get(next_gate) if next_gate else None
     if newest_finished is not None and newest_finished.state in (JobState.FAILED, JobState.LOST):
         cell.failed_stage = newest_finished.failed_stage or str(newest_finished.state)
         cell.error = newest_finished.error
+    elif refused is not None and refused.verdict != PASS:  # the agent may think it passed: the portal says why not
+        cell.failed_stage = refused.stage
+        cell.error = "; ".join(refused.reasons)[:10_000]
     else:
         cell.failed_stage, cell.error = "", ""
     cell.last_job = jobs.order_by("-created_at", "-id").first()

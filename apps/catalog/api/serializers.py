@@ -5,6 +5,7 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
+from agents.pipeline.verdicts import check_manifest
 from apps.accounts.models import Organization
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.services import model_fields_from_config
@@ -22,9 +23,30 @@ class ModelReleaseSerializer(serializers.ModelSerializer):
         model = ModelRelease
         fields = ["id", "slug", "name", "organization", "hf_repo", "architecture", "family", "params_total",
                   "params_active", "published_params_total", "published_params_active", "context_length", "dtype",
-                  "modalities", "released_at", "visibility", "config", "created_at", "updated_at"]
+                  "modalities", "released_at", "visibility", "config", "manifest", "manifest_source", "manifest_seen",
+                  "tensor_count", "has_chat_template", "digest_conflict", "created_at", "updated_at"]
         read_only_fields = ["id", "architecture", "family", "params_total", "params_active", "context_length",
-                            "dtype", "created_at", "updated_at"]
+                            "dtype", "manifest_source", "manifest_seen", "digest_conflict", "created_at", "updated_at"]
+        extra_kwargs = {
+            "manifest": {"help_text": "the checksum manifest of the weight files, [{name, size, sha256}] (as "
+                                      "`day0 manifest MODEL_DIR` prints it); every load is compared with it. Without "
+                                      "one, the first passing load's digests are recorded (\"first seen\")"},
+            "tensor_count": {"min_value": 1, "max_value": 10_000_000},
+        }
+
+    manifest = serializers.JSONField(required=False)
+
+    def validate_manifest(self, value: Any) -> list[dict[str, Any]]:
+        try:
+            return check_manifest(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "manifest" in attrs:  # a manifest given through the API is the release's own, not first seen
+            attrs["manifest_source"] = "given" if attrs["manifest"] else ""
+            attrs["manifest_seen"] = {}
+        return attrs
 
     def validate_config(self, value: Any) -> dict[str, Any]:
         try:
@@ -40,10 +62,10 @@ class ModelReleaseSerializer(serializers.ModelSerializer):
 
 
 class ModelReleaseListSerializer(ModelReleaseSerializer):
-    """The list omits the (large) config."""
+    """The list omits the (large) config and manifest."""
 
     class Meta(ModelReleaseSerializer.Meta):
-        fields = [f for f in ModelReleaseSerializer.Meta.fields if f != "config"]
+        fields = [f for f in ModelReleaseSerializer.Meta.fields if f not in ("config", "manifest")]
 
 
 class HardwareSerializer(serializers.ModelSerializer):

@@ -4,13 +4,22 @@ from typing import Any
 
 from rest_framework import serializers
 
-from agents.pipeline.thresholds import check_thresholds
+from agents.pipeline.thresholds import check_thresholds, looser_keys
 from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
 from apps.catalog.api.serializers import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.selectors import job_waiting_reason
 
-BENCH_INT_KEYS = ("input_len", "output_len", "num_prompts", "request_rate", "max_concurrency")
+# Bounds of the bench settings a job may carry (the bench, comm, eval and soak stages read ``spec.bench``):
+# key -> (lowest, highest, integers only). Any other number in ``bench`` is bounded by JSON_INT_BOUND.
+BENCH_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "input_len": (1, 1 << 20, True), "output_len": (1, 1 << 20, True), "long_input_len": (1, 1 << 20, True),
+    "num_prompts": (1, 100_000, True), "max_concurrency": (1, 4096, True), "request_rate": (1e-3, 10_000, False),
+    "ready_timeout": (1, 86_400, False), "seed": (0, 2**63 - 1, True),
+}
+MAX_CONCURRENCY_LEVELS = 32
+MAX_BENCH_KEYS = 64
+JSON_INT_BOUND = 2**53  # exact in every JSON reader (JavaScript's Number, float64 columns)
 
 
 class JobCreateSerializer(serializers.Serializer):
@@ -47,14 +56,31 @@ class JobCreateSerializer(serializers.Serializer):
         return value
 
     def validate_bench(self, value: dict[str, Any]) -> dict[str, Any]:
+        """Bounded settings: each known key within its range, ``concurrency`` a short list of levels, every other
+        number within ±2**53 (a 400 names the key and the bound)."""
+        if len(value) > MAX_BENCH_KEYS:
+            raise serializers.ValidationError(f"at most {MAX_BENCH_KEYS} settings, got {len(value)}")
         conc = value.get("concurrency")
-        if conc is not None and not (isinstance(conc, list) and conc and all(
+        if conc is not None and not (isinstance(conc, list) and 0 < len(conc) <= MAX_CONCURRENCY_LEVELS and all(
                 isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 4096 for c in conc)):
-            raise serializers.ValidationError({"concurrency": "must be a non-empty list of integers from 1 to 4096"})
-        for key in BENCH_INT_KEYS:
+            raise serializers.ValidationError({"concurrency": [f"must be a list of 1 to {MAX_CONCURRENCY_LEVELS} "
+                                                               "integers from 1 to 4096"]})
+        for key, (low, high, integral) in BENCH_BOUNDS.items():
             v = value.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
-                raise serializers.ValidationError({key: "must be a positive number"})
+            if v is None:
+                continue
+            kind = "an integer" if integral else "a number"
+            if isinstance(v, bool) or not isinstance(v, int if integral else int | float) or not low <= v <= high:
+                raise serializers.ValidationError({key: [f"must be {kind} from {low:g} to {high:g}, got {v!r}"]})
+        serve_args = value.get("serve_args")
+        if serve_args is not None and not (isinstance(serve_args, list) and len(serve_args) <= 64 and all(
+                isinstance(a, str) and len(a) <= 256 for a in serve_args)):
+            raise serializers.ValidationError({"serve_args": ["must be a list of at most 64 strings of at most "
+                                                              "256 characters"]})
+        for key, v in value.items():
+            bad = _first_unbounded_number(v)
+            if bad is not None:
+                raise serializers.ValidationError({key: [f"numbers must lie within ±2**53, got {bad!r}"]})
         return value
 
     def spec(self) -> dict[str, Any]:
@@ -70,6 +96,19 @@ class JobCreateSerializer(serializers.Serializer):
         }
 
 
+def _first_unbounded_number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value if abs(value) > JSON_INT_BOUND else None
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        bad = _first_unbounded_number(child)
+        if bad is not None:
+            return bad
+    return None
+
+
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model.slug", read_only=True)
     hardware = serializers.CharField(source="hardware.slug", read_only=True)
@@ -78,13 +117,21 @@ class JobSerializer(serializers.ModelSerializer):
     waiting_reason = serializers.SerializerMethodField(
         help_text="why a dispatched job is not claimed yet, once it waited DAY0_JOB_STUCK_SECONDS; else null")
     stuck = serializers.SerializerMethodField(help_text="true when waiting_reason is set")
+    manifest = serializers.JSONField(source="model.manifest", read_only=True,
+                                     help_text="the release's checksum manifest [{name, size, sha256}] the load "
+                                               "stage compares every shard with; empty when none is known yet")
+    custom_thresholds = serializers.SerializerMethodField(
+        help_text="the job's threshold overrides looser than the defaults (its tiers are marked custom)")
 
     class Meta:
         model = Job
         fields = ["id", "model", "hardware", "organization", "requested_by", "spec", "state", "attempts", "agent",
                   "failed_stage", "error", "events_acked", "created_at", "updated_at", "dispatched_at", "started_at",
-                  "finished_at", "stuck", "waiting_reason"]
+                  "finished_at", "stuck", "waiting_reason", "manifest", "custom_thresholds"]
         read_only_fields = fields
+
+    def get_custom_thresholds(self, job: Job) -> list[str]:
+        return looser_keys(job.spec.get("thresholds") or {})
 
     def get_waiting_reason(self, job: Job) -> str | None:
         if not hasattr(job, "_waiting_reason"):

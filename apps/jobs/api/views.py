@@ -131,8 +131,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         services.check_agent_for_job(actor, job)
         results = services.do_record_job_results(job, request.data)
         cell = Cell.objects.get(model_id=job.model_id, hardware_id=job.hardware_id)
-        return Response({"job": job.pk, "stored": [{"stage": r.stage, "passed": r.passed} for r in results],
-                         "cell": {"tier": cell.tier, "tier_name": cell.tier_name, "failed_stage": cell.failed_stage}},
+        return Response({"job": job.pk, "stored": [r.summary() for r in results],
+                         "cell": {"tier": cell.tier, "tier_name": cell.tier_name, "failed_stage": cell.failed_stage,
+                                  "error": cell.error, "custom_thresholds": cell.custom_thresholds,
+                                  "disputed": cell.disputed}},
                         status=status.HTTP_201_CREATED)
 
     @extend_schema(request=JobStateSerializer, responses=JobSerializer)
