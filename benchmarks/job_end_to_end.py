@@ -58,10 +58,11 @@ def run_portal_job(arch: str) -> dict:
     portal = start_portal(port=port, env=env)
     from agents.runtime.testing.make_model import cached_model
     from agents.worker import demo
+    from day0portal.demo_seed import ensure_demo_model, make_agent_token
 
     cached_model(arch)  # built before the clock starts
-    slug, models_dir = demo.ensure_demo_model(arch)
-    agent, log = demo.start_agent(base, demo.make_agent_token("cpu"), models_dir=models_dir)
+    slug, models_dir = ensure_demo_model(arch)
+    agent, log = demo.start_agent(base, make_agent_token("cpu"), models_dir=models_dir)
     try:
         agent_ready = wait_agent(base, info.token)
         t0 = time.monotonic()

@@ -21,6 +21,8 @@ from urllib.request import urlopen
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_VARS = ("DAY0_DATABASE_URL", "DAY0_REDIS_URL")  # unset: the demo always runs on the embedded default
+GRACEFUL_SECONDS = 2  # how long the portal waits for open connections when the demo stops
+AGENT_STOP_SECONDS = "3"  # the demo agent's DAY0_AGENT_STOP_SECONDS: the demo exits within a few seconds
 
 
 @dataclass
@@ -86,14 +88,6 @@ def prepare_demo(env: dict[str, str], *, username: str = "admin") -> DemoInfo:
     return DemoInfo(username=user.username, password=password, token=secret, data_dir=Path(env["DAY0_DATA_DIR"]))
 
 
-def _die_with_parent() -> None:
-    """Linux: the server gets SIGTERM when the process that started it dies, even by SIGKILL."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def _check_port_free(host: str, port: int) -> None:
     """Refuses a port something else listens on (its /healthz would otherwise pass for ours)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -108,9 +102,11 @@ def start_portal(host: str = "127.0.0.1", port: int = 8000, *, env: dict[str, st
                  wait_s: float = 60.0) -> subprocess.Popen:
     """Starts ``uvicorn day0portal.asgi:application`` and returns its process once ``/healthz`` answers."""
     _check_port_free(host, port)
+    from agents.worker.lifecycle import die_with_parent
+
     command = [sys.executable, "-m", "uvicorn", "day0portal.asgi:application", "--host", host, "--port", str(port),
-               "--log-level", "warning"]
-    process = subprocess.Popen(command, cwd=ROOT, env=env or demo_environment(), preexec_fn=_die_with_parent)
+               "--log-level", "warning", "--timeout-graceful-shutdown", str(GRACEFUL_SECONDS)]
+    process = subprocess.Popen(command, cwd=ROOT, env=env or demo_environment(), preexec_fn=die_with_parent)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/healthz"
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
@@ -126,13 +122,15 @@ def start_portal(host: str = "127.0.0.1", port: int = 8000, *, env: dict[str, st
     raise RuntimeError(f"the portal did not answer {url} within {wait_s:.0f} s")
 
 
-def stop_portal(process: subprocess.Popen) -> None:
+def stop_portal(process: subprocess.Popen, timeout: float = GRACEFUL_SECONDS + 1) -> None:
+    """SIGTERM (uvicorn closes open WebSockets within ``GRACEFUL_SECONDS``), then SIGKILL."""
     if process.poll() is None:
         process.terminate()
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
+            process.wait()
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -140,6 +138,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the demo and what it started, like Ctrl-C
     env = demo_environment(args.data_dir)
     info = prepare_demo(env)
     try:
@@ -159,7 +158,6 @@ Day-0 Portal is running (embedded default; data in {info.data_dir})
   curl -H "Authorization: Token {info.token}" {base}/api/v1/matrix/
 
 Ctrl-C stops it.""", flush=True)
-    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the server too, like Ctrl-C
     helpers: list[subprocess.Popen] = []
     try:
         if not args.no_agent:
@@ -170,10 +168,10 @@ Ctrl-C stops it.""", flush=True)
     except KeyboardInterrupt:
         return 0
     finally:
-        from agents.worker.demo import stop_agent
+        from agents.worker.demo import stop_processes
 
-        for helper in helpers:
-            stop_agent(helper)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second `kill` does not cut the cleanup short
+        stop_processes(helpers, timeout=float(AGENT_STOP_SECONDS) + 1)  # agent and worker together
         stop_portal(process)
 
 
@@ -183,23 +181,28 @@ def _run_demo_job(base: str, info: DemoInfo, env: dict[str, str], args: argparse
     followed until it ends. Returns 0 when the job succeeded."""
     import logging
 
-    from agents.worker.demo import run_demo as submit_demo_job
-    from agents.worker.demo import start_portal_worker
+    from agents.worker.demo import start_agent, submit_job
+    from agents.worker.lifecycle import die_with_parent
+    from day0portal.demo_seed import ensure_demo_model, make_agent_token, start_portal_worker
 
     for noisy in ("httpx", "kombu.connection"):  # one line per poll, and the filesystem broker has no host name
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
-    helpers.append(start_portal_worker(env=env))
+    helpers.append(start_portal_worker(env=env, preexec_fn=die_with_parent))
     print(f"\nbuilding the tiny {args.arch} model (cached after the first run) and starting a CPU agent …", flush=True)
-    job = submit_demo_job(base, info.token, arch=args.arch)
-    helpers.append(job.agent)
-    cell_url = f"{base}/cells/{job.model_slug}/cpu/"
+    slug, models_dir = ensure_demo_model(args.arch)
+    agent, agent_log = start_agent(base, make_agent_token("cpu"), models_dir=models_dir,
+                                   env={"DAY0_AGENT_STOP_SECONDS": AGENT_STOP_SECONDS})
+    helpers.append(agent)
+    job = submit_job(base, info.token, model=slug)
+    job_url = f"{base}/jobs/{job['id']}/"
+    cell_url = f"{base}/cells/{slug}/cpu/"
     print(f"""
-  demo job    {job.job_url}   (live console)
+  demo job    {job_url}   (live console)
   its cell    {cell_url}
-  agent log   {job.agent_log}
+  agent log   {agent_log}
 """, flush=True)
-    return _follow_job(base, info.token, job.job_id, cell_url)
+    return _follow_job(base, info.token, int(job["id"]), cell_url)
 
 
 def _follow_job(base: str, token: str, job_id: int, cell_url: str, timeout_s: float = 900.0) -> int:

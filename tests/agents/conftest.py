@@ -122,15 +122,16 @@ def start_agent(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[...,
     agents: list[AgentProcess] = []
 
     def start(hardware: str, token: str, *, models_dir: Path | None = None, hostname: str | None = None,
-              spool_dir: Path | None = None) -> AgentProcess:
+              spool_dir: Path | None = None, broker: str | None = None,
+              extra_env: dict[str, str] | None = None) -> AgentProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DAY0_DATABASE", "DJANGO_"))}
         spool = spool_dir or tmp_path / f"spool-{len(agents)}"
         env.update(DAY0_AGENT_SPOOL_DIR=str(spool), DAY0_AGENT_WORK_DIR=str(tmp_path / "work"),
                    DAY0_AGENT_CANCEL_POLL="0.5", DAY0_AGENT_LOGLEVEL="INFO", PYTHONUNBUFFERED="1",
-                   HF_HUB_OFFLINE="1", DAY0_AGENT_DEVICE="cpu")
+                   HF_HUB_OFFLINE="1", DAY0_AGENT_DEVICE="cpu", DAY0_AGENT_TOKEN=token, **(extra_env or {}))
         log_path = LOGS / f"agent-{hardware}-{len(agents)}.log"
         cmd = [sys.executable, "-m", "day0portal.cli", "agent", "--hardware", hardware, "--portal", portal.url,
-               "--token", token, "--broker", _redis_url(), "--heartbeat", "1",
+               "--broker", broker or _redis_url(), "--heartbeat", "1",
                "--hostname", hostname or f"host-{hardware}"]
         if models_dir is not None:
             cmd += ["--models-dir", str(models_dir)]
@@ -148,7 +149,8 @@ def start_agent(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[...,
 @pytest.fixture
 def portal_worker(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
     """The portal's Celery worker with beat on a queue of its own (detects lost jobs every second)."""
-    from agents.worker.demo import start_portal_worker, stop_agent
+    from agents.worker.demo import stop_agent
+    from day0portal.demo_seed import start_portal_worker
 
     procs: list[subprocess.Popen] = []
 
