@@ -94,14 +94,14 @@ def create_app(
 
         return endpoint
 
-    async def tokenize(engine: LLMEngine, prompt: str) -> list[int]:
+    async def tokenize(engine: LLMEngine, prompt: str, param: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a text prompt, in a worker thread (a long prompt must not stall ``/health``); a text
         too long to fit the context whatever its tokens is refused without tokenizing it."""
         bound = 4 * engine.tokenizer.max_token_chars * engine.max_model_len
         if len(prompt) > bound:
-            raise APIError(400, f"prompt of {len(prompt)} characters cannot fit the model's context of "
-                                f"{engine.max_model_len} tokens", "prompt")
-        return await run_in_threadpool(engine.tokenizer.encode, prompt)
+            raise APIError(400, f"{param} of {len(prompt)} characters cannot fit the model's context of "
+                                f"{engine.max_model_len} tokens", param)
+        return await run_in_threadpool(engine.tokenizer.encode, prompt, add_special_tokens)
 
     async def serve_choices(
         request: Request, engine: LLMEngine, gen: Generation, choices: list[Choice], renderer_cls: type[Renderer]
@@ -131,7 +131,7 @@ def create_app(
         choices: list[Choice] = []
         for prompt in prompts:
             if isinstance(prompt, str):
-                ids, text = await tokenize(engine, prompt), prompt
+                ids, text = await tokenize(engine, prompt, "prompt"), prompt
             else:
                 ids, text = prompt, engine.tokenizer.decode(prompt) if gen.echo else ""
             for j in range(gen.n):
@@ -145,7 +145,7 @@ def create_app(
             text = await run_in_threadpool(engine.tokenizer.apply_chat_template, body.get("messages"))
         except ChatFormatError as exc:
             raise APIError(400, str(exc), "messages") from exc
-        ids = await run_in_threadpool(engine.tokenizer.encode, text, False)  # the template writes the BOS
+        ids = await tokenize(engine, text, "messages", add_special_tokens=False)  # the template writes the BOS
         gen = chat_generation(body, max_model_len=engine.max_model_len, prompt_tokens=len(ids))
         choices = [Choice(j, ids, "", counts_prompt=j == 0) for j in range(gen.n)]
         return await serve_choices(request, engine, gen, choices, ChatRenderer)
