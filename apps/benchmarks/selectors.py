@@ -115,11 +115,14 @@ def regression_dict(series: Series, r: Regression) -> dict[str, Any]:
 
 
 def _parse_time(name: str, raw: str) -> datetime:
-    value = parse_datetime(raw)
-    if value is None:
-        day = parse_date(raw)
-        if day is not None:
-            value = datetime(day.year, day.month, day.day)
+    try:  # a well-formed but impossible date (2025-02-30) raises ValueError
+        value = parse_datetime(raw)
+        if value is None:
+            day = parse_date(raw)
+            if day is not None:
+                value = datetime(day.year, day.month, day.day)
+    except ValueError as exc:
+        raise SeriesQueryError(name, f"{name} is not a valid date: {raw!r} ({exc})") from None
     if value is None:
         raise SeriesQueryError(name, f"{name} must be an ISO date or date-time, got {raw!r}")
     return make_aware(value) if is_naive(value) else value

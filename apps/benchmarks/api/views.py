@@ -22,6 +22,7 @@ from apps.benchmarks.selectors import (
     csv_rows,
     load_series,
 )
+from apps.core.csvfiles import attachment_disposition
 
 FILTERS = [
     OpenApiParameter("model", OpenApiTypes.STR, description="model slug"),
@@ -56,15 +57,15 @@ class _BenchmarkView(APIView):
         except ParameterError as exc:  # a bad filter or rule parameter: 400 {param: [message]}, as everywhere
             raise ValidationError({exc.param: [str(exc)]}) from None
 
-    def _filename(self, request: Request, kind: str) -> str:
-        parts = [kind] + [request.query_params.get(k, "") for k in ("model", "hardware")]
-        return "-".join(p for p in parts if p) + ".csv"
+    def _disposition(self, request: Request, kind: str) -> str:
+        return attachment_disposition(kind, *(request.query_params.get(k, "") for k in ("model", "hardware")),
+                                      ext="csv")
 
     def finalize_response(self, request: Request, response: Response, *args, **kwargs) -> Response:  # noqa: ANN002, ANN003
         response = super().finalize_response(request, response, *args, **kwargs)
         if getattr(request, "accepted_renderer", None) is not None and request.accepted_renderer.format == "csv":
             kind = "regressions" if isinstance(self, RegressionListView) else "benchmarks"
-            response["Content-Disposition"] = f'attachment; filename="{self._filename(request, kind)}"'
+            response["Content-Disposition"] = self._disposition(request, kind)
         return response
 
 

@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from agents.pipeline.thresholds import check_thresholds, looser_keys
 from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
+from agents.runtime.planner.memory import ALIASES as DTYPE_ALIASES
 from apps.catalog.api.serializers import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.selectors import job_waiting_reason
@@ -51,8 +52,11 @@ class JobCreateSerializer(serializers.Serializer):
             raise serializers.ValidationError(str(exc)) from None
 
     def validate_dtype(self, value: str) -> str:
+        """A dtype name, or one of the short names ``day0 estimate`` takes (``fp8``, ``bf16`` …)."""
+        value = DTYPE_ALIASES.get(value.strip().lower(), value)
         if value not in DTYPE_NAMES:
-            raise serializers.ValidationError(f"unknown dtype {value!r}; known: {sorted(DTYPE_NAMES)}")
+            raise serializers.ValidationError(f"unknown dtype {value!r}; known: {', '.join(sorted(DTYPE_NAMES))} "
+                                              f"(or {', '.join(DTYPE_ALIASES)})")
         return value
 
     def validate_bench(self, value: dict[str, Any]) -> dict[str, Any]:

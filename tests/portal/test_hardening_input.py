@@ -1,0 +1,157 @@
+"""No 5xx from bad input, portal-wide (issue 16, items 4 and 6): deeply nested JSON on every JSON endpoint, lone
+surrogates in text, impossible dates, unbounded job settings, and CSV filenames built from query parameters."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from apps.accounts.choices import Role
+from apps.jobs import services as job_services
+from apps.jobs.models import Job, JobEvent
+from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
+
+pytestmark = pytest.mark.django_db
+
+DEEP = "[" * 1000 + "]" * 1000  # 2 KB
+DEEP_OBJECT = '{"a":' * 700 + "1" + "}" * 700
+
+
+@pytest.fixture
+def world() -> dict[str, Any]:
+    org = OrganizationFactory(slug="vendor")
+    hardware = HardwareFactory(organization=org, slug="hw-1")
+    model = ModelReleaseFactory(organization=org, slug="model-1")
+    job = JobFactory(model=model, hardware=hardware, organization=org)
+    return {"org": org, "hardware": hardware, "model": model, "job": job,
+            "admin": make_token(organization=org, role=Role.ADMIN),
+            "agent": make_token(organization=org, scopes=["agent"], hardware=hardware)}
+
+
+def _write_operations(api_client, world: dict[str, Any]) -> list[tuple[str, str]]:
+    """(method, url) of every operation of /api/schema/ that takes a JSON body, path parameters filled in."""
+    schema = api_client.get("/api/schema/?format=json").json()
+    values = {"id": str(world["job"].pk), "slug": world["model"].slug, "model": world["model"].slug,
+              "hardware": world["hardware"].slug}
+    operations = []
+    for path, item in schema["paths"].items():
+        for method in ("post", "put", "patch"):
+            if method not in item:
+                continue
+            url = path
+            if path.startswith("/api/v1/hardware/"):
+                url = url.replace("{slug}", world["hardware"].slug)
+            if path.startswith("/api/v1/organizations/"):
+                url = url.replace("{slug}", world["org"].slug)
+            url = re.sub(r"\{(\w+)\}", lambda m: values.get(m.group(1), "1"), url)
+            operations.append((method.upper(), url))
+    assert len(operations) >= 10, operations
+    return operations
+
+
+@pytest.mark.parametrize("body", [DEEP, DEEP_OBJECT])
+def test_deeply_nested_json_is_a_400_on_every_json_endpoint(api_client, world, body: str) -> None:
+    for method, url in _write_operations(api_client, world):
+        for token in (world["admin"], world["agent"]):
+            response = api_client.generic(method, url, body, content_type="application/json", **auth(token))
+            assert response.status_code < 500, (method, url, response.status_code, response.content[:300])
+            if response.status_code == 400:
+                assert "deeper than 64" in response.json()["detail"], (method, url, response.content[:300])
+    response = api_client.generic("POST", f"/api/v1/jobs/{world['job'].pk}/events/", body,
+                                  content_type="application/json", **auth(world["agent"]))
+    assert response.status_code == 400 and "deeper than 64 levels" in response.json()["detail"]
+
+
+def test_nesting_within_the_limit_and_brackets_inside_strings_are_accepted(api_client, world) -> None:
+    data = {"x": 1}
+    for _ in range(40):
+        data = {"nested": data}
+    events = [{"seq": 1, "ts": "2026-01-01T00:00:00Z", "kind": "log", "message": "[" * 500 + "{" * 500,
+               "data": data}]
+    response = api_client.post(f"/api/v1/jobs/{world['job'].pk}/events/", events, format="json",
+                               **auth(world["agent"]))
+    assert response.status_code == 200, response.content
+    assert JobEvent.objects.get(job=world["job"], seq=1).message.startswith("[[[")
+
+
+def test_a_lone_surrogate_is_a_400_naming_the_field_and_nothing_is_stored(api_client, world) -> None:
+    job = world["job"]
+    body = '[{"seq": 1, "ts": "2026-01-01T00:00:00Z", "kind": "log", "message": "bad \\ud800 text"}]'
+    response = api_client.generic("POST", f"/api/v1/jobs/{job.pk}/events/", body, content_type="application/json",
+                                  **auth(world["agent"]))
+    assert response.status_code == 400, response.content
+    assert "[0].message" in response.json()["detail"] and "surrogate" in response.json()["detail"]
+    assert not JobEvent.objects.filter(job=job).exists()
+    body = '{"slug": "s-1", "name": "x\\udfff", "config": {}}'
+    response = api_client.generic("POST", "/api/v1/models/", body, content_type="application/json",
+                                  **auth(world["admin"]))
+    assert response.status_code == 400 and "name" in response.json()["detail"]
+    body = json.dumps({"model": "model-1", "hardware": "hw-1", "bench": {"\ud800": 1}})
+    response = api_client.generic("POST", "/api/v1/jobs/", body, content_type="application/json",
+                                  **auth(world["admin"]))
+    assert response.status_code == 400 and "bench" in response.json()["detail"]
+
+
+def test_an_escaped_surrogate_pair_is_valid_text_and_is_stored(api_client, world) -> None:
+    body = '[{"seq": 1, "ts": "2026-01-01T00:00:00Z", "kind": "log", "message": "ok \\ud83d\\ude00"}]'
+    response = api_client.generic("POST", f"/api/v1/jobs/{world['job'].pk}/events/", body,
+                                  content_type="application/json", **auth(world["agent"]))
+    assert response.status_code == 200, response.content
+    assert JobEvent.objects.get(job=world["job"], seq=1).message == "ok \U0001f600"
+
+
+@pytest.mark.parametrize("value", ["2025-02-30", "2025-13-01T00:00:00Z", "2025-01-01T25:00:00", "2025-02-29"])
+@pytest.mark.parametrize("param", ["since", "until"])
+def test_an_impossible_date_is_a_400_naming_the_parameter(api_client, world, param: str, value: str) -> None:
+    for url in ("/api/v1/benchmarks/", "/api/v1/benchmarks/regressions/"):
+        response = api_client.get(url, {param: value}, **auth(world["admin"]))
+        assert response.status_code == 400, (url, response.content)
+        assert param in response.json()
+    assert api_client.get("/trends/", {param: value}).status_code < 500
+
+
+@pytest.mark.parametrize(("bench", "key", "bound"), [
+    ({"seed": 2**70}, "seed", "9.22337e+18"),
+    ({"input_len": 10**12}, "input_len", "1.04858e+06"),
+    ({"output_len": 0}, "output_len", "from 1"),
+    ({"num_prompts": 10**9}, "num_prompts", "100000"),
+    ({"num_prompts": 4.5}, "num_prompts", "integer"),
+    ({"request_rate": 1e300}, "request_rate", "10000"),
+    ({"concurrency": [1] * 40}, "concurrency", "32"),
+    ({"concurrency": [2**40]}, "concurrency", "4096"),
+    ({"comm_max_bytes": 2**70}, "comm_max_bytes", "2**53"),
+    ({"serve_args": ["--x"] * 100}, "serve_args", "64"),
+])
+def test_unbounded_job_bench_settings_are_a_400_naming_field_and_bound(api_client, world, bench, key,
+                                                                       bound: str) -> None:
+    body = {"model": "model-1", "hardware": "hw-1", "bench": bench}
+    before = Job.objects.count()
+    response = api_client.post("/api/v1/jobs/", body, format="json", **auth(world["admin"]))
+    assert response.status_code == 400, response.content
+    message = response.json()["bench"][key][0]
+    assert bound in message, message
+    assert Job.objects.count() == before
+
+
+def test_bounded_bench_settings_are_accepted(api_client, world, monkeypatch) -> None:
+    monkeypatch.setattr(job_services, "do_dispatch_job", lambda job_id: None)
+    bench = {"seed": 7, "input_len": 4096, "output_len": 256, "num_prompts": 64, "concurrency": [1, 8, 64],
+             "request_rate": 2.5, "comm_max_bytes": 1 << 30}
+    response = api_client.post("/api/v1/jobs/", {"model": "model-1", "hardware": "hw-1", "bench": bench},
+                               format="json", **auth(world["admin"]))
+    assert response.status_code == 201, response.content
+    assert response.json()["spec"]["bench"] == bench
+
+
+@pytest.mark.parametrize("query", [{"hardware": "\r"}, {"model": 'x"; filename=evil.exe'},
+                                   {"model": "a\r\nSet-Cookie: x=1"}, {"hardware": "é/../\\"}])
+@pytest.mark.parametrize("url", ["/api/v1/benchmarks/", "/api/v1/benchmarks/regressions/"])
+def test_csv_export_filenames_are_built_from_safe_values(api_client, world, url: str, query: dict) -> None:
+    response = api_client.get(url, {**query, "format": "csv"}, **auth(world["admin"]))
+    assert response.status_code in (200, 404), response.content  # 404: no such model (the header is still set)
+    disposition = response["Content-Disposition"]
+    assert disposition.count("filename=") == 1 and disposition.count(";") == 1 and "\r" not in disposition and "\n" not in disposition
+    assert re.fullmatch(r'attachment; filename="[A-Za-z0-9._-]+\.csv"', disposition), disposition
