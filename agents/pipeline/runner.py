@@ -60,15 +60,18 @@ def model_info(ctx: StageContext) -> dict[str, Any]:
     name = ctx.shared.get("model_name") or (ctx.model_dir.name if ctx.model_dir is not None else None)
     name = name or ctx.config.get("_name_or_path") or architecture
     model = ctx.shared.get("model")
-    path = getattr(model, "path", None)
+    path, reason = getattr(model, "path", None), getattr(model, "fallback_reason", None)
     if path is None and architecture:
         try:
-            from agents.runtime.models.registry import model_class_for
+            from agents.runtime.models.registry import runtime_path
         except ImportError:
             path = None
         else:
-            path = "native" if model_class_for(architecture) is not None else "fallback"
-    return {"name": name, "architecture": architecture, "path": path}
+            path, reason = runtime_path(ctx.config)
+    info = {"name": name, "architecture": architecture, "path": path}
+    if path == "fallback":
+        info["fallback_reason"] = reason  # why the transformers code runs it (no native family, or an option)
+    return info
 
 
 def _now() -> str:

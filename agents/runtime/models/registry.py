@@ -1,5 +1,6 @@
 """Model families keyed by ``config.architectures[0]``, imported lazily; unknown architectures go to the
-generic ``transformers`` fallback."""
+generic ``transformers`` fallback, and so does a known architecture whose config sets an option its native
+family does not implement (``native_gaps`` names them; the model then carries ``fallback_reason``)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,44 @@ def model_class_for(architecture: str | None) -> type | None:
     return _REGISTRY.get(architecture)
 
 
+def native_gaps(config: dict[str, Any]) -> list[str]:
+    """The options in ``config`` that the native layers do not implement (empty: the native family runs it).
+    Each is checked against the native code itself (its RoPE frequencies, its activation check), not a list
+    kept here."""
+    from agents.runtime.layers.mlp import check_activation
+    from agents.runtime.layers.rotary import inv_frequencies, rope_parameters
+
+    gaps: list[str] = []
+    rope = rope_parameters(config)
+    head_dim = config.get("qk_rope_head_dim") or config.get("head_dim") or 64
+    try:
+        inv_frequencies(rope, int(head_dim), int(config.get("max_position_embeddings") or 4096))
+    except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+        detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        gaps.append(f"rope_scaling of type {rope['rope_type']!r} ({detail})")
+    try:
+        check_activation(config.get("hidden_act"))
+    except ValueError:
+        gaps.append(f"hidden_act {config.get('hidden_act')!r} (the native MLP is SwiGLU with silu)")
+    if config.get("mlp_bias"):
+        gaps.append("mlp_bias true (the native MLP has no biases)")
+    scoring = config.get("scoring_func")
+    if config.get("n_routed_experts") and scoring not in (None, "sigmoid", "softmax"):
+        gaps.append(f"scoring_func {scoring!r} (the native router scores with sigmoid or softmax)")
+    return gaps
+
+
+def runtime_path(config: dict[str, Any]) -> tuple[str, str | None]:
+    """("native", None), or ("fallback", why): what ``build_model`` will run for this config."""
+    arch = architecture_of(config)
+    if model_class_for(arch) is None:
+        return "fallback", f"architecture {arch!r} has no native implementation"
+    gaps = native_gaps(config)
+    if gaps:
+        return "fallback", f"the native {arch} does not implement: {'; '.join(gaps)}"
+    return "native", None
+
+
 def architecture_of(config: dict[str, Any]) -> str:
     archs = config.get("architectures") or []
     if not archs or not isinstance(archs[0], str):
@@ -70,15 +109,20 @@ def build_model(config: dict[str, Any], *, dtype: torch.dtype = torch.float32,
     """An empty model (weights not loaded) on ``device``: native when registered, else the generic fallback.
     TP/EP layout comes from ``agents.runtime.distributed``."""
     arch = architecture_of(config)
-    cls = model_class_for(arch)
-    if cls is None:
+    path, reason = runtime_path(config)
+    if path == "fallback":
+        from agents.runtime.distributed import get_ep_world_size, get_tp_world_size
+
+        if get_tp_world_size() > 1 or get_ep_world_size() > 1:
+            raise NotImplementedError(f"{reason}, and the transformers fallback runs on one device only (no TP/EP)")
         try:
             from agents.runtime.models.fallback import FallbackModel
         except ModuleNotFoundError as exc:
-            raise NotImplementedError(
-                f"architecture {arch!r} has no native implementation and the generic fallback is unavailable ({exc})"
-            ) from exc
-        return FallbackModel(config, dtype=dtype, device=device)
+            raise NotImplementedError(f"{reason} and the generic fallback is unavailable ({exc})") from exc
+        model = FallbackModel(config, dtype=dtype, device=device)
+        model.fallback_reason = reason
+        return model
+    cls = model_class_for(arch)
     with torch.device(device), default_dtype(dtype):
         model = cls(config)
     return model.eval()

@@ -1,0 +1,82 @@
+"""Native first, generic fallback, also for options: a known architecture whose config sets an option its
+native family does not implement runs on the transformers fallback (equal to transformers), and the report's
+model section says why."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from agents.runtime.engine import LLMEngine, SamplingParams
+from agents.runtime.models.registry import native_gaps, runtime_path
+from agents.runtime.testing.make_model import cached_model
+
+OPTIONS = {
+    "rope-dynamic": ({"rope_parameters": {"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0}},
+                     "'dynamic'"),
+    "gelu": ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    "mlp-bias": ({"mlp_bias": True}, "mlp_bias"),
+}
+
+
+def _variant(tmp_path: Path, change: dict) -> Path:
+    """The tiny Llama with ``change`` applied to its config (and, for mlp_bias, zero biases saved with it)."""
+    src = cached_model("llama")
+    out = tmp_path / "model"
+    shutil.copytree(src, out)
+    config = {**json.loads((src / "config.json").read_text()), **change}
+    (out / "config.json").write_text(json.dumps(config))
+    if change.get("mlp_bias"):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)  # biases start at zero
+        for f in out.glob("*.safetensors*"):
+            f.unlink()
+        model.save_pretrained(out)
+    return out
+
+
+def test_the_unmodified_llama_stays_native():
+    config = json.loads((cached_model("llama") / "config.json").read_text())
+    assert native_gaps(config) == [] and runtime_path(config) == ("native", None)
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_an_option_the_native_family_lacks_runs_on_the_fallback(tmp_path, option):
+    from transformers import AutoModelForCausalLM
+
+    change, reason_part = OPTIONS[option]
+    model_dir = _variant(tmp_path, change)
+    engine = LLMEngine(model_dir, num_blocks=32)
+    assert engine.model.path == "fallback" and reason_part in engine.model.fallback_reason
+    assert engine.load_report["ok"]
+    prompt = [5, 17, 42, 7, 99]
+    out = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))[0]
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(6):
+            ids.append(int(ref(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert out.output_token_ids == ids[len(prompt):]
+
+
+def test_the_report_model_section_names_the_reason(tmp_path):
+    from agents.pipeline.base import StageContext
+    from agents.pipeline.runner import model_info
+
+    model_dir = _variant(tmp_path, OPTIONS["gelu"][0])
+    config = json.loads((model_dir / "config.json").read_text())
+    info = model_info(StageContext(model_dir=model_dir, config=config, hardware={"slug": "cpu"}))
+    assert info["path"] == "fallback" and "hidden_act 'gelu'" in info["fallback_reason"]
+    native = json.loads((cached_model("llama") / "config.json").read_text())
+    assert "fallback_reason" not in model_info(StageContext(model_dir=None, config=native, hardware={}))
+
+
+def test_rope_scaling_missing_its_factor_is_a_gap_not_a_crash():
+    config = json.loads((cached_model("llama") / "config.json").read_text())
+    config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "linear"}
+    assert any("linear" in g for g in native_gaps(config))
