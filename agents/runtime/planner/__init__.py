@@ -13,8 +13,10 @@ Memory model (per device; docs/planner.md explains it at length):
 - communication buffers: all-reduce (tp), all-to-all dispatch/combine (ep) and send/recv (pp) of one step.
 
 Plans are (tp, pp, ep) with devices = pp × max(tp, ep); when ep > tp attention is data-parallel over ep / tp
-replicas (each serves its own sequences). tp ≤ devices per node, tp divides the query heads and divides or is a
-multiple of the KV heads; ep divides the experts; pp is a divisor of the layer count or a power of two.
+replicas (each serves its own sequences). Deployment rules (``search.layout_problem``; pinned degrees too): tp
+divides the query heads and divides or is a multiple of the KV heads, and divides the devices of a node (TP stays
+inside a node); ep divides the experts; pp > 1 only with stages of whole nodes (PP spans nodes); past one node a
+plan is whole nodes, within one it divides the node; pp is a divisor of the layer count or a power of two.
 """
 
 from __future__ import annotations

@@ -92,6 +92,10 @@ def plan_report(
     }
     if chosen is None:
         report["message"] = "no candidate plan satisfies the divisibility rules for the pinned degrees"
+        try:  # name the rule the pins break
+            _candidates.check_layout(spec, hw, tp, pp, ep, max_nodes=max_nodes)
+        except ValueError as exc:
+            report["message"] += f": {exc}"
         return report
     report.update(chosen.to_dict(top_level=True))
     if not chosen.fits:

@@ -120,24 +120,105 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def _tp_ok(model: Model, tp: int) -> bool:
-    spec = model.spec
+def layout_problem(spec: ModelSpec, hw: Any, tp: int, pp: int, ep: int, has_dense: bool | None = None) -> str | None:
+    """The first deployment rule a TP × PP × EP layout breaks on ``hw`` (anything with ``devices_per_node`` and
+    ``shared_memory``), or None. A stage is ``max(tp, ep)`` devices; devices are ``pp × stage``. Ranks that share
+    one host's memory (CPU processes) have no node boundary to respect. ``has_dense``: whether some layer has a
+    dense MLP (computed from ``spec`` when not given)."""
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"{name}={value!r} must be a positive integer"
     if spec.num_attention_heads % tp:
-        return False
+        return f"tp={tp} must divide the {spec.num_attention_heads} attention heads"
     if not spec.is_mla and spec.num_kv_heads % tp and tp % spec.num_kv_heads:
-        return False
-    return not (model.has_dense and spec.intermediate_size % tp)
-
-
-def _stage_ok(spec: ModelSpec, tp: int, ep: int) -> bool:
+        return (f"tp={tp} must divide the {spec.num_kv_heads} KV heads or be a multiple of them (KV heads are "
+                f"replicated when fewer than tp)")
+    dense = bool(spec.dense_layers) if has_dense is None else has_dense
+    if dense and spec.intermediate_size % tp:
+        return f"tp={tp} must divide the MLP intermediate size {spec.intermediate_size}"
+    if pp > spec.num_layers:
+        return f"pp={pp} is more pipeline stages than the {spec.num_layers} layers"
     stage = max(tp, ep)
-    if stage % tp or stage % ep:
-        return False
-    if not spec.is_moe:
-        return ep == 1
-    if spec.num_experts % ep:
-        return False
-    return spec.moe_intermediate_size % (stage // ep) == 0  # each expert split over stage/ep devices
+    if not spec.is_moe and ep > 1:
+        return f"ep={ep} needs routed experts; this model has none"
+    if spec.is_moe:
+        if spec.num_experts % ep:
+            return f"ep={ep} must divide the {spec.num_experts} routed experts"
+        if stage % tp or stage % ep:
+            return f"tp={tp} and ep={ep} must divide one another (a stage is max(tp, ep) = {stage} devices)"
+        if spec.moe_intermediate_size % (stage // ep):
+            return (f"the expert intermediate size {spec.moe_intermediate_size} must split over the "
+                    f"{stage // ep} devices that share each expert")
+    if getattr(hw, "shared_memory", False):
+        return None
+    node = hw.devices_per_node
+    if tp > node or node % tp:
+        return f"tp={tp} must stay inside a node: it must divide the {node} devices per node"
+    if pp > 1 and stage % node:
+        return (f"pp={pp} spans nodes: each pipeline stage must be whole nodes, but a stage of max(tp, ep) = "
+                f"{stage} devices is not a multiple of the {node} devices per node")
+    devices = pp * stage
+    if devices > node and devices % node:
+        return f"a plan over several nodes uses whole nodes: {devices} devices is not a multiple of {node}"
+    if devices < node and node % devices:
+        return f"{devices} devices must divide the {node} devices of a node (a node splits into equal replicas)"
+    return None
+
+
+class LayoutError(ValueError):
+    """A pinned layout no deployment rule allows; ``field`` is the degree (tp, pp or ep) the rule names."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_layout(spec: ModelSpec, hardware: Any, tp: int | None = None, pp: int | None = None,
+                 ep: int | None = None, max_nodes: int = 16) -> None:
+    """Raise ``LayoutError`` (a ValueError) naming the rule pinned degrees break: TP divides the heads and stays
+    in a node, PP spans whole nodes, EP divides the experts, several nodes are whole nodes. A degree left None
+    is free: the pins pass when some value of the free ones satisfies every rule (the planner then picks it)."""
+    pinned = {"tp": tp, "pp": pp, "ep": ep}
+    if not any(v is not None for v in pinned.values()):
+        return
+    node = getattr(hardware, "devices_per_node", 1)
+    limit = node * max_nodes
+    free = {
+        "tp": _divisors(spec.num_attention_heads, limit),
+        "pp": _divisors(spec.num_layers, limit) or [1],
+        "ep": _divisors(spec.num_experts, limit) if spec.is_moe else [1],
+    }
+    choices = [[v] if v is not None else free[k] for k, v in pinned.items()]
+    dense = bool(spec.dense_layers)
+    first: str | None = None
+    for t in choices[0]:
+        for p in choices[1]:
+            for e in choices[2]:
+                problem = layout_problem(spec, hardware, t, p, e, dense)
+                if problem is None:
+                    return
+                first = first or problem
+    assert first is not None
+    named = [k for k, v in pinned.items() if v is not None]
+    field = next((k for k in named if first.startswith(f"{k}=")), named[0])
+    raise LayoutError(field, first)
+
+
+def config_layout_error(config: Any, hardware: Any, tp: int | None, pp: int | None,
+                        ep: int | None) -> LayoutError | None:
+    """``check_layout`` on a model's ``config.json``: the LayoutError pinned degrees raise, or None (also when
+    the config cannot be parsed: the plan stage reports that)."""
+    from agents.runtime.spec import parse_config
+
+    try:
+        spec = parse_config(config)
+    except Exception:  # noqa: BLE001 - a config the planner cannot read is the plan stage's error to report
+        return None
+    try:
+        check_layout(spec, hardware, tp, pp, ep)
+    except LayoutError as exc:
+        return exc
+    return None
 
 
 def evaluate(model: Model, hw: Devices, tp: int, pp: int, ep: int) -> Plan:
@@ -212,22 +293,18 @@ def evaluate(model: Model, hw: Devices, tp: int, pp: int, ep: int) -> Plan:
 
 
 def search(model: Model, hw: Devices, fixed: dict[str, int | None]) -> list[Plan]:
-    """Every plan allowed by the rules (module docstring of ``planner``), within max_nodes; pinned degrees in
-    ``fixed`` skip the devices-per-node limit but not the divisibility rules."""
+    """Every plan allowed by the rules (``layout_problem``) within max_nodes; pinned degrees in ``fixed`` may go
+    past max_nodes, never past the rules."""
     spec = model.spec
     max_devices = hw.devices_per_node * model.settings.max_nodes
-    if fixed.get("tp"):
-        tps = [fixed["tp"]] if _tp_ok(model, fixed["tp"]) else []
-    else:
-        # a tensor-parallel group never straddles two nodes
-        tps = [t for t in _divisors(spec.num_attention_heads, hw.devices_per_node)
-               if _tp_ok(model, t) and (hw.shared_memory or hw.devices_per_node % t == 0)]
+    node = max_devices if hw.shared_memory else hw.devices_per_node
+    tps = [fixed["tp"]] if fixed.get("tp") else _divisors(spec.num_attention_heads, node)
     if fixed.get("ep"):
         eps = [fixed["ep"]]
     else:
         eps = _divisors(spec.num_experts, max_devices) if spec.is_moe else [1]
     if fixed.get("pp"):
-        pps = [fixed["pp"]] if fixed["pp"] <= spec.num_layers else []
+        pps = [fixed["pp"]]
     else:
         powers = {1 << k for k in range(max_devices.bit_length()) if 1 << k <= spec.num_layers}
         pps = sorted(set(_divisors(spec.num_layers, max_devices)) | powers)
@@ -235,13 +312,12 @@ def search(model: Model, hw: Devices, fixed: dict[str, int | None]) -> list[Plan
     plans = []
     for tp in tps:
         for ep in eps:
-            if not _stage_ok(spec, tp, ep):
-                continue
             for pp in pps:
                 devices = pp * max(tp, ep)
                 if devices > max_devices and not pinned:
                     continue
-                plans.append(evaluate(model, hw, tp, pp, ep))
+                if layout_problem(spec, hw, tp, pp, ep, model.has_dense) is None:
+                    plans.append(evaluate(model, hw, tp, pp, ep))
     return plans
 
 

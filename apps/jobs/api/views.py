@@ -11,6 +11,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from agents.runtime.planner.search import config_layout_error
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
@@ -82,6 +83,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         elif hardware.dtypes and spec["dtype"] not in hardware.dtypes:
             raise ValidationError({"dtype": f"{hardware.slug} does not support {spec['dtype']} "
                                             f"(it supports {', '.join(hardware.dtypes)})"})
+        layout = config_layout_error(model.config, hardware, spec["tp"], spec["pp"], spec["ep"])
+        if layout is not None:  # the planner's deployment rules: a pinned layout no rule allows is a 400
+            raise ValidationError({layout.field: str(layout)})
         job = services.check_create_job(actor, model=model, hardware=hardware, spec=spec)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
