@@ -168,6 +168,19 @@ def reference_forward(ref: nn.Module, seq: list[int], layers: nn.ModuleList | No
     return out.logits[0].float(), per_layer
 
 
+def paged_context(start: int, n: int, n_blocks: int, device: torch.device | str) -> ForwardContext:
+    """One sequence of ``n`` new tokens after ``start`` cached ones, in blocks ``0 .. n_blocks-1`` of the cache
+    (slot ``i`` is token ``i``): a paged prefill, or a decode step when ``n == 1`` after a prefix."""
+    return ForwardContext(
+        cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32, device=device),
+        seqlens_k=torch.tensor([start + n], dtype=torch.int32, device=device),
+        max_seqlen_q=n, max_seqlen_k=start + n,
+        slot_mapping=torch.arange(start, start + n, dtype=torch.int64, device=device),
+        block_tables=torch.arange(n_blocks, dtype=torch.int32, device=device)[None],
+        is_decode=n == 1 and start > 0,
+    )
+
+
 def perplexity(logits: torch.Tensor, seq: list[int]) -> float:
     """exp(mean next-token NLL) of ``seq`` under ``logits`` [L, V]."""
     logprobs = torch.log_softmax(logits[:-1].double(), dim=-1)  # [L-1, V]

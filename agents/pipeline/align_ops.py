@@ -29,6 +29,7 @@ from torch import nn
 from torch.func import functional_call
 
 from agents.pipeline import align_refs as ref
+from agents.pipeline.align_common import paged_context
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.thresholds import OPS as OP_THRESHOLDS
 from agents.runtime.context import ForwardContext
@@ -149,18 +150,6 @@ def _attrs(obj: Any, **values: Any) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- forward contexts
-
-
-def paged_context(start: int, n: int, n_blocks: int, device: torch.device) -> ForwardContext:
-    """One sequence of ``n`` new tokens after ``start`` cached ones, in blocks ``0 .. n_blocks-1`` of the cache."""
-    return ForwardContext(
-        cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32, device=device),
-        seqlens_k=torch.tensor([start + n], dtype=torch.int32, device=device),
-        max_seqlen_q=n, max_seqlen_k=start + n,
-        slot_mapping=torch.arange(start, start + n, dtype=torch.int64, device=device),
-        block_tables=torch.arange(n_blocks, dtype=torch.int32, device=device)[None],
-        is_decode=n == 1 and start > 0,
-    )
 
 
 def _meta(ctx: ForwardContext, rotary: Any = None, positions: torch.Tensor | None = None,
