@@ -10,7 +10,8 @@
   var stateEl = document.getElementById("job-state");
   var autoScroll = document.getElementById("auto-scroll");
   var lastSeq = parseInt(root.dataset.lastSeq || "0", 10);
-  var finished = /^(succeeded|failed|cancelled)$/.test(root.dataset.state || "");
+  var FINISHED = /^(succeeded|failed|cancelled|lost)$/;
+  var finished = FINISHED.test(root.dataset.state || "");
   var retry = 0;
   var socket = null;
   var MAX_LINES = 5000;
@@ -46,6 +47,20 @@
       var bar = li.querySelector("progress");
       bar.max = 1; bar.value = 1;
     }
+    if (status === "failed") { skipPending(); }
+  }
+
+  // After a failure (or once the job ended), stages that never started will not run: "skipped".
+  function skipPending() {
+    Array.prototype.forEach.call(root.querySelectorAll('.stage-timeline [data-status="pending"]'), function (li) {
+      setStageStatus(li, "skipped");
+    });
+  }
+
+  function showEnd(state) {
+    var text = { succeeded: "✓ finished: succeeded", failed: "✗ finished: failed", cancelled: "⊘ cancelled",
+                 lost: "✗ lost (its agent stopped reporting)" }[state] || state;
+    setStatus(text, "ended");
   }
 
   /* Event kinds (agents/pipeline/base.py): stage_started, stage_finished (data.passed), progress
@@ -110,9 +125,15 @@
     root.dataset.state = state;
     stateEl.textContent = state;
     stateEl.className = "job-state state-" + state;
-    finished = /^(succeeded|failed|cancelled)$/.test(state);
+    finished = FINISHED.test(state);
     var cancel = document.getElementById("cancel-job");
     if (cancel && finished) { cancel.disabled = true; }
+    if (finished) {
+      showEnd(state);
+      if (state !== "succeeded") { skipPending(); }
+      var banner = document.getElementById("no-agent");
+      if (banner) { banner.hidden = true; }
+    }
   }
 
   /* Messages (apps/jobs/events.py): {type: "job.events", events: [...]}, {type: "job.state", state, ...}. */
@@ -131,13 +152,17 @@
     var proto = location.protocol === "https:" ? "wss://" : "ws://";
     socket = new WebSocket(proto + location.host + root.dataset.wsPath + "?after=" + lastSeq);
     setStatus("connecting…", "connecting");
-    socket.onopen = function () { retry = 0; setStatus("live", "live"); };
+    socket.onopen = function () {
+      retry = 0;
+      if (finished) { showEnd(root.dataset.state); } else { setStatus("live", "live"); }
+    };
     socket.onmessage = function (e) {
       try { onMessage(JSON.parse(e.data)); } catch (err) { console.error("bad job message", err, e.data); }
     };
     socket.onclose = function (e) {
       socket = null;
       if (e.code === 4403 || e.code === 4404) { setStatus("not allowed", "closed"); return; }
+      if (finished) { showEnd(root.dataset.state); return; }  // nothing more will come
       var delay = Math.min(8000, 500 * Math.pow(2, retry++));
       setStatus("disconnected — reconnecting in " + Math.round(delay / 1000) + " s", "closed");
       setTimeout(connect, delay);

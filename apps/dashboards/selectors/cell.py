@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.utils.dateparse import parse_datetime
+from django.core.paginator import Page, Paginator
 
 from agents.pipeline.tiers import STAGE_ORDER, TIER_GATES, TIER_NAMES
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
-from apps.dashboards.selectors.format import hours_text, human_bytes, human_count
+from apps.dashboards.selectors.format import hours_text, human_bytes, human_count, reached_times
+from apps.dashboards.selectors.jobs import previous_job_ids
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
@@ -33,15 +34,11 @@ from apps.matrix.selectors import lead_hours
 
 OPERATOR_STATUSES = ("native", "decomposed", "fallback", "missing")
 LADDER_TIERS = tuple(level for level, _ in TIER_GATES)  # 1..6
+JOB_PAGE = 20
 
 
 def _reached_times(cell: Cell | None) -> dict[int, datetime]:
-    out: dict[int, datetime] = {}
-    for key, raw in ((cell.tier_reached_at or {}) if cell else {}).items():
-        when = parse_datetime(raw) if isinstance(raw, str) else None
-        if when is not None and str(key).isdigit():
-            out[int(key)] = when
-    return out
+    return reached_times(cell.tier_reached_at) if cell else {}
 
 
 @dataclass
@@ -87,6 +84,8 @@ class CellPage:
     load_problems: list[LoadProblem] = field(default_factory=list)
     shards: list[ShardChecksum] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
+    job_page: Page | None = None
+    long_context: dict[str, Any] | None = None  # the bench stage's long-context case
 
     @property
     def stages(self) -> list[tuple[str, StageResult | None]]:
@@ -163,8 +162,9 @@ def _e2e_prompts(align: StageResult | None, divergences: list[TokenDivergence]) 
     return prompts
 
 
-def cell_page(actor: Actor, model_slug: str, hardware_slug: str) -> CellPage | None:
-    """The cell's evidence, or None when the model is not visible to ``actor`` or a slug is unknown."""
+def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: Any = 1) -> CellPage | None:
+    """The cell's evidence, or None when the model is not visible to ``actor`` or a slug is unknown; its job
+    history one page (``JOB_PAGE`` jobs, newest first) at a time."""
     model = visible_model(actor, model_slug)
     hardware = Hardware.objects.filter(slug=hardware_slug).first()
     if model is None or hardware is None:
@@ -192,6 +192,15 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str) -> CellPage | N
     if load is not None:
         page.load_problems = list(LoadProblem.objects.filter(load=load).order_by("tensor")[:200])
         page.shards = list(ShardChecksum.objects.filter(load=load).order_by("file")[:200])
-    page.jobs = list(Job.objects.filter(model=model, hardware=hardware).select_related("requested_by")
-                     .order_by("-created_at", "-id")[:20])
+    page.job_page = Paginator(Job.objects.filter(model=model, hardware=hardware).select_related("requested_by")
+                              .order_by("-created_at", "-id"), JOB_PAGE).get_page(jobs_page)
+    page.jobs = list(page.job_page.object_list)
+    for newer, older in zip(page.jobs, page.jobs[1:], strict=False):  # "compare with the job before"
+        newer.previous_id = older.pk
+    if page.jobs:
+        page.jobs[-1].previous_id = previous_job_ids(page.jobs[-1:]).get(page.jobs[-1].pk)
+    bench = results.get("bench")
+    if bench is not None:
+        raw = StageResult.objects.filter(pk=bench.pk).values_list("section__long_context", flat=True).first()
+        page.long_context = raw if isinstance(raw, dict) else None
     return page

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import median
-
-from django.utils.dateparse import parse_datetime
+from typing import Any
 
 from agents.pipeline.tiers import TIER_NAMES
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
-from apps.dashboards.selectors.format import hours_text
+from apps.dashboards.selectors.format import hours_text, reached_times
 from apps.matrix.models import Cell
 from apps.matrix.selectors import lead_hours
 
@@ -40,6 +39,23 @@ class Day0Release:
     rows: list[Day0Row]
     untested: int
 
+    @property
+    def axis(self) -> dict[str, Any]:
+        """The time axis of the release's rows: the span in hours (from the earliest mark, which may be before
+        the release, to the latest), ticks, and each tier's position as a percentage of the span."""
+        values = [h for r in self.rows for h in r.hours if h is not None]
+        low, high = min([0.0, *values]), max([1.0, *values])
+        span = high - low
+        step = next((s for s in (1, 2, 4, 6, 12, 24, 48, 72, 168, 336, 720, 2160) if span / s <= 8), 8760)
+        first = int(low // step) * step
+        ticks = [{"hours": t, "left": round(100 * (t - low) / span, 2), "label": hours_text(t).split(" (")[0]}
+                 for t in range(first, int(high) + step, step) if low <= t <= high]
+        marks = [[None if h is None else {"tier": t, "name": TIER_NAMES[t], "hours": h, "text": hours_text(h),
+                                          "left": round(100 * (h - low) / span, 2)}
+                  for h, t in zip(r.hours, DAY0_TIERS, strict=True)] for r in self.rows]
+        return {"ticks": ticks, "release_left": round(100 * (0 - low) / span, 2),
+                "rows": [{"row": r, "marks": [m for m in ms if m]} for r, ms in zip(self.rows, marks, strict=True)]}
+
 
 @dataclass
 class LeaderRow:
@@ -60,42 +76,53 @@ class Day0Timeline:
     leaderboard: list[LeaderRow]
     rank_tier: int
     tiers: list[tuple[int, str]]
+    hidden_hosts: list[Hardware]  # non-accelerator hosts left out of the leaderboard
 
 
-def day0_timeline(actor: Actor, *, rank_tier: int = 3) -> Day0Timeline:
+def release_timeline(model: ModelRelease, hardware: list[Hardware],
+                     cells: dict[tuple[int, int], tuple[int, str, dict[str, str]]]) -> Day0Release:
+    """One release: per tested hardware, hours from the release to each tier (untested hardware counted)."""
+    rows, untested = [], 0
+    for h in hardware:
+        tier, failed, reached = cells.get((model.pk, h.pk), (0, "", {}))
+        times = reached_times(reached)
+        hours = [lead_hours(times.get(t), model.released_at) if t <= tier else None for t in DAY0_TIERS]
+        if tier < DAY0_TIERS[0] and not failed:
+            untested += 1
+            continue
+        rows.append(Day0Row(h, hours, tier, failed))
+    rows.sort(key=lambda r: (-r.tier, r.hours[0] if r.hours[0] is not None else float("inf")))
+    return Day0Release(model, rows, untested)
+
+
+def day0_timeline(actor: Actor, *, rank_tier: int = 3, include_hosts: bool = False) -> Day0Timeline:
     """For each visible release (newest first), hours from release to each tier on each hardware; and the
-    hardware ranked by median lead time to ``rank_tier`` (three queries)."""
+    hardware ranked by median lead time to ``rank_tier``, leaving out hosts that are not accelerators (the CPU
+    demo host: its devices share one memory) unless ``include_hosts`` (three queries)."""
     if rank_tier not in DAY0_TIERS:
         raise ValueError(f"tier must be one of {', '.join(map(str, DAY0_TIERS))}, got {rank_tier}")
     models = list(ModelRelease.objects.filter(visible_models_q(actor), released_at__isnull=False)
                   .only("id", "slug", "name", "released_at", "visibility", "family"))
-    hardware = list(Hardware.objects.only("id", "slug", "name", "vendor"))
+    hardware = list(Hardware.objects.only("id", "slug", "name", "vendor", "shared_memory"))
     cells = {(m, h): (tier, failed, reached) for m, h, tier, failed, reached in
              Cell.objects.filter(model_id__in=[m.pk for m in models])
              .values_list("model_id", "hardware_id", "tier", "failed_stage", "tier_reached_at")}
     per_hw: dict[int, list[list[float]]] = {h.pk: [[] for _ in DAY0_TIERS] for h in hardware}
-    releases = []
-    for m in models:
-        rows, untested = [], 0
-        for h in hardware:
-            tier, failed, reached = cells.get((m.pk, h.pk), (0, "", {}))
-            times = {int(k): parse_datetime(v) for k, v in (reached or {}).items() if str(k).isdigit()}
-            hours = [lead_hours(times.get(t), m.released_at) if t <= tier else None for t in DAY0_TIERS]
-            if tier < DAY0_TIERS[0] and not failed:
-                untested += 1
-                continue
-            rows.append(Day0Row(h, hours, tier, failed))
-            for i, value in enumerate(hours):
+    releases = [release_timeline(m, hardware, cells) for m in models]
+    for release in releases:
+        for row in release.rows:
+            for i, value in enumerate(row.hours):
                 if value is not None:
-                    per_hw[h.pk][i].append(value)
-        rows.sort(key=lambda r: (-r.tier, r.hours[0] if r.hours[0] is not None else float("inf")))
-        releases.append(Day0Release(m, rows, untested))
+                    per_hw[row.hardware.pk][i].append(value)
     board = []
     rank_index = DAY0_TIERS.index(rank_tier)
+    hidden = [h for h in hardware if h.shared_memory and not include_hosts]
     for h in hardware:
+        if h in hidden:
+            continue
         lists = per_hw[h.pk]
         medians = [median(v) if v else None for v in lists]
         board.append(LeaderRow(h, medians, [len(v) for v in lists], medians[rank_index]))
     board.sort(key=lambda r: (r.rank_hours is None, r.rank_hours if r.rank_hours is not None else 0,
                               r.hardware.slug))
-    return Day0Timeline(releases, board, rank_tier, [(t, TIER_NAMES[t]) for t in DAY0_TIERS])
+    return Day0Timeline(releases, board, rank_tier, [(t, TIER_NAMES[t]) for t in DAY0_TIERS], hidden)

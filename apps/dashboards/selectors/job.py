@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from django.db.models import Max, Subquery
 
 from apps.accounts.access import Actor
+from apps.dashboards.selectors.fleet import online_agent_count
+from apps.dashboards.selectors.jobs import previous_job_ids
+from apps.jobs.choices import ACTIVE_STATES, FINISHED_STATES, JobState
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.selectors import visible_jobs
 from apps.jobs.services import can_cancel_job
@@ -17,7 +20,7 @@ CONSOLE_LINES = 500
 @dataclass
 class StageStatus:
     stage: str
-    status: str  # pending | running | done | failed
+    status: str  # pending | running | done | failed | skipped
     done: int | None = None
     total: int | None = None
     what: str = ""
@@ -36,6 +39,12 @@ class JobPage:
     earlier: int
     last_seq: int
     can_cancel: bool
+    online_agents: int | None = None  # agents of the job's hardware online, while the job is active
+    previous_job: int | None = None  # the job before it in the same cell, to compare with
+
+    @property
+    def finished(self) -> bool:
+        return self.job.state in FINISHED_STATES
 
 
 def job_page(actor: Actor, job_id: int) -> JobPage | None:
@@ -69,4 +78,13 @@ def job_page(actor: Actor, job_id: int) -> JobPage | None:
         if stage not in names:
             names.append(stage)
     stages = [status.get(n) or StageStatus(n, "pending") for n in names]
-    return JobPage(job, stages, shown, earlier, last_seq, can_cancel_job(actor, job))
+    # stages that never started after a failure, or in a job that ended without success, will not run
+    ended = job.state in (JobState.FAILED, JobState.CANCELLED, JobState.LOST)
+    failed_seen = False
+    for s in stages:
+        failed_seen = failed_seen or s.status == "failed"
+        if s.status == "pending" and (failed_seen or ended):
+            s.status = "skipped"
+    online = online_agent_count(job.hardware_id) if job.state in ACTIVE_STATES else None
+    previous = previous_job_ids([job]).get(job.pk)
+    return JobPage(job, stages, shown, earlier, last_seq, can_cancel_job(actor, job), online, previous)

@@ -1,0 +1,99 @@
+"""Two runs side by side: benchmarks per concurrency (with the ratio b / a), alignment, environment lock, and
+what each stage concluded. Four queries whatever the runs hold."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from apps.accounts.access import Actor
+from apps.benchmarks.regressions import Direction, metric_direction
+from apps.evidence.models import BenchmarkPoint, StageResult
+from apps.jobs.models import Job
+from apps.jobs.selectors import visible_jobs
+
+COMPARED_METRICS = (("ttft_ms_p50", "TTFT p50", "ms"), ("ttft_ms_p99", "TTFT p99", "ms"),
+                    ("tpot_ms_p50", "TPOT p50", "ms"), ("itl_ms_p50", "ITL p50", "ms"),
+                    ("e2e_ms_p50", "E2E p50", "ms"), ("e2e_ms_p99", "E2E p99", "ms"),
+                    ("output_tok_s", "output tok/s", "tok/s"), ("req_s", "req/s", "req/s"))
+ENV_FIELDS = ("runtime_commit", "torch", "python", "device", "device_count", "dispatch_key", "driver")
+ALIGN_FIELDS = (("passed", "passed"), ("token_match_rate", "token match rate"), ("perplexity_ref", "perplexity (ref)"),
+                ("perplexity_target", "perplexity (target)"), ("kv_passed", "KV cache consistent"),
+                ("kv_max_abs_err", "KV max abs err"))
+WORSE_BEYOND = 0.05  # a change of more than 5 % the wrong way is marked worse, the right way better
+
+
+@dataclass
+class Cmp:
+    label: str
+    a: Any
+    b: Any
+    unit: str = ""
+    ratio: float | None = None
+    verdict: str = ""  # better | worse | same | differs | ""
+
+
+def _ratio(metric: str, a: Any, b: Any) -> tuple[float | None, str]:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or a <= 0:
+        return None, ""
+    ratio = b / a
+    lower_better = metric_direction(metric) is Direction.LOWER_IS_BETTER
+    if abs(ratio - 1) <= WORSE_BEYOND:
+        return ratio, "same"
+    return ratio, "worse" if (ratio > 1) == lower_better else "better"
+
+
+@dataclass
+class Comparison:
+    a: Job
+    b: Job
+    bench: list[tuple[int, list[Cmp]]] = field(default_factory=list)  # per concurrency
+    alignment: list[Cmp] = field(default_factory=list)
+    env: list[Cmp] = field(default_factory=list)
+    stages: list[Cmp] = field(default_factory=list)
+
+    @property
+    def same_cell(self) -> bool:
+        return (self.a.model_id, self.a.hardware_id) == (self.b.model_id, self.b.hardware_id)
+
+
+def compare_jobs(actor: Actor, a_id: int, b_id: int) -> Comparison | None:
+    """None when either job is unknown or invisible to ``actor``."""
+    jobs = {j.pk: j for j in visible_jobs(actor).select_related("model", "hardware").filter(pk__in=[a_id, b_id])}
+    if a_id not in jobs or b_id not in jobs:
+        return None
+    out = Comparison(jobs[a_id], jobs[b_id])
+    results: dict[int, dict[str, StageResult]] = {a_id: {}, b_id: {}}
+    for r in (StageResult.objects.filter(job_id__in=[a_id, b_id]).select_related("alignment", "env", "benchmark")
+              .defer("section").order_by("job_id", "stage", "-created_at", "-id")):
+        results[r.job_id].setdefault(r.stage, r)
+    stages = sorted(set(results[a_id]) | set(results[b_id]))
+    for stage in stages:
+        ra, rb = results[a_id].get(stage), results[b_id].get(stage)
+        va = ra.verdict if ra else "not run"
+        vb = rb.verdict if rb else "not run"
+        out.stages.append(Cmp(stage, va, vb, verdict="same" if va == vb else "differs"))
+    run_ids = {job: getattr(results[job].get("bench"), "benchmark", None) for job in (a_id, b_id)}
+    points: dict[int, dict[int, BenchmarkPoint]] = {a_id: {}, b_id: {}}
+    ids = {run.pk: job for job, run in run_ids.items() if run is not None}
+    for p in BenchmarkPoint.objects.filter(run_id__in=list(ids)):
+        points[ids[p.run_id]][p.concurrency] = p
+    for conc in sorted(set(points[a_id]) | set(points[b_id])):
+        pa, pb = points[a_id].get(conc), points[b_id].get(conc)
+        row = []
+        for metric, label, unit in COMPARED_METRICS:
+            va, vb = getattr(pa, metric, None), getattr(pb, metric, None)
+            ratio, verdict = _ratio(metric, va, vb)
+            row.append(Cmp(label, va, vb, unit, ratio, verdict))
+        out.bench.append((conc, row))
+    aligns = [getattr(results[j].get("align"), "alignment", None) for j in (a_id, b_id)]
+    if any(aligns):
+        for name, label in ALIGN_FIELDS:
+            va, vb = (getattr(x, name, None) for x in aligns)
+            out.alignment.append(Cmp(label, va, vb, verdict="same" if va == vb else "differs"))
+    envs = [getattr(results[j].get("env"), "env", None) for j in (a_id, b_id)]
+    if any(envs):
+        for name in ENV_FIELDS:
+            va, vb = (getattr(x, name, None) for x in envs)
+            out.env.append(Cmp(name.replace("_", " "), va, vb, verdict="same" if va == vb else "differs"))
+    return out
