@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from apps.accounts.models import ApiToken, Membership, Organization
+from apps.accounts.models import ApiToken, Invitation, Membership, Organization
 from apps.accounts.services import do_revoke_api_token
 
 
@@ -25,6 +25,12 @@ class OrganizationAdmin(admin.ModelAdmin):
 class MembershipAdmin(admin.ModelAdmin):
     list_display = ["user", "organization", "role"]
     list_filter = ["role", "organization"]
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ["user", "organization", "role", "state", "invited_by", "created_at"]
+    list_filter = ["state", "role", "organization"]
 
 
 @admin.register(ApiToken)

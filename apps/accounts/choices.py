@@ -15,6 +15,13 @@ class Scope(models.TextChoices):
     AGENT = "agent", "agent"
 
 
+class InvitationState(models.TextChoices):
+    PENDING = "pending", "pending"
+    ACCEPTED = "accepted", "accepted"
+    DECLINED = "declined", "declined"
+    REVOKED = "revoked", "revoked"
+
+
 # What each role may do; a token's scopes must be within its creator's role.
 ROLE_RANK: dict[str, int] = {Role.VIEWER: 0, Role.SUBMITTER: 1, Role.ADMIN: 2}
 SCOPES_FOR_ROLE: dict[str, set[str]] = {

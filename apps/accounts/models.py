@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from apps.accounts.choices import Role, Scope
+from apps.accounts.choices import InvitationState, Role, Scope
 
 
 class Organization(models.Model):
@@ -35,6 +35,28 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.organization} ({self.role})"
+
+
+class Invitation(models.Model):
+    """An admin's invitation of a user into an organization with a role. Membership needs the invitee's consent:
+    the membership exists only once the invitee accepts; a declined or revoked invitation changes nothing."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="invitations")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="invitations_sent")
+    state = models.CharField(max_length=16, choices=InvitationState.choices, default=InvitationState.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    responded_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["organization", "user"], condition=models.Q(state="pending"),
+                                               name="uniq_pending_invitation")]
+
+    def __str__(self) -> str:
+        return f"{self.user} to {self.organization} as {self.role} ({self.state})"
 
 
 class ApiToken(models.Model):
@@ -69,4 +91,4 @@ class ApiToken(models.Model):
         return scope in self.scopes
 
 
-__all__ = ["ApiToken", "Membership", "Organization", "Role", "Scope"]
+__all__ = ["ApiToken", "Invitation", "Membership", "Organization", "Role", "Scope"]

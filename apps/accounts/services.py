@@ -7,12 +7,14 @@ import secrets
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.utils import timezone
 
 from apps.accounts.access import Actor
 from apps.accounts.authentication import hash_secret
-from apps.accounts.choices import SCOPES_FOR_ROLE, Role, Scope
-from apps.accounts.models import ApiToken, Membership, Organization
+from apps.accounts.choices import SCOPES_FOR_ROLE, InvitationState, Role, Scope
+from apps.accounts.models import ApiToken, Invitation, Membership, Organization
 from apps.catalog.models import Hardware
+from apps.core.errors import ConflictError
 
 TOKEN_PREFIX_LEN = 8
 
@@ -89,8 +91,6 @@ def check_create_api_token(actor: Actor, *, organization: Organization, name: st
 
 
 def do_revoke_api_token(token: ApiToken) -> ApiToken:
-    from django.utils import timezone
-
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
@@ -108,22 +108,91 @@ def check_revoke_api_token(actor: Actor, token: ApiToken) -> ApiToken:
     return do_revoke_api_token(token)
 
 
-def check_set_membership(actor: Actor, org: Organization, *, username: str, role: str | None) -> Membership | None:
-    """Organization admins add members, change their role, or remove them (``role=None``). The last admin
-    cannot be demoted or removed."""
+def _require_admin(actor: Actor, org: Organization) -> None:
     if actor.token is not None and Scope.SUBMIT not in actor.token.scopes:
         raise PermissionDenied("managing members needs a session or a submit token of an admin")
     if not actor.is_admin_of(org.pk):
         raise PermissionDenied(f"only admins of {org.slug} manage its members")
+
+
+def check_set_membership(actor: Actor, org: Organization, *, username: str, role: str | None) -> Membership | None:
+    """Organization admins change a member's role or remove them (``role=None``). The last admin cannot be demoted
+    or removed. A user who is not a member joins only by accepting an invitation (``check_invite_member``): an
+    admin adding them here is a 400 that points there."""
+    _require_admin(actor, org)
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         raise ValidationError({"username": f"no user {username!r}"})
     current = Membership.objects.filter(organization=org, user=user).first()
-    if current is not None and current.role == Role.ADMIN and role != Role.ADMIN:
+    if current is None:
+        if role is None:
+            return None
+        raise ValidationError({"username": (
+            f"{username} is not a member of {org.slug}: members join by accepting an invitation; send one with "
+            f"POST /api/v1/organizations/{org.slug}/invitations/ {{\"username\": \"{username}\", \"role\": "
+            f"\"{role}\"}}")})
+    if current.role == Role.ADMIN and role != Role.ADMIN:
         if Membership.objects.filter(organization=org, role=Role.ADMIN).count() == 1:
             raise ValidationError({"role": f"{username} is the last admin of {org.slug}"})
     if role is None:
-        if current is not None:
-            current.delete()
+        current.delete()
         return None
     return do_set_membership(org, user, role)
+
+
+def check_invite_member(actor: Actor, org: Organization, *, username: str, role: str) -> Invitation:
+    """An admin invites a user (not yet a member) with a role; the user becomes a member only by accepting.
+    Inviting again while an invitation is pending updates its role."""
+    _require_admin(actor, org)
+    if role not in Role.values:
+        raise ValidationError({"role": f"must be one of {', '.join(Role.values)}"})
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise ValidationError({"username": f"no active user {username!r}"})
+    if Membership.objects.filter(organization=org, user=user).exists():
+        raise ValidationError({"username": f"{username} is already a member of {org.slug}: change the role with "
+                                           f"POST /api/v1/organizations/{org.slug}/members/"})
+    with transaction.atomic():
+        invitation, _ = Invitation.objects.select_for_update().update_or_create(
+            organization=org, user=user, state=InvitationState.PENDING,
+            defaults={"role": role, "invited_by_id": actor.user_id})
+    return invitation
+
+
+def _check_invitee(actor: Actor, invitation: Invitation) -> None:
+    if actor.user_id != invitation.user_id:
+        raise PermissionDenied("only the invited user answers an invitation")
+    if actor.token is not None and not actor.token.has_scope(Scope.SUBMIT):
+        raise PermissionDenied("answering an invitation needs a signed-in session or a submit token")
+    if invitation.state != InvitationState.PENDING:
+        raise ConflictError(f"invitation {invitation.pk} is {invitation.state}, not pending")
+
+
+@transaction.atomic
+def check_accept_invitation(actor: Actor, invitation: Invitation) -> Membership:
+    """The invitee accepts: they become a member with the invited role (a pending invitation only)."""
+    invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+    _check_invitee(actor, invitation)
+    invitation.state, invitation.responded_at = InvitationState.ACCEPTED, timezone.now()
+    invitation.save(update_fields=["state", "responded_at"])
+    membership, _ = Membership.objects.get_or_create(organization_id=invitation.organization_id,
+                                                     user_id=invitation.user_id,
+                                                     defaults={"role": invitation.role})
+    return membership
+
+
+@transaction.atomic
+def check_decline_invitation(actor: Actor, invitation: Invitation) -> Invitation:
+    """The invitee declines (nothing else changes), or an admin of the organization revokes a pending one."""
+    invitation = Invitation.objects.select_for_update().get(pk=invitation.pk)
+    if actor.user_id == invitation.user_id:
+        _check_invitee(actor, invitation)
+        state = InvitationState.DECLINED
+    else:
+        _require_admin(actor, invitation.organization)
+        if invitation.state != InvitationState.PENDING:
+            raise ConflictError(f"invitation {invitation.pk} is {invitation.state}, not pending")
+        state = InvitationState.REVOKED
+    invitation.state, invitation.responded_at = state, timezone.now()
+    invitation.save(update_fields=["state", "responded_at"])
+    return invitation

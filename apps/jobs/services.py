@@ -48,6 +48,18 @@ def check_hardware_runs_model(model: ModelRelease, hardware: Hardware) -> None:
         f"operated by staff, and {hardware.slug} belongs to {owner}")})
 
 
+def check_may_queue_on_hardware(actor: Actor, hardware: Hardware) -> None:
+    """Who queues jobs on a hardware: a shared catalog entry (no owner) takes jobs from everyone who may submit;
+    an organization's hardware only from its own members with the submit scope there (a token of that
+    organization), and from staff sessions. ``PermissionDenied`` (403) naming the hardware and its owner."""
+    owner_id = hardware.organization_id
+    if owner_id is None or (actor.is_staff and actor.token is None) or actor.has_scope(Scope.SUBMIT, owner_id):
+        return
+    owner = hardware.organization.slug if hardware.organization else owner_id
+    raise PermissionDenied(f"hardware {hardware.slug} belongs to {owner}: only its members (submitters or admins, "
+                           f"with a session or a {owner} token) queue jobs on it")
+
+
 def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, spec: dict[str, Any]) -> Job:
     """Submitters (of the model's organization for a private model) create jobs; an embargoed model only on
     hardware ``check_hardware_runs_model`` allows."""
@@ -58,7 +70,8 @@ def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, s
         org_id = model.organization_id
     if not actor.has_scope(Scope.SUBMIT, org_id):
         raise PermissionDenied("creating a job needs the submit scope (a submitter or admin role)")
-    check_hardware_runs_model(model, hardware)
+    check_hardware_runs_model(model, hardware)  # the embargo's 400 first: it names the model's rule
+    check_may_queue_on_hardware(actor, hardware)
     return do_create_job(model=model, hardware=hardware, spec=spec, organization_id=org_id,
                          requested_by_id=actor.user_id)
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from apps.accounts.choices import Role
 from apps.accounts.models import ApiToken, Membership
 from apps.catalog.models import Hardware
+from apps.jobs.models import Job
 from tests.factories import (
     HardwareFactory,
     JobFactory,
@@ -166,7 +167,7 @@ def embargoed_model():
 def test_an_embargoed_model_runs_only_on_its_organizations_or_shared_hardware(api_client, embargoed_model) -> None:
     lab = embargoed_model.organization
     submitter = make_token(organization=lab, role=Role.SUBMITTER)
-    foreign = HardwareFactory(slug="rival-npu", organization=OrganizationFactory(slug="rival"))
+    HardwareFactory(slug="rival-npu", organization=OrganizationFactory(slug="rival"))
     refused = api_client.post("/api/v1/jobs/", {"model": "next-big-1b", "hardware": "rival-npu"}, format="json",
                               **auth(submitter))
     assert refused.status_code == 400
@@ -177,9 +178,42 @@ def test_an_embargoed_model_runs_only_on_its_organizations_or_shared_hardware(ap
                                    format="json", **auth(submitter))
         assert response.status_code == 201, response.content
     public = ModelReleaseFactory(organization=lab)
-    response = api_client.post("/api/v1/jobs/", {"model": public.slug, "hardware": foreign.slug}, format="json",
+    response = api_client.post("/api/v1/jobs/", {"model": public.slug, "hardware": "rival-npu"}, format="json",
                                **auth(submitter))
-    assert response.status_code == 201  # a public model runs anywhere
+    assert response.status_code == 403  # a public model runs on any hardware its submitter may use (not rival's)
+
+
+def test_an_organizations_hardware_takes_jobs_only_from_its_members(api_client) -> None:
+    """Any organization could queue public-model jobs on another's private hardware (a fuzzer queued 17)."""
+    owner, other = OrganizationFactory(slug="owner"), OrganizationFactory(slug="other")
+    private_hw, shared_hw = HardwareFactory(slug="owner-npu", organization=owner), HardwareFactory(slug="shared")
+    public = ModelReleaseFactory(organization=other)
+    outsider = make_token(organization=other, role=Role.ADMIN)
+    before = Job.objects.count()
+    response = api_client.post("/api/v1/jobs/", {"model": public.slug, "hardware": "owner-npu"}, format="json",
+                               **auth(outsider))
+    assert response.status_code == 403, response.content
+    assert "owner-npu belongs to owner" in response.json()["detail"]
+    assert Job.objects.count() == before
+    member = make_token(organization=owner, role=Role.SUBMITTER)
+    viewer = make_token(organization=owner, role=Role.VIEWER, scopes=["read"])
+    assert api_client.post("/api/v1/jobs/", {"model": public.slug, "hardware": "owner-npu"}, format="json",
+                           **auth(viewer)).status_code == 403
+    for token, hardware in ((member, private_hw), (outsider, shared_hw), (member, shared_hw)):
+        response = api_client.post("/api/v1/jobs/", {"model": public.slug, "hardware": hardware.slug},
+                                   format="json", **auth(token))
+        assert response.status_code == 201, (hardware.slug, response.content)
+    # a user in both organizations acts, with a token, within the token's organization only
+    both = UserFactory()
+    Membership.objects.create(organization=owner, user=both, role=Role.SUBMITTER)
+    Membership.objects.create(organization=other, user=both, role=Role.SUBMITTER)
+    other_token = make_token(organization=other, user=both)
+    assert api_client.post("/api/v1/jobs/", {"model": public.slug, "hardware": "owner-npu"}, format="json",
+                           **auth(other_token)).status_code == 403
+    staff = _session(UserFactory(is_staff=True))
+    response = staff.post("/api/v1/jobs/", {"model": public.slug, "hardware": "owner-npu"},
+                          content_type="application/json")
+    assert response.status_code == 201, response.content
 
 
 def test_an_agent_token_never_sees_another_organizations_embargoed_job(api_client, embargoed_model) -> None:

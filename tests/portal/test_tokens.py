@@ -89,6 +89,11 @@ def test_admins_manage_members_and_keep_one_admin(admin_client, api_client) -> N
     client, org, user = admin_client
     newcomer = UserFactory(username="newcomer")
     url = f"/api/v1/organizations/{org.slug}/members/"
+    # no one is added without consent: naming a non-member is a 400 that points to invitations
+    response = client.post(url, {"username": "newcomer", "role": "submitter"}, content_type="application/json")
+    assert response.status_code == 400 and "invitations/" in response.json()["username"][0]
+    assert not Membership.objects.filter(user=newcomer).exists()
+    Membership.objects.create(organization=org, user=newcomer, role=Role.VIEWER)
     response = client.post(url, {"username": "newcomer", "role": "submitter"}, content_type="application/json")
     assert response.status_code == 200
     assert {m["username"]: m["role"] for m in response.json()} == {user.username: "admin", "newcomer": "submitter"}
@@ -96,7 +101,10 @@ def test_admins_manage_members_and_keep_one_admin(admin_client, api_client) -> N
                        content_type="application/json").status_code == 400  # the last admin
     assert client.post(url, {"username": "ghost", "role": "viewer"}, content_type="application/json").status_code == 400
     member_token = make_token(organization=org, user=newcomer)
-    assert api_client.get(url, **auth(member_token)).status_code == 200
+    listed = api_client.get(url, **auth(member_token))
+    assert listed.status_code == 200
+    assert listed.json()["count"] == 2 and [m["username"] for m in listed.json()["results"]] == sorted(
+        [user.username, "newcomer"])  # paginated, as the schema says
     assert api_client.post(url, {"username": "newcomer", "role": "admin"}, format="json",
                            **auth(member_token)).status_code == 403
     outsider = make_token(organization=OrganizationFactory(), role=Role.ADMIN)

@@ -3,12 +3,13 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from apps.accounts.choices import Role, Scope
-from apps.accounts.models import ApiToken, Membership, Organization
+from apps.accounts.models import ApiToken, Invitation, Membership, Organization
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):
     organization = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    hardware = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    hardware = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True,
+                                            help_text="the hardware an agent token is bound to; null otherwise")
     user = serializers.CharField(source="user.username", read_only=True)
 
     class Meta:
@@ -44,3 +45,19 @@ class MembershipWriteSerializer(serializers.Serializer):
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(choices=Role.values, required=False, allow_null=True,
                                    help_text="null removes the member")
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    organization = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    username = serializers.CharField(source="user.username", read_only=True)
+    invited_by = serializers.CharField(source="invited_by.username", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "organization", "username", "role", "invited_by", "state", "created_at", "responded_at"]
+        read_only_fields = fields
+
+
+class InvitationWriteSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(choices=Role.values, default=Role.VIEWER)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from apps.accounts.api.views import ApiTokenViewSet, OrganizationViewSet
+from apps.accounts.api.views import ApiTokenViewSet, InvitationViewSet, OrganizationViewSet
 
-routes = [("tokens", ApiTokenViewSet, "token"), ("organizations", OrganizationViewSet, "organization")]
+routes = [("tokens", ApiTokenViewSet, "token"), ("organizations", OrganizationViewSet, "organization"),
+          ("invitations", InvitationViewSet, "invitation")]
 urlpatterns: list = []
