@@ -1,6 +1,9 @@
 """The ``serve`` stage: start ``day0 serve`` on the model as a subprocess on a free port, wait for ``/ready``,
-exercise the text path through ``/v1/completions`` (plain and streamed) and ``/v1/chat/completions``. The
-server stays up in ``ctx.shared["server"]`` for the bench stage; ``stop(ctx)`` (also run at exit) ends it."""
+exercise the text path through ``/v1/completions`` (plain and streamed) and, whenever the model has a chat
+template (``tokenizer_config.json``'s ``chat_template``, or ``chat_template.jinja`` as transformers 5 saves it),
+``/v1/chat/completions`` — checking that the server rendered the conversation into exactly the tokens
+``transformers``' own ``apply_chat_template`` gives. The server stays up in ``ctx.shared["server"]`` for the
+bench stage; ``stop(ctx)`` (also run at exit) ends it."""
 
 from __future__ import annotations
 
@@ -136,7 +139,39 @@ def _check(name: str, fn: Any) -> dict[str, Any]:
         return {"name": name, "ok": False, "detail": f"{type(exc).__name__}: {exc}"}
 
 
-def text_path_checks(url: str, has_chat_template: bool) -> list[dict[str, Any]]:
+CHAT_MESSAGES = [{"role": "user", "content": "Say hello."}]
+
+
+def chat_template_source(model_dir: Path) -> str | None:
+    """Where the model's chat template lives ("tokenizer_config.json" or "chat_template.jinja"), or None."""
+    tok_cfg = model_dir / "tokenizer_config.json"
+    if tok_cfg.exists():
+        try:
+            template = json.loads(tok_cfg.read_text()).get("chat_template")
+        except (OSError, ValueError, AttributeError):
+            template = None
+        if template:
+            return "tokenizer_config.json"
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file() and jinja.read_text(errors="replace").strip():
+        return "chat_template.jinja"
+    return None
+
+
+def expected_chat_ids(ctx: StageContext) -> list[int] | None:
+    """The prompt tokens ``transformers`` renders for ``CHAT_MESSAGES`` (what the server must send the model)."""
+    from agents.pipeline.align_common import tokenizer
+
+    tok = tokenizer(ctx)
+    if tok is None or not getattr(tok, "chat_template", None):
+        return None
+    rendered = tok.apply_chat_template(CHAT_MESSAGES, add_generation_prompt=True, tokenize=False)
+    return list(tok(rendered, add_special_tokens=False)["input_ids"])
+
+
+def text_path_checks(url: str, has_chat_template: bool,
+                     expected_chat: list[int] | None = None) -> list[dict[str, Any]]:
+    """The completions (plain, streamed) and, with a template, chat checks: ``{name, ok, detail}`` each."""
     client = httpx.Client(base_url=url, timeout=120)
     req = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
 
@@ -162,12 +197,15 @@ def text_path_checks(url: str, has_chat_template: bool) -> list[dict[str, Any]]:
         return f"{len(chunks)} chunks"
 
     def chat() -> str:
-        r = client.post(
-            "/v1/chat/completions",
-            json={"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0},
-        )
+        r = client.post("/v1/chat/completions", json={"messages": CHAT_MESSAGES, "max_tokens": 8, "temperature": 0})
         assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}"
-        return r.json()["choices"][0]["message"]["content"]
+        body = r.json()
+        assert body["usage"]["completion_tokens"] >= 1, "no token generated"
+        if expected_chat is not None:  # the server's own renderer against transformers'
+            got = body["usage"]["prompt_tokens"]
+            assert got == len(expected_chat), (f"the server rendered the chat into {got} prompt tokens, "
+                                               f"transformers' template into {len(expected_chat)}")
+        return body["choices"][0]["message"]["content"]
 
     checks = [_check("completions", completion), _check("completions_stream", streamed)]
     if has_chat_template:
@@ -178,7 +216,8 @@ def text_path_checks(url: str, has_chat_template: bool) -> list[dict[str, Any]]:
 
 def run(ctx: StageContext) -> dict[str, Any]:
     """The serve section: ready_seconds, endpoint, tp (ranks serving: the job's override, else the plan's
-    degree clipped to this host), text_path_ok, checks."""
+    degree clipped to this host), text_path_ok, chat_path_ok (None when the model has no chat template),
+    chat_template (where it was found), checks."""
     stop(ctx)  # a server left by an earlier run of this stage
     server = start_server(ctx)
     timeout = float(ctx.bench.get("ready_timeout", 900))
@@ -187,11 +226,20 @@ def run(ctx: StageContext) -> dict[str, Any]:
     except BaseException:
         stop(ctx)
         raise
-    tok_cfg = Path(ctx.model_dir) / "tokenizer_config.json"
-    has_template = tok_cfg.exists() and bool(json.loads(tok_cfg.read_text()).get("chat_template"))
-    checks = text_path_checks(server.url, has_template)
-    ok = all(c["ok"] for c in checks)
-    notes = [] if has_template else ["no chat template: /v1/chat/completions not exercised"]
+    template = chat_template_source(Path(ctx.model_dir))
+    try:
+        expected = expected_chat_ids(ctx) if template else None
+    except Exception as exc:  # noqa: BLE001 — the chat check then runs without the renderer comparison
+        expected, template_note = None, f"transformers could not render the chat template: {exc}"
+    else:
+        template_note = None
+    checks = text_path_checks(server.url, template is not None, expected)
+    by_name = {c["name"]: c["ok"] for c in checks}
+    text_ok = by_name["completions"] and by_name["completions_stream"]
+    chat_ok = by_name.get("chat_completions") if template else None
+    ok = text_ok and chat_ok is not False
+    notes = [] if template else ["no chat template: /v1/chat/completions not exercised"]
+    notes += [template_note] if template_note else []
     tp_note = effective_tp(ctx)[1]
     notes += [tp_note] if tp_note else []
     if not ok:
@@ -201,7 +249,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "ready_seconds": round(ready_seconds, 3),
         "endpoint": server.url,
         "tp": server.tp,
-        "text_path_ok": ok,
+        "text_path_ok": text_ok,
+        "chat_path_ok": chat_ok,
+        "chat_template": template,
         "checks": checks,
         "notes": notes,
     }

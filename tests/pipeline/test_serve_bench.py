@@ -36,6 +36,7 @@ def test_serve_then_bench_then_stop(tmp_path):
         assert section["text_path_ok"], section
         assert {c["name"] for c in section["checks"]} == {"completions", "completions_stream", "chat_completions"}
         assert section["ready_seconds"] > 0 and section["endpoint"].startswith("http://127.0.0.1:")
+        assert section["chat_path_ok"] is True and section["chat_template"] == "tokenizer_config.json"
         proc = ctx.shared["server"].proc
         result = bench.run(ctx)
     finally:
@@ -50,6 +51,34 @@ def test_serve_then_bench_then_stop(tmp_path):
     assert result["peak_memory_bytes"] > 0
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{section['endpoint']}/health", timeout=2)
+
+
+def test_a_transformers_5_chat_template_jinja_is_served_and_checked(tmp_path):
+    """transformers 5 saves the template as chat_template.jinja beside a tokenizer_config.json without one."""
+    model = tmp_path / "model"
+    shutil.copytree(cached_model("llama"), model)
+    tok_cfg = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "chat_template.jinja").write_text(tok_cfg.pop("chat_template"))
+    (model / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    ctx = _ctx(model, tmp_path)
+    try:
+        section = serve.run(ctx)
+    finally:
+        serve.stop(ctx)
+    assert section["chat_template"] == "chat_template.jinja" and section["chat_path_ok"] is True, section
+    chat = next(c for c in section["checks"] if c["name"] == "chat_completions")
+    assert chat["ok"] and section["text_path_ok"]
+
+
+def test_a_model_without_a_chat_template_reports_no_chat_path(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(cached_model("llama"), model)
+    tok_cfg = json.loads((model / "tokenizer_config.json").read_text())
+    tok_cfg.pop("chat_template")
+    (model / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    assert serve.chat_template_source(model) is None
+    (model / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert serve.chat_template_source(model) == "chat_template.jinja"
 
 
 def test_serve_fails_with_the_server_log_when_weights_are_broken(tmp_path):
