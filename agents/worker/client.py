@@ -12,11 +12,26 @@ import httpx
 API_PREFIX = "/api/v1"
 
 
+def describe_error(detail: Any, field: str = "") -> str:
+    """The portal's error body as sentences: ``{"dtype": ["unknown …"], "bench": {"input_len": ["must …"]}}`` →
+    ``dtype: unknown …; bench.input_len: must …`` (DRF's ``detail`` and ``non_field_errors`` need no name)."""
+    if isinstance(detail, dict):
+        parts = []
+        for key, value in detail.items():
+            name = field if key in ("detail", "non_field_errors") else f"{field}.{key}" if field else str(key)
+            parts.append(describe_error(value, name))
+        return "; ".join(p for p in parts if p)
+    if isinstance(detail, list):
+        return "; ".join(describe_error(item, field) for item in detail)
+    text = str(detail).strip()
+    return f"{field}: {text}" if field else text
+
+
 class PortalError(Exception):
     """The portal answered with an error; ``status`` is the HTTP status and the message carries its detail."""
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"portal answered {status}: {message}")
+        super().__init__(f"the portal answered {status}: {message}" if status else message)
         self.status = status
 
 
@@ -51,15 +66,16 @@ class PortalClient:
         try:
             response = self._http.request(method, path, json=json, params=params)
         except httpx.HTTPError as exc:
-            raise PortalUnavailable(0, f"{type(exc).__name__}: {exc} ({self.base_url})") from exc
+            raise PortalUnavailable(0, f"the portal at {self.base_url} cannot be reached ({type(exc).__name__}: "
+                                       f"{exc})") from exc
         if response.status_code >= 500 or response.status_code == 429:
             raise PortalUnavailable(response.status_code, response.text[:500])
         if response.status_code >= 400:
             try:
-                detail = response.json()
+                detail = describe_error(response.json())
             except ValueError:
                 detail = response.text[:500]
-            raise PortalError(response.status_code, str(detail))
+            raise PortalError(response.status_code, detail)
         if response.status_code == 204 or not response.content:
             return None
         return response.json()
@@ -106,6 +122,10 @@ class PortalClient:
         if dtype:
             body["dtype"] = dtype
         return self.request("POST", "/jobs/", json=body)
+
+    def list_jobs(self, *, page_size: int = 50, **filters: str) -> dict:
+        """One page of jobs, newest first: ``{"count", "results": [...]}`` (filters: state, model, hardware)."""
+        return self.request("GET", "/jobs/", params={**filters, "page_size": page_size})
 
     def cancel_job(self, job_id: int) -> dict:
         return self.request("POST", f"/jobs/{job_id}/cancel/")

@@ -1,4 +1,5 @@
-"""``day0 agent`` (a Celery worker for one hardware pool) and ``day0 jobs submit|watch`` (vendors' terminal)."""
+"""``day0 agent`` (a Celery worker for one hardware pool) and ``day0 jobs submit|watch|list|cancel`` (vendors'
+terminal). Refusals print as sentences naming the field the portal objected to (``client.PortalError``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import time
 from typing import Any
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+JOB_STATES = ("queued", "dispatched", "running", "succeeded", "failed", "cancelled", "lost")
+WAITING_POLL_SECONDS = 5.0  # how often `jobs watch` asks whether a dispatched job is stuck
 
 
 def register(subparsers: Any) -> None:
@@ -25,13 +28,15 @@ def register(subparsers: Any) -> None:
     agent.add_argument("--heartbeat", type=float, default=float(os.environ.get("DAY0_AGENT_HEARTBEAT", "5")))
     agent.set_defaults(handler=run_agent)
 
-    jobs = subparsers.add_parser("jobs", help="submit and watch adaptation jobs")
+    jobs = subparsers.add_parser("jobs", help="submit, watch, list and cancel adaptation jobs")
     jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="ACTION")
+    jobs.set_defaults(handler=lambda _args: (jobs.print_help(), 2)[1])
     submit = jobs_sub.add_parser("submit", help="submit a job")
     submit.add_argument("--model", required=True)
     submit.add_argument("--hardware", required=True)
     submit.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
-    submit.add_argument("--dtype", default=None)
+    submit.add_argument("--dtype", default=None,
+                        help="target dtype, as `day0 estimate` takes it (float32, bf16, fp16, fp8, int8, mxfp4 …)")
     submit.add_argument("--watch", action="store_true", help="watch the job after submitting it")
     _portal_args(submit)
     submit.set_defaults(handler=run_submit)
@@ -40,6 +45,40 @@ def register(subparsers: Any) -> None:
     watch.add_argument("--after", type=int, default=0, help="replay events after this seq")
     _portal_args(watch)
     watch.set_defaults(handler=run_watch)
+    lister = jobs_sub.add_parser("list", help="list jobs you may see, newest first")
+    lister.add_argument("--state", choices=JOB_STATES)
+    lister.add_argument("--model", default=None, help="model slug")
+    lister.add_argument("--hardware", default=None, help="hardware slug")
+    lister.add_argument("--limit", type=_bounded_int(1, 500), default=20, help="at most this many (1-500)")
+    lister.add_argument("--json", action="store_true", help="the API's rows as JSON")
+    _portal_args(lister)
+    lister.set_defaults(handler=run_list)
+    cancel = jobs_sub.add_parser("cancel", help="cancel a queued, dispatched or running job")
+    cancel.add_argument("job_id", type=int)
+    _portal_args(cancel)
+    cancel.set_defaults(handler=run_cancel)
+
+
+def _bounded_int(low: int, high: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}-{high}")
+        return value
+
+    return parse
+
+
+def job_dtype(name: str | None) -> str | None:
+    """The portal's name of a dtype given as ``day0 estimate`` takes it (``fp8`` → ``float8_e4m3fn``)."""
+    if name is None:
+        return None
+    from agents.runtime.planner.memory import ALIASES
+
+    return ALIASES.get(name.strip().lower(), name.strip())
 
 
 def _portal_args(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +166,8 @@ def run_submit(args: argparse.Namespace) -> int:
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
     with _client(args) as client:
         try:
-            job = client.create_job(model=args.model, hardware=args.hardware, stages=stages, dtype=args.dtype)
+            job = client.create_job(model=args.model, hardware=args.hardware, stages=stages,
+                                    dtype=job_dtype(args.dtype))
         except PortalError as exc:
             print(f"day0 jobs submit: {exc}", file=sys.stderr)
             return 1
@@ -135,6 +175,47 @@ def run_submit(args: argparse.Namespace) -> int:
     if args.watch:
         args.job_id, args.after = int(job["id"]), 0
         return run_watch(args)
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from agents.worker.client import PortalError
+
+    params = {k: v for k, v in (("state", args.state), ("model", args.model), ("hardware", args.hardware)) if v}
+    with _client(args) as client:
+        try:
+            page = client.list_jobs(page_size=args.limit, **params)
+        except PortalError as exc:
+            print(f"day0 jobs list: {exc}", file=sys.stderr)
+            return 1
+    rows = page.get("results", [])
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no jobs" + (f" matching {', '.join(f'{k}={v}' for k, v in params.items())}" if params else ""))
+        return 0
+    print(f"{'ID':>6}  {'STATE':<10}  {'MODEL':<28}  {'HARDWARE':<16}  {'CREATED':<16}  NOTE")
+    for job in rows:
+        note = job.get("waiting_reason") or (f"failed at {job['failed_stage']}" if job.get("failed_stage") else "")
+        created = str(job.get("created_at") or "")[:16].replace("T", " ")
+        print(f"{job['id']:>6}  {job['state']:<10}  {job['model']:<28}  {job['hardware']:<16}  {created:<16}  {note}")
+    more = page.get("count", len(rows)) - len(rows)
+    if more > 0:
+        print(f"… and {more} more (use --limit, --state, --model or --hardware)")
+    return 0
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    from agents.worker.client import PortalError
+
+    with _client(args) as client:
+        try:
+            job = client.cancel_job(args.job_id)
+        except PortalError as exc:
+            print(f"day0 jobs cancel: {exc}", file=sys.stderr)
+            return 1
+    print(f"job {job['id']} {job['state']}")
     return 0
 
 
@@ -148,6 +229,7 @@ class ProgressView:
         self.passed: dict[str, bool] = {}
         self.last_seq = 0
         self._live = False
+        self._waiting_shown = False
 
     def _line(self, text: str, final: bool) -> None:
         if self.out.isatty():
@@ -177,7 +259,16 @@ class ProgressView:
             self._line(f"{stage:<9} [{'#' * self.WIDTH if ok else '!' * self.WIDTH}] {mark} "
                        f"({data.get('seconds', 0)} s)", final=True)
         elif ev.get("level") in ("warning", "error"):
-            self._line(f"{stage:<9} {ev.get('level')}: {ev.get('message', '').splitlines()[-1:]}", final=True)
+            lines = str(ev.get("message") or "").strip().splitlines()
+            self._line(f"{stage:<9} {ev.get('level')}: {lines[-1] if lines else kind}", final=True)
+            if kind == "stuck":
+                self._waiting_shown = True
+
+    def waiting(self, reason: str | None) -> None:
+        """Says once why a dispatched job is not claimed (the job's ``waiting_reason``), until it is."""
+        if reason and not self._waiting_shown:
+            self._line(f"waiting: {reason}", final=True)
+        self._waiting_shown = bool(reason)
 
     def finish(self, job: dict[str, Any]) -> int:
         from agents.pipeline.tiers import TIER_NAMES, compute_tier
@@ -212,14 +303,20 @@ def run_watch(args: argparse.Namespace) -> int:
         except PortalError as exc:
             print(f"day0 jobs watch: {exc}", file=sys.stderr)
             return 1
+        view.waiting(job.get("waiting_reason"))
         try:
-            _watch_ws(args, view)
+            if job.get("state") not in TERMINAL_STATES:
+                _watch_ws(args, view, client)
+        except PortalError as exc:
+            print(f"day0 jobs watch: {exc}", file=sys.stderr)
+            return 1
         except Exception as exc:  # noqa: BLE001 — no WebSocket (proxy, old portal): poll instead
             print(f"(websocket unavailable: {exc}; polling)", file=sys.stderr)
         while True:
             for ev in client.job_events(args.job_id, after=view.last_seq):
                 view.event(ev)
             job = client.get_job(args.job_id)
+            view.waiting(job.get("waiting_reason"))
             if job.get("state") in TERMINAL_STATES:
                 for ev in client.job_events(args.job_id, after=view.last_seq):
                     view.event(ev)
@@ -227,7 +324,9 @@ def run_watch(args: argparse.Namespace) -> int:
             time.sleep(1.0)
 
 
-def _watch_ws(args: argparse.Namespace, view: ProgressView) -> None:
+def _watch_ws(args: argparse.Namespace, view: ProgressView, client: Any) -> None:
+    """Follows the job's WebSocket until it ends; every ``WAITING_POLL_SECONDS`` of silence it asks the portal
+    whether the job waits unclaimed (and says why) or ended."""
     from websockets.sync.client import connect
 
     # the portal checks Origin against its allowed hosts, as it does for browsers
@@ -235,7 +334,15 @@ def _watch_ws(args: argparse.Namespace, view: ProgressView) -> None:
     with connect(_ws_url(args.portal, args.job_id, view.last_seq, args.token), open_timeout=10,
                  origin=origin) as ws:
         while True:
-            message = json.loads(ws.recv(timeout=None))
+            try:
+                raw = ws.recv(timeout=WAITING_POLL_SECONDS)
+            except TimeoutError:
+                job = client.get_job(args.job_id)
+                view.waiting(job.get("waiting_reason"))
+                if job.get("state") in TERMINAL_STATES:
+                    return
+                continue
+            message = json.loads(raw)
             if message.get("type") == "job.events":
                 for ev in message.get("events", []):
                     view.event(ev)
