@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +28,30 @@ def broadcast_from_rank0(obj: Any) -> Any:
 
 def attach(engine: Any) -> None:
     """Rank 0: tell the workers the pool size, then send them every step."""
+    from agents.runtime.engine.rank_failure import StepGuard
+
     broadcast_from_rank0((engine.blocks.num_blocks, engine.blocks.block_size))
     engine.runner.broadcast = broadcast_from_rank0
+    engine.runner.execute = StepGuard(engine.runner, engine.runner.execute)  # a failed step stops every rank
 
 
 def worker(model_dir: str, dtype: str, device: str) -> None:
     """Ranks > 0: load this rank's shard, size the cache as rank 0 says, run every step rank 0 sends."""
     from agents.runtime.engine.model_runner import ModelRunner
+    from agents.runtime.engine.rank_failure import fail_worker, inject_fault
     from agents.runtime.loader import load_model
 
     model = load_model(model_dir, dtype=dtype, device=device).model
     num_blocks, block_size = broadcast_from_rank0(None)
     runner = ModelRunner(model, device, block_size, num_blocks)
-    while (inputs := broadcast_from_rank0(None)) is not None:
-        runner.execute(inputs)
+    rank, step = dist.get_rank(), 0
+    try:
+        while (inputs := broadcast_from_rank0(None)) is not None:
+            step += 1
+            inject_fault(rank, step)
+            runner.execute(inputs)
+    except Exception as exc:  # never leave rank 0 waiting in a collective: exit, it sees the connection close
+        fail_worker(rank, exc)
 
 
 def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: dict[str, Any]) -> None:
@@ -47,13 +59,14 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    init_distributed(rank, world, tp_size=world)
+    init_distributed(rank, world, tp_size=world, timeout=float(os.environ.get("DAY0_TP_TIMEOUT_S", 300)))
     try:
         if rank == 0:
+            from agents.runtime.engine.rank_failure import failure
             from agents.runtime.server.launcher import serve
 
             code = serve(model_dir, on_engine=attach, **serve_kwargs)  # the other ranks follow every step
-            sys.exit(code)
+            sys.exit(1 if failure() else code)
         worker(model_dir, serve_kwargs.get("dtype", "float32"), serve_kwargs.get("device", "cpu"))
     finally:
         destroy_distributed()
@@ -62,9 +75,12 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
 def serve_tp(model_dir: str | Path, tp: int, **serve_kwargs: Any) -> int:
     """``day0 serve --tp N``: N processes, rank 0 serving HTTP; returns rank 0's exit code."""
     from agents.runtime.distributed import free_port
+    from agents.runtime.engine.rank_failure import ERROR_DIR_ENV, watch_ranks
 
     ctx = mp.get_context("spawn")
     port = free_port()
+    errors = Path(tempfile.mkdtemp(prefix="day0-tp-"))
+    os.environ[ERROR_DIR_ENV] = str(errors)  # the ranks inherit it
     procs = [ctx.Process(target=_rank_main, args=(r, tp, port, str(model_dir), serve_kwargs)) for r in range(tp)]
     for p in procs:
         p.start()
@@ -77,11 +93,16 @@ def serve_tp(model_dir: str | Path, tp: int, **serve_kwargs: Any) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    procs[0].join()
+    failed = watch_ranks(procs, errors, stopping)
     for p in procs[1:]:
         p.join(timeout=10)
         if p.is_alive():
             p.terminate()
+    shutil.rmtree(errors, ignore_errors=True)
+    if failed:
+        log.error("tensor-parallel server failed: %s", failed)
+        print(f"day0 serve: {failed}", file=sys.stderr, flush=True)
+        return 1
     code = procs[0].exitcode or 0
     # uvicorn re-raises the SIGTERM it handled gracefully; that is a clean stop we asked for
     return 0 if stopping and code == -signal.SIGTERM else (code if code >= 0 else 128 - code)
