@@ -12,6 +12,7 @@ from django.utils import timezone
 from apps.accounts.access import Actor
 from apps.accounts.authentication import hash_secret
 from apps.accounts.choices import SCOPES_FOR_ROLE, InvitationState, Role, Scope
+from apps.accounts.events import broadcast_token_revoked
 from apps.accounts.models import ApiToken, Invitation, Membership, Organization
 from apps.catalog.models import Hardware
 from apps.core.errors import ConflictError
@@ -91,9 +92,12 @@ def check_create_api_token(actor: Actor, *, organization: Organization, name: st
 
 
 def do_revoke_api_token(token: ApiToken) -> ApiToken:
+    """Revokes a token: the API refuses it at once, and its open WebSockets are closed (4401) after commit."""
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
+        token_id = token.pk
+        transaction.on_commit(lambda: broadcast_token_revoked(token_id))
     return token
 
 

@@ -4,11 +4,18 @@
 once and in seq order: the consumer joins the group *before* it reads the database, so nothing committed
 during the replay is missed, and it delivers only the next contiguous seq, holding back (and, if need be,
 reading from the database) anything that arrives ahead of a gap. ``/ws/matrix/`` forwards cell changes of the
-models the client may see. Both accept a session or ``?token=<api token>``; refusals close with 4401
-(not signed in where needed), 4403 (not visible) or 4404 (no such job)."""
+models the client may see. Both accept a session or ``?token=<api token>``.
+
+Refusals are close codes, never an HTTP 403 handshake (which a browser cannot read): the handshake is accepted
+and the socket closed at once with 4400 (bad query), 4401 (bad, revoked or inactive token), 4403 (not visible)
+or 4404 (no such job). A socket opened with a token closes with 4401 when the token is revoked: revocation
+tells the token's sockets at once (a channel-layer group per token), and before each delivery a socket
+re-checks its token at most every ``TOKEN_RECHECK_S`` seconds, so a lost broadcast or a deactivated user still
+stops the stream within that bound."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -18,6 +25,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from apps.jobs.events import job_group
 
 REPLAY_PAGE = 1000
+TOKEN_RECHECK_S = 5.0
 CLOSE_UNAUTHENTICATED, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_BAD_REQUEST = 4401, 4403, 4404, 4400
 
 
@@ -36,6 +44,59 @@ def _actor(scope: dict[str, Any], token_secret: str | None) -> Any:
         token, _ = find_token(token_secret)
         return None if token is None else actor_of(token.user, token)
     return actor_of(scope.get("user"))
+
+
+@database_sync_to_async
+def _token_usable(token_id: int) -> bool:
+    from apps.accounts.models import ApiToken
+
+    return ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True, user__is_active=True).exists()
+
+
+class _GuardedConsumer(AsyncJsonWebsocketConsumer):
+    """Refusal by close code, and the token watch of the module docstring."""
+
+    token_id: int | None = None
+    closed = False
+    groups_joined: tuple[str, ...] = ()
+
+    async def refuse(self, code: int) -> None:
+        await self.accept()
+        await self.close(code=code)
+        self.closed = True
+
+    async def join(self, actor: Any, *groups: str) -> None:
+        from apps.accounts.events import token_group
+
+        self.token_id = actor.token.pk if actor.token is not None else None
+        self.token_checked = time.monotonic()
+        if self.token_id is not None:
+            groups = (token_group(self.token_id), *groups)
+        for group in groups:  # first join, then replay: no gap
+            await self.channel_layer.group_add(group, self.channel_name)
+        self.groups_joined = groups
+
+    async def disconnect(self, code: int) -> None:
+        self.closed = True
+        for group in self.groups_joined:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def authorized(self) -> bool:
+        """Whether to deliver: False (and the socket closed with 4401) once the token is no longer usable."""
+        if self.closed:
+            return False
+        if self.token_id is None or time.monotonic() - self.token_checked < TOKEN_RECHECK_S:
+            return True
+        self.token_checked = time.monotonic()
+        if await _token_usable(self.token_id):
+            return True
+        await self.token_revoked({})
+        return False
+
+    async def token_revoked(self, message: dict[str, Any]) -> None:
+        if not self.closed:
+            self.closed = True
+            await self.close(code=CLOSE_UNAUTHENTICATED)
 
 
 @database_sync_to_async
@@ -71,7 +132,7 @@ def _job_state(job_id: int) -> dict[str, Any] | None:
     return None if job is None else {"type": "job.state", "job": job_id, **job}
 
 
-class JobEventsConsumer(AsyncJsonWebsocketConsumer):
+class JobEventsConsumer(_GuardedConsumer):
     """``/ws/jobs/<id>/?after=SEQ``: the job's events (``job.events``) and state changes (``job.state``)."""
 
     async def connect(self) -> None:
@@ -80,19 +141,18 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         try:
             self.last_seq = max(0, int(query.get("after") or 0))
         except ValueError:
-            await self.close(code=CLOSE_BAD_REQUEST)
+            await self.refuse(CLOSE_BAD_REQUEST)
             return
         self.held: dict[int, dict[str, Any]] = {}  # live events ahead of a gap, by seq
         actor = await _actor(self.scope, query.get("token"))
         if actor is None:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self.refuse(CLOSE_UNAUTHENTICATED)
             return
         visible = await _job_visible(actor, self.job_id)
         if not visible:
-            await self.close(code=CLOSE_NOT_FOUND if visible is None else CLOSE_FORBIDDEN)
+            await self.refuse(CLOSE_NOT_FOUND if visible is None else CLOSE_FORBIDDEN)
             return
-        self.group = job_group(self.job_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)  # first join, then replay: no gap
+        await self.join(actor, job_group(self.job_id))
         await self.accept()
         state = await _job_state(self.job_id)
         if state:
@@ -104,10 +164,6 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
             await self._deliver(page)
             if len(page) < REPLAY_PAGE:
                 break
-
-    async def disconnect(self, code: int) -> None:
-        if getattr(self, "group", None):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def _deliver(self, events: list[dict[str, Any]]) -> None:
         """Sends the next contiguous events after ``last_seq``; older ones are dropped, later ones held."""
@@ -122,15 +178,18 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "job.events", "job": self.job_id, "events": batch})
 
     async def job_events(self, message: dict[str, Any]) -> None:
+        if not await self.authorized():
+            return
         await self._deliver(message["events"])
         if self.held:  # a gap: the missing events may be stored already (a lost broadcast)
             await self._deliver(await _events_after(self.job_id, self.last_seq, REPLAY_PAGE, upto=min(self.held)))
 
     async def job_state(self, message: dict[str, Any]) -> None:
-        await self.send_json(message)
+        if await self.authorized():
+            await self.send_json(message)
 
 
-class MatrixConsumer(AsyncJsonWebsocketConsumer):
+class MatrixConsumer(_GuardedConsumer):
     """``/ws/matrix/``: ``cell.changed`` and ``matrix.changed`` messages about models the client may see."""
 
     async def connect(self) -> None:
@@ -138,15 +197,10 @@ class MatrixConsumer(AsyncJsonWebsocketConsumer):
 
         self.actor = await _actor(self.scope, _query(self.scope).get("token"))
         if self.actor is None:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            await self.refuse(CLOSE_UNAUTHENTICATED)
             return
-        self.group = MATRIX_GROUP
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.join(self.actor, MATRIX_GROUP)
         await self.accept()
-
-    async def disconnect(self, code: int) -> None:
-        if getattr(self, "group", None):
-            await self.channel_layer.group_discard(self.group, self.channel_name)
 
     @database_sync_to_async
     def _visible(self, *, slug: str | None = None, model_id: int | None = None) -> bool:
@@ -158,9 +212,9 @@ class MatrixConsumer(AsyncJsonWebsocketConsumer):
         return qs.filter(slug=slug).exists() if slug is not None else qs.filter(pk=model_id).exists()
 
     async def cell_changed(self, message: dict[str, Any]) -> None:
-        if await self._visible(slug=message.get("model")):
+        if await self.authorized() and await self._visible(slug=message.get("model")):
             await self.send_json(message)
 
     async def matrix_changed(self, message: dict[str, Any]) -> None:
-        if await self._visible(model_id=message.get("model_id")):
+        if await self.authorized() and await self._visible(model_id=message.get("model_id")):
             await self.send_json(message)
