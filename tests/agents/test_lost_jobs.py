@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from apps.fleet.models import Agent
 from apps.jobs import dispatch
-from apps.jobs.models import Job
+from apps.jobs.models import Job, JobEvent
 from apps.jobs.tasks import detect_lost_jobs_task
 from tests.agents.conftest import unique_slug
 from tests.factories import HardwareFactory, JobFactory
@@ -62,3 +62,29 @@ def test_after_the_last_attempt_the_job_stays_lost(running_job, monkeypatch) -> 
     assert detect_lost_jobs_task() == [job.pk]
     job.refresh_from_db()
     assert job.state == "lost" and "gave up after 1 attempts" in job.error
+
+
+def test_the_reason_a_job_was_lost_is_kept_as_an_event_of_its_log(running_job, monkeypatch) -> None:  # noqa: ANN001
+    job, agent = running_job
+    JobEvent.objects.create(job=job, seq=1, ts=timezone.now(), kind="log", message="agent runs the job")
+    Job.objects.filter(pk=job.pk).update(events_acked=1, events_max_seq=1)
+    Agent.objects.filter(pk=agent.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert detect_lost_jobs_task() == [job.pk]
+    lost = JobEvent.objects.get(job=job, kind="lost")
+    assert lost.seq == 2 and lost.level == "warning"
+    assert lost.message == "attempt 1 lost: agent h1 stopped heartbeating; re-queued for attempt 2 of 3"
+    assert lost.data == {"attempt": 1, "reason": "agent h1 stopped heartbeating", "requeued": True}
+    assert Job.objects.get(pk=job.pk).events_acked == 2  # the next agent's spool continues after it
+
+
+def test_a_dispatched_job_nobody_claims_gets_one_stuck_event_per_attempt(monkeypatch) -> None:
+    monkeypatch.setenv("DAY0_JOB_STUCK_SECONDS", "30")
+    hardware = HardwareFactory(slug=unique_slug("stuck"))
+    job = JobFactory(hardware=hardware, state="dispatched", attempts=1,
+                     dispatched_at=timezone.now() - timedelta(seconds=45))
+    detect_lost_jobs_task()
+    detect_lost_jobs_task()
+    stuck = list(JobEvent.objects.filter(job=job, kind="stuck"))
+    assert len(stuck) == 1 and stuck[0].data["attempt"] == 1
+    assert f"no agent of {hardware.slug} is online; none has ever registered" in stuck[0].message
+    assert Job.objects.get(pk=job.pk).state == "dispatched"  # a notice, not a state change
