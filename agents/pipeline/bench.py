@@ -33,12 +33,15 @@ def run(ctx: StageContext) -> dict[str, Any]:
         server = serve.start_server(ctx)
         server.wait_ready(float(ctx.bench.get("ready_timeout", 900)), ctx)
     url = ctx.shared["server"].url
+    keep = "eval" in ctx.shared.get("stages_requested", ())  # the eval stage queries this server next
     try:
         section = run_benchmark(url, **settings)
     except (ValueError, RuntimeError, httpx.HTTPError) as exc:
+        keep = False
         raise StageFailed(f"benchmark against {url} failed: {exc}") from exc
     finally:
-        serve.stop(ctx)  # the bench is the server's last user
+        if not keep:
+            serve.stop(ctx)  # the bench is the server's last user
     ctx.emit("log", "benchmark:\n" + format_table(section))
     failed = sum(run["failed"] for run in section["runs"])
     if failed:

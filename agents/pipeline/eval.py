@@ -1,109 +1,297 @@
-"""The ``eval`` stage (tier 6, "validated"): task quality of the target within tolerance of the reference
-(``transformers`` fp32 CPU, same weights) on a small fixed built-in set.
+"""The ``eval`` stage (tier 6, "validated"): task quality of the SERVED target against the ``transformers`` fp32
+reference on the same weights, the same token ids on both sides.
 
-* multiple choice by log-likelihood: each choice's mean token log-probability after the question; the
-  highest is the answer; accuracy on both sides, and how often the two sides pick the same choice;
-* perplexity of fixed texts on both sides.
+Suites (``eval_suites/``, lm-eval task files, see ``eval_tasks``): ``day0_mc`` (multiple choice by
+log-likelihood), ``day0_qa`` (short answers, greedy, exact match), ``day0_ppl`` (word perplexity of held-out
+text) and ``needle`` (``eval_needle``: RULER-style single needle with distractors, accuracy per length × depth).
+The target answers through the server the serve stage left running (``/v1/completions``: echo + logprobs for
+log-likelihoods, greedy ``max_tokens`` for generations), or one started here like the serve stage does.
 
-Passes when |accuracy_target − accuracy_ref| ≤ ``eval_accuracy_tol`` (default 0.07: at most one of 16
-answers may flip) and every text's |ppl_target − ppl_ref| / ppl_ref ≤ ``eval_perplexity_rel_tol`` (default
-0.02). Both overridable through the job's thresholds. Not a default stage."""
+Pass rule per task, one-sided: target ≥ reference × (1 − ``eval_rtol``) (for perplexity, lower is better:
+target ≤ reference × (1 + rtol)); the needle test also needs the target's accuracy at each length to reach
+the reference's. The Wilson 95 % lower bound of each accuracy is reported beside it.
+
+Options (the job's ``bench`` settings): ``eval_tasks`` (subset of TASKS), ``eval_limit`` (first N documents per
+task), ``eval_needle_lengths`` (prompt tokens; default: doubling from 256 up to ``eval_needle_max_length``,
+1024, never past the served context), ``eval_needle_depths`` (percent), ``eval_needle_samples`` (items per
+cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
-import torch
-
-from agents.pipeline.align_common import perplexity, reference_model, target_forward, target_model, tokenizer
+from agents.pipeline import eval_needle, eval_tasks, serve
+from agents.pipeline.align_common import reference_model, tokenizer
 from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.eval_data import MULTIPLE_CHOICE, PERPLEXITY_TEXTS
-from agents.pipeline.thresholds import EVAL as EVAL_THRESHOLDS
+from agents.pipeline.eval_backends import ReferenceLM, ServedError, ServedLM
+from agents.pipeline.thresholds import DEFAULTS as THRESHOLD_DEFAULTS
 
-DEFAULT_TOLERANCES: dict[str, float] = EVAL_THRESHOLDS
-
-
-def _mc_sequences(tok: Any) -> tuple[list[list[int]], list[int]]:
-    """Every (question + choice) sequence, and the number of prompt tokens of each."""
-    seqs, prompt_lens = [], []
-    for question, choices, _ in MULTIPLE_CHOICE:
-        prompt = list(tok(question)["input_ids"])
-        for choice in choices:
-            seqs.append(prompt + list(tok(" " + choice, add_special_tokens=False)["input_ids"]))
-            prompt_lens.append(len(prompt))
-    return seqs, prompt_lens
+TASKS: tuple[str, ...] = (*eval_tasks.TASK_FILES, eval_needle.TASK)
+DEFAULT_DEPTHS = (0, 25, 50, 75, 100)
+NEEDLE_MAX_TOKENS = 12
+OPTION_BOUNDS: dict[str, tuple[int, int]] = {
+    "eval_limit": (1, 100_000),
+    "eval_needle_max_length": (64, 1 << 20),
+    "eval_needle_samples": (1, 100),
+    "eval_needle_distractors": (0, 11),
+    "eval_concurrency": (1, 64),
+}
 
 
-@torch.inference_mode()
-def _reference_logits(ref: torch.nn.Module, seqs: list[list[int]]) -> list[torch.Tensor]:
-    """One right-padded batch on the reference (causal: real tokens never see the padding)."""
-    longest = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), longest, dtype=torch.long)  # [B, L]
-    mask = torch.zeros(len(seqs), longest, dtype=torch.long)  # [B, L]
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
-    logits = ref(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()  # [B, L, V]
-    return [logits[i, : len(s)] for i, s in enumerate(seqs)]
+def _int_option(bench: dict[str, Any], key: str, default: int | None) -> int | None:
+    value = bench.get(key, default)
+    if value is None:
+        return None
+    low, high = OPTION_BOUNDS[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise StageFailed(f"eval option {key}: {value!r} is not an integer in [{low}, {high}]")
+    return value
 
 
-def _choice_scores(logits: list[torch.Tensor], seqs: list[list[int]], prompt_lens: list[int]) -> torch.Tensor:
-    """Mean log-probability of each sequence's continuation tokens. Returns [num_sequences]."""
-    scores = []
-    for lg, seq, n in zip(logits, seqs, prompt_lens, strict=True):
-        logprobs = torch.log_softmax(lg[n - 1 : len(seq) - 1].double(), dim=-1)  # [C, V]
-        targets = torch.tensor(seq[n:], dtype=torch.long)  # [C]
-        scores.append(logprobs.gather(1, targets[:, None]).mean())
-    return torch.stack(scores)
+def _int_list(bench: dict[str, Any], key: str, low: int, high: int) -> list[int] | None:
+    value = bench.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = [int(v) for v in value.split(",")]
+        except ValueError:
+            raise StageFailed(f"eval option {key}: {value!r} is not a comma-separated list of integers") from None
+    if (not isinstance(value, list) or not value or len(value) > 64
+            or not all(isinstance(v, int) and not isinstance(v, bool) and low <= v <= high for v in value)):
+        raise StageFailed(f"eval option {key}: {value!r} is not a list of 1 to 64 integers in [{low}, {high}]")
+    return sorted(set(value))
+
+
+def options(ctx: StageContext, context_length: int) -> dict[str, Any]:
+    """The job's eval options with their defaults; a bad one is a StageFailed naming it and its bound."""
+    bench = ctx.bench
+    tasks = bench.get("eval_tasks", list(TASKS))
+    if isinstance(tasks, str):
+        tasks = [t.strip() for t in tasks.split(",") if t.strip()]
+    if not isinstance(tasks, list) or not tasks or any(t not in TASKS for t in tasks):
+        raise StageFailed(f"eval option eval_tasks: {tasks!r} must be a non-empty subset of {', '.join(TASKS)}")
+    room = context_length - NEEDLE_MAX_TOKENS
+    max_length = min(_int_option(bench, "eval_needle_max_length", 1024) or 1024, room)
+    lengths = _int_list(bench, "eval_needle_lengths", 64, 1 << 20)
+    if lengths is None:
+        lengths = [n for n in (256 * 2**i for i in range(16)) if n <= max_length] or [max_length]
+    elif lengths[-1] > room:
+        raise StageFailed(f"eval option eval_needle_lengths: {lengths[-1]} tokens plus the answer's "
+                          f"{NEEDLE_MAX_TOKENS} do not fit the served context of {context_length}")
+    return {
+        "tasks": [t for t in TASKS if t in tasks],
+        "limit": _int_option(bench, "eval_limit", None),
+        "needle_lengths": lengths,
+        "needle_depths": _int_list(bench, "eval_needle_depths", 0, 100) or list(DEFAULT_DEPTHS),
+        "needle_samples": _int_option(bench, "eval_needle_samples", 1),
+        "needle_distractors": _int_option(bench, "eval_needle_distractors", 3),
+        "concurrency": _int_option(bench, "eval_concurrency", 4),
+    }
+
+
+def _rtol(ctx: StageContext) -> float:
+    return float(ctx.thresholds.get("eval_rtol", THRESHOLD_DEFAULTS["eval_rtol"]))
+
+
+def _served_context(target: ServedLM, ctx: StageContext) -> int:
+    """The served model's context (``/v1/models``), else the config's."""
+    try:
+        card = target.client.get("/v1/models").json()["data"][0]
+        if card.get("max_model_len"):
+            return int(card["max_model_len"])
+    except (ValueError, KeyError, IndexError, TypeError, OSError):
+        pass
+    return int(ctx.config.get("max_position_embeddings") or 2048)
+
+
+def task_row(task: str, metric: str, reference: float, target: float, *, n: int, rtol: float,
+             higher_is_better: bool, chance: float | None, correct: tuple[list[bool], list[bool]] | None,
+             **extra: Any) -> dict[str, Any]:
+    """One ``tasks`` entry: both sides' scores, the one-sided verdict, Wilson lower bounds of accuracies."""
+    if higher_is_better:
+        passed = target >= reference * (1 - rtol)
+    else:
+        passed = target <= reference * (1 + rtol)
+    row: dict[str, Any] = {"task": task, "metric": metric, "reference": reference, "target": target, "n": n,
+                           "higher_is_better": higher_is_better, "chance": chance, "passed": passed}
+    if correct is not None:
+        ref_ok, target_ok = correct
+        row["wilson_low"] = eval_tasks.wilson_low(sum(target_ok), len(target_ok))
+        row["wilson_low_reference"] = eval_tasks.wilson_low(sum(ref_ok), len(ref_ok))
+        row["agreement"] = sum(a == b for a, b in zip(ref_ok, target_ok, strict=True)) / len(ref_ok)
+    else:
+        row["wilson_low"] = None
+    row.update(extra)
+    return row
+
+
+def _step(ctx: StageContext, what: str) -> Any:
+    """A progress callback for one (task, side): events "eval <task> <side>: done/total"."""
+    return lambda done, total: ctx.progress(done, total, f"eval {what}")
+
+
+def _run_task(name: str, lm_ref: ReferenceLM, target: ServedLM, encode: Any, opts: dict[str, Any], rtol: float,
+              ctx: StageContext, prefix_token: int | None, context: int) -> dict[str, Any]:
+    task = eval_tasks.load_task(name)
+    req = eval_tasks.build_requests(task, encode, limit=opts["limit"], max_length=min(context, 2048),
+                                    prefix_token=prefix_token)
+    check = ctx.check_cancelled
+    sides: dict[str, eval_tasks.Score] = {}
+    lls: dict[str, list[float]] = {}
+    seconds: dict[str, float] = {}
+    for side, lm in (("target", target), ("reference", lm_ref)):
+        t0 = time.perf_counter()
+        step = _step(ctx, f"{name} {side}")
+        if req.loglikelihood:
+            lls[side] = lm.loglikelihood(req.loglikelihood, step, check)
+            sides[side] = eval_tasks.score(req, loglikelihoods=lls[side])
+        else:
+            generated = lm.generate(req.prompts, req.max_tokens, req.until, step, check)
+            sides[side] = eval_tasks.score(req, generations=generated)
+        seconds[side] = round(time.perf_counter() - t0, 3)
+    ref, tgt = sides["reference"], sides["target"]
+    extra: dict[str, Any] = {"seconds": seconds}
+    if lls:  # token-level consistency of the two sides on the same requests
+        extra["loglik_max_abs_diff"] = max(abs(a - b) for a, b in zip(lls["reference"], lls["target"], strict=True))
+    if task.output_type == "loglikelihood_rolling":
+        extra["token_perplexity_reference"] = eval_tasks.token_perplexity(req, ref.answers)
+        extra["token_perplexity_target"] = eval_tasks.token_perplexity(req, tgt.answers)
+        extra["tokens"] = req.tokens
+    if task.output_type == "generate_until":
+        extra["examples"] = [{"question": doc.get("question"), "answer": doc.get("answer"), "reference": r,
+                              "target": t} for doc, r, t in list(zip(req.docs, ref.answers, tgt.answers,
+                                                                    strict=True))[:5]]
+    correct = (ref.correct, tgt.correct) if ref.correct is not None and tgt.correct is not None else None
+    return task_row(name, task.metric, ref.value, tgt.value, n=len(req.docs), rtol=rtol,
+                    higher_is_better=task.higher_is_better, chance=task.chance, correct=correct, **extra)
+
+
+def _run_needle(lm_ref: ReferenceLM, target: ServedLM, tok: Any, opts: dict[str, Any], rtol: float,
+                ctx: StageContext) -> tuple[dict[str, Any], dict[str, Any]]:
+    lengths, depths = opts["needle_lengths"], opts["needle_depths"]
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    try:
+        items = eval_needle.build_items(count, lengths, depths, opts["needle_samples"],
+                                        distractors=opts["needle_distractors"])
+    except ValueError as exc:
+        raise StageFailed(f"eval needle: {exc}") from exc
+    prompts = [tok(item.prompt, add_special_tokens=False)["input_ids"] for item in items]
+    grids: dict[str, list[list[float]]] = {}
+    seconds: dict[str, float] = {}
+    answers: dict[str, list[str]] = {}
+    for side, lm in (("target", target), ("reference", lm_ref)):
+        t0 = time.perf_counter()
+        answers[side] = lm.generate(prompts, NEEDLE_MAX_TOKENS, ["\n"], _step(ctx, f"needle {side}"),
+                                    ctx.check_cancelled)
+        seconds[side] = round(time.perf_counter() - t0, 3)
+    correct = {side: [eval_needle.is_correct(i, a) for i, a in zip(items, answers[side], strict=True)]
+               for side in answers}
+    for side in answers:
+        grids[side] = eval_needle.accuracy_grid(items, correct[side], lengths, depths)
+    per_length = []
+    for length, ref_row, tgt_row in zip(lengths, grids["reference"], grids["target"], strict=True):
+        ref_acc, tgt_acc = sum(ref_row) / len(ref_row), sum(tgt_row) / len(tgt_row)
+        per_length.append({"length": length, "reference": ref_acc, "target": tgt_acc,
+                           "passed": tgt_acc + 1e-9 >= ref_acc})
+    exported = eval_needle.write_lm_eval_task(items, Path(ctx.workdir) / "eval_suites", NEEDLE_MAX_TOKENS)
+    needle = {
+        "lengths": lengths,
+        "depths": depths,
+        "reference": grids["reference"],
+        "target": grids["target"],
+        "samples": opts["needle_samples"],
+        "distractors": opts["needle_distractors"],
+        "tokens": [[max(i.tokens for i in items if i.length == n and i.depth == d) for d in depths] for n in lengths],
+        "per_length": per_length,
+        "passed": all(row["passed"] for row in per_length),
+        "lm_eval_task": str(exported),
+        "seconds": seconds,
+    }
+    overall = task_row(eval_needle.TASK, "accuracy", sum(correct["reference"]) / len(items),
+                       sum(correct["target"]) / len(items), n=len(items), rtol=rtol, higher_is_better=True,
+                       chance=0.0, correct=(correct["reference"], correct["target"]))
+    overall["passed"] = overall["passed"] and needle["passed"]
+    return needle, overall
+
+
+def _summary(rows: list[dict[str, Any]], needle: dict[str, Any] | None, rtol: float) -> str:
+    parts = [f"{r['task']} {r['metric']} {r['target']:.4g} vs reference {r['reference']:.4g}" for r in rows]
+    dropped = []
+    for r in rows:
+        if not r["passed"]:
+            sign = "1 − " if r["higher_is_better"] else "1 + "
+            rel = "below" if r["higher_is_better"] else "above"
+            dropped.append(f"task {r['task']} dropped: {r['metric']} {r['target']:.4g} is {rel} reference "
+                           f"{r['reference']:.4g} × ({sign}{rtol:g})")
+    for row in (needle or {}).get("per_length", []):
+        if not row["passed"]:
+            dropped.append(f"needle at length {row['length']}: accuracy {row['target']:.3f} is below the "
+                           f"reference's {row['reference']:.3f}")
+    if dropped:
+        return "outside tolerance: " + "; ".join(dropped)
+    return "; ".join(parts)
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    """The eval section: passed, tolerances, tasks, perplexities."""
-    tol = {**DEFAULT_TOLERANCES, **{k: float(v) for k, v in ctx.thresholds.items() if k in DEFAULT_TOLERANCES}}
+    """The eval section: passed, rtol, endpoint, tasks (both sides per task), needle (accuracy grids), summary."""
     tok = tokenizer(ctx)
     if tok is None:
         raise StageFailed("eval needs the model's tokenizer (tokenizer.json), and the checkpoint has none")
-    target, ref = target_model(ctx), reference_model(ctx)
-    seqs, prompt_lens = _mc_sequences(tok)
-    ctx.progress(0, 2, "eval tasks")
-    n_choices = [len(choices) for _, choices, _ in MULTIPLE_CHOICE]
-    t_scores = _choice_scores(target_forward(ctx, target, seqs)[0], seqs, prompt_lens)
-    ctx.check_cancelled()
-    r_scores = _choice_scores(_reference_logits(ref, seqs), seqs, prompt_lens)
-    t_pick, r_pick, answers = [], [], []
-    start = 0
-    for (_, _, answer), n in zip(MULTIPLE_CHOICE, n_choices, strict=True):
-        t_pick.append(int(t_scores[start : start + n].argmax()))
-        r_pick.append(int(r_scores[start : start + n].argmax()))
-        answers.append(answer)
-        start += n
-    items = len(answers)
-    acc_t = sum(p == a for p, a in zip(t_pick, answers, strict=True)) / items
-    acc_r = sum(p == a for p, a in zip(r_pick, answers, strict=True)) / items
-    agreement = sum(a == b for a, b in zip(t_pick, r_pick, strict=True)) / items
-    ctx.progress(1, 2, "eval tasks")
+    rtol = _rtol(ctx)
+    started_here = ctx.shared.get("server") is None
+    if started_here:
+        server = serve.start_server(ctx)
+        try:
+            server.wait_ready(float(ctx.bench.get("ready_timeout", 900)), ctx)
+        except BaseException:
+            serve.stop(ctx)
+            raise
+    url = ctx.shared["server"].url
+    target = ServedLM(url)
+    try:
+        context = _served_context(target, ctx)
+        opts = options(ctx, context)
+        target.concurrency = opts["concurrency"]
+        lm_ref = ReferenceLM(reference_model(ctx), tok)
 
-    texts = []
-    for text in PERPLEXITY_TEXTS:
-        ids = list(tok(text)["input_ids"])
-        ppl_r = perplexity(_reference_logits(ref, [ids])[0], ids)
-        ppl_t = perplexity(target_forward(ctx, target, [ids])[0][0], ids)
-        texts.append({"chars": len(text), "tokens": len(ids), "perplexity_ref": ppl_r, "perplexity_target": ppl_t,
-                      "rel_diff": abs(ppl_t - ppl_r) / ppl_r})
-    ctx.progress(2, 2, "eval tasks")
-    acc_ok = abs(acc_t - acc_r) <= tol["eval_accuracy_tol"]
-    worst_ppl = max(t["rel_diff"] for t in texts)
-    ppl_ok = worst_ppl <= tol["eval_perplexity_rel_tol"]
-    summary = (f"multiple choice: accuracy {acc_t:.3f} vs reference {acc_r:.3f} (agreement {agreement:.3f}); "
-               f"perplexity worst relative difference {worst_ppl:.4f}")
-    return {
-        "passed": acc_ok and ppl_ok,
-        "tolerances": tol,
-        "tasks": [{"name": "multiple_choice_loglik", "items": items, "accuracy_ref": acc_r, "accuracy_target": acc_t,
-                   "agreement": agreement, "score_max_abs_diff": float((t_scores - r_scores).abs().max()),
-                   "passed": acc_ok}],
-        "perplexity": texts,
-        "perplexity_ref": sum(t["perplexity_ref"] for t in texts) / len(texts),
-        "perplexity_target": sum(t["perplexity_target"] for t in texts) / len(texts),
-        "summary": summary if acc_ok and ppl_ok else f"outside tolerance: {summary}",
+        def encode(text: str) -> list[int]:
+            return list(tok(text, add_special_tokens=False)["input_ids"])
+
+        prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        rows: list[dict[str, Any]] = []
+        needle: dict[str, Any] | None = None
+        for name in opts["tasks"]:
+            if name == eval_needle.TASK:
+                needle, row = _run_needle(lm_ref, target, tok, opts, rtol, ctx)
+            else:
+                row = _run_task(name, lm_ref, target, encode, opts, rtol, ctx, prefix, context)
+            rows.append(row)
+            ctx.emit("log", f"eval {name}: {row['metric']} target {row['target']:.4g}, reference "
+                            f"{row['reference']:.4g} ({'pass' if row['passed'] else 'FAIL'})")
+    except ServedError as exc:
+        raise StageFailed(f"the served target failed an eval request: {exc}") from exc
+    except eval_tasks.TaskError as exc:
+        raise StageFailed(f"eval suite: {exc}") from exc
+    finally:
+        target.close()
+        serve.stop(ctx)  # the eval stage is the server's last user
+    passed = all(r["passed"] for r in rows) and (needle is None or needle["passed"])
+    section: dict[str, Any] = {
+        "passed": passed,
+        "rtol": rtol,
+        "endpoint": url,
+        "reference": "transformers float32 cpu",
+        "tasks": rows,
+        "needle": needle,
+        "options": opts,
+        "summary": _summary(rows, needle, rtol),
+        "notes": [] if eval_needle.TASK in opts["tasks"] else ["needle not run (eval_tasks): tier 6 needs it"],
     }
+    return section
+

@@ -1,8 +1,12 @@
 """Run the requested stages of the pipeline in DESIGN order and assemble the stage report (DESIGN.md §6).
 
 The runner stops at the first stage that raises (``StageFailed`` or any other exception) or whose section is
-not passing evidence (``tiers.stage_passed``); the report then names that stage and why. ``JobCancelled``
-ends the run with the stage it interrupted and the error "cancelled"."""
+not passing evidence; the report then names that stage and why. Whether a section passes is the verdict of
+``agents.pipeline.verdicts`` (the same rules the portal judges with, on the job's thresholds and the facts the
+pipeline knows: config, manifest, chat template, hardware), so the tier a report claims is the tier the portal
+computes from the same numbers; each stage's verdict is kept in ``report["verdicts"]``. A section whose own flags
+say it failed stops the run too. ``JobCancelled`` ends the run with the stage it interrupted and the error
+"cancelled"."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from agents.pipeline import report as report_mod
-from agents.pipeline import thresholds, tiers
+from agents.pipeline import thresholds, tiers, verdicts
 from agents.pipeline.base import JobCancelled, StageContext, StageFailed
 
 
@@ -83,9 +87,36 @@ def _hardware_slug(ctx: StageContext) -> str | None:
     return hw.get("slug") if isinstance(hw, dict) else getattr(hw, "slug", None)
 
 
+def judging_context(ctx: StageContext, stages: dict[str, Any] | None = None) -> verdicts.Context:
+    """The facts the pipeline judges its own sections with (as the portal's ``judging_context`` does with the
+    release's): the config, the manifest the job carries, whether the model has a chat template, its context,
+    which runtime path loaded it, the hardware's memory and the job's dtype."""
+    config = ctx.config or {}
+    has_template = None
+    if ctx.model_dir is not None:
+        from agents.pipeline.serve import chat_template_source
+
+        has_template = chat_template_source(ctx.model_dir) is not None
+    context = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    path = ((stages or {}).get("load") or {}).get("path") or getattr(ctx.shared.get("model"), "path", None)
+    hw = ctx.hardware if isinstance(ctx.hardware, dict) else {}
+    memory = hw.get("memory_bytes") or int(float(hw.get("memory_gb") or 0) * 1e9)
+    hardware = verdicts.HardwareFacts(
+        memory_bytes=int(memory), devices_per_node=int(hw.get("devices_per_node") or 1),
+        shared_memory=bool(hw.get("shared_memory")), dtypes=tuple(hw.get("dtypes") or ()),
+    ) if memory else None
+    return verdicts.Context(
+        model=verdicts.ModelFacts(config=config, has_chat_template=has_template, manifest=ctx.manifest or None,
+                                  manifest_source="given" if ctx.manifest else "",
+                                  context_length=int(context) if context else None, runtime_path=path),
+        hardware=hardware, dtype=ctx.dtype,
+    )
+
+
 def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, Any]:
     """Run ``stages`` (in DESIGN order) on ``ctx`` and return the whole stage report."""
     requested = parse_stages(stages)
+    ctx.shared["stages_requested"] = requested  # a stage may keep what a later one needs (bench: the server)
     started = time.time()
     report: dict[str, Any] = {
         "model": model_info(ctx),
@@ -99,6 +130,7 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
         "started_at": _now(),
         "finished_at": None,
         "stages": {},
+        "verdicts": {},
         "seconds": {},
         "notes": [],
     }
@@ -117,7 +149,11 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
             missing = report_mod.section_problems(stage, section)
             if missing:
                 raise StageFailed(f"stage {stage!r} returned a section without required keys: {', '.join(missing)}")
-            if tiers.stage_passed(stage, section) is False:
+            verdict = verdicts.judge(stage, section, ctx.thresholds, judging_context(ctx, {**ctx.results, stage: section}))
+            report["verdicts"][stage] = verdict.as_dict()
+            if not verdict.passed:
+                error = "; ".join(verdict.reasons) or report_mod.failure_reason(stage, section)
+            elif verdicts.claimed(stage, section) is False:  # the stage itself says it did not pass
                 error = report_mod.failure_reason(stage, section)
         except JobCancelled:
             error = "cancelled"
@@ -145,7 +181,9 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
     ctx.current_stage = ""
     report["model"] = model_info(ctx)  # the load stage knows which path runs it
     report["notes"] += [f"{name}: {note}" for name, sec in report["stages"].items() for note in sec.get("notes", [])]
-    report["tier"] = tiers.tier_of_report(report["stages"])
+    # the tier the verdicts reach; the stage the run stopped at never counts, whatever its verdict said
+    report["tier"] = tiers.compute_tier({stage: v["status"] == verdicts.PASS and stage != report["failed_stage"]
+                                         for stage, v in report["verdicts"].items()})
     report["tier_name"] = tiers.TIER_NAMES[report["tier"]]
     report["seconds"]["total"] = round(time.time() - started, 3)
     report["finished_at"] = _now()

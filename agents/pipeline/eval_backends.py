@@ -1,0 +1,166 @@
+"""The two sides of the eval stage, answering the same token-id requests:
+
+* ``ReferenceLM``: ``transformers`` in fp32 on CPU (the model ``align_common.reference_model`` loads);
+* ``ServedLM``: the target as it is served, through the OpenAI-compatible ``/v1/completions`` of the server the
+  serve stage started: log-likelihoods from ``echo`` + ``logprobs`` (the prompt's own token logprobs),
+  generations from greedy ``max_tokens`` with ``stop``. Prompts go as token ids, so both sides see the same
+  tokens.
+
+Both take a ``progress(done, total)`` callback and a ``check()`` called between units of work (cancellation)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Any
+
+import torch
+
+from agents.pipeline.eval_tasks import cut_at_stop
+
+Progress = Callable[[int, int], None]
+
+
+def _noop(*_: Any) -> None:
+    return None
+
+
+class ReferenceLM:
+    """transformers fp32 on CPU."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, token_budget: int = 4096) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.token_budget = token_budget  # tokens per right-padded log-likelihood batch
+
+    @torch.inference_mode()
+    def loglikelihood(self, requests: Sequence[tuple[list[int], list[int]]], progress: Progress = _noop,
+                      check: Callable[[], None] = _noop) -> list[float]:
+        """Σ log p(continuation | context) per request, in batches of similar length."""
+        order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]) - len(requests[i][1]))
+        out: list[float] = [0.0] * len(requests)
+        done = 0
+        while done < len(order):
+            longest = len(requests[order[done]][0]) + len(requests[order[done]][1])
+            batch = order[done : done + max(1, self.token_budget // longest)]
+            seqs = [requests[i][0] + requests[i][1] for i in batch]
+            ids = torch.zeros(len(seqs), longest, dtype=torch.long)  # [B, L]
+            mask = torch.zeros(len(seqs), longest, dtype=torch.long)  # [B, L]
+            for row, seq in enumerate(seqs):
+                ids[row, : len(seq)] = torch.tensor(seq)
+                mask[row, : len(seq)] = 1
+            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, L, V]
+            for row, i in enumerate(batch):
+                context, continuation = requests[i]
+                start = len(context)
+                logprobs = torch.log_softmax(logits[row, start - 1 : start - 1 + len(continuation)].double(), -1)
+                targets = torch.tensor(continuation, dtype=torch.long)  # [C]
+                out[i] = float(logprobs.gather(1, targets[:, None]).sum())
+            done += len(batch)
+            progress(done, len(order))
+            check()
+        return out
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[list[int]], max_tokens: int, until: Sequence[str],
+                 progress: Progress = _noop, check: Callable[[], None] = _noop) -> list[str]:
+        """Greedy continuations, one prompt at a time (no padding), cut at the first ``until`` string."""
+        out = []
+        kwargs: dict[str, Any] = {"stop_strings": list(until), "tokenizer": self.tokenizer} if until else {}
+        for n, prompt in enumerate(prompts):
+            ids = torch.tensor([prompt], dtype=torch.long)
+            generated = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                            do_sample=False, temperature=None, top_p=None, top_k=None, **kwargs)
+            text = self.tokenizer.decode(generated[0, len(prompt) :].tolist(), skip_special_tokens=True)
+            out.append(cut_at_stop(text, until))
+            progress(n + 1, len(prompts))
+            check()
+        return out
+
+
+class ServedError(RuntimeError):
+    """The served endpoint refused a request or answered something unusable (the message says which)."""
+
+
+class ServedLM:
+    """The served target through ``/v1/completions``; ``concurrency`` requests in flight (the server batches)."""
+
+    def __init__(self, url: str, *, concurrency: int = 4, batch: int = 16, timeout: float = 600.0) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.concurrency = concurrency
+        self.batch = batch  # log-likelihood prompts per request
+        self.client = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
+        try:
+            r = self.client.post("/v1/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise ServedError(f"{self.url}/v1/completions: {type(exc).__name__}: {exc}") from exc
+        if r.status_code != 200:
+            raise ServedError(f"{self.url}/v1/completions answered HTTP {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any], progress: Progress,
+             check: Callable[[], None]) -> list[Any]:
+        out: list[Any] = [None] * len(items)
+        pool = ThreadPoolExecutor(max_workers=self.concurrency)
+        try:
+            futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+            for done, future in enumerate(as_completed(futures), start=1):
+                out[futures[future]] = future.result()
+                progress(done, len(items))
+                check()
+        finally:  # an error or a cancellation: the requests not yet sent are dropped
+            pool.shutdown(wait=True, cancel_futures=True)
+        return out
+
+    def _loglikelihood_batch(self, batch: Sequence[tuple[list[int], list[int]]]) -> list[float]:
+        """One request for the batch: prefill only (``max_tokens`` 0), the prompts' own logprobs echoed."""
+        body = self._post({"prompt": [c + x for c, x in batch], "max_tokens": 0, "temperature": 0, "echo": True,
+                           "logprobs": 0})
+        try:
+            rows = {int(c["index"]): c["logprobs"]["token_logprobs"] for c in body["choices"]}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ServedError(f"{self.url}: an echo+logprobs completion without choices[].logprobs."
+                              f"token_logprobs ({exc!r})") from None
+        out = []
+        for i, (context, continuation) in enumerate(batch):
+            logprobs = rows.get(i) or []
+            wanted = logprobs[len(context) : len(context) + len(continuation)]
+            if len(wanted) != len(continuation) or any(v is None for v in wanted):
+                raise ServedError(f"{self.url}: echo returned {len(logprobs)} token logprobs for prompt {i} of "
+                                  f"{len(context) + len(continuation)} tokens")
+            out.append(float(sum(wanted)))
+        return out
+
+    def loglikelihood(self, requests: Sequence[tuple[list[int], list[int]]], progress: Progress = _noop,
+                      check: Callable[[], None] = _noop) -> list[float]:
+        """Σ log p(continuation | context) per request, from the echoed prompt logprobs, ``batch`` prompts per
+        HTTP request."""
+        batches = [requests[i : i + self.batch] for i in range(0, len(requests), self.batch)]
+        results = self._map(self._loglikelihood_batch, batches, lambda d, t: progress(min(d * self.batch,
+                                                                                           len(requests)),
+                                                                                       len(requests)), check)
+        return [ll for batch in results for ll in batch]
+
+    def generate(self, prompts: Sequence[list[int]], max_tokens: int, until: Sequence[str],
+                 progress: Progress = _noop, check: Callable[[], None] = _noop) -> list[str]:
+        """Greedy continuations (temperature 0) stopping at ``until``."""
+
+        def one(prompt: list[int]) -> str:
+            body = self._post({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                               **({"stop": list(until)} if until else {})})
+            try:
+                return cut_at_stop(str(body["choices"][0]["text"]), until)
+            except (KeyError, IndexError, TypeError) as exc:
+                raise ServedError(f"{self.url}: a completion without choices[0].text ({exc!r})") from None
+
+        return self._map(one, prompts, progress, check)
+
