@@ -59,7 +59,10 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    init_distributed(rank, world, tp_size=world, timeout=float(os.environ.get("DAY0_TP_TIMEOUT_S", 300)))
+    # the backend follows the serving device, not whether a GPU exists: a CPU run on a GPU host stays on gloo
+    backend = "nccl" if str(serve_kwargs.get("device", "cpu")).startswith("cuda") else "gloo"
+    init_distributed(rank, world, tp_size=world, backend=backend,
+                     timeout=float(os.environ.get("DAY0_TP_TIMEOUT_S", 300)))
     try:
         if rank == 0:
             from agents.runtime.engine.rank_failure import failure
