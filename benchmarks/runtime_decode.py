@@ -1,7 +1,7 @@
 """Batch-1 decode speed: the runtime's paged decode against `transformers` generate on the same weights and
 threads, plus the machine's best measured read bandwidth and the runtime's effective bandwidth.
 
-    .venv/bin/python benchmarks/runtime_decode.py [--threads N] [--tokens 64] [--skip-mixtral]
+    .venv/bin/python benchmarks/runtime_decode.py [--threads N] [--tokens 64] [--skip-mixtral] [--device cuda]
 
 Targets (issue 3): 100M Llama fp32 >= transformers tok/s and effective bandwidth >= 85 % of the best probe;
 tiny Mixtral >= 2x transformers. On a machine whose cores are busy with other work, every kernel that opens a
@@ -64,8 +64,18 @@ def streamed_bytes(model: torch.nn.Module) -> int:
 
 
 @torch.inference_mode()
-def runtime_decode(model, prompt: list[int], tokens: int) -> float:
+def runtime_decode(model, prompt: list[int], tokens: int, device: str = "cpu") -> float:
     """Decode tok/s through the paged cache (prefill excluded), with a lean per-step context update."""
+    with torch.device(device):
+        return _runtime_decode(model, prompt, tokens, device)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _runtime_decode(model, prompt: list[int], tokens: int, device: str) -> float:
     block = 16
     max_len = len(prompt) + tokens + 1
     spec = model.kv_cache_spec()
@@ -80,6 +90,7 @@ def runtime_decode(model, prompt: list[int], tokens: int) -> float:
     hidden = model.forward(torch.tensor(prompt), torch.arange(n), ctx).hidden
     nxt = model.compute_logits(hidden[-1:]).argmax(-1)  # [1]
     one = torch.tensor([0, 1], dtype=torch.int32)
+    _sync(device)
     start = time.perf_counter()
     for step in range(tokens):
         pos = n + step
@@ -87,37 +98,39 @@ def runtime_decode(model, prompt: list[int], tokens: int) -> float:
                              torch.tensor([pos]), table, True)
         hidden = model.forward(nxt, torch.tensor([pos]), ctx).hidden
         nxt = model.compute_logits(hidden).argmax(-1)
+    _sync(device)
     return tokens / (time.perf_counter() - start)
 
 
 @torch.inference_mode()
-def transformers_decode(ref, prompt: list[int], tokens: int) -> float:
+def transformers_decode(ref, prompt: list[int], tokens: int, device: str = "cpu") -> float:
     """Decode tok/s of ``generate`` (prefill excluded: the time of a 1-token run is subtracted)."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=device)
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
 
     def gen(n: int) -> float:
         t = time.perf_counter()
         ref.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        _sync(device)
         return time.perf_counter() - t
 
     return tokens / (gen(tokens + 1) - gen(1))
 
 
-def compare(arch: str, size: str, tokens: int, rounds: int = 3) -> dict:
+def compare(arch: str, size: str, tokens: int, rounds: int = 3, device: str = "cpu") -> dict:
     """Both sides on the same weights, interleaved round by round (machine noise hits both); best of each."""
     from transformers import AutoModelForCausalLM
 
     path = cached_model(arch, size)
-    model = load_model(path, stats=False).model
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_model(path, stats=False, device=device).model
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().to(device)
     prompt = list(range(1, 33))
-    runtime_decode(model, prompt, 4)  # warm-up
-    transformers_decode(ref, prompt, 4)
+    runtime_decode(model, prompt, 4, device)  # warm-up
+    transformers_decode(ref, prompt, 4, device)
     ours, theirs = 0.0, 0.0
     for _ in range(rounds):
-        ours = max(ours, runtime_decode(model, prompt, tokens))
-        theirs = max(theirs, transformers_decode(ref, prompt, tokens))
+        ours = max(ours, runtime_decode(model, prompt, tokens, device))
+        theirs = max(theirs, transformers_decode(ref, prompt, tokens, device))
     return {"model": f"{arch}-{size}", "bytes": streamed_bytes(model), "ours": ours, "transformers": theirs}
 
 
@@ -126,6 +139,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--skip-mixtral", action="store_true")
+    ap.add_argument("--device", default="cpu", help="torch device of both sides (cpu, cuda); the probes stay on CPU")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -135,9 +149,10 @@ def main() -> None:
     for name, gbs in probes.items():
         print(f"  probe {name:<22} {gbs:7.2f} GB/s")
     print(f"  best read bandwidth        {best:7.2f} GB/s")
-    rows = [compare("llama", "100m", args.tokens)]
+    print(f"device: {args.device}")
+    rows = [compare("llama", "100m", args.tokens, device=args.device)]
     if not args.skip_mixtral:
-        rows.append(compare("mixtral", "tiny", args.tokens * 4))
+        rows.append(compare("mixtral", "tiny", args.tokens * 4, device=args.device))
     print(f"\n{'model':<14}{'runtime tok/s':>15}{'transformers tok/s':>20}{'ratio':>8}{'runtime GB/s':>14}"
           f"{'transformers GB/s':>19}{'% of best':>11}")
     for r in rows:
