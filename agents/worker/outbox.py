@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agents.worker.spool import claim_job_files
+from agents.worker.spool import claim_job_files, open_for_append
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ResultOutbox:
         self._items: list[tuple[str, dict[str, Any]]] = self._read_items()[self._sent:]
         if self._items:
             logger.info("job %s: %s result(s) left by an earlier run wait to be posted", job_id, len(self._items))
-        self._file = self.items_path.open("a", encoding="utf-8")
+        self._file = open_for_append(self.items_path)
 
     def _read_sent(self) -> int:
         try:

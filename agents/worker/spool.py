@@ -70,6 +70,19 @@ def claim_job_files(folder: Path, job_id: int, identity: str | None) -> None:
     os.replace(tmp, marker)
 
 
+def open_for_append(path: Path) -> Any:
+    """``path`` opened for appending lines; a torn last line (a kill mid-write) is ended first, so the next line
+    does not run into it."""
+    if path.exists() and path.stat().st_size:
+        with path.open("rb") as fh:
+            fh.seek(-1, os.SEEK_END)
+            torn = fh.read(1) != b"\n"
+        if torn:
+            with path.open("a", encoding="utf-8") as fh:
+                fh.write("\n")
+    return path.open("a", encoding="utf-8")
+
+
 def release_job_files(folder: Path, job_id: int) -> None:
     """Drops the job's identity marker once nothing else of the job is left in ``folder``."""
     marker = folder / f"job-{job_id}.identity"
@@ -100,7 +113,7 @@ class JobSpool:
                     self._pending.append(event)
         self._pending.sort(key=lambda e: e["seq"])
         self._next_seq = last + 1
-        self._file = self.events_path.open("a", encoding="utf-8")
+        self._file = open_for_append(self.events_path)
         self._dirty = False
 
     # ------------------------------------------------------------------ files

@@ -36,6 +36,8 @@ def test_spool_file_survives_a_restart_and_continues_the_seq(tmp_path: Path) -> 
     reopened = JobSpool(tmp_path, 7)
     assert [e["seq"] for e in reopened.pending(100)] == [3, 4, 5]
     assert reopened.append(stage="", kind="log", message="after restart") == 6
+    reopened.close(remove_if_acked=False)
+    assert [e["seq"] for e in JobSpool(tmp_path, 7).pending(100)] == [3, 4, 5, 6]  # not glued to the torn line
     assert JobSpool(tmp_path, 7, portal_acked=10).append(stage="", kind="log", message="x") == 11  # portal knows more
 
 
