@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from agents.runtime.distributed import launch, set_parallel_state
 from agents.runtime.layers.mlp import SwiGLUMLP
-from agents.runtime.layers.moe import FusedExperts, MoEBlock, TopKRouter
+from agents.runtime.layers.moe import MoEBlock, RoutedExperts, TopKRouter
 
 H, INTER, I_SHARED, E, K = 16, 24, 32, 4, 2
 
@@ -36,7 +36,7 @@ def block_outputs(renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Outputs for a 6-token batch and for its first token alone (the batch-1 path)."""
     w = _weights()
     shared = SwiGLUMLP(H, I_SHARED, reduce_results=False)
-    block = MoEBlock(TopKRouter(H, E, K, renormalize), FusedExperts(E, H, INTER), shared)
+    block = MoEBlock(TopKRouter(H, E, K, renormalize), RoutedExperts(E, H, INTER), shared)
     _load(block.gate.weight, w["router"])
     for e in range(E):
         for which in ("w1", "w3"):

@@ -10,7 +10,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from agents.runtime.distributed import all_reduce, get_tp_rank, get_tp_world_size
-from agents.runtime.layers.weights import adopt_or_copy, bind_loader, check_shape, make_param, replicated, split
+from agents.runtime.layers.weights import (
+    adopt_or_copy,
+    bind_loader,
+    check_shape,
+    make_param,
+    quantizable,
+    replicated,
+    split,
+)
 
 # oneDNN's matmul (the kernel torch.compile's CPU backend calls) runs fp32 GEMMs of 4+ rows 1.1-1.6x faster than
 # MKL's on this AVX-512 host (MKL's path on AMD cores). For matrix-vector products (decode at batch 1) MKL's
@@ -36,7 +44,7 @@ class ReplicatedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
-        self.weight = replicated(make_param((out_features, in_features)))
+        self.weight = quantizable(replicated(make_param((out_features, in_features))))
         self.bias = replicated(make_param((out_features,))) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +61,7 @@ class ColumnParallelLinear(nn.Module):
         self.output_sizes = list(output_sizes)
         self.local_sizes = [split(s, self.tp_size, "output size") for s in self.output_sizes]
         out_local = sum(self.local_sizes)
-        self.weight = self._bind(make_param((out_local, in_features)), with_input=True)
+        self.weight = quantizable(self._bind(make_param((out_local, in_features)), with_input=True))
         self.bias = self._bind(make_param((out_local,)), with_input=False) if bias else None
 
     def shard_ids(self) -> list[Hashable]:
@@ -141,7 +149,8 @@ class RowParallelLinear(nn.Module):
             else:
                 p.data.copy_(loaded.narrow(1, self.tp_rank * self.in_local, self.in_local))
 
-        self.weight = bind_loader(make_param((out_features, self.in_local)), load, [None], lambda _s: full)
+        self.weight = quantizable(bind_loader(make_param((out_features, self.in_local)), load, [None],
+                                              lambda _s: full))
         self.bias = replicated(make_param((out_features,))) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Mixture of experts: a router returning (topk_weights [T, k], topk_ids [T, k]), fused expert weights
+"""Mixture of experts: a router returning (topk_weights [T, k], topk_ids [T, k]), stacked expert weights
 (``w13: [E_local, 2I, H]``, ``w2: [E_local, H, I]``) partitioned over EP ranks (or split on I over TP ranks
 when EP is 1), optional shared experts, and one ``all_reduce`` to combine partial sums."""
 
@@ -18,7 +18,7 @@ from agents.runtime.distributed import (
     get_tp_world_size,
 )
 from agents.runtime.layers.mlp import silu_and_mul
-from agents.runtime.layers.weights import bind_loader, check_shape, make_param, replicated, split
+from agents.runtime.layers.weights import bind_loader, check_shape, make_param, quantizable, replicated, split
 
 
 class TopKRouter(nn.Module):
@@ -38,8 +38,11 @@ class TopKRouter(nn.Module):
         return torch.topk(probs, self.top_k, dim=-1)  # (weights, ids): [T, k] each
 
 
-class FusedExperts(nn.Module):
-    """Routed SwiGLU experts stored fused. Checkpoint shard ids are ``(expert_id, "w1"|"w3"|"w2")``."""
+class RoutedExperts(nn.Module):
+    """Routed SwiGLU experts, their weights stacked per expert (w1 and w3 packed). The forward visits the
+    experts that received tokens, one pair of GEMMs each over its tokens (a single token: the k chosen
+    experts' weights gathered for two batched matvecs); the per-expert token counts cost one host read per
+    layer. Checkpoint shard ids are ``(expert_id, "w1"|"w3"|"w2")``."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
@@ -51,10 +54,10 @@ class FusedExperts(nn.Module):
         self.inter = intermediate
         self.inter_local = split(intermediate, self.tp_size, "expert intermediate size")
         ids = range(num_experts)
-        self.w13 = bind_loader(make_param((self.num_local, 2 * self.inter_local, hidden)), self._load,
-                               [(e, w) for e in ids for w in ("w1", "w3")], self._shape)
-        self.w2 = bind_loader(make_param((self.num_local, hidden, self.inter_local)), self._load,
-                              [(e, "w2") for e in ids], self._shape)
+        self.w13 = quantizable(bind_loader(make_param((self.num_local, 2 * self.inter_local, hidden)), self._load,
+                                           [(e, w) for e in ids for w in ("w1", "w3")], self._shape))
+        self.w2 = quantizable(bind_loader(make_param((self.num_local, hidden, self.inter_local)), self._load,
+                                          [(e, "w2") for e in ids], self._shape))
         self.hidden = hidden
         # Gathering the k chosen experts' weights costs a copy: worth it only while per-op overhead dominates.
         expert_bytes = 3 * self.inter_local * hidden * torch.get_default_dtype().itemsize
@@ -112,11 +115,14 @@ class FusedExperts(nn.Module):
         return out
 
 
+FusedExperts = RoutedExperts  # the old name (its weights are stacked, the compute is a loop over experts)
+
+
 class MoEBlock(nn.Module):
     """``gate`` routes, ``experts`` compute; shared experts (built with ``reduce_results=False``) are added
     before the single ``all_reduce`` when TP-sharded and after it when replicated."""
 
-    def __init__(self, gate: nn.Module, experts: FusedExperts, shared_experts: nn.Module | None = None,
+    def __init__(self, gate: nn.Module, experts: RoutedExperts, shared_experts: nn.Module | None = None,
                  shared_gate: nn.Module | None = None) -> None:
         super().__init__()
         self.gate = gate

@@ -153,16 +153,7 @@ def quantizable_parameters(model: nn.Module) -> set[int]:
     """ids of the parameters an FP8 checkpoint may store block-quantised: the weights of the parallel linears
     (attention and MLA projections, dense and shared-expert MLPs) and of the fused routed experts. Embeddings,
     the LM head, norms, routers and biases stay unquantised (as DeepSeek-V3 and Kimi-K2 ship them)."""
-    from agents.runtime.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
-    from agents.runtime.layers.moe import FusedExperts
-
-    ids: set[int] = set()
-    for module in model.modules():
-        if isinstance(module, ColumnParallelLinear | RowParallelLinear | ReplicatedLinear):
-            ids.add(id(module.weight))
-        elif isinstance(module, FusedExperts):
-            ids.update((id(module.w13), id(module.w2)))
-    return ids
+    return {id(p) for p in model.parameters() if getattr(p, "quantizable", False)}  # ``weights.quantizable``
 
 
 def declare_checkpoint(model: nn.Module, config: dict[str, Any],

@@ -42,6 +42,12 @@ def bind_loader(
     return param
 
 
+def quantizable(param: nn.Parameter) -> nn.Parameter:
+    """Mark a linear or expert weight that an FP8 checkpoint may store block-quantised (``layers/quant.py``)."""
+    param.quantizable = True
+    return param
+
+
 def check_shape(loaded: torch.Tensor, expected: Sequence[int]) -> None:
     if tuple(loaded.shape) != tuple(expected):
         raise WeightShapeError(f"expected shape {tuple(expected)}, got {tuple(loaded.shape)}")

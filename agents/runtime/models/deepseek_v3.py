@@ -19,7 +19,7 @@ from agents.runtime.interface import KVCacheSpec
 from agents.runtime.layers.grouped_router import GroupedTopKRouter
 from agents.runtime.layers.mla import MLAttention
 from agents.runtime.layers.mlp import SwiGLUMLP, check_activation
-from agents.runtime.layers.moe import FusedExperts, MoEBlock
+from agents.runtime.layers.moe import MoEBlock, RoutedExperts
 from agents.runtime.layers.rotary import RotaryEmbedding
 from agents.runtime.models.decoder import DecoderCausalLM, require
 from agents.runtime.models.registry import register
@@ -76,7 +76,7 @@ class DeepseekV3ForCausalLM(DecoderCausalLM):
         shared = None
         if c.get("n_shared_experts"):
             shared = SwiGLUMLP(self.hidden, inter * c["n_shared_experts"], c.get("hidden_act"), reduce_results=False)
-        return MoEBlock(gate, FusedExperts(experts, self.hidden, inter), shared)
+        return MoEBlock(gate, RoutedExperts(experts, self.hidden, inter), shared)
 
     # ---- the latent cache --------------------------------------------------------------------------------
     def attention_layers(self) -> list[nn.Module]:

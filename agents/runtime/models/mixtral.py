@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from agents.runtime.layers.mlp import check_activation
-from agents.runtime.layers.moe import FusedExperts, MoEBlock, TopKRouter
+from agents.runtime.layers.moe import MoEBlock, RoutedExperts, TopKRouter
 from agents.runtime.models.decoder import DENSE_MAPPING, DecoderCausalLM, require
 from agents.runtime.models.registry import register
 
@@ -26,5 +26,5 @@ class MixtralForCausalLM(DecoderCausalLM):
         experts = require(c, "num_local_experts")
         return MoEBlock(
             TopKRouter(self.hidden, experts, require(c, "num_experts_per_tok"), renormalize=True),
-            FusedExperts(experts, self.hidden, require(c, "intermediate_size")),
+            RoutedExperts(experts, self.hidden, require(c, "intermediate_size")),
         )

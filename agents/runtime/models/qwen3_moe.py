@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 
 from agents.runtime.layers.mlp import SwiGLUMLP, check_activation
-from agents.runtime.layers.moe import FusedExperts, MoEBlock, TopKRouter
+from agents.runtime.layers.moe import MoEBlock, RoutedExperts, TopKRouter
 from agents.runtime.models.decoder import DENSE_MAPPING, DecoderCausalLM, require
 from agents.runtime.models.registry import register
 
@@ -37,5 +37,5 @@ class Qwen3MoeForCausalLM(DecoderCausalLM):
         return MoEBlock(
             TopKRouter(self.hidden, self.num_experts(), require(c, "num_experts_per_tok"),
                        renormalize=bool(c.get("norm_topk_prob", False))),
-            FusedExperts(self.num_experts(), self.hidden, require(c, "moe_intermediate_size")),
+            RoutedExperts(self.num_experts(), self.hidden, require(c, "moe_intermediate_size")),
         )
