@@ -3,6 +3,7 @@ with numbers derived from the model's size and the hardware's memory and bandwid
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,8 @@ class CellProfile:
     devices: int
     dtype: str = "bfloat16"
     device_bytes: int | None = None  # the planner's bytes per device, when known
+    context_length: int | None = None
+    digest_seed: str = ""  # the same model has the same weight files (and digests) on every hardware
 
     @property
     def bytes_per_param(self) -> int:
@@ -75,7 +78,8 @@ def load_section(p: CellProfile, rng: random.Random, *, ok: bool = True) -> dict
     section = {"ok": ok, "tensors": p.layers * 9 + 3, "bytes": p.weight_bytes, "seconds": round(seconds, 2),
                "gb_per_s": round(p.weight_bytes / 1e9 / seconds, 2), "peak_rss_bytes": int(p.bytes_per_device * 0.15),
                "shards": [{"file": f"model-{i + 1:05d}-of-{shards:05d}.safetensors",
-                           "sha256": f"{rng.getrandbits(256):064x}"} for i in range(shards)],
+                           "sha256": hashlib.sha256(f"{p.digest_seed}:{i}".encode()).hexdigest()}
+                          for i in range(shards)],
                "problems": []}
     if not ok:
         section["problems"] = [{"tensor": "model.layers.0.self_attn.q_proj.weight",
@@ -111,7 +115,7 @@ def _top5(rng: random.Random, first: int, second: int) -> list[dict[str, Any]]:
 def align_section(p: CellProfile, rng: random.Random, *, passed: bool = True) -> dict[str, Any]:
     layers = []
     bad_layer = rng.randrange(p.layers // 2, p.layers) if not passed else -1
-    for i in range(min(p.layers, 96)):
+    for i in range(p.layers):  # every decoder layer: the verdict counts them
         cosine = 1 - 10 ** rng.uniform(-6, -4.5) * (1 + i / 10)
         rel = 10 ** rng.uniform(-3.5, -2.6) * (1 + i / 40)
         if i >= bad_layer >= 0:
@@ -142,12 +146,14 @@ def align_section(p: CellProfile, rng: random.Random, *, passed: bool = True) ->
                 "ref_texts": ["".join(rng.choice(VOCAB) for _ in range(32)) for _ in PROMPTS],
                 "first_divergence": first_divergence, "divergences": divergences,
                 "perplexity_ref": ppl, "perplexity_target": round(ppl * (1.0004 if passed else 1.3), 3)},
-        "kv_cache": {"lengths": [512, 2048, 8192], "max_abs_err": 10 ** rng.uniform(-6, -4), "passed": True},
+        "kv_cache": {"lengths": [n for n in (512, 2048, 8192) if n <= (p.context_length or 8192)] or [128],
+                     "max_abs_err": 10 ** rng.uniform(-6, -4), "passed": True},
     }
 
 
 def serve_section(rng: random.Random) -> dict[str, Any]:
-    return {"ready_seconds": round(rng.uniform(20, 240), 1), "endpoint": "http://10.0.0.12:8000", "text_path_ok": True}
+    return {"ready_seconds": round(rng.uniform(20, 240), 1), "endpoint": "http://10.0.0.12:8000", "text_path_ok": True,
+            "chat_path_ok": True, "image_path_ok": True}
 
 
 @dataclass(frozen=True)
@@ -198,7 +204,18 @@ def env_section(hardware_name: str, devices: int, rng: random.Random) -> dict[st
             "driver": f"{rng.randint(520, 580)}.{rng.randint(10, 99)}"}
 
 
-def eval_section(rng: random.Random, *, passed: bool = True) -> dict[str, Any]:
-    ref = round(rng.uniform(0.6, 0.85), 3)
-    return {"passed": passed, "tasks": {"gsm8k-mini": {"score": round(ref - (0.004 if passed else 0.08), 3),
-                                                       "reference": ref, "tolerance": 0.02}}}
+def eval_section(rng: random.Random, *, passed: bool = True, context_length: int | None = None) -> dict[str, Any]:
+    """Per-task scores of target and reference (one-sided: target ≥ reference × (1 − 0.05) passes) and a
+    needle-in-a-haystack accuracy grid [length][depth] on both sides."""
+    tasks = []
+    for task, n in (("gsm8k-mini", 250), ("mmlu-mini", 500)):
+        ref = round(rng.uniform(0.6, 0.85), 3)
+        target = round(ref - (rng.uniform(0, 0.01) if passed else 0.08), 3)
+        tasks.append({"task": task, "metric": "accuracy", "reference": ref, "target": target, "n": n,
+                      "wilson_low": round(target - 1.96 * (target * (1 - target) / n) ** 0.5, 3),
+                      "passed": target >= ref * 0.95})
+    lengths = [n for n in (1024, 4096, 16384) if n <= (context_length or 16384)] or [context_length or 1024]
+    depths = [0.0, 0.5, 1.0]
+    grid = [[1.0 for _ in depths] for _ in lengths]
+    return {"passed": passed, "tasks": tasks,
+            "needle": {"lengths": lengths, "depths": depths, "reference": grid, "target": [row[:] for row in grid]}}

@@ -1,28 +1,29 @@
 """Seeded evidence for development, demos and tests: adaptation jobs soon after each release (some failing at
 a stage), and a history of daily benchmark runs with a planted regression.
 
-Everything goes through the portal's services (job transitions, result ingest, cell recomputation, event
-storage) under a *simulated clock*: ``django.utils.timezone.now`` returns the seeded time while the history is
-written, so rows, tier-reached times and lead times carry historic timestamps exactly as if the jobs had run
-then. Seeded jobs are created as rows (``spec.seeded``) rather than through ``do_create_job``, which would hand
-them to real agents."""
+Everything goes through the portal's services (job transitions, result ingest with the portal's verdicts,
+cell recomputation, event storage). The seeded time is an explicit ``Clock`` handed to every step: after each
+service call the rows it wrote are stamped with the clock's time (``_stamp``) and the cell recomputed at it,
+so rows, tier-reached times and lead times carry historic timestamps as if the jobs had run then. Seeded jobs
+are created as rows (``spec.seeded``) rather than through ``do_create_job``, which would hand them to real
+agents; their evidence is marked ``synthetic`` everywhere it is shown."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from unittest import mock
 
 from django.db import connection, transaction
-from django.utils import timezone
 
 from agents.pipeline.tiers import STAGE_ORDER
 from apps.benchmarks import sections as sec
 from apps.catalog.models import Hardware, ModelRelease
+from apps.evidence.models import BenchmarkRun, StageResult
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
 from apps.jobs.services import do_record_job_results, do_store_job_events, do_transition_job, parse_event_batch
@@ -62,10 +63,46 @@ class Clock:
 
 @contextmanager
 def simulated_clock(start: datetime) -> Iterator[Clock]:
-    """``django.utils.timezone.now()`` returns ``clock.now`` inside the block (auto_now fields included)."""
-    clock = Clock(start)
-    with mock.patch.object(timezone, "now", lambda: clock.now):
-        yield clock
+    """A ``Clock`` starting at ``start`` for a block of seeding calls (each takes the clock explicitly)."""
+    yield Clock(start)
+
+
+def _stamp(job: Job, clock: Clock, job_fields: tuple[str, ...] = (), *, stage: str | None = None,
+           tier_reached_before: dict | None = None) -> None:
+    """Gives the rows the last service call wrote for ``job`` the clock's time: ``job_fields`` of the job, and
+    with ``stage`` that stage's result (and benchmark run); then recomputes the cell at that time from the tier
+    times it had before the call (``tier_reached_before``), so a tier reached now is reached at ``clock.now``."""
+    now = clock.now
+    fields = dict.fromkeys(("updated_at", *job_fields), now)
+    Job.objects.filter(pk=job.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(job, name, value)
+    if stage is not None:
+        StageResult.objects.filter(job=job, stage=stage).update(created_at=now)
+        if stage == "bench":
+            BenchmarkRun.objects.filter(result__job=job).update(created_at=now)
+    if tier_reached_before is not None:
+        Cell.objects.filter(model_id=job.model_id, hardware_id=job.hardware_id).update(
+            tier_reached_at=tier_reached_before)
+    recompute_cell(job.model_id, job.hardware_id, now=now)
+
+
+def _tier_times(job: Job) -> dict:
+    return Cell.objects.filter(model_id=job.model_id, hardware_id=job.hardware_id).values_list(
+        "tier_reached_at", flat=True).first() or {}
+
+
+def _record(job: Job, stage: str, section: dict[str, Any], clock: Clock) -> None:
+    """Posts one stage's section through the ingest service, at the clock's time."""
+    before = _tier_times(job)
+    do_record_job_results(job, {"stage": stage, "section": section})
+    _stamp(job, clock, stage=stage, tier_reached_before=before)
+
+
+def _transition(job: Job, state: str, clock: Clock, **fields: Any) -> None:
+    """A job transition at the clock's time."""
+    do_transition_job(job, state, **fields)
+    _stamp(job, clock, ("dispatched_at", "started_at") if state == JobState.RUNNING else ("finished_at",))
 
 
 @dataclass
@@ -97,14 +134,20 @@ def profile_for(model: ModelRelease, hardware: Hardware, cell: Cell | None, dtyp
                            kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
                            memory_bytes=hardware.memory_bytes, bandwidth_gbps=hardware.memory_bandwidth_gbps or 1000,
                            devices=int(devices), dtype=dtype,
-                           device_bytes=(cell.fits_plan or {}).get("bytes_per_device") if cell else None)
+                           device_bytes=(cell.fits_plan or {}).get("bytes_per_device") if cell else None,
+                           context_length=model.context_length,
+                           digest_seed=hashlib.sha256(model.slug.encode()).hexdigest())
 
 
-def _job(model: ModelRelease, hardware: Hardware, stages: tuple[str, ...], dtype: str, **bench: Any) -> Job:
+def _job(model: ModelRelease, hardware: Hardware, stages: tuple[str, ...], dtype: str, clock: Clock,
+         **bench: Any) -> Job:
     spec = {"stages": list(stages), "dtype": dtype, "tp": None, "ep": None, "thresholds": {},
             "bench": {"concurrency": [1, 4, 16, 64], "input_len": 512, "output_len": 128, **bench}, "seeded": True}
-    return Job.objects.create(model=model, hardware=hardware, organization=model.organization, spec=spec,
-                              state=JobState.QUEUED)
+    job = Job.objects.create(model=model, hardware=hardware, organization=model.organization, spec=spec,
+                             state=JobState.QUEUED)
+    Job.objects.filter(pk=job.pk).update(created_at=clock.now)
+    job.created_at = clock.now
+    return job
 
 
 class _Events:
@@ -133,9 +176,9 @@ def run_adaptation(model: ModelRelease, hardware: Hardware, outcome: str, clock:
         stages, failing = ("plan",), "plan"
     dtype = "bfloat16" if "bfloat16" in (hardware.dtypes or ["bfloat16"]) else "float16"
     profile = profile_for(model, hardware, cell, dtype)
-    job = _job(model, hardware, stages, dtype)
+    job = _job(model, hardware, stages, dtype, clock)
     events = _Events(job, clock)
-    do_transition_job(job, JobState.RUNNING)
+    _transition(job, JobState.RUNNING, clock)
     for stage in stages:
         passed = stage != failing
         events.add(stage, "stage_started", f"{stage} started", data={"stage": stage})
@@ -152,16 +195,16 @@ def run_adaptation(model: ModelRelease, hardware: Hardware, outcome: str, clock:
                    else _section(stage, profile, hardware, rng, passed))
         if stage == "plan" and failing == "plan":
             section["fits"] = False
-        do_record_job_results(job, {"stage": stage, "section": section})
+        _record(job, stage, section, clock)
         error = None if passed else _failure(stage)
         events.add(stage, "stage_finished", f"{stage} passed" if passed else f"{stage} failed: {error}",
                    level="info" if passed else "error", data={"stage": stage, "passed": passed, "seconds": round(hours * 3600, 1),
                                                               "error": error})
         events.flush()
         if not passed:
-            do_transition_job(job, JobState.FAILED, failed_stage=stage, error=error)
+            _transition(job, JobState.FAILED, clock, failed_stage=stage, error=error)
             return job
-    do_transition_job(job, JobState.SUCCEEDED)
+    _transition(job, JobState.SUCCEEDED, clock)
     return job
 
 
@@ -186,7 +229,7 @@ def _section(stage: str, p: sec.CellProfile, hw: Hardware, rng: random.Random, p
         return sec.bench_section(p, rng)
     if stage == "env":
         return sec.env_section(hw.name, p.devices, rng)
-    return sec.eval_section(rng, passed=passed)
+    return sec.eval_section(rng, passed=passed, context_length=p.context_length)
 
 
 def run_benchmark_history(model: ModelRelease, hardware: Hardware, clock: Clock, rng: random.Random, *,
@@ -205,12 +248,12 @@ def run_benchmark_history(model: ModelRelease, hardware: Hardware, clock: Clock,
         if regression_day is not None and regression_day <= day <= regression_day + 1:
             latency, throughput = drift * regression[0], regression[1]
         with transaction.atomic():  # one commit per run, as an agent's result post would be
-            job = _job(model, hardware, ("bench",), profile.dtype)
-            do_transition_job(job, JobState.RUNNING)
+            job = _job(model, hardware, ("bench",), profile.dtype, clock)
+            _transition(job, JobState.RUNNING, clock)
             clock.advance(minutes=rng.uniform(20, 50))
             section = sec.bench_section(profile, rng, sec.BenchShape(latency=latency, throughput=throughput))
-            do_record_job_results(job, {"stage": "bench", "section": section})
-            do_transition_job(job, JobState.SUCCEEDED)
+            _record(job, "bench", section, clock)
+            _transition(job, JobState.SUCCEEDED, clock)
         jobs.append(job)
     return jobs
 
@@ -236,37 +279,37 @@ def seed_evidence(*, models: list[ModelRelease] | None = None, hardware: list[Ha
     summary = SeedSummary()
     hw_speed = {h.pk: rng.uniform(0.3, 3.0) for h in hardware}  # some vendors adapt faster than others
     baselined: list[tuple[ModelRelease, Hardware, datetime]] = []
-    with simulated_clock(now) as clock:
-        for model in models:
-            if outcomes:
-                chosen, planned = hardware[:len(outcomes)], list(outcomes)
-            else:
-                chosen = rng.sample(hardware, min(hardware_per_model, len(hardware)))
-                planned = rng.choices(list(OUTCOME_WEIGHTS), weights=list(OUTCOME_WEIGHTS.values()), k=len(chosen))
-            for hw, outcome in zip(chosen, planned, strict=False):
-                start = model.released_at + timedelta(hours=rng.uniform(-6, 20) * hw_speed[hw.pk])
-                if start > now - timedelta(days=1):
-                    continue  # not released long enough ago to have a history
-                clock.set(start)
-                with transaction.atomic():
-                    job = run_adaptation(model, hw, outcome, clock, rng)
-                summary.jobs += 1
-                summary.cells.append((model.slug, hw.slug, outcome if job.state == JobState.SUCCEEDED
-                                      else f"failed at {job.failed_stage}"))
-                if job.state == JobState.SUCCEEDED and "bench" in job.stages:
-                    baselined.append((model, hw, clock.now))
-        for i, (model, hw, finished) in enumerate(baselined[:history_cells]):
-            start = max(finished + timedelta(days=1), now - timedelta(days=days))
-            start = start.replace(hour=2, minute=0, second=0, microsecond=0)
-            count = max((now - start).days, 0)
-            regression_day = count - regression_days_ago if i == 0 and count > regression_days_ago + 15 else None
-            jobs = run_benchmark_history(model, hw, clock, rng, start=start, days=count,
-                                         regression_day=regression_day)
-            summary.jobs += len(jobs)
-            summary.history.append((model.slug, hw.slug, len(jobs)))
-            if regression_day is not None:
-                run = jobs[regression_day].stage_results.get(stage="bench").benchmark
-                summary.regression = PlantedRegression(model.slug, hw.slug, run.created_at, 1.6, round(1 / 1.6, 3))
+    clock = Clock(now)
+    for model in models:
+        if outcomes:
+            chosen, planned = hardware[:len(outcomes)], list(outcomes)
+        else:
+            chosen = rng.sample(hardware, min(hardware_per_model, len(hardware)))
+            planned = rng.choices(list(OUTCOME_WEIGHTS), weights=list(OUTCOME_WEIGHTS.values()), k=len(chosen))
+        for hw, outcome in zip(chosen, planned, strict=False):
+            start = model.released_at + timedelta(hours=rng.uniform(-6, 20) * hw_speed[hw.pk])
+            if start > now - timedelta(days=1):
+                continue  # not released long enough ago to have a history
+            clock.set(start)
+            with transaction.atomic():
+                job = run_adaptation(model, hw, outcome, clock, rng)
+            summary.jobs += 1
+            summary.cells.append((model.slug, hw.slug, outcome if job.state == JobState.SUCCEEDED
+                                  else f"failed at {job.failed_stage}"))
+            if job.state == JobState.SUCCEEDED and "bench" in job.stages:
+                baselined.append((model, hw, clock.now))
+    for i, (model, hw, finished) in enumerate(baselined[:history_cells]):
+        start = max(finished + timedelta(days=1), now - timedelta(days=days))
+        start = start.replace(hour=2, minute=0, second=0, microsecond=0)
+        count = max((now - start).days, 0)
+        regression_day = count - regression_days_ago if i == 0 and count > regression_days_ago + 15 else None
+        jobs = run_benchmark_history(model, hw, clock, rng, start=start, days=count,
+                                     regression_day=regression_day)
+        summary.jobs += len(jobs)
+        summary.history.append((model.slug, hw.slug, len(jobs)))
+        if regression_day is not None:
+            run = jobs[regression_day].stage_results.get(stage="bench").benchmark
+            summary.regression = PlantedRegression(model.slug, hw.slug, run.created_at, 1.6, round(1 / 1.6, 3))
     return summary
 
 

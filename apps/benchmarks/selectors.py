@@ -103,7 +103,7 @@ class Series:
         return {
             "model": self.model, "hardware": self.hardware, "config": self.config.as_dict(),
             "label": self.config.label, "metric": self.metric, "unit": self.unit,
-            "points": [{"at": p.ref[2], "value": p.value, "run": p.ref[0], "job": p.ref[1]}
+            "points": [{"at": p.ref[2], "value": p.value, "run": p.ref[0], "job": p.ref[1], "synthetic": p.ref[3]}
                        for p in self.points],
             "regressions": [regression_dict(self, r) for r in self.regressions],
         }
@@ -213,7 +213,8 @@ def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None
         raise SeriesQueryError("detail", f"more than {MAX_RUNS} benchmark runs match: narrow the query with model, "
                                "hardware or until")
     by_run = {row[0]: row for row in run_rows}
-    refs = {row[0]: (row[0], row[4], row[1].isoformat()) for row in run_rows}  # a run's ref, shared by its points
+    # a run's ref, shared by its points: (run, job, at, synthetic: seeded evidence, not an agent's)
+    refs = {row[0]: (row[0], row[4], row[1].isoformat(), bool((row[5] or {}).get("seeded"))) for row in run_rows}
     points = BenchmarkPoint.objects.filter(run__in=runs.values("id"))
     if query.concurrency is not None:
         points = points.filter(concurrency=query.concurrency)
@@ -257,7 +258,7 @@ def csv_rows(series: Sequence[Series]) -> list[dict[str, Any]]:
         {"model": s.model, "hardware": s.hardware, "dtype": s.config.dtype, "concurrency": s.config.concurrency,
          "input_len": s.config.input_len, "output_len": s.config.output_len, "metric": s.metric, "unit": s.unit,
          "at": p.ref[2], "value": p.value, "run": p.ref[0], "job": p.ref[1],
-         "regression": (id(s), p.ref[0]) in flagged}
+         "regression": (id(s), p.ref[0]) in flagged, "synthetic": p.ref[3]}
         for s in series for p in s.points
     ]
 

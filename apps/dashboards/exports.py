@@ -7,7 +7,8 @@ from typing import Any
 from apps.matrix.selectors import Matrix
 
 MATRIX_COLUMNS = ("model", "model_name", "family", "released_at", "visibility", "hardware", "vendor", "tier",
-                  "tier_name", "failed_stage", "fits", "fits_devices", "fits_dtype", "reached_at", "lead_time_hours", "jobs")
+                  "tier_name", "failed_stage", "fits", "fits_devices", "fits_dtype", "reached_at", "lead_time_hours", "jobs",
+                  "synthetic", "custom_thresholds", "disputed")
 
 
 def matrix_rows(matrix: Matrix) -> list[dict[str, Any]]:
@@ -24,5 +25,7 @@ def matrix_rows(matrix: Matrix) -> list[dict[str, Any]]:
                 "fits": c.get("fits"), "fits_devices": c.get("fits_devices"), "fits_dtype": c.get("fits_dtype"),
                 "reached_at": c.get("reached_at"),
                 "lead_time_hours": c.get("lead_time_hours"), "jobs": c.get("jobs", 0),
+                "synthetic": c.get("synthetic", False), "custom_thresholds": c.get("custom_thresholds", False),
+                "disputed": ",".join(c.get("disputed") or []),
             })
     return rows

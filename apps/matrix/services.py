@@ -129,12 +129,12 @@ def tier_times(reached: dict[str, str], tier: int, times: dict[str, datetime], n
 
 
 @transaction.atomic
-def recompute_cell(model_id: int, hardware_id: int) -> Cell:
+def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = None) -> Cell:
     """Recomputes a cell's tier from the portal's verdicts on the newest evidence of each stage (never the
     agent's claimed flags), its "failed at" from the newest finished job (or the first gate above the tier
     whose newest verdict refuses it, with the reasons), whether the tier rests on custom thresholds or
-    synthetic evidence, and the first time each tier was reached (monotone). Broadcasts the change after
-    commit."""
+    synthetic evidence, and the first time each tier was reached (monotone; ``now`` is the time of a tier
+    reached without evidence time, default the clock's). Broadcasts the change after commit."""
     Cell.objects.bulk_create([Cell(model_id=model_id, hardware_id=hardware_id)], ignore_conflicts=True)
     cell = Cell.objects.select_for_update().select_related("model", "hardware").get(
         model_id=model_id, hardware_id=hardware_id
@@ -144,7 +144,7 @@ def recompute_cell(model_id: int, hardware_id: int) -> Cell:
     flags = {stage: r.verdict == PASS for stage, r in newest.items()}
     times = {stage: r.created_at for stage, r in newest.items()}
     tier = compute_tier(flags)
-    now = timezone.now()
+    now = now or timezone.now()
     reached = tier_times(dict(cell.tier_reached_at or {}), tier, times, now)
     gates = [newest[stage] for level, stage in TIER_GATES if level <= tier]
     cell.verdicts = {stage: _verdict_summary(r) for stage, r in sorted(newest.items())}

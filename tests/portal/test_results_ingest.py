@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from agents.pipeline.thresholds import DEFAULTS_VERSION
+
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
@@ -40,13 +42,17 @@ def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None:
               "dtype": "bfloat16", "tier": 6, "failed_stage": None, "error": None, "stages": PASSING}
     response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", report, format="json", **auth(token))
     assert response.status_code == 201, response.content
-    assert response.json()["cell"] == {"tier": 6, "tier_name": "validated", "failed_stage": ""}
+    body = response.json()
+    assert body["cell"] == {"tier": 6, "tier_name": "validated", "failed_stage": "", "error": "",
+                            "custom_thresholds": False, "disputed": []}
+    assert {r["stage"]: r["verdict"] for r in body["stored"]} == {s: "pass" for s in PASSING}
+    assert all(r["defaults_version"] == DEFAULTS_VERSION and not r["disputed"] for r in body["stored"])
     assert PlanEvidence.objects.get(result__job=job).devices == 1
     assert LoadReport.objects.get(result__job=job).ok and ShardChecksum.objects.filter(load__result__job=job).count() == 2
     assert set(OperatorCheck.objects.filter(result__job=job).values_list("status", flat=True)) == {
         "native", "decomposed", "fallback"}
-    assert AlignmentOp.objects.filter(report__result__job=job).count() == 1
-    assert AlignmentLayer.objects.filter(report__result__job=job).count() == 2
+    assert AlignmentOp.objects.filter(report__result__job=job).count() == 2
+    assert AlignmentLayer.objects.filter(report__result__job=job).count() == 22
     divergence = TokenDivergence.objects.get(report__result__job=job)
     assert divergence.near_tie and divergence.position == 17
     points = BenchmarkPoint.objects.filter(run__result__job=job).order_by("concurrency")
@@ -70,7 +76,18 @@ def test_stage_by_stage_posts_replace_a_stage_and_climb(api_client, agent_job) -
 @pytest.mark.parametrize(("doc", "key"), [
     ({"stage": "dance", "section": {}}, "stage"),
     ({"stage": "plan"}, "section"),
-    ({"stage": "plan", "section": {"params_total": 5}}, "stages.plan.fits"),
+    ({"stage": "plan", "section": {"params_total": 5, "fits": "sure"}}, "stages.plan.fits"),
+    ({"stage": "plan", "section": {**PASSING["plan"], "weight_bytes": 1e300}}, "stages.plan.weight_bytes"),
+    ({"stage": "load", "section": {**PASSING["load"], "seconds": 1e300}}, "stages.load.seconds"),
+    ({"stage": "load", "section": {**PASSING["load"], "stats": {"w": {"absmax": -1e300}}}}, "stages.load.stats.w.absmax"),
+    ({"stage": "load", "section": {**PASSING["load"], "tensors": 2**70}}, "stages.load.tensors"),
+    ({"stage": "load", "section": {**PASSING["load"], "problems": [{"tensor": "t", "problem": "nan"}] * 100_000}},
+     "stages.load.problems"),
+    ({"stage": "bench", "section": {"runs": [PASSING["bench"]["runs"][0]] * 20_000}}, "stages.bench.runs"),
+    ({"stage": "bench", "section": {"runs": [{**PASSING["bench"]["runs"][0], "concurrency": 2**40}]}},
+     "stages.bench.runs[0].concurrency"),
+    ({"stage": "align", "section": {**PASSING["align"], "layers": PASSING["align"]["layers"] * 100}},
+     "stages.align.layers"),
     ({"stage": "load", "section": {"ok": "yes"}}, "stages.load.ok"),
     ({"stage": "bench", "section": {"runs": [{"concurrency": "many"}]}}, "stages.bench.runs[0].concurrency"),
     ({"stage": "inventory", "section": {"ops": [{"op": "aten::mm", "status": "perhaps"}]}},

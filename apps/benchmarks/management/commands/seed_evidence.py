@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from apps.benchmarks.seeding import delete_seeded_jobs, seed_evidence
 from apps.catalog.models import Hardware, ModelRelease
@@ -32,8 +33,9 @@ class Command(BaseCommand):
         elif Job.objects.filter(spec__seeded=True).exists():
             raise CommandError("evidence was seeded already: use --reset to seed again")
         summary = seed_evidence(days=options["days"], history_cells=options["history_cells"],
-                                hardware_per_model=options["hardware_per_model"], seed=options["seed"])
-        self.stdout.write(f"jobs: {summary.jobs}; cells: {len(summary.cells)}")
+                                hardware_per_model=options["hardware_per_model"], seed=options["seed"],
+                                now=timezone.now())
+        self.stdout.write(f"jobs: {summary.jobs}; cells: {len(summary.cells)} (all marked synthetic)")
         for model, hardware, runs in summary.history:
             self.stdout.write(f"history: {model} × {hardware}: {runs} daily runs")
         if summary.regression:

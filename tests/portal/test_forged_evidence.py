@@ -1,0 +1,261 @@
+"""Forged or broken results posted through the REST API with an agent token: the portal judges the numbers
+itself, so none raises a tier, each refusal names what was wrong, and the agent's flags are kept as claims
+(issue 9). Thresholds outside their range are refused when the job is submitted."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from apps.catalog.models import ModelRelease
+from apps.evidence.models import StageResult
+from apps.matrix.models import Cell
+from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
+from tests.portal.reports import PASSING, TIER_STAGES, passing
+
+pytestmark = pytest.mark.django_db
+
+GATE_TIER = {"plan": 1, "load": 2, "serve": 3, "align": 4, "bench": 5, "eval": 6}
+
+
+def _align_without(part: str) -> dict[str, Any]:
+    section = passing("align")
+    del section[part]
+    return section
+
+
+def _patched(stage: str, patch: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    section = passing(stage)
+    patch(section)
+    return section
+
+
+def _bench_runs(**changes: Any) -> Callable[[dict[str, Any]], None]:
+    def patch(section: dict[str, Any]) -> None:
+        for run in section["runs"]:
+            run.update(copy.deepcopy(changes))
+    return patch
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def patch(section: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node = section
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[last] = value
+    return patch
+
+
+# (case, stage, forged section, verdict, a phrase the reason must contain)
+FORGED: list[tuple[str, str, dict[str, Any], str, str]] = [
+    ("align flag only", "align", {"passed": True}, "incomplete", "align: ops missing"),
+    ("align without ops", "align", _align_without("ops"), "incomplete", "align: ops missing"),
+    ("align without layers", "align", _align_without("layers"), "incomplete", "align: layers missing"),
+    ("align without e2e", "align", _align_without("e2e"), "incomplete", "align: e2e missing"),
+    ("align without kv_cache", "align", _align_without("kv_cache"), "incomplete", "align: kv_cache missing"),
+    ("align empty ops", "align", _patched("align", _set("ops", [])), "incomplete", "align: ops missing"),
+    ("pass flags over a failing layer", "align", _patched("align", _set("layers.17.cosine", 0.93)), "fail",
+     "layer 17 cosine 0.93 is below 0.99"),
+    ("pass flags over a failing operator", "align", _patched("align", _set("ops.0.max_rel_err", 0.5)), "fail",
+     "op matmul max_rel_err 0.5 is above 0.01"),
+    ("a match rate the divergences contradict", "align", _patched("align", _set("e2e.token_match_rate", 1.0)),
+     "fail", "above the 0.9844 recomputed from 1 divergences over 64 tokens"),
+    ("a divergence claimed a near-tie", "align",
+     _patched("align", _set("e2e.divergences.0.target_top5", [[279, -0.6], [13, -0.9]])), "fail",
+     "is not within each other's top-5 (claimed a near-tie)"),
+    ("too few layers compared", "align", _patched("align", _set("layers", PASSING["align"]["layers"][:3])), "fail",
+     "layers: 3 compared, the model has 22"),
+    ("the issue's bench: 99 failed requests", "bench",
+     {"runs": [{**PASSING["bench"]["runs"][0], "failed": 99, "completed": 1}]}, "fail",
+     "run at concurrency 1 has 99 of 100 failed requests"),
+    ("one concurrency level", "bench", {"runs": [PASSING["bench"]["runs"][0]]}, "fail",
+     "1 concurrency level(s), a baseline sweeps at least 3"),
+    ("failed requests at every level", "bench", _patched("bench", _bench_runs(failed=2)), "fail",
+     "run at concurrency 4 has 2 of 18 failed requests"),
+    ("percentiles out of order", "bench",
+     _patched("bench", _bench_runs(itl_ms={"mean": 10.0, "p50": 30.0, "p90": 12.0, "p99": 15.0})), "fail",
+     "itl_ms percentiles are not ordered"),
+    ("TPOT above end to end", "bench",
+     _patched("bench", _bench_runs(tpot_ms={"mean": 1000.0, "p50": 990.0, "p90": 1000.0, "p99": 1001.0})), "fail",
+     "TPOT p50 990 ms exceeds end-to-end p50 690 ms"),
+    ("bench without latency", "bench", _patched("bench", _bench_runs(e2e_ms=None)), "incomplete",
+     "run at concurrency 1: e2e_ms missing"),
+    ("load with problems", "load",
+     _patched("load", _set("problems", [{"tensor": "lm_head.weight", "problem": "12 NaN values"}])), "fail",
+     "1 problem(s), first lm_head.weight: 12 NaN values"),
+    ("load without checksums", "load", _patched("load", _set("shards", [])), "incomplete",
+     "load: shards missing"),
+    ("serve without the text path", "serve", {"ready_seconds": 1.0, "endpoint": "http://x"}, "incomplete",
+     "serve: text path not answered"),
+    ("plan that does not split", "plan", _patched("plan", _set("plan", {"tp": 3, "pp": 1, "ep": 1, "devices": 3})),
+     "fail", "no valid plan with tp=3 pp=1 ep=1"),
+    ("plan without degrees", "plan", {"fits": True}, "incomplete", "plan: plan missing"),
+    ("eval score below the reference", "eval", _patched("eval", _set("tasks.0.target", 0.5)), "fail",
+     "task arith accuracy 0.5 is below reference 0.91 × (1 − 0.05)"),
+    ("eval perplexity above the reference", "eval", _patched("eval", _set("tasks.1.target", 20.0)), "fail",
+     "task wikitext perplexity 20 is above reference 12 × (1 + 0.05)"),
+    ("needle below the reference", "eval", _patched("eval", _set("needle.target", [[1, 1, 1], [0, 0, 0.5]])),
+     "fail", "needle at length 1024: accuracy 0.167 is below the reference's 0.833"),
+    ("eval without a needle", "eval", _patched("eval", lambda s: s.pop("needle")), "incomplete", "eval: needle missing"),
+]
+
+
+@pytest.fixture
+def cell() -> tuple:
+    hardware = HardwareFactory()
+    model = ModelReleaseFactory()
+    token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
+    return model, hardware, token
+
+
+def _post(api_client: Any, job: Any, token: Any, doc: dict[str, Any]) -> Any:
+    return api_client.post(f"/api/v1/jobs/{job.pk}/results/", doc, format="json", **auth(token))
+
+
+def _climb_to(api_client: Any, job: Any, token: Any, tier: int) -> None:
+    for stage in TIER_STAGES[tier] if tier else []:
+        response = _post(api_client, job, token, {"stage": stage, "section": passing(stage)})
+        assert response.status_code == 201 and response.json()["stored"][0]["verdict"] == "pass", response.content
+
+
+@pytest.mark.parametrize(("case", "stage", "section", "verdict", "reason"), FORGED, ids=[f[0] for f in FORGED])
+def test_forged_or_broken_results_leave_the_tier_and_name_the_reason(api_client, cell, case, stage, section,
+                                                                     verdict, reason) -> None:
+    model, hardware, token = cell
+    job = JobFactory(model=model, hardware=hardware)
+    below = GATE_TIER[stage] - 1
+    _climb_to(api_client, job, token, below)
+    response = _post(api_client, job, token, {"stage": stage, "section": section})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    stored = body["stored"][0]
+    assert stored["verdict"] == verdict, stored
+    assert any(reason in r for r in stored["reasons"]), stored["reasons"]
+    assert body["cell"]["tier"] == below  # the tier stays where it was
+    assert body["cell"]["failed_stage"] == stage and reason in body["cell"]["error"]
+    claimed = section.get({"plan": "fits", "load": "ok", "align": "passed", "serve": "text_path_ok",
+                           "eval": "passed"}.get(stage, ""))
+    assert stored["claimed_passed"] == claimed and stored["disputed"] is (claimed is True)
+    detail = api_client.get(f"/api/v1/cells/{model.slug}/{hardware.slug}/").json()
+    assert detail["tier"] == below and detail["verdicts"][stage]["status"] == verdict
+    assert any(reason in r for r in detail["verdicts"][stage]["reasons"])
+    assert detail["evidence"]["stages"][stage]["verdict"] == verdict
+    assert (stage in detail["disputed"]) is (claimed is True)
+    if claimed is True:  # the matrix says the claim is refuted
+        row = next(r for r in api_client.get("/api/v1/matrix/").json()["models"] if r["slug"] == model.slug)
+        assert row["cells"][hardware.slug]["disputed"] == [stage]
+
+
+def test_honest_evidence_still_climbs_to_validated(api_client, cell) -> None:
+    model, hardware, token = cell
+    job = JobFactory(model=model, hardware=hardware)
+    _climb_to(api_client, job, token, 6)
+    cell_row = Cell.objects.get(model=model, hardware=hardware)
+    assert cell_row.tier == 6 and cell_row.disputed == [] and not cell_row.custom_thresholds
+
+
+def test_a_shard_digest_differing_from_the_manifest_fails_load_naming_both(api_client, cell) -> None:
+    model, hardware, token = cell
+    owner = make_token(organization=model.organization)
+    manifest = [{"name": s["file"], "size": None, "sha256": s["sha256"]} for s in PASSING["load"]["shards"]]
+    manifest[1]["sha256"] = "c" * 64
+    response = api_client.patch(f"/api/v1/models/{model.slug}/", {"manifest": manifest, "tensor_count": 201},
+                                format="json", **auth(owner))
+    assert response.status_code == 200 and response.json()["manifest_source"] == "given", response.content
+    job = JobFactory(model=model, hardware=hardware)
+    assert api_client.get(f"/api/v1/jobs/{job.pk}/", **auth(token)).json()["manifest"] == manifest  # for the agent
+    _climb_to(api_client, job, token, 1)
+    body = _post(api_client, job, token, {"stage": "load", "section": passing("load")}).json()
+    assert body["cell"]["tier"] == 1 and body["stored"][0]["disputed"] is True
+    assert (f"load: shard model-00002-of-00002.safetensors sha256 {'b' * 64} differs from the manifest's "
+            f"{'c' * 64}") in body["stored"][0]["reasons"]
+    wrong_count = _patched("load", _set("tensors", 200))
+    body = _post(api_client, job, token, {"stage": "load", "section": wrong_count}).json()
+    assert "load: 200 tensors loaded, the model declares 201" in body["stored"][0]["reasons"]
+
+
+@pytest.mark.parametrize("manifest", [
+    [{"name": "a.safetensors", "size": 1, "sha256": "xyz"}],
+    [{"name": "../a.safetensors", "size": 1, "sha256": "a" * 64}],
+    [{"name": "a.safetensors", "size": -1, "sha256": "a" * 64}],
+    [{"name": "a", "size": 1, "sha256": "a" * 64}, {"name": "a", "size": 1, "sha256": "a" * 64}],
+    [{"name": "a", "size": 1, "sha256": "a" * 64, "md5": "x"}],
+    {"a": "b"},
+    [{"name": f"f{i}", "size": 1, "sha256": "a" * 64} for i in range(10_001)],
+])
+def test_a_bad_manifest_is_400_naming_the_field(api_client, cell, manifest) -> None:
+    model, _, _ = cell
+    owner = make_token(organization=model.organization)
+    response = api_client.patch(f"/api/v1/models/{model.slug}/", {"manifest": manifest}, format="json", **auth(owner))
+    assert response.status_code == 400 and "manifest" in response.json(), response.content
+    assert ModelRelease.objects.get(pk=model.pk).manifest == []
+
+
+def test_first_load_records_the_manifest_and_a_disagreeing_hardware_is_flagged(api_client, cell) -> None:
+    model, hardware, token = cell
+    job = JobFactory(model=model, hardware=hardware)
+    _climb_to(api_client, job, token, 2)
+    model.refresh_from_db()
+    assert model.manifest_source == "first seen" and model.manifest_seen["hardware"] == hardware.slug
+    assert [m["sha256"] for m in model.manifest] == ["a" * 64, "b" * 64] and model.tensor_count == 201
+    other = HardwareFactory()
+    other_token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=other)
+    second = JobFactory(model=model, hardware=other)
+    _climb_to(api_client, second, other_token, 1)
+    flipped = _patched("load", _set("shards.0.sha256", "d" * 64))
+    body = _post(api_client, second, other_token, {"stage": "load", "section": flipped}).json()
+    assert body["cell"]["tier"] == 1
+    assert any("differs from the manifest's" in r for r in body["stored"][0]["reasons"])
+    conflict = api_client.get(f"/api/v1/models/{model.slug}/", **auth(other_token)).json()["digest_conflict"]
+    assert conflict["file"] == "model-00001-of-00002.safetensors"
+    assert conflict["hardware"] == [hardware.slug, other.slug] and conflict["sha256"] == ["a" * 64, "d" * 64]
+    detail = api_client.get(f"/api/v1/cells/{model.slug}/{other.slug}/").json()
+    assert detail["digest_conflict"]["file"] == "model-00001-of-00002.safetensors"
+    assert detail["manifest"] == {"files": 2, "source": "first seen", "first_seen": model.manifest_seen}
+
+
+@pytest.mark.parametrize(("thresholds", "message"), [
+    ({"op_cosine": -1}, "threshold op_cosine: -1 is outside its range (0, 1]"),
+    ({"layer_cosine": 1.5}, "threshold layer_cosine: 1.5 is outside its range (0, 1]"),
+    ({"op_max_rel_err": -0.01}, "threshold op_max_rel_err: -0.01 is outside its range [0, inf]"),
+    ({"e2e_top_k": 0}, "threshold e2e_top_k: 0 is outside its range an integer in [1, 100]"),
+    ({"e2e_top_k": 2.5}, "threshold e2e_top_k: 2.5 is outside its range an integer in [1, 100]"),
+    ({"bench_max_failure_ratio": 2}, "threshold bench_max_failure_ratio: 2 is outside its range [0, 1]"),
+    ({"kv_cache_max_len": 0}, "threshold kv_cache_max_len: 0 is outside its range an integer in [1, 10000000]"),
+])
+def test_out_of_range_thresholds_are_400_at_submit_naming_key_and_range(api_client, cell, thresholds,
+                                                                        message) -> None:
+    model, hardware, _ = cell
+    submitter = make_token(organization=model.organization)
+    response = api_client.post("/api/v1/jobs/", {"model": model.slug, "hardware": hardware.slug,
+                                                 "thresholds": thresholds}, format="json", **auth(submitter))
+    assert response.status_code == 400, response.content
+    assert message in str(response.json()["thresholds"])
+
+
+def test_looser_thresholds_mark_the_job_and_every_tier_it_reaches(api_client, cell) -> None:
+    model, hardware, token = cell
+    submitter = make_token(organization=model.organization)
+    response = api_client.post("/api/v1/jobs/", {"model": model.slug, "hardware": hardware.slug,
+                                                 "thresholds": {"layer_cosine": 0.5, "op_cosine": 0.9999}},
+                               format="json", **auth(submitter))
+    assert response.status_code == 201 and response.json()["custom_thresholds"] == ["layer_cosine"]
+    job = JobFactory(model=model, hardware=hardware,
+                     spec={**JobFactory.spec.function(), "thresholds": {"layer_cosine": 0.5}})
+    _climb_to(api_client, job, token, 3)
+    weak = _patched("align", _set("layers.5.cosine", 0.8))  # passes only under the looser threshold
+    body = _post(api_client, job, token, {"stage": "align", "section": weak}).json()
+    assert body["stored"][0]["verdict"] == "pass" and body["stored"][0]["custom_thresholds"] == ["layer_cosine"]
+    assert body["cell"] == {**body["cell"], "tier": 4, "custom_thresholds": True}
+    row = next(r for r in api_client.get("/api/v1/matrix/").json()["models"] if r["slug"] == model.slug)
+    assert row["cells"][hardware.slug]["custom_thresholds"] is True
+    assert api_client.get(f"/api/v1/cells/{model.slug}/{hardware.slug}/").json()["custom_thresholds"] is True
+    # the same numbers under the defaults do not pass
+    strict = JobFactory(model=model, hardware=hardware)
+    body = _post(api_client, strict, token, {"stage": "align", "section": weak}).json()
+    assert body["stored"][0]["verdict"] == "fail" and body["cell"]["tier"] == 3
+    assert StageResult.objects.filter(job=job, stage="align", verdict="pass").exists()  # nothing lost
