@@ -8,6 +8,7 @@ from html import escape
 
 from agents.pipeline.tiers import TIER_NAMES
 from apps.catalog.models import Hardware, ModelRelease
+from apps.dashboards.selectors.format import reached_times
 from apps.matrix.selectors import CellView, lead_hours
 
 
@@ -43,24 +44,15 @@ def human_hours(hours: float | None) -> str:
     return f"{sign}{h / 24:.0f}\u202fd"
 
 
-def _when(raw: str) -> tuple[datetime | None, str]:
-    try:
-        when = datetime.fromisoformat(raw)
-    except (TypeError, ValueError):
-        return None, ""
-    return when, when.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
 def cell_title(cell: CellView, hardware_name: str, released_at: datetime | None, regressions: list[str]) -> str:
     """The hover text: when each tier was reached and its lead time, the fit and its format, open regressions."""
     lines = []
-    for key in sorted(cell.tier_reached, key=lambda k: int(k) if str(k).isdigit() else 99):
-        if not str(key).isdigit() or int(key) > cell.tier:
+    for tier, when in reached_times(cell.tier_reached).items():
+        if tier > cell.tier:
             continue
-        when, text = _when(cell.tier_reached[key])
         lead = lead_hours(when, released_at)
-        lines.append(f"T{key} {TIER_NAMES[int(key)]}: {text}" + (f" ({human_hours(lead)} from release)"
-                                                                  if lead is not None else ""))
+        lines.append(f"T{tier} {TIER_NAMES[tier]}: {when.astimezone(UTC).strftime('%Y-%m-%d %H:%M UTC')}"
+                     + (f" ({human_hours(lead)} from release)" if lead is not None else ""))
     if cell.failed_stage:
         lines.append(f"newest job failed at {cell.failed_stage}")
     if cell.fits is True:
@@ -114,10 +106,11 @@ def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None, hardwa
     parts = [f'<span class="tier-label">T{cell.tier} {TIER_NAMES[cell.tier]}</span>']
     if cell.failed_stage:
         parts.append(f'<span class="failed">✗ at {escape(cell.failed_stage)}</span>')
-    if cell.reached_at is not None and cell.tier:
-        lead = human_hours(cell.lead_hours)
-        parts.append(f'<span class="since"><time datetime="{cell.reached_at.isoformat()}">'
-                     f'{cell.reached_at.astimezone(UTC).strftime("%d %b %y")}</time>'
+    when = reached_times(cell.tier_reached).get(cell.tier, cell.reached_at) if cell.tier else None
+    if when is not None:
+        lead = human_hours(lead_hours(when, released_at) if released_at else cell.lead_hours)
+        parts.append(f'<span class="since"><time datetime="{when.isoformat()}">'
+                     f'{when.astimezone(UTC).strftime("%d %b %y")}</time>'
                      + (f' <span class="lead">{lead}</span>' if lead else "") + "</span>")
     parts.append(flag)
     parts.append(evidence_marks(cell))
