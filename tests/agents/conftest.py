@@ -122,7 +122,7 @@ def start_agent(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[...,
     agents: list[AgentProcess] = []
 
     def start(hardware: str, token: str, *, models_dir: Path | None = None, hostname: str | None = None,
-              spool_dir: Path | None = None, broker: str | None = None,
+              spool_dir: Path | None = None, broker: str | None = None, portal_url: str | None = None,
               extra_env: dict[str, str] | None = None) -> AgentProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DAY0_DATABASE", "DJANGO_"))}
         spool = spool_dir or tmp_path / f"spool-{len(agents)}"
@@ -130,7 +130,7 @@ def start_agent(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[...,
                    DAY0_AGENT_CANCEL_POLL="0.5", DAY0_AGENT_LOGLEVEL="INFO", PYTHONUNBUFFERED="1",
                    HF_HUB_OFFLINE="1", DAY0_AGENT_DEVICE="cpu", DAY0_AGENT_TOKEN=token, **(extra_env or {}))
         log_path = LOGS / f"agent-{hardware}-{len(agents)}.log"
-        cmd = [sys.executable, "-m", "day0portal.cli", "agent", "--hardware", hardware, "--portal", portal.url,
+        cmd = [sys.executable, "-m", "day0portal.cli", "agent", "--hardware", hardware, "--portal", portal_url or portal.url,
                "--broker", broker or _redis_url(), "--heartbeat", "1",
                "--hostname", hostname or f"host-{hardware}"]
         if models_dir is not None:

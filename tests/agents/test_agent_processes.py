@@ -1,0 +1,194 @@
+"""Process hygiene of agents and the demo: children die with their parent, SIGTERM stops an agent within seconds
+even mid-job with its portal and broker gone, the agent token never shows in ``ps``, and ``day0 demo`` exits
+within seconds on SIGTERM (or when killed) taking every process it started with it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agents.runtime.testing.make_model import cached_model
+from agents.worker.lifecycle import child_pids
+from apps.accounts.choices import Scope
+from apps.jobs import dispatch
+from apps.jobs.choices import JobState
+from apps.jobs.models import Job, JobEvent
+from apps.jobs.services import do_transition_job
+from tests.agents.conftest import PortalProcess, model_config, unique_slug, wait_for
+from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, make_token
+from tests.live_services import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    frontier = [pid]
+    while frontier:
+        for child in child_pids(frontier.pop()):
+            if child not in found:
+                found.add(child)
+                frontier.append(child)
+    return found
+
+
+def wait_gone(pids: set[int], timeout: float) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = {p for p in pids if alive(p)}
+        if not left:
+            return left
+        time.sleep(0.1)
+    return {p for p in pids if alive(p)}
+
+
+def test_a_child_started_with_die_with_parent_ends_when_its_parent_is_killed() -> None:
+    code = ("import subprocess, sys, time\n"
+            "from agents.worker.lifecycle import die_with_parent\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+            "preexec_fn=die_with_parent)\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert alive(child)
+        parent.kill()  # SIGKILL: the parent runs no cleanup at all
+        parent.wait(timeout=10)
+        assert wait_gone({child}, 5) == set()
+    finally:
+        parent.kill()
+
+
+def test_the_demo_agent_gets_its_token_by_environment_never_on_its_command_line(tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    from agents.worker.demo import start_agent, stop_agent
+
+    monkeypatch.setenv("DAY0_DATA_DIR", str(tmp_path))
+    secret = "d0a_" + "s3cr3t" * 6
+    process, _ = start_agent(f"http://127.0.0.1:{free_port()}", secret, log_path=tmp_path / "agent.log")
+    try:
+        def exec_done() -> bool:
+            return b"day0portal.cli" in Path(f"/proc/{process.pid}/cmdline").read_bytes()
+
+        wait_for(exec_done, 20, "the agent process to start")
+        ps = subprocess.run(["ps", "-eo", "pid,args", "ww"], capture_output=True, text=True).stdout
+        assert secret not in ps and secret.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes()
+        assert f"DAY0_AGENT_TOKEN={secret}".encode() in Path(f"/proc/{process.pid}/environ").read_bytes()
+    finally:
+        stop_agent(process)
+
+
+@pytest.fixture
+def private_broker(tmp_path: Path):  # noqa: ANN201
+    """A Redis of the test's own, to take away while an agent consumes from it."""
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"redis://127.0.0.1:{port}/0"
+    wait_for(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                                    text=True).stdout.strip() == "PONG", 10, "the private Redis")
+    yield proc, url
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.slow  # ~20 s: the agent starts (torch) and its job reaches the load stage
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_stops_an_agent_mid_job_within_seconds_with_its_portal_and_broker_gone(
+        tmp_path: Path, start_agent, private_broker) -> None:  # noqa: ANN001
+    from celery import Celery
+
+    broker_proc, broker_url = private_broker
+    portal = PortalProcess()
+    portal.start()
+    model_dir = cached_model("qwen3-moe")
+    org = OrganizationFactory(slug=unique_slug("org"))
+    model = ModelReleaseFactory(slug=unique_slug("tiny-moe"), organization=org, config=model_config(model_dir))
+    hardware = HardwareFactory(slug=unique_slug("hw"), memory_bytes=8 * 10**9, devices_per_node=1,
+                               dtypes=["float32", "bfloat16"])
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / model.slug).symlink_to(model_dir)
+    token = make_token(organization=org, scopes=[Scope.AGENT], hardware=hardware, name="agent")
+    job = JobFactory(model=model, hardware=hardware, state=JobState.QUEUED,
+                     spec={"stages": ["plan", "load", "inventory", "align", "env"], "dtype": "float32"})
+    do_transition_job(job, JobState.DISPATCHED)
+    sender = Celery("private-portal", broker=broker_url)
+    sender.send_task(dispatch.AGENT_TASK_NAME, args=[job.pk, dispatch.task_payload(Job.objects.get(pk=job.pk))],
+                     queue=dispatch.queue_for(hardware.slug))
+    spool_root = tmp_path / "spool"
+    agent = start_agent(hardware.slug, token.secret, models_dir=tmp_path / "models", spool_dir=spool_root,
+                        broker=broker_url, portal_url=portal.url, extra_env={"DAY0_AGENT_STOP_SECONDS": "3"})
+    try:
+        wait_for(lambda: JobEvent.objects.filter(job=job, kind="stage_started", stage="load").exists(), 120,
+                 "the load stage to start", agent)
+        portal.stop()
+        broker_proc.kill()
+        broker_proc.wait()
+        started = time.monotonic()
+        os.killpg(agent.proc.pid, signal.SIGTERM)
+        agent.proc.wait(timeout=30)
+        took = time.monotonic() - started
+    finally:
+        portal.stop()
+    print(f"agent stopped {took:.1f} s after SIGTERM")
+    assert took < 6, f"the agent took {took:.1f} s to stop\n{agent.log()}"
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING  # the portal re-queues it when it sees it gone
+    spooled = list(spool_root.rglob(f"job-{job.pk}.events.jsonl"))
+    assert spooled and spooled[0].read_text().strip(), "undelivered events stay on disk for the next start"
+
+
+def demo_process(tmp_path: Path) -> tuple[subprocess.Popen, list[str]]:
+    """``day0 demo`` with its agent, followed until the demo job runs; returns the process and its output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_") or k == "DAY0_TEST_MODELS_DIR"}
+    process = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(free_port()),
+                                "--data-dir", str(tmp_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if re.search(r"job \d+: running", line):
+            return process, lines
+    process.kill()
+    pytest.fail("the demo job never ran:\n" + "".join(lines[-40:]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_day0_demo_stops_within_seconds_and_takes_every_process_it_started(tmp_path: Path, how: str) -> None:
+    process, lines = demo_process(tmp_path)
+    started = descendants(process.pid)
+    assert len(started) >= 3, started  # the portal, its worker and the agent (and what they started)
+    ps = subprocess.run(["ps", "-eo", "pid,args", "ww"], capture_output=True, text=True).stdout
+    agent_lines = [line for line in ps.splitlines() if " agent --hardware" in line]
+    assert agent_lines and all("--token" not in line for line in agent_lines), agent_lines
+    t0 = time.monotonic()
+    process.send_signal(getattr(signal, how))
+    process.wait(timeout=30)
+    exited = time.monotonic() - t0
+    left = wait_gone(started, 10)
+    took = time.monotonic() - t0
+    assert not left, f"still running {took:.1f} s after {how}: {left}"
+    if how == "SIGTERM":
+        assert exited < 8, f"the demo took {exited:.1f} s to exit"
+    assert took < 10, f"its processes took {took:.1f} s to end"
