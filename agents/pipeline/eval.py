@@ -12,8 +12,8 @@ target ≤ reference × (1 + rtol)); the needle test also needs the target's acc
 the reference's. The Wilson 95 % lower bound of each accuracy is reported beside it.
 
 Options (the job's ``bench`` settings): ``eval_tasks`` (subset of TASKS), ``eval_limit`` (first N documents per
-task), ``eval_needle_lengths`` (prompt tokens; default: doubling from 256 up to ``eval_needle_max_length``,
-1024, never past the served context), ``eval_needle_depths`` (percent), ``eval_needle_samples`` (items per
+task), ``eval_needle_lengths`` (prompt tokens; default: doubling from 256, then ``eval_needle_max_length``
+(1024) itself, never past the served context), ``eval_needle_depths`` (percent), ``eval_needle_samples`` (items per
 cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight)."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def options(ctx: StageContext, context_length: int) -> dict[str, Any]:
     max_length = min(_int_option(bench, "eval_needle_max_length", 1024) or 1024, room)
     lengths = _int_list(bench, "eval_needle_lengths", 64, 1 << 20)
     if lengths is None:
-        lengths = [n for n in (256 * 2**i for i in range(16)) if n <= max_length] or [max_length]
+        lengths = [n for n in (256 * 2**i for i in range(16)) if n < max_length] + [max_length]  # up to the bound
     elif lengths[-1] > room:
         raise StageFailed(f"eval option eval_needle_lengths: {lengths[-1]} tokens plus the answer's "
                           f"{NEEDLE_MAX_TOKENS} do not fit the served context of {context_length}")
