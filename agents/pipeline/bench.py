@@ -9,7 +9,7 @@ from agents.pipeline import serve
 from agents.pipeline.base import StageContext, StageFailed
 
 DEFAULTS: dict[str, Any] = {
-    "concurrency": [1, 4],
+    "concurrency": [1, 2, 4],  # a baseline sweeps at least 3 levels (verdicts: bench_min_concurrency_levels)
     "input_len": 32,
     "output_len": 16,
     "num_prompts": 8,

@@ -24,6 +24,7 @@ PERCENTILES: tuple[str, ...] = ("p50", "p90", "p99")
 CLAIM_KEYS: dict[str, str] = {"plan": "fits", "load": "ok", "align": "passed", "serve": "text_path_ok",
                               "eval": "passed"}
 LOWER_IS_BETTER = ("perplexity", "ppl", "loss", "error", "wer", "cer")
+HIGHER_IS_BETTER = ("acc", "exact", "match", "f1", "bleu", "rouge", "pass", "score")
 
 
 @dataclass(frozen=True)
@@ -387,9 +388,13 @@ def _align(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Contex
 def _serve(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
     checks = s.get("checks") if isinstance(s.get("checks"), list) else []
     failed_checks = [c.get("name") for c in checks if isinstance(c, Mapping) and c.get("ok") is False]
+    ready = _number(s.get("ready_seconds"))
+    if ready is None or ready < 0 or not isinstance(s.get("endpoint"), str) or not s.get("endpoint"):
+        v.missing("ready_seconds and endpoint missing (the server was never shown ready)")
     if s.get("text_path_ok") is not True:
         v.missing("text path not answered") if s.get("text_path_ok") is None else v.fail("text path failed")
-    has_template = ctx.model.has_chat_template or s.get("has_chat_template") is True
+    # the model's facts, or the serve stage's own finding (``chat_template``: where the template was found)
+    has_template = ctx.model.has_chat_template or s.get("has_chat_template") is True or bool(s.get("chat_template"))
     if has_template:
         if s.get("chat_path_ok") is None:
             v.missing("chat path not exercised although the model has a chat template")
@@ -492,7 +497,10 @@ def _eval(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
             task_rtol = rtol
             if _number(row.get("rtol")) is not None and row["rtol"] != rtol:
                 v.note(f"task {name}: its own rtol {row['rtol']} ignored; the job's is {rtol:g}")
-            if any(word in metric.lower() for word in LOWER_IS_BETTER):
+            lower = any(word in metric.lower() for word in LOWER_IS_BETTER)
+            if not lower and not any(word in metric.lower() for word in HIGHER_IS_BETTER):
+                lower = row.get("higher_is_better") is False  # a metric the judge does not know: its own word
+            if lower:
                 if target > ref * (1 + task_rtol):
                     v.fail(f"task {name} {metric} {_text(target)} is above reference {_text(ref)} × (1 + {task_rtol:g})")
             elif target < ref * (1 - task_rtol):

@@ -35,7 +35,9 @@ PASSING: dict[str, dict[str, Any]] = {
                                        "near_tie": True}],
                       "perplexity_ref": 12.1, "perplexity_target": 12.1},
               "kv_cache": {"lengths": [512, 2048], "max_abs_err": 1e-5, "passed": True}},
-    "serve": {"ready_seconds": 3.2, "endpoint": "http://127.0.0.1:8100", "text_path_ok": True},
+    "serve": {"ready_seconds": 3.2, "endpoint": "http://127.0.0.1:8100", "text_path_ok": True,
+              "checks": [{"name": "completions", "ok": True, "detail": " Paris"},
+                         {"name": "completions_stream", "ok": True, "detail": "9 chunks"}]},
     "bench": {"runs": [
         {"concurrency": c, "ttft_ms": {"mean": 50.0 * c, "p50": 48.0 * c, "p90": 60.0 * c, "p99": 70.0 * c},
          "tpot_ms": {"mean": 10.0, "p50": 9.5, "p90": 12.0, "p99": 15.0},
@@ -58,7 +60,7 @@ FAILING_PATCH: dict[str, dict[str, Any]] = {
     # 32 heads do not split over tp=3: the portal's planner finds no valid plan
     "plan": {"fits": False, "plan": {"tp": 3, "pp": 1, "ep": 1, "devices": 3}},
     "load": {"ok": False, "problems": [{"tensor": "model.layers.0.mlp.up_proj.weight", "problem": "shape mismatch"}]},
-    "serve": {"text_path_ok": False},
+    "serve": {"text_path_ok": False, "checks": [{"name": "completions", "ok": False, "detail": "HTTP 500"}]},
     "align": {"passed": False, "layers": [{"layer": i, "cosine": 0.9999 if i < 17 else 0.95, "max_rel_err": 0.2,
                                            "passed": i < 17} for i in range(22)]},
     "bench": {"runs": [{**run, "failed": 8, "completed": 0, "output_tok_s": 0.0} for run in PASSING["bench"]["runs"]]},
