@@ -9,9 +9,9 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
+from agents.pipeline.tiers import compute_tier
 from apps.jobs.choices import JobState
 from apps.jobs.services import do_record_job_results, do_transition_job
-from agents.pipeline.tiers import compute_tier
 from apps.matrix.models import Cell
 from apps.matrix.services import tier_times
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory
@@ -95,7 +95,7 @@ def test_tier_time_rule_is_monotone_for_all_720_orders_of_stage_arrival() -> Non
             reached = tier_times(reached, compute_tier({s: True for s in times}), times, now)
         got = [datetime.fromisoformat(reached[str(t)]) for t in range(1, 7)]
         assert got == sorted(got), order
-        for level, stage in enumerate(GATES, 1):  # no earlier than its gate's evidence and every gate below
+        for level in range(1, len(GATES) + 1):  # no earlier than its gate's evidence and every gate below
             assert got[level - 1] >= max(times[s] for s in GATES[:level])
 
 

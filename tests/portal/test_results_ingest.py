@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from agents.pipeline.thresholds import DEFAULTS_VERSION
-
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
