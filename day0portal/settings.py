@@ -198,6 +198,8 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",  # operations grouped by resource (jobs, models, …), not all under "v1"
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "apps.core.api.schema.add_summaries_and_enums"],
 }
 # Swagger UI served from this process, not a CDN (works offline).
 INSTALLED_APPS.append("drf_spectacular_sidecar")

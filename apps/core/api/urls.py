@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import importlib
 
-from rest_framework.routers import DefaultRouter
+from apps.core.api.root import PortalRouter
 
 API_MODULES: tuple[str, ...] = ("apps.accounts.api.urls", "apps.catalog.api.urls", "apps.fleet.api.urls",
                                 "apps.jobs.api.urls", "apps.matrix.api.urls", "apps.benchmarks.api.urls")
 
 
-router = DefaultRouter()
+router = PortalRouter()
 urlpatterns: list = []
 for _name in API_MODULES:
     _module = importlib.import_module(_name)
