@@ -56,7 +56,7 @@ class Tokenizer:
         self.chat_template: str | None = template
         self._compiled = None
         self.eos_token_ids = self._eos_ids(model_dir)
-        self._token_texts: dict[int, str] = {}
+        self._token_texts: dict[int, tuple[str, str]] = {}
         self._max_token_chars: int | None = None
 
     def _eos_ids(self, model_dir: Path) -> set[int]:
@@ -95,12 +95,19 @@ class Tokenizer:
 
     def token_text(self, token_id: int) -> str:
         """The text of one token as it stands alone (special tokens included), for logprobs listings."""
-        text = self._token_texts.get(token_id)
-        if text is None:
-            text = self.decode([token_id], skip_special_tokens=False)
+        return self._texts(token_id)[0]
+
+    def visible_len(self, token_id: int) -> int:
+        """Characters the token adds to decoded text (0 for a special token such as BOS): text offsets."""
+        return len(self._texts(token_id)[1])
+
+    def _texts(self, token_id: int) -> tuple[str, str]:
+        texts = self._token_texts.get(token_id)
+        if texts is None:
+            texts = (self.decode([token_id], skip_special_tokens=False), self.decode([token_id]))
             if len(self._token_texts) < 1 << 20:
-                self._token_texts[token_id] = text
-        return text
+                self._token_texts[token_id] = texts
+        return texts
 
     @property
     def max_token_chars(self) -> int:

@@ -113,7 +113,8 @@ def create_app(
             raise APIError(400, str(exc), "prompt") from exc
         except QueueFullError as exc:
             raise APIError(429, str(exc), err_type="rate_limit_exceeded") from exc
-        renderer = renderer_cls(model_name, request.state.request_id, gen, choices, engine.tokenizer.token_text)
+        tok = engine.tokenizer
+        renderer = renderer_cls(model_name, request.state.request_id, gen, choices, tok.token_text, tok.visible_len)
         if gen.stream:
             return SSEResponse(renderer.stream(group), group)
         outputs = await collect_unless_disconnected(request, group)

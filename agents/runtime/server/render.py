@@ -52,6 +52,7 @@ class Renderer:
         gen: Generation,
         choices: list[Choice],
         token_text: Callable[[int], str],
+        visible_len: Callable[[int], int],
     ) -> None:
         self.model = model
         self.id = f"{self.prefix}-{request_id}"
@@ -59,6 +60,7 @@ class Renderer:
         self.gen = gen
         self.choices = choices
         self.token_text = token_text
+        self.visible_len = visible_len
         self._logprobs: dict[int, LegacyLogprobs] = {}  # per streamed choice: its text offsets continue
 
     def body(self, kind: str, choices: list[dict[str, Any]], usage_: dict[str, int] | None = None) -> dict:
@@ -136,7 +138,7 @@ class Renderer:
 
     def _stream_logprobs(self, index: int) -> LegacyLogprobs:
         if index not in self._logprobs:
-            self._logprobs[index] = LegacyLogprobs(self.token_text)
+            self._logprobs[index] = LegacyLogprobs(self.token_text, self.visible_len)
         return self._logprobs[index]
 
     def whole_choice(self, choice: Choice, outs: list[RequestOutput]) -> dict[str, Any]:
@@ -147,7 +149,7 @@ class Renderer:
             if self.gen.echo:
                 prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
                 entries = self.prompt_entries(choice, prompt_lps) + entries
-            block = LegacyLogprobs(self.token_text).block(entries)
+            block = LegacyLogprobs(self.token_text, self.visible_len).block(entries)
         return {"index": choice.index, "text": text, "logprobs": block, "finish_reason": outs[-1].finish_reason}
 
     def delta_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
@@ -159,11 +161,12 @@ class Renderer:
 
 class LegacyLogprobs:
     """The completions format: parallel lists ``tokens``, ``token_logprobs``, ``top_logprobs`` (token text ->
-    logprob: the top alternatives and the chosen token) and ``text_offset`` (character offsets, continuing
-    across the chunks of one choice)."""
+    logprob: the top alternatives and the chosen token) and ``text_offset`` (where each token starts in the
+    choice's text, continuing across the chunks of one choice; a special token such as BOS adds no text)."""
 
-    def __init__(self, token_text: Callable[[int], str]) -> None:
+    def __init__(self, token_text: Callable[[int], str], visible_len: Callable[[int], int]) -> None:
         self.token_text = token_text
+        self.visible_len = visible_len
         self.offset = 0
 
     def block(self, entries: list[tuple[int, TokenLogprob | None]]) -> dict[str, list[Any]]:
@@ -175,7 +178,7 @@ class LegacyLogprobs:
             text = self.token_text(token_id)
             tokens.append(text)
             offsets.append(self.offset)
-            self.offset += len(text)
+            self.offset += self.visible_len(token_id)
             if lp is None:
                 token_logprobs.append(None)
                 top_logprobs.append(None)
