@@ -42,6 +42,28 @@ def target_model(ctx: StageContext) -> Any:
     return result.model
 
 
+def fp32_target(ctx: StageContext) -> Any:
+    """The runtime model in fp32 on the job's device: the target itself when it is fp32, else loaded once and
+    kept in ``ctx.shared["model_fp32"]`` (the layer report and the KV-cache check share it)."""
+    model = ctx.shared.get("model_fp32")
+    if model is not None:
+        return model
+    target = ctx.shared.get("model")
+    first = next(iter(target.parameters()), None) if hasattr(target, "parameters") else None
+    if first is not None and first.dtype == torch.float32:
+        return target
+    if ctx.model_dir is None:
+        raise StageFailed(f"{ctx.current_stage} needs the model's weights in fp32, but this job has no model directory")
+    from agents.runtime.loader import LoadError, load_model
+
+    try:
+        model = load_model(ctx.model_dir, dtype="float32", device=ctx.device, stats=False).model
+    except LoadError as exc:
+        raise StageFailed(f"cannot load the model in fp32: {exc}") from exc
+    ctx.shared["model_fp32"] = model
+    return model
+
+
 def _check_reference_fits(ctx: StageContext) -> None:
     """The fp32 reference must fit in this host's available memory; say so up front rather than swap or die."""
     params = (ctx.results.get("plan") or {}).get("params_total")

@@ -2,7 +2,12 @@
 same sequences in one no-cache forward, so at every step both sides see the same prefix. Up to the first
 divergence this is exactly the target's own greedy decode; past it, the comparison stays meaningful:
 a step where the tokens differ is a near-tie when each side's token is within the other's top-k. The e2e
-check passes when every step matches or is a near-tie, and the perplexity of a fixed text agrees."""
+check passes when every step matches or is a near-tie, and the perplexity of a fixed text agrees.
+
+A continuation ends at the end-of-sequence token on either side: the reference stops after emitting one (the
+EOS step itself is compared), and the comparison of a prompt stops at the first step where the target predicts
+EOS — past it the target would have stopped, and what the reference generates there is not compared with
+anything the target would say. Each prompt records why it stopped (``stopped``)."""
 
 from __future__ import annotations
 
@@ -52,14 +57,42 @@ def compare_step(ref_logits: torch.Tensor, target_logits: torch.Tensor, ref_toke
     return target_token, target_token in ref_top and ref_token in target_top
 
 
-def reference_greedy(ref: torch.nn.Module, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    """The reference's greedy continuation (no cache, whole sequence each step) and each step's logits [V]."""
+def eos_token_ids(ctx: StageContext) -> set[int]:
+    """The model's end-of-sequence ids: ``config.json``, ``generation_config.json`` and the tokenizer's."""
+    import json
+
+    ids: set[int] = set()
+
+    def add(value: Any) -> None:
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and not isinstance(v, bool):
+                ids.add(v)
+
+    add(ctx.config.get("eos_token_id"))
+    gen = ctx.model_dir / "generation_config.json" if ctx.model_dir is not None else None
+    if gen is not None and gen.is_file():
+        try:
+            add(json.loads(gen.read_text()).get("eos_token_id"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    tok = tokenizer(ctx)
+    if tok is not None:
+        add(getattr(tok, "eos_token_id", None))
+    return ids
+
+
+def reference_greedy(ref: torch.nn.Module, prompt: list[int], steps: int, eos: set[int] | frozenset[int] = frozenset(),
+                     ) -> tuple[list[int], list[torch.Tensor]]:
+    """The reference's greedy continuation (no cache, whole sequence each step) and each step's logits [V],
+    ending after an end-of-sequence token."""
     seq = list(prompt)
     step_logits: list[torch.Tensor] = []
     for _ in range(steps):
         logits, _ = reference_forward(ref, seq)
         step_logits.append(logits[-1])  # [V]
         seq.append(int(logits[-1].argmax()))
+        if seq[-1] in eos:
+            break
     return seq[len(prompt):], step_logits
 
 
@@ -68,25 +101,31 @@ def run_e2e(ctx: StageContext, target: Any, ref: torch.nn.Module, thresholds: di
     """The ``e2e`` block of the align section, and notes."""
     k = int(thresholds["e2e_top_k"])
     prompts, notes = encode(ctx, list(PROMPTS), chat=CHAT)
+    eos = eos_token_ids(ctx)
     ref_runs = []
     for prompt in prompts:
         ctx.check_cancelled()
-        ref_runs.append(reference_greedy(ref, prompt, new_tokens))
+        ref_runs.append(reference_greedy(ref, prompt, new_tokens, eos))
     # target: the prompt plus the reference's tokens (the last one needs no prediction)
     scored = [prompt + tokens[:-1] for prompt, (tokens, _) in zip(prompts, ref_runs, strict=True)]
     target_logits, _ = target_forward(ctx, target, scored)
 
     divergences: list[dict[str, Any]] = []
     first: list[int | None] = []
-    matches = hard = 0
+    stopped: list[str] = []
+    matches = hard = compared = 0
     logits_err = 0.0
     for p, (prompt, (ref_tokens, ref_logits)) in enumerate(zip(prompts, ref_runs, strict=True)):
         tgt = target_logits[p][len(prompt) - 1:]  # [new_tokens, V]: predictions of each generated position
         first.append(None)
+        stopped.append("eos_reference" if ref_tokens and ref_tokens[-1] in eos else "max_tokens")
         recorded = 0
         for pos, ref_token in enumerate(ref_tokens):
+            compared += 1
             logits_err = max(logits_err, float((tgt[pos] - ref_logits[pos]).abs().max()))
             target_token, near_tie = compare_step(ref_logits[pos], tgt[pos], ref_token, k)
+            if target_token in eos and ref_token not in eos:
+                stopped[p] = "eos_target"  # the target ends here: nothing after this step is compared
             if target_token == ref_token:
                 matches += 1
                 continue
@@ -99,7 +138,9 @@ def run_e2e(ctx: StageContext, target: Any, ref: torch.nn.Module, thresholds: di
                 divergences.append({"prompt": p, "position": pos, "ref_token": ref_token,
                                     "target_token": target_token, "ref_top5": ref_top, "target_top5": tgt_top,
                                     "near_tie": near_tie})
-    total = sum(len(tokens) for tokens, _ in ref_runs)
+            if stopped[p] == "eos_target":
+                break
+    total = compared
     if total - matches > len(divergences):
         notes.append(f"{total - matches} divergent steps; {len(divergences)} recorded (the first "
                      f"{MAX_RECORDED_PER_PROMPT} of each prompt)")
@@ -116,9 +157,12 @@ def run_e2e(ctx: StageContext, target: Any, ref: torch.nn.Module, thresholds: di
         "new_tokens": new_tokens,
         "prompt_texts": list(PROMPTS),
         "ref_texts": [_text(ctx, tokens) for tokens, _ in ref_runs],
+        "ref_tokens": [len(tokens) for tokens, _ in ref_runs],
         "token_match_rate": matches / total if total else 1.0,
         "exact": matches == total,
         "first_divergence": first,
+        "stopped": stopped,
+        "eos_token_ids": sorted(eos),
         "divergences": divergences,
         "hard_divergences": hard,
         "logits_max_abs_err": logits_err,

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.base import StageContext
 
 DEFAULT_THRESHOLD = 1e-4
 BLOCK_SIZE = 16
@@ -18,19 +18,9 @@ PREFILL_CHUNK = 37  # deliberately not a multiple of the block size
 
 
 def _fp32_model(ctx: StageContext) -> Any:
-    model = ctx.shared.get("model")
-    if model is not None:
-        params = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-        if params is not None and params.dtype == torch.float32:
-            return model
-    if ctx.model_dir is None:
-        raise StageFailed("the KV-cache check needs the model's weights, but this job has no model directory")
-    from agents.runtime.loader import LoadError, load_model
+    from agents.pipeline.align_common import fp32_target
 
-    try:
-        return load_model(ctx.model_dir, dtype="float32", device=ctx.device).model
-    except LoadError as exc:
-        raise StageFailed(f"cannot load the model in fp32 for the KV-cache check: {exc}") from exc
+    return fp32_target(ctx)
 
 
 def check_lengths(context: int, cap: int) -> list[int]:

@@ -1,6 +1,11 @@
 """Per-layer alignment: the hidden state after every decoder block, target against the reference, on the
 fixed prompts. ``cosine`` is the worst per-token cosine similarity (a fault at one position shows);
-``max_rel_err`` is the largest absolute difference over the reference's largest magnitude in that layer."""
+``max_rel_err`` is the largest absolute difference over the reference's largest magnitude in that layer.
+
+When the target runs in a lower precision (bf16, fp16), the rows compare it with the fp32 reference layer by
+layer, and each row also carries ``fp32_cosine``: the runtime itself in fp32 at that layer. Real weights show
+what random ones never do (large activations in a few middle layers cost bf16 most there); the pair tells a
+precision loss (``fp32_cosine`` ≈ 1) from an implementation fault (both low)."""
 
 from __future__ import annotations
 
@@ -41,6 +46,12 @@ def run_layers(ctx: StageContext, target: Any, ref: torch.nn.Module, seqs: list[
     notes: list[str] = []
     if len(target_layers) != num_layers:
         notes.append(f"the target reported {len(target_layers)} layers, the reference has {num_layers}")
+    fp32_layers = None
+    if ctx.dtype != "float32":
+        from agents.pipeline.align_common import fp32_target
+
+        _, fp32_layers = target_forward(ctx, fp32_target(ctx), seqs, hidden_states=True)
+        notes.append(f"layers: the {ctx.dtype} target against the fp32 reference; fp32_cosine is the runtime in fp32")
     rows: list[dict[str, Any]] = []
     limit = thresholds["layer_cosine"]
     max_rel = thresholds.get("layer_max_rel_err")  # optional gate, off unless a job sets it
@@ -50,7 +61,9 @@ def run_layers(ctx: StageContext, target: Any, ref: torch.nn.Module, seqs: list[
             rows.append({"layer": i, "cosine": None, "max_rel_err": None, "max_abs_err": None, "passed": False,
                          "problem": f"target hidden state shape {got}, reference {tuple(ref_layers[i].shape)}"})
             continue
-        row = {"layer": i, **compare(target_layers[i], ref_layers[i])}
+        row = {"layer": i, **compare(target_layers[i], ref_layers[i]), "dtype": ctx.dtype}
+        if fp32_layers is not None and i < len(fp32_layers):
+            row["fp32_cosine"] = compare(fp32_layers[i], ref_layers[i])["cosine"]
         row["passed"] = row["cosine"] >= limit and (max_rel is None or row["max_rel_err"] <= max_rel)
         rows.append(row)
     return rows, notes

@@ -13,9 +13,11 @@ check and says so.
 
 Inputs are drawn in float32, rounded once to the module's dtype, and both sides start from the rounded values.
 Metrics per operator over the whole output (``a`` reference, ``b`` target, float64): ``cosine``; ``max_abs_err``;
-``max_rel_err`` = ``max |a - b| / max(max |a|, eps)`` (normwise: elementwise ratios explode near zero). Routers
-report ``topk_agreement``: the share of tokens whose expert set is the same on both sides; a disagreement where
-the reference's k-th and (k+1)-th scores are within ``near_tie_margin`` is a near-tie and does not fail."""
+``max_rel_err`` = ``max |a - b| / max(max |a|, eps)`` (normwise: elementwise ratios explode near zero). A router's
+output is compared as the dense ``[tokens, experts]`` gate matrix (zero where an expert is not chosen), so a
+different expert choice shows in the numbers; it also reports ``topk_agreement``, the share of tokens whose expert
+set is the same on both sides. A disagreement where the reference's k-th and (k+1)-th scores are within
+``near_tie_margin`` is a near-tie: that token is left out and does not fail the check."""
 
 from __future__ import annotations
 
@@ -342,10 +344,13 @@ def check_router(probe: Probe, th: dict[str, float]) -> list[Row]:
     margin = top[:, k - 1] - (top[:, k] if k < top.shape[1] else float("-inf"))
     near_tie = margin < th["near_tie_margin"]
     hard = same[~near_tie].double().mean().item() if (~near_tie).any() else 1.0
-    if same.any():
-        metrics = compare(expected["weights"].gather(1, ref_order)[same], weights.gather(1, tgt_order)[same])
-    else:
-        metrics = {"cosine": 0.0, "max_rel_err": float("inf"), "max_abs_err": float("inf")}
+    # the router's output as a dense gate matrix [T, E] (zero for experts not chosen): a different choice is a
+    # large error there, so the numbers alone judge it; tokens that disagree only on a near-tie are left out
+    keep = same | ~near_tie
+    experts = expected["choice"].shape[1]
+    dense_ref = torch.zeros(TOKENS, experts, dtype=torch.float64).scatter_(1, expected["ids"], expected["weights"])
+    dense_tgt = torch.zeros(TOKENS, experts, dtype=torch.float64).scatter_(1, ids, weights)
+    metrics = compare(dense_ref[keep], dense_tgt[keep])
     row = {"op": "router", "module": type(probe.module).__name__, "where": probe.path, **metrics,
            "topk_agreement": same.double().mean().item(), "hard_topk_agreement": hard,
            "near_ties": int((near_tie & ~same).sum().item()), "rule": _router_rule(c)}

@@ -48,6 +48,9 @@ def test_a_moe_model_aligns_in_bfloat16_within_thresholds(make_ctx) -> None:
     assert report["failed_stage"] is None, report["error"]
     assert all(row["cosine"] >= 0.99 for row in align["layers"])
     assert all(d["near_tie"] for d in align["e2e"]["divergences"])  # bf16 may flip only near-ties
+    # layer by layer, bf16 against the fp32 reference, beside the runtime itself in fp32
+    assert all(row["dtype"] == "bfloat16" and row["fp32_cosine"] > 0.99999 for row in align["layers"])
+    assert all(row["cosine"] < row["fp32_cosine"] for row in align["layers"])
 
 
 def test_near_tie_needs_each_token_in_the_others_top_k() -> None:
@@ -67,7 +70,8 @@ def test_absent_parts_leave_align_incomplete_and_failed(make_ctx, monkeypatch) -
     align = report["stages"]["align"]
     assert report["failed_stage"] == "align" and align["passed"] is False and align["complete"] is False
     assert "kv_cache" not in align and "ops" not in align and align["missing"] == ["kv_cache", "ops"]
-    assert "incomplete: no kv_cache, ops evidence" in report["error"]
+    assert "align: ops missing" in report["error"] and "align: kv_cache missing" in report["error"]
+    assert report["verdicts"]["align"]["status"] == "incomplete"
     assert align["layers"] and align["e2e"]["passed"]  # what did run is kept
 
 
@@ -96,3 +100,42 @@ def test_a_part_that_crashes_fails_align_but_keeps_the_other_evidence(make_ctx, 
     assert report["failed_stage"] == "align" and align["passed"] is False
     assert align["layers"] and align["e2e"]["token_match_rate"] == 1.0
     assert "kv_cache check could not run (RuntimeError: block table overflow)" in report["error"]
+
+
+def _e2e(ctx, **config):
+    from agents.pipeline.align_common import align_thresholds, reference_model, target_model
+    from agents.pipeline.align_e2e import run_e2e
+
+    ctx.config = {**ctx.config, **config}
+    e2e, _ = run_e2e(ctx, target_model(ctx), reference_model(ctx), align_thresholds(ctx))
+    return e2e
+
+
+def test_e2e_stops_at_the_reference_end_of_sequence(make_ctx) -> None:
+    ctx, _ = make_ctx("llama")
+    baseline = _e2e(ctx)
+    assert baseline["ref_tokens"][0] == 16 and baseline["stopped"][0] == "max_tokens"
+    # make the reference's 4th generated token of prompt 0 an end-of-sequence token
+    from agents.pipeline.align_common import encode, reference_model
+    from agents.pipeline.align_e2e import PROMPTS, reference_greedy
+
+    prompt = encode(ctx, [PROMPTS[0]])[0][0]
+    tokens, _ = reference_greedy(reference_model(ctx), prompt, 16)
+    cut = next(i for i in range(3, 16) if tokens[i] not in tokens[:i])
+    e2e = _e2e(ctx, eos_token_id=[tokens[cut]])
+    assert e2e["ref_tokens"][0] == cut + 1 and e2e["stopped"][0] == "eos_reference"
+    assert tokens[cut] in e2e["eos_token_ids"]
+    assert e2e["tokens"] == sum(e2e["ref_tokens"]) and e2e["token_match_rate"] == 1.0
+
+
+def test_e2e_stops_where_the_target_ends_the_sequence(make_ctx) -> None:
+    ctx, _ = make_ctx("llama")
+    assert run_pipeline(ctx, ["load"])["failed_stage"] is None
+    _perturb(ctx.shared["model"], layer=1)
+    baseline = _e2e(ctx)
+    first = baseline["divergences"][0]
+    p, pos = first["prompt"], first["position"]
+    e2e = _e2e(ctx, eos_token_id=[first["target_token"]])  # the target now ends the sequence there
+    assert e2e["stopped"][p] == "eos_target"
+    assert max(d["position"] for d in e2e["divergences"] if d["prompt"] == p) == pos  # nothing compared past it
+    assert e2e["tokens"] < baseline["tokens"]
