@@ -116,8 +116,9 @@ def _first_unbounded_number(value: Any) -> float | None:
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model.slug", read_only=True)
     hardware = serializers.CharField(source="hardware.slug", read_only=True)
-    organization = serializers.CharField(source="organization.slug", read_only=True, default=None)
-    requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None)
+    organization = serializers.CharField(source="organization.slug", read_only=True, default=None, allow_null=True)
+    requested_by = serializers.CharField(source="requested_by.username", read_only=True, default=None,
+                                         allow_null=True)
     waiting_reason = serializers.SerializerMethodField(
         help_text="why a dispatched job is not claimed yet, once it waited DAY0_JOB_STUCK_SECONDS; else null")
     stuck = serializers.SerializerMethodField(help_text="true when waiting_reason is set")
