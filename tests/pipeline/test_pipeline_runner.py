@@ -80,3 +80,23 @@ def test_thresholds_are_checked_by_name_and_type() -> None:
         check_thresholds({"layer_cosin": 0.9})
     with pytest.raises(ValueError, match="op_cosine: None is not a number"):
         check_thresholds({"op_cosine": None})
+
+
+def test_the_report_claims_what_the_verdicts_judge_not_the_stages_own_flags(make_ctx, monkeypatch) -> None:
+    """A load section that says ok while naming a problem is judged by its numbers: failed, tier stays 1."""
+    import types
+
+    from agents.pipeline import load as real_load
+
+    def lenient(ctx):
+        section = real_load.run(ctx)
+        section["problems"] = [{"tensor": "model.norm.weight", "problem": "3 NaN values"}]  # ok stays True
+        return section
+
+    monkeypatch.setitem(sys.modules, "agents.pipeline.load", types.SimpleNamespace(run=lenient))
+    ctx, _ = make_ctx("llama")
+    report = run_pipeline(ctx, ["plan", "load"])
+    assert report["stages"]["load"]["ok"] is True  # the claim is kept as written
+    assert report["verdicts"]["plan"]["status"] == "pass" and report["verdicts"]["load"]["status"] == "fail"
+    assert report["failed_stage"] == "load" and report["tier"] == 1
+    assert "model.norm.weight: 3 NaN values" in report["error"]
