@@ -18,6 +18,7 @@ import torch
 
 from agents.runtime.engine import LLMEngine, SamplingParams
 from agents.runtime.testing.make_model import cached_model
+from tests.runtime.served import wait_until_ready
 
 pytestmark = [
     pytest.mark.gpu,
@@ -137,15 +138,7 @@ def test_tensor_parallel_over_nccl_matches_one_gpu(tmp_path):
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        assert proc.poll() is None, log.read_text()[-3000:]
+        wait_until_ready(url, proc, log, timeout=180)
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "The quick brown fox", "max_tokens": 8,
                                                       "temperature": 0, "ignore_eos": True}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == alone.text

@@ -9,15 +9,14 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
 from agents.runtime.server.launcher import free_port
 from agents.runtime.testing.make_model import cached_model
+from tests.runtime.served import wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 SUITES = REPO / "agents" / "pipeline" / "eval_suites"  # the project's own suites, when present
@@ -63,19 +62,6 @@ def _tasks(root: Path) -> list[str]:
     return list(data)
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError("server not ready: " + log.read_text()[-3000:])
-
-
 def _encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:  # noqa: ANN001
     """lm-eval's own split: trailing spaces of the context move to the continuation; tokens of the whole."""
     spaces = len(context) - len(context.rstrip())
@@ -106,7 +92,7 @@ def test_lm_eval_local_completions_runs_against_day0_serve(tmp_path):
             [sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--port", str(port), "--num-blocks",
              "256", "--served-model-name", "tiny"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     try:
-        _wait_ready(url, server, log)
+        wait_until_ready(url, server, log)
         results_dir = tmp_path / "results"
         run = subprocess.run(
             [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
