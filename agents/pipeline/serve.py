@@ -1,8 +1,8 @@
 """The ``serve`` stage: start ``day0 serve`` on the model as a subprocess on a free port, wait for ``/ready``,
 exercise the text path through ``/v1/completions`` (plain and streamed) and, whenever the model has a chat
 template (``tokenizer_config.json``'s ``chat_template``, or ``chat_template.jinja`` as transformers 5 saves it),
-``/v1/chat/completions`` — checking that the server rendered the conversation into exactly the tokens
-``transformers``' own ``apply_chat_template`` gives. The server stays up in ``ctx.shared["server"]`` for the
+``/v1/chat/completions`` — checking that the server rendered the conversation into as many prompt tokens as
+``transformers``' own ``apply_chat_template`` gives (the response's usage says how many the model was sent). The server stays up in ``ctx.shared["server"]`` for the
 bench stage; ``stop(ctx)`` (also run at exit) ends it."""
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class ServerProcess:
             *(extra_args or []),
         ]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env.pop("DAY0_API_KEY", None)  # the stage's own server on 127.0.0.1: its clients send no API key
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.started = time.monotonic()
@@ -252,6 +253,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "text_path_ok": text_ok,
         "chat_path_ok": chat_ok,
         "chat_template": template,
+        "has_chat_template": template is not None,
         "checks": checks,
         "notes": notes,
     }
