@@ -83,7 +83,7 @@ def test_adapt_takes_a_manifest_file(model_dir: Path, tmp_path: Path, capsys) ->
 
 @pytest.mark.parametrize(("content", "message"), [
     ("{not json", "not valid JSON"),
-    ('[{"name": "x.safetensors", "sha256": "12"}]', "sha256 (x.safetensors) must be 64 hex digits"),
+    ('[{"name": "x.safetensors", "sha256": "12"}]', "sha256 (x.safetensors) must be 64 hexadecimal digits"),
 ])
 def test_adapt_refuses_a_bad_manifest_file_naming_it(model_dir: Path, tmp_path: Path, capsys, content, message):
     bad = tmp_path / "bad.json"

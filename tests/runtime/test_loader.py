@@ -254,9 +254,9 @@ def test_manifest_is_checked(model_dir):
     ([], "empty"),
     ("abc", "must be a list"),
     ([{"name": "a/b.safetensors", "sha256": "0" * 64}], "manifest[0].name"),
-    ([{"name": "x.safetensors", "sha256": "xyz"}], "manifest[0].sha256 (x.safetensors) must be 64 hex"),
+    ([{"name": "x.safetensors", "sha256": "xyz"}], "manifest[0].sha256 (x.safetensors) must be 64 hexadecimal"),
     ([{"name": "x.safetensors", "sha256": "0" * 64, "size": -1}], "manifest[0].size"),
-    ([{"name": "x.safetensors", "sha256": "0" * 64, "mtime": 3}], "unknown key(s) mtime"),
+    ([{"name": "x.safetensors", "sha256": "0" * 64, "mtime": 3}], "unknown keys ['mtime']"),
 ])
 def test_a_malformed_manifest_is_refused_before_loading(model_dir, manifest, message):
     _refused(model_dir, "checksum manifest", message, manifest=manifest)

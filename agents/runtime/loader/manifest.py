@@ -8,7 +8,6 @@ either side), each naming the shard and both values."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 from agents.runtime.loader.checkpoint import Checkpoint
 from agents.runtime.loader.hashing import ShardHasher
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 MAX_ENTRIES = 100_000  # a checkpoint with more shards than this is not a checkpoint
 
 
@@ -37,38 +35,21 @@ def build_manifest(model_dir: Path | str, *, use_cache: bool = True) -> list[dic
 
 
 def parse_manifest(value: Any) -> dict[str, ManifestEntry]:
-    """{shard name: entry} from a manifest document; a ValueError names what is wrong."""
+    """{shard name: entry} from a manifest document; a ValueError names what is wrong. The list is validated by
+    the one manifest rule the portal judges with (``agents.pipeline.verdicts.check_manifest``, pure Python)."""
+    from agents.pipeline.verdicts import check_manifest
+
     if isinstance(value, Mapping) and ("files" in value or "manifest" in value):
         value = value.get("files", value.get("manifest"))
-    entries: dict[str, ManifestEntry] = {}
-    if isinstance(value, Mapping):  # {name: sha256}
-        items: list[Any] = [{"name": k, "sha256": v} for k, v in value.items()]
-    elif isinstance(value, list):
-        items = value
-    else:
-        raise ValueError(f"manifest must be a list of {{name, size, sha256}} objects, got {type(value).__name__}")
-    if not items:
+    if isinstance(value, Mapping):  # the older {name: sha256} form
+        value = [{"name": k, "sha256": v} for k, v in value.items()]
+    if isinstance(value, list) and not value:
         raise ValueError("manifest is empty: it must list every weight file")
-    if len(items) > MAX_ENTRIES:
-        raise ValueError(f"manifest lists {len(items)} files, more than {MAX_ENTRIES}")
-    for i, item in enumerate(items):
-        where = f"manifest[{i}]"
-        if not isinstance(item, Mapping):
-            raise ValueError(f"{where} is not an object with name, size and sha256")
-        unknown = sorted(set(item) - {"name", "size", "sha256"})
-        if unknown:
-            raise ValueError(f"{where} has unknown key(s) {', '.join(unknown)} (expected name, size, sha256)")
-        name, digest, size = item.get("name"), item.get("sha256"), item.get("size")
-        if not isinstance(name, str) or not name or Path(name).name != name:
-            raise ValueError(f"{where}.name must be a file name without directories, got {name!r}")
-        if not isinstance(digest, str) or not _SHA256.match(digest.lower()):
-            raise ValueError(f"{where}.sha256 ({name}) must be 64 hex digits, got {digest!r}")
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
-            raise ValueError(f"{where}.size ({name}) must be a non-negative integer of bytes, got {size!r}")
-        if name in entries:
-            raise ValueError(f"{where}.name {name!r} is listed twice")
-        entries[name] = ManifestEntry(name, digest.lower(), size)
-    return entries
+    try:
+        entries = check_manifest(value, max_files=MAX_ENTRIES)
+    except ValueError as exc:
+        raise ValueError(f"manifest{exc}" if str(exc).startswith("[") else f"manifest {exc}") from None
+    return {e["name"]: ManifestEntry(e["name"], e["sha256"], e["size"]) for e in entries}
 
 
 def compare_manifest(shards: list[dict[str, Any]], manifest: Mapping[str, ManifestEntry]) -> list[dict[str, Any]]:
