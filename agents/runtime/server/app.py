@@ -120,7 +120,9 @@ def create_app(
         outputs = await collect_unless_disconnected(request, group)
         if outputs is None:
             return Response(status_code=499)  # the client left; nobody reads this
-        return JSONResponse(renderer.whole(outputs))
+        if gen.logprobs is None:
+            return JSONResponse(renderer.whole(outputs))
+        return JSONResponse(await run_in_threadpool(renderer.whole, outputs))  # token texts of every position
 
     async def completions(request: Request) -> Response:
         engine = ready_engine()
