@@ -25,6 +25,7 @@ from apps.benchmarks.regressions import (
 )
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
+from apps.core.validators import as_utc
 from apps.evidence.models import BenchmarkPoint, BenchmarkRun
 
 # Runs one request may read; a wider query must be narrowed (by model, hardware or since).
@@ -125,7 +126,10 @@ def _parse_time(name: str, raw: str) -> datetime:
         raise SeriesQueryError(name, f"{name} is not a valid date: {raw!r} ({exc})") from None
     if value is None:
         raise SeriesQueryError(name, f"{name} must be an ISO date or date-time, got {raw!r}")
-    return make_aware(value) if is_naive(value) else value
+    try:  # in UTC: PostgreSQL refuses offsets beyond ±15:59
+        return as_utc(make_aware(value) if is_naive(value) else value)
+    except ValueError as exc:
+        raise SeriesQueryError(name, f"{name} {raw!r} is out of range: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware, ModelRelease
 from apps.core.errors import ConflictError
+from apps.core.validators import as_utc
 from apps.fleet.models import Agent
 from apps.jobs import dispatch
 from apps.jobs.choices import ACTIVE_STATES, ALLOWED_TRANSITIONS, FINISHED_STATES, EventLevel, JobState
@@ -254,8 +255,8 @@ def parse_event_batch(raw: Any, *, max_events: int) -> list[dict[str, Any]]:
         seen.add(seq)
         ts = item.get("ts")
         try:
-            when = datetime.fromisoformat(ts) if isinstance(ts, str) else None
-        except ValueError:
+            when = as_utc(datetime.fromisoformat(ts)) if isinstance(ts, str) else None
+        except ValueError:  # not ISO 8601, or out of range in UTC (PostgreSQL refuses offsets beyond ±15:59)
             when = None
         if when is None:
             raise ValidationError({f"{at}.ts": "must be an ISO 8601 time"})

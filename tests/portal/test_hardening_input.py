@@ -155,3 +155,22 @@ def test_csv_export_filenames_are_built_from_safe_values(api_client, world, url:
     disposition = response["Content-Disposition"]
     assert disposition.count("filename=") == 1 and disposition.count(";") == 1 and "\r" not in disposition and "\n" not in disposition
     assert re.fullmatch(r'attachment; filename="[A-Za-z0-9._-]+\.csv"', disposition), disposition
+
+
+def test_time_offsets_postgresql_cannot_hold_are_converted_or_refused(api_client, world) -> None:
+    """Python accepts offsets up to ±23:59, PostgreSQL only to ±15:59: a filter or an event time with +16:29 was a
+    500 (found by the schemathesis run)."""
+    admin = auth(world["admin"])
+    response = api_client.get("/api/v1/models/", {"released_before": "2030-07-28T14:24:30+16:29"}, **admin)
+    assert response.status_code == 200, response.content
+    response = api_client.get("/api/v1/models/", {"released_after": "9999-12-31T23:30:00-16:00"}, **admin)
+    assert response.status_code == 400 and "released_after" in response.json()
+    for param in ("since", "until"):
+        response = api_client.get("/api/v1/benchmarks/", {param: "2026-01-01T00:00:00+16:29"}, **admin)
+        assert response.status_code == 200, response.content
+    events = [{"seq": 1, "ts": "2026-01-01T00:00:00+16:29", "kind": "log"}]
+    response = api_client.post(f"/api/v1/jobs/{world['job'].pk}/events/", events, format="json",
+                               **auth(world["agent"]))
+    assert response.status_code == 200, response.content
+    stored = JobEvent.objects.get(job=world["job"], seq=1).ts
+    assert stored.isoformat() == "2025-12-31T07:31:00+00:00"

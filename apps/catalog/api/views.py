@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 import django_filters
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -15,12 +18,28 @@ from apps.catalog.api.serializers import HardwareSerializer, ModelReleaseListSer
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import all_hardware, visible_models
 from apps.core.api.mixins import get_actor, get_or_404, require
+from apps.core.validators import as_utc
+
+
+class UTCIsoDateTimeField(django_filters.fields.IsoDateTimeField):
+    """An ISO 8601 filter value converted to UTC (PostgreSQL refuses offsets beyond ±15:59)."""
+
+    def to_python(self, value: object) -> datetime | None:
+        parsed = super().to_python(value)
+        try:
+            return as_utc(parsed) if parsed is not None else None
+        except ValueError as exc:
+            raise DjangoValidationError(str(exc), code="invalid") from None
+
+
+class UTCIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UTCIsoDateTimeField
 
 
 class ModelReleaseFilter(django_filters.FilterSet):
     organization = django_filters.CharFilter(field_name="organization__slug")
-    released_after = django_filters.IsoDateTimeFilter(field_name="released_at", lookup_expr="gte")
-    released_before = django_filters.IsoDateTimeFilter(field_name="released_at", lookup_expr="lte")
+    released_after = UTCIsoDateTimeFilter(field_name="released_at", lookup_expr="gte")
+    released_before = UTCIsoDateTimeFilter(field_name="released_at", lookup_expr="lte")
 
     class Meta:
         model = ModelRelease
