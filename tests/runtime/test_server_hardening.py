@@ -201,3 +201,12 @@ def test_without_cors_configured_a_preflight_is_refused(url):
     r = httpx.options(f"{url}/v1/completions", headers={"Origin": "https://ui.example",
                                                         "Access-Control-Request-Method": "POST"})
     assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+
+
+def test_a_bad_prompt_in_a_batch_is_named_and_nothing_of_the_batch_runs(url, engine):
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": [[5, 6, 7], [5, 10**6]], "max_tokens": 4}, timeout=30)
+    assert r.status_code == 400 and "choice 1" in r.json()["error"]["message"]
+    deadline = time.monotonic() + 10  # choice 0 was queued before choice 1 was refused: it is aborted
+    while (engine.stats()["kv_blocks_used"] or engine.stats()["num_running"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.stats()["kv_blocks_used"] == 0 and engine.stats()["num_running"] == 0

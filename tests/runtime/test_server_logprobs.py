@@ -220,3 +220,39 @@ def test_logprob_values_are_finite_json(url):
     body = post(url, "/v1/completions", {"prompt": "x", "logprobs": 20, "max_tokens": 2, "temperature": 0}).json()
     for top in body["choices"][0]["logprobs"]["top_logprobs"]:
         assert 1 <= len(top) <= 21 and all(math.isfinite(v) for v in top.values())  # ids may share a text
+
+
+@pytest.mark.slow  # two processes load the model
+def test_prompt_logprobs_under_tensor_parallelism_equal_one_process(url, tmp_path):
+    """Every rank computes the prompt rows' logits (the LM head gathers across ranks): the echoed logprobs of
+    ``day0 serve --tp 2`` equal a single process's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from agents.runtime.server.launcher import free_port
+    from tests.runtime.served import wait_until_ready
+
+    req = {"prompt": ["Tensor parallel logprobs", "and a second prompt"], "echo": True, "logprobs": 2,
+           "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    alone = post(url, "/v1/completions", req).json()["choices"]
+    port = free_port()
+    log = tmp_path / "serve.log"
+    repo = Path(__file__).resolve().parents[2]
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(cached_model("llama")), "--tp",
+                                 "2", "--port", str(port), "--num-blocks", "64", "--max-num-batched-tokens", "8"],
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                                cwd=repo)
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}", proc, log)
+        got = post(f"http://127.0.0.1:{port}", "/v1/completions", req).json()["choices"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    for a, b in zip(alone, got, strict=True):
+        assert a["text"] == b["text"] and a["logprobs"]["tokens"] == b["logprobs"]["tokens"]
+        assert a["logprobs"]["token_logprobs"][0] is None and b["logprobs"]["token_logprobs"][0] is None
+        for x, y in zip(a["logprobs"]["token_logprobs"][1:], b["logprobs"]["token_logprobs"][1:], strict=True):
+            assert x == pytest.approx(y, abs=1e-4)

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from agents.runtime.engine import LLMEngine, RequestOutput, SamplingParams
+from agents.runtime.engine import LLMEngine, RequestError, RequestOutput, SamplingParams
 from agents.runtime.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -111,9 +111,11 @@ class AsyncEngine:
         try:
             for prompt, params in requests:
                 streams.append(self.generate(prompt, params))
-        except Exception:
+        except Exception as exc:
             for stream in streams:
                 stream.close()
+            if len(requests) > 1 and isinstance(exc, RequestError):
+                raise RequestError(f"choice {len(streams)}: {exc}") from exc  # which prompt of the batch
             raise
         return RequestGroup(streams)
 
