@@ -40,6 +40,8 @@ def _run_part(ctx: StageContext, section: dict[str, Any], notes: list[str], key:
     if key == "ops":
         section["ops"] = part if isinstance(part, list) else part.get("ops", [])
         section["ops_unchecked"] = [row["op"] for row in section["ops"] if row.get("status") == "unchecked"]
+        if isinstance(part, dict) and "inventory_coverage" in part:
+            section["inventory_coverage"] = part["inventory_coverage"]
     else:
         section[key] = part
 

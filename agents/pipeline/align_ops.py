@@ -74,12 +74,24 @@ class Probe:
     params: dict[str, torch.Tensor] = field(default_factory=dict)  # for functional_call, the runtime's layout
     ckpt: dict[tuple[str, Any], torch.Tensor] = field(default_factory=dict)  # (param, shard) -> float64 values
     draws: int = 0
+    aten: set[str] = field(default_factory=set)  # the aten operators the module's own code ran
+
+    @contextlib.contextmanager
+    def target(self) -> Iterator[None]:
+        """Runs the module's code under a recorder: the operators the check exercised (the reference's math is
+        never recorded)."""
+        from agents.pipeline.inventory_capture import OperatorRecorder
+
+        recorder = OperatorRecorder()
+        with torch.inference_mode(), recorder:
+            yield
+        self.aten.update(str(op) for op in recorder.ops)
 
     def w(self, name: str, shard: Any = None) -> torch.Tensor | None:
         return self.ckpt.get((name, shard))
 
     def call(self, *args: Any, method: str = "forward") -> Any:
-        with torch.inference_mode():
+        with self.target():
             if method == "forward":
                 return functional_call(self.module, self.params, args)
             with _swapped(self.module, self.params):
@@ -230,7 +242,7 @@ def check_rope(probe: Probe) -> list[Row]:
     positions = _positions(c, TOKENS)
     q, q64 = probe.input(TOKENS, heads, head_dim)
     freqs, scaling, note = _rope_freqs(c, rotary)
-    with torch.inference_mode():
+    with probe.target():
         out, _ = rotary(positions.to(probe.device), q, q)
     expected = ref.rope(q64, positions, freqs, interleaved=ref.rope_interleaved(c), scaling=scaling)
     row = _row("rope", probe, expected, out, interleaved=bool(getattr(rotary, "interleaved", False)))
@@ -248,17 +260,19 @@ def check_attention(probe: Probe) -> list[Row]:
     k, k64 = probe.input(TOKENS, attn.num_kv_heads, attn.head_dim, scale=1.01)
     v, v64 = probe.input(TOKENS, attn.num_kv_heads, attn.head_dim, scale=0.99)
     expected = ref.attention(q64, k64, v64, scale, window=window)
-    with torch.inference_mode():
-        plain = attn(q, k, v, _meta(ForwardContext.for_prompts([TOKENS], device=q.device)))
+    meta = _meta(ForwardContext.for_prompts([TOKENS], device=q.device))
+    with probe.target():
+        plain = attn(q, k, v, meta)
     rows = [_row("attention", probe, expected, plain, phase="prefill")]
     n_blocks = -(-TOKENS // BLOCK_SIZE)
     cache = [torch.zeros(n_blocks, BLOCK_SIZE, attn.num_kv_heads, attn.head_dim, dtype=q.dtype, device=q.device)
              for _ in range(2)]
-    with _attrs(attn, k_cache=None, v_cache=None, _k_slots=None, _v_slots=None), torch.inference_mode():
+    n = TOKENS - 1
+    metas = _meta(paged_context(0, n, n_blocks, q.device)), _meta(paged_context(n, 1, n_blocks, q.device))
+    with _attrs(attn, k_cache=None, v_cache=None, _k_slots=None, _v_slots=None), probe.target():
         attn.bind(*cache)
-        n = TOKENS - 1
-        first = attn(q[:n], k[:n], v[:n], _meta(paged_context(0, n, n_blocks, q.device)))
-        last = attn(q[n:], k[n:], v[n:], _meta(paged_context(n, 1, n_blocks, q.device)))
+        first = attn(q[:n], k[:n], v[:n], metas[0])
+        last = attn(q[n:], k[n:], v[n:], metas[1])
     rows.append(_row("attention", probe, expected, torch.cat([first, last]), phase="paged prefill + decode"))
     return rows
 
@@ -493,7 +507,7 @@ def run_checks(model: Any, config: dict[str, Any], *, thresholds: dict[str, floa
             rows.append({**base, "status": "failed", "cosine": None, "max_rel_err": None, "max_abs_err": None,
                          "passed": False, "problem": f"{type(exc).__name__}: {exc}"})
         else:
-            rows += [_verdict(row, th) for row in produced]
+            rows += [{**_verdict(row, th), "aten_ops": sorted(probe.aten)} for row in produced]
         if progress:
             progress(i, len(items))
     return rows + unchecked
@@ -509,6 +523,24 @@ def run(ctx: StageContext) -> dict[str, Any]:
                      progress=lambda done, total: ctx.progress(done, total, "operators aligned"))
     ctx.check_cancelled()
     checked = [op for op in ops if op["status"] != "unchecked"]
-    return {"ops": ops, "passed": bool(checked) and all(op["passed"] for op in checked), "thresholds": th,
-            "unchecked": [op["op"] for op in ops if op["status"] == "unchecked"],
-            "max_rel_err_definition": MAX_REL_ERR_DEFINITION}
+    section = {"ops": ops, "passed": bool(checked) and all(op["passed"] for op in checked), "thresholds": th,
+               "unchecked": [op["op"] for op in ops if op["status"] == "unchecked"],
+               "max_rel_err_definition": MAX_REL_ERR_DEFINITION}
+    inventory = (ctx.results.get("inventory") or {}).get("ops")
+    if isinstance(inventory, list):
+        section["inventory_coverage"] = inventory_coverage(inventory, ops)
+    return section
+
+
+def inventory_coverage(inventory: list[dict[str, Any]], rows: list[Row]) -> dict[str, Any]:
+    """Which of the inventory's aten operators the checks ran through the runtime's modules: ``exercised``
+    (operator -> the checks that ran it) and ``not_exercised`` (operators of the model's trace no check ran,
+    e.g. the sampler's ``argmax`` or the engine's index bookkeeping)."""
+    by_op: dict[str, list[str]] = {}
+    for row in rows:
+        label = row["op"] if not row.get("phase") else f"{row['op']} ({row['phase']})"
+        for name in row.get("aten_ops") or []:
+            by_op.setdefault(name, []).append(label)
+    traced = sorted({str(op.get("op")) for op in inventory if isinstance(op, dict)})
+    return {"exercised": {name: sorted(set(by_op[name])) for name in traced if name in by_op},
+            "not_exercised": [name for name in traced if name not in by_op]}

@@ -77,11 +77,18 @@ def test_absent_parts_leave_align_incomplete_and_failed(make_ctx, monkeypatch) -
 
 def test_a_complete_align_section_has_every_part(make_ctx) -> None:
     ctx, _ = make_ctx("llama")
-    report = run_pipeline(ctx, ["load", "align"])
+    report = run_pipeline(ctx, ["load", "inventory", "align"])
     align = report["stages"]["align"]
     assert report["failed_stage"] is None, report["error"]
     assert align["complete"] is True and "missing" not in align and align["ops_unchecked"] == []
     assert align["ops"] and align["layers"] and align["e2e"] and align["kv_cache"]["passed"]
+    # the checks follow the inventory: which traced operators the runtime's modules ran under a check
+    coverage = align["inventory_coverage"]
+    assert "attention (prefill)" in coverage["exercised"]["aten.scaled_dot_product_attention.default"]
+    assert "swiglu_mlp" in coverage["exercised"]["aten.silu.default"]
+    assert "aten.argmax.default" in coverage["not_exercised"]  # the trace's greedy pick is no model operator
+    traced = {op["op"] for op in report["stages"]["inventory"]["ops"]}
+    assert set(coverage["exercised"]) | set(coverage["not_exercised"]) == traced
 
 
 def test_a_part_that_crashes_fails_align_but_keeps_the_other_evidence(make_ctx, monkeypatch) -> None:
