@@ -23,7 +23,7 @@ PERCENTILES: tuple[str, ...] = ("p50", "p90", "p99")
 # the agent's own pass flag of each stage, kept as a claim
 CLAIM_KEYS: dict[str, str] = {"plan": "fits", "load": "ok", "align": "passed", "serve": "text_path_ok",
                               "eval": "passed"}
-LOWER_IS_BETTER = ("perplexity", "ppl", "loss", "error", "wer", "cer")
+LOWER_IS_BETTER = ("perplexity", "ppl", "loss", "error", "wer", "cer", "bits_per", "bpb", "nll")
 HIGHER_IS_BETTER = ("acc", "exact", "match", "f1", "bleu", "rouge", "pass", "score")
 
 

@@ -20,6 +20,9 @@ class CellChangedMessage(TypedDict):
     failed_stage: str
     fits: bool | None
     fits_devices: int | None
+    custom_thresholds: bool
+    synthetic: bool
+    disputed: list[str]
 
 
 class MatrixChangedMessage(TypedDict):

@@ -139,7 +139,8 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     cell = Cell.objects.select_for_update().select_related("model", "hardware").get(
         model_id=model_id, hardware_id=hardware_id
     )
-    before = (cell.tier, cell.failed_stage, cell.error)
+    before = (cell.tier, cell.failed_stage, cell.error, list(cell.disputed or []), cell.custom_thresholds,
+              cell.synthetic)
     newest = _newest_verdicts(model_id, hardware_id)
     flags = {stage: r.verdict == PASS for stage, r in newest.items()}
     times = {stage: r.created_at for stage, r in newest.items()}
@@ -171,11 +172,12 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     cell.last_job = jobs.order_by("-created_at", "-id").first()
     cell.job_count = jobs.count()
     cell.save()
-    if (cell.tier, cell.failed_stage, cell.error) != before:
+    if (cell.tier, cell.failed_stage, cell.error, cell.disputed, cell.custom_thresholds, cell.synthetic) != before:
         message = CellChangedMessage(
             type="cell.changed", model=cell.model.slug, hardware=cell.hardware.slug, tier=cell.tier,
             tier_name=TIER_NAMES[cell.tier], failed_stage=cell.failed_stage, fits=cell.fits,
-            fits_devices=cell.fits_devices,
+            fits_devices=cell.fits_devices, custom_thresholds=cell.custom_thresholds, synthetic=cell.synthetic,
+            disputed=list(cell.disputed),
         )
         transaction.on_commit(lambda: broadcast_cell_changed(message))
     return cell
