@@ -24,6 +24,14 @@ from apps.catalog.models import Hardware
 from apps.core.api.mixins import get_actor, get_or_404, require
 
 
+def _own_or_administered(request: Request, rows: QuerySet) -> QuerySet:
+    """The rows (tokens, invitations) of the signed-in user, and those of the organizations they administer."""
+    actor = get_actor(request)
+    require(actor.authenticated, actor, "")
+    admin_orgs = [org for org, role in actor.roles.items() if role == Role.ADMIN]
+    return rows.filter(Q(user_id=actor.user_id) | Q(organization_id__in=admin_orgs))
+
+
 class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
     """Your tokens (and, for organization admins, the organization's). The secret is shown once, on create."""
 
@@ -34,11 +42,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
     def get_queryset(self) -> QuerySet[ApiToken]:
         if getattr(self, "swagger_fake_view", False):
             return ApiToken.objects.none()
-        actor = get_actor(self.request)
-        require(actor.authenticated, actor, "")
-        admin_orgs = [org for org, role in actor.roles.items() if role == Role.ADMIN]
-        return ApiToken.objects.filter(Q(user_id=actor.user_id) | Q(organization_id__in=admin_orgs)).select_related(
-            "organization", "hardware", "user")
+        return _own_or_administered(self.request, ApiToken.objects.select_related("organization", "hardware", "user"))
 
     @extend_schema(request=ApiTokenCreateSerializer, responses={201: ApiTokenSerializer})
     def create(self, request: Request, *args, **kwargs) -> Response:
@@ -132,11 +136,8 @@ class InvitationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     def get_queryset(self) -> QuerySet[Invitation]:
         if getattr(self, "swagger_fake_view", False):
             return Invitation.objects.none()
-        actor = get_actor(self.request)
-        require(actor.authenticated, actor, "")
-        admin_orgs = [org for org, role in actor.roles.items() if role == Role.ADMIN]
-        return Invitation.objects.filter(Q(user_id=actor.user_id) | Q(organization_id__in=admin_orgs)).select_related(
-            "organization", "user", "invited_by")
+        return _own_or_administered(self.request, Invitation.objects.select_related("organization", "user",
+                                                                                    "invited_by"))
 
     def get_object(self) -> Invitation:
         return get_or_404(self.get_queryset(), "invitation", pk=self.kwargs["pk"])
