@@ -114,16 +114,17 @@ def _draw(name: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor
     return torch.randn(shape, generator=g) * shape[-1] ** -0.5
 
 
-def make_probe(path: str, module: nn.Module, config: dict[str, Any], dtype: torch.dtype, seed: int) -> Probe:
+def make_probe(path: str, module: nn.Module, config: dict[str, Any], dtype: torch.dtype, seed: int,
+               device: torch.device | str | None = None) -> Probe:
     """The module with every parameter replaced by random checkpoint-form values loaded through its own
     ``weight_loader`` into a tensor of the parameter's dtype, device and strides (a column-major weight stays
-    column-major, so the linear takes the path the model takes)."""
+    column-major, so the linear takes the path the model takes). ``device``: where its inputs go (default: where
+    its parameters or buffers are; a module with neither, like attention, needs the model's)."""
     g = torch.Generator().manual_seed(seed)
-    first = next(iter(module.parameters()), None)
-    buffer = next(iter(module.buffers()), None)
-    device = (first if first is not None else buffer).device if (first is not None or buffer is not None) else (
-        torch.device("cpu"))
-    probe = Probe(path, module, config, device, dtype, seed)
+    if device is None:
+        held = [*module.parameters(), *module.buffers()]
+        device = held[0].device if held else torch.device("cpu")
+    probe = Probe(path, module, config, torch.device(device), dtype, seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
             fresh = nn.Parameter(torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device=p.device),
@@ -488,7 +489,8 @@ def run_checks(model: Any, config: dict[str, Any], *, thresholds: dict[str, floa
                  "reason": "the model runs on the transformers fallback: its operators are transformers' own code, "
                            "the same as the reference's; layers and end-to-end alignment still compare them"}]
     items, unchecked = module_inventory(model)
-    dtype = getattr(model, "dtype", None) or next(model.parameters()).dtype
+    first = next(model.parameters())
+    dtype, device = getattr(model, "dtype", None) or first.dtype, first.device
     rows: list[Row] = []
     for i, (path, module, name, fn) in enumerate(items, 1):
         size = sum(p.numel() for p in module.parameters())
@@ -498,7 +500,7 @@ def run_checks(model: Any, config: dict[str, Any], *, thresholds: dict[str, floa
                          "passed": None, "reason": f"{size:,} parameters: too large to re-randomise for the check"})
             continue
         try:
-            probe = make_probe(path, module, config, dtype, seed + i)
+            probe = make_probe(path, module, config, dtype, seed + i, device)
             produced = fn(probe, th) if name == "router" else fn(probe)
         except _Unchecked as exc:
             rows.append({**base, "status": "unchecked", "cosine": None, "max_rel_err": None, "max_abs_err": None,
