@@ -1,5 +1,7 @@
-"""Turns stage result documents into evidence rows. Validation happens before anything is written, so a bad
-document stores nothing; posting a stage again for the same job replaces its rows."""
+"""Turns stage result documents into evidence rows, each with the portal's own verdict on it
+(``agents.pipeline.verdicts``) beside the agent's claimed flag. Validation (types and bounds) happens before
+anything is written, so a bad document stores nothing; posting a stage again for the same job replaces its
+rows. A section missing what its verdict needs is stored as *incomplete*, never passing."""
 
 from __future__ import annotations
 
