@@ -259,3 +259,21 @@ def test_looser_thresholds_mark_the_job_and_every_tier_it_reaches(api_client, ce
     body = _post(api_client, strict, token, {"stage": "align", "section": weak}).json()
     assert body["stored"][0]["verdict"] == "fail" and body["cell"]["tier"] == 3
     assert StageResult.objects.filter(job=job, stage="align", verdict="pass").exists()  # nothing lost
+
+
+def test_the_issues_forgery_as_one_report_stays_at_serves(api_client, cell) -> None:
+    """The report of issue 9: ``{"align": {"passed": true}}`` and a bench whose only run has 99 failed requests."""
+    model, hardware, token = cell
+    job = JobFactory(model=model, hardware=hardware)
+    _climb_to(api_client, job, token, 3)
+    bench = {"runs": [{**PASSING["bench"]["runs"][0], "failed": 99, "completed": 1}]}
+    report = {"hardware": hardware.slug, "tier": 5, "failed_stage": None, "error": None,
+              "stages": {"align": {"passed": True}, "bench": bench}}
+    body = _post(api_client, job, token, report).json()
+    verdicts = {r["stage"]: r for r in body["stored"]}
+    assert verdicts["align"]["verdict"] == "incomplete" and verdicts["align"]["disputed"] is True
+    assert verdicts["align"]["reasons"][:2] == ["align: ops missing", "align: layers missing"]
+    assert "align: kv_cache missing" in verdicts["align"]["reasons"]
+    assert "bench: run at concurrency 1 has 99 of 100 failed requests" in verdicts["bench"]["reasons"]
+    assert body["cell"]["tier"] == 3 and body["cell"]["failed_stage"] == "align"
+    assert Cell.objects.get(model=model, hardware=hardware).tier == 3
