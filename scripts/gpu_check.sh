@@ -5,6 +5,11 @@
 #
 #   scripts/gpu_check.sh            # results on stdout, logs under ${OUT:-var/gpu-check}
 #   PY=/path/to/python scripts/gpu_check.sh
+#
+# On a device image without this project's environment (its own python3 with torch and transformers, no
+# Django): wheels in var/gpu-wheels (made here with `pip download --no-deps -d var/gpu-wheels starlette
+# uvicorn`, carried along) are installed when those imports are missing, and pytest runs without the portal's
+# conftest (the smoke tests need none of its fixtures).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -13,10 +18,15 @@ mkdir -p "$LOGS"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 start=$(date +%s)
 
+if ! "$PY" -c "import starlette, uvicorn" 2>/dev/null && ls var/gpu-wheels/*.whl >/dev/null 2>&1; then
+  echo "== installing the carried wheels: $(ls var/gpu-wheels)"
+  "$PY" -m pip install -q --no-index --no-deps var/gpu-wheels/*.whl || true
+fi
+
 echo "== device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: none"
 if ! "$PY" - <<'PY'
-import importlib, sys
+import importlib.util, sys
 import torch
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cuda {torch.version.cuda}, "
       f"available {torch.cuda.is_available()}, devices {torch.cuda.device_count()}")
@@ -24,7 +34,7 @@ missing = [m for m in ("transformers", "tokenizers", "safetensors", "starlette",
            if importlib.util.find_spec(m) is None]
 if missing:
     print("missing packages:", ", ".join(missing))
-sys.exit(0 if torch.cuda.is_available() and not missing else 1)
+sys.exit(0 if torch.cuda.is_available() else 1)
 PY
 then
   echo "RESULT: no usable CUDA environment (see above)"; exit 2
@@ -38,7 +48,8 @@ for arch in ('llama', 'qwen3', 'mixtral', 'qwen3-moe', 'deepseek-v3'):
 " 2>&1 | tail -5
 
 echo "== gpu smoke tests"
-timeout 330 "$PY" -m pytest -q -m gpu -p no:cacheprovider --timeout 300 tests/runtime/test_gpu_smoke.py \
+PYTHONPATH=. timeout 330 "$PY" -m pytest -q -m gpu -p no:cacheprovider -p no:django --noconftest \
+  -o addopts="" --timeout 300 tests/runtime/test_gpu_smoke.py \
   2>&1 | tee "$LOGS/gpu_smoke.log" | tail -25
 tests=${PIPESTATUS[0]}
 
