@@ -36,7 +36,7 @@ from apps.evidence.models import (
 from apps.jobs.models import Job
 
 Saver = Callable[[StageResult], None]
-OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing", "unchecked"})
+OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing"})
 # Bounds on what one result stores (issue 16): more is a 400 naming the field and the bound, storing nothing.
 MAX_BENCH_RUNS = 64
 MAX_CONCURRENCY = 4096
