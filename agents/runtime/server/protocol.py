@@ -23,10 +23,10 @@ SAMPLING_FIELDS = frozenset({
 })
 # parameters accepted only at the value that means "off": anything else would be silently ignored
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
-    "min_p": (0, 0.0),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (1,),
+    "min_p": (0,),
     "min_tokens": (0,),
     "logit_bias": ({},),
 }
@@ -69,10 +69,15 @@ def check_fields(body: dict, known: frozenset[str] | set[str], neutral: dict[str
         raise APIError(400, f"unknown or unsupported parameter(s): {', '.join(unknown)}", unknown[0])
     for key, accepted in neutral.items():
         value = body.get(key)
-        if value is not None and not any(value == ok and type(value) is type(ok) or
-                                         (isinstance(ok, float) and is_number(value) and value == ok)
-                                         for ok in accepted):
+        if value is not None and not any(_same(value, ok) for ok in accepted):
             raise APIError(400, f"'{key}' is not supported by this runtime (only {accepted[0]!r} or null)", key)
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """``value`` is the neutral one: any number equal to a numeric one (0 or 0.0), else the same type and value."""
+    if is_number(neutral):
+        return is_number(value) and value == neutral
+    return type(value) is type(neutral) and value == neutral
 
 
 def is_number(value: Any) -> bool:
