@@ -160,3 +160,13 @@ def test_verdicts_import_neither_django_nor_torch() -> None:
             "print(sorted(m for m in ('django', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_a_fallback_model_has_no_runtime_operators_to_check() -> None:
+    section = passing("align")
+    section["ops"] = [{"op": "LlamaAttention", "status": "unchecked", "cosine": None, "passed": None}]
+    fallback = v.Context(model=v.ModelFacts(config=TINY_LLAMA_CONFIG, runtime_path="fallback"))
+    assert judge("align", section, context=fallback).passed
+    assert judge("align", section).reasons == ["align: ops: no row was checked"]
+    section["ops"] = []
+    assert judge("align", section).reasons == ["align: ops missing"]
