@@ -43,7 +43,13 @@ from apps.dashboards.selectors import catalog as catalog_pages
 from apps.dashboards.selectors.compare import compare_jobs
 from apps.dashboards.selectors.fleet import fleet, online_agent_count
 from apps.dashboards.selectors.jobs import STATES, JobFilters, job_list, previous_job_ids
-from apps.dashboards.selectors.regressions import HEADLINE_METRICS, PAGE_ROWS, open_regressions, regression_rows
+from apps.dashboards.selectors.regressions import (
+    HEADLINE_METRICS,
+    PAGE_ROWS,
+    group_rows,
+    open_regressions,
+    regression_rows,
+)
 from apps.jobs.api.serializers import JobCreateSerializer
 from apps.jobs.selectors import job_waiting_reason
 from apps.jobs.services import check_create_job
@@ -174,10 +180,11 @@ def regressions_page(request: HttpRequest) -> HttpResponse:
         error = str(exc)
     except (SeriesQueryError, ValueError) as exc:
         error = str(exc)
-    page = Paginator(rows, PAGE_ROWS).get_page(request.GET.get("page", 1))
+    groups = group_rows(rows)
+    page = Paginator(groups, PAGE_ROWS).get_page(request.GET.get("page", 1))
     query = urlencode({**{k: v for k, v in params.items() if v}, **({"open": "1"} if open_only else {})})
     return render(request, "dashboards/regressions.html", {
-        "page": page, "count": len(rows), "open_count": sum(1 for r in rows if r.is_open), "params": params,
+        "page": page, "count": len(groups), "open_count": sum(1 for g in groups if g.is_open), "params": params,
         "open_only": open_only, "error": error, "query": query, "metrics": HEADLINE_METRICS,
         "cells": cells_with_benchmarks(actor),
     })

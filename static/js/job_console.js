@@ -91,7 +91,7 @@
   function appendLine(ev) {
     var level = String(ev.level || "info").toLowerCase();
     var li = document.createElement("li");
-    li.className = "log-line level-" + level;
+    li.className = "log-line level-" + level + (String(ev.message || "").indexOf("\n") !== -1 ? " multiline" : "");
     li.dataset.seq = ev.seq;
     li.dataset.level = level;
     var t = document.createElement("time");

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from apps.fleet.models import Agent
 from apps.jobs.models import Job
+from tests.agents.conftest import portal, start_agent  # noqa: F401 - the real agent fixtures, for the slow test
 from tests.dashboards.world import build_world
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -193,7 +194,7 @@ def test_regressions_lead_to_the_side_by_side_comparison(world, portal_server, b
 
 @pytest.mark.slow
 def test_a_job_submitted_from_the_form_runs_on_a_real_agent_and_the_matrix_cell_changes(
-        portal, start_agent, browser_factory, login_cookie, shot, tmp_path):  # noqa: ANN001
+        portal, start_agent, browser_factory, login_cookie, shot, tmp_path):  # noqa: ANN001, F811
     """The whole chain from the browser: form → check_create_job → Celery queue → ``day0 agent`` → pipeline →
     results → the matrix cell, updated live over the WebSocket."""
     from agents.runtime.testing.make_model import cached_model

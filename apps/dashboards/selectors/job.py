@@ -58,6 +58,8 @@ def job_page(actor: Actor, job_id: int) -> JobPage | None:
     events = JobEvent.objects.filter(job=job, seq__lte=last_seq)
     lines = events.exclude(kind="progress").only("seq", "ts", "stage", "kind", "level", "message")
     shown = list(lines.order_by("-seq")[:CONSOLE_LINES])[::-1]
+    for e in shown:  # a table (the benchmark's) keeps its columns: scrolled, not wrapped, on a phone
+        e.multiline = "\n" in (e.message or "")
     earlier = lines.filter(seq__lt=shown[0].seq).count() if len(shown) == CONSOLE_LINES else 0
     names = list(job.stages)
     status: dict[str, StageStatus] = {}

@@ -79,6 +79,42 @@ def regression_rows(actor: Actor, query: SeriesQuery, rule: RegressionRule | Non
     return rows
 
 
+@dataclass
+class RegressionGroup:
+    """The flagged configurations of one run and metric together (one row of the regressions page)."""
+
+    first: RegressionRow
+    configs: list[str]
+    ratios: list[float]
+    z: float
+    is_open: bool
+
+    def __getattr__(self, name: str) -> Any:  # model, hardware, metric, unit, at, job, previous_job
+        if name == "first":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.first, name)
+
+    @property
+    def change(self) -> str:
+        low, high = min(self.ratios), max(self.ratios)
+        return f"×{low:.2f}" if round(low, 2) == round(high, 2) else f"×{low:.2f}–{high:.2f}"
+
+
+def group_rows(rows: list[RegressionRow]) -> list[RegressionGroup]:
+    """Rows of the same run and metric (its concurrency levels) as one group, newest first as given."""
+    groups: dict[tuple[Any, ...], RegressionGroup] = {}
+    for r in rows:
+        key = (r.model, r.hardware, r.job, r.metric)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = RegressionGroup(r, [r.config], [r.ratio], r.z, r.is_open)
+        else:
+            g.configs.append(r.config)
+            g.ratios.append(r.ratio)
+            g.z, g.is_open = max(g.z, r.z), g.is_open or r.is_open
+    return list(groups.values())
+
+
 def open_regressions(actor: Actor, *, model: str = "", hardware: str = "") -> dict[tuple[str, str], list[str]]:
     """(model slug, hardware slug) -> the headline metrics whose newest run is flagged."""
     out: dict[tuple[str, str], list[str]] = {}
