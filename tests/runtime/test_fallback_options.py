@@ -80,3 +80,11 @@ def test_rope_scaling_missing_its_factor_is_a_gap_not_a_crash():
     config = json.loads((cached_model("llama") / "config.json").read_text())
     config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "linear"}
     assert any("linear" in g for g in native_gaps(config))
+
+
+def test_a_malformed_rope_scaling_is_a_clear_load_error(tmp_path):
+    from agents.runtime.loader import LoadError, load_model
+
+    model_dir = _variant(tmp_path, {"rope_scaling": [1, 2]})
+    with pytest.raises(LoadError, match="rope_scaling must be an object"):
+        load_model(model_dir)

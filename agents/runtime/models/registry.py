@@ -56,6 +56,9 @@ def native_gaps(config: dict[str, Any]) -> list[str]:
     from agents.runtime.layers.mlp import check_activation
     from agents.runtime.layers.rotary import inv_frequencies, rope_parameters
 
+    for key in ("rope_scaling", "rope_parameters"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise ValueError(f"{key} must be an object, got {type(config[key]).__name__}")
     gaps: list[str] = []
     rope = rope_parameters(config)
     head_dim = config.get("qk_rope_head_dim") or config.get("head_dim") or 64
