@@ -118,3 +118,23 @@ def test_adapt_with_tp2_reports_tp2_in_plan_load_and_serve(tmp_path):
     assert len(stages["load"]["ranks"]) == 2 and stages["serve"]["text_path_ok"]
     assert any(run["output_tok_s"] > 0 for run in stages["bench"]["runs"])
     assert json.loads(report.read_text())["tier"] >= 3
+
+
+def test_a_manifest_mismatch_fails_the_tp2_load_once_naming_the_shard(make_ctx, tmp_path):
+    """Rank 0 hashes every shard and checks the manifest; the other ranks read only their slices."""
+    import shutil
+
+    from agents.pipeline.runner import run_pipeline
+    from agents.runtime.loader.manifest import build_manifest
+    from agents.runtime.testing.make_model import cached_model
+
+    model = tmp_path / "model"
+    shutil.copytree(cached_model("llama"), model)
+    manifest = build_manifest(model, use_cache=False)
+    manifest[0] = {**manifest[0], "sha256": "f" * 64}
+    ctx, _ = make_ctx(model, tp=2, manifest=manifest)
+    report = run_pipeline(ctx, ["load"])
+    assert report["failed_stage"] == "load"
+    problems = report["stages"]["load"]["problems"]
+    assert [p["file"] for p in problems] == [manifest[0]["name"]] and problems[0]["rank"] == 0
+    assert "f" * 64 in report["error"]
