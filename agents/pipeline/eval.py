@@ -194,22 +194,24 @@ def _run_needle(lm_ref: ReferenceLM, target: ServedLM, tok: Any, opts: dict[str,
                for side in answers}
     for side in answers:
         grids[side] = eval_needle.accuracy_grid(items, correct[side], lengths, depths)
-    per_length = []
+    rows = []  # the grids again, one self-describing row per length (for pages: no indexing by position)
     for length, ref_row, tgt_row in zip(lengths, grids["reference"], grids["target"], strict=True):
         ref_acc, tgt_acc = sum(ref_row) / len(ref_row), sum(tgt_row) / len(tgt_row)
-        per_length.append({"length": length, "reference": ref_acc, "target": tgt_acc,
-                           "passed": tgt_acc + 1e-9 >= ref_acc})
+        cells = [{"depth": d, "reference": r, "target": t} for d, r, t in zip(depths, ref_row, tgt_row, strict=True)]
+        tokens = max(i.tokens for i in items if i.length == length)
+        rows.append({"length": length, "tokens": tokens, "reference": ref_acc, "target": tgt_acc,
+                     "passed": tgt_acc + 1e-9 >= ref_acc, "cells": cells})
     exported = eval_needle.write_lm_eval_task(items, Path(ctx.workdir) / "eval_suites", NEEDLE_MAX_TOKENS)
     needle = {
         "lengths": lengths,
         "depths": depths,
+        "depth_unit": "percent",
         "reference": grids["reference"],
         "target": grids["target"],
         "samples": opts["needle_samples"],
         "distractors": opts["needle_distractors"],
-        "tokens": [[max(i.tokens for i in items if i.length == n and i.depth == d) for d in depths] for n in lengths],
-        "per_length": per_length,
-        "passed": all(row["passed"] for row in per_length),
+        "rows": rows,
+        "passed": all(row["passed"] for row in rows),
         "lm_eval_task": str(exported),
         "seconds": seconds,
     }
@@ -229,7 +231,7 @@ def _summary(rows: list[dict[str, Any]], needle: dict[str, Any] | None, rtol: fl
             rel = "below" if r["higher_is_better"] else "above"
             dropped.append(f"task {r['task']} dropped: {r['metric']} {r['target']:.4g} is {rel} reference "
                            f"{r['reference']:.4g} × ({sign}{rtol:g})")
-    for row in (needle or {}).get("per_length", []):
+    for row in (needle or {}).get("rows", []):
         if not row["passed"]:
             dropped.append(f"needle at length {row['length']}: accuracy {row['target']:.3f} is below the "
                            f"reference's {row['reference']:.3f}")

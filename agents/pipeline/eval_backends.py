@@ -28,7 +28,7 @@ def _noop(*_: Any) -> None:
 class ReferenceLM:
     """transformers fp32 on CPU."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, token_budget: int = 4096) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, token_budget: int = 1024) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.token_budget = token_budget  # tokens per right-padded log-likelihood batch
@@ -65,17 +65,33 @@ class ReferenceLM:
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, until: Sequence[str],
                  progress: Progress = _noop, check: Callable[[], None] = _noop) -> list[str]:
         """Greedy continuations, one prompt at a time (no padding), cut at the first ``until`` string."""
+        from transformers import StoppingCriteriaList
+
         out = []
-        kwargs: dict[str, Any] = {"stop_strings": list(until), "tokenizer": self.tokenizer} if until else {}
         for n, prompt in enumerate(prompts):
             ids = torch.tensor([prompt], dtype=torch.long)
+            stop = StoppingCriteriaList([_StopOnText(self.tokenizer, len(prompt), until)]) if until else None
             generated = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                            do_sample=False, temperature=None, top_p=None, top_k=None, **kwargs)
+                                            do_sample=False, temperature=None, top_p=None, top_k=None,
+                                            stopping_criteria=stop)
             text = self.tokenizer.decode(generated[0, len(prompt) :].tolist(), skip_special_tokens=True)
             out.append(cut_at_stop(text, until))
             progress(n + 1, len(prompts))
             check()
         return out
+
+
+class _StopOnText:
+    """Stop a single-sequence ``generate`` once the decoded new tokens contain a stop string (the server's
+    ``stop``); cheap for short answers, unlike building transformers' stop-string tables over the vocabulary."""
+
+    def __init__(self, tokenizer: Any, prompt_len: int, until: Sequence[str]) -> None:
+        self.tokenizer, self.prompt_len, self.until = tokenizer, prompt_len, list(until)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
+        text = self.tokenizer.decode(input_ids[0, self.prompt_len :].tolist(), skip_special_tokens=True)
+        done = any(stop in text for stop in self.until)
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
 class ServedError(RuntimeError):
