@@ -1,9 +1,12 @@
-"""Rank, world size and collectives for tensor and expert parallelism.
+"""Rank, layout and collectives for tensor, expert and pipeline parallelism.
 
-One process group spans all ranks. Tensor parallelism (TP) and expert parallelism (EP) each use either one
-rank or the whole world: attention and dense MLPs shard over TP, experts partition over EP, and every partial
-sum is combined with one ``all_reduce`` over the world. At world size 1 every collective is a no-op, so a
-single process never touches ``torch.distributed``.
+A layout of ``world`` ranks is ``pp`` pipeline stages of ``S = world / pp`` ranks each (global rank
+``stage × S + local``). Inside a stage, attention and dense MLPs shard over TP groups of ``tp`` consecutive
+ranks (``S / tp`` replicas of them compute the same tokens), and routed experts partition over ``ep`` blocks of
+``S / ep`` ranks, each expert split over its block: EP is independent of TP (tp=2, ep=2 on 4 ranks). TP partial
+sums reduce over the TP group (``group="tp"``), expert partial sums over the whole stage (``group="stage"``);
+stages hand activations on with point-to-point sends. At world size 1 every collective is a no-op, so a single
+process never touches ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -24,18 +27,67 @@ import torch.multiprocessing as mp
 
 @dataclass(frozen=True)
 class ParallelState:
+    """This rank's place in the layout; ``stage_size`` ranks per pipeline stage (see the module docstring)."""
+
     tp_rank: int = 0
     tp_size: int = 1
     ep_rank: int = 0
     ep_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    stage_rank: int = 0
+    stage_size: int = 1
 
     def __post_init__(self) -> None:
-        for name, rank, size in (("tp", self.tp_rank, self.tp_size), ("ep", self.ep_rank, self.ep_size)):
+        for name, rank, size in (("tp", self.tp_rank, self.tp_size), ("ep", self.ep_rank, self.ep_size),
+                                 ("pp", self.pp_rank, self.pp_size), ("stage", self.stage_rank, self.stage_size)):
             if size < 1 or not 0 <= rank < size:
                 raise ValueError(f"{name} rank {rank} is outside world size {size}")
 
+    @classmethod
+    def of(cls, rank: int, world: int, tp: int, ep: int = 1, pp: int = 1) -> ParallelState:
+        """The layout of global ``rank``; ValueError naming the degree that does not fit ``world``."""
+        if pp < 1 or world % pp:
+            raise ValueError(f"pp={pp} must divide the world size {world}")
+        stage = world // pp
+        for name, size in (("tp", tp), ("ep", ep)):
+            if size < 1 or stage % size:
+                raise ValueError(f"{name}={size} must divide the {stage} ranks of a pipeline stage "
+                                 f"(world {world} / pp {pp})")
+        local = rank % stage
+        return cls(local % tp, tp, local // (stage // ep), ep, rank // stage, pp, local, stage)
+
+    @property
+    def expert_tp_size(self) -> int:
+        """Ranks each routed expert is split over (its intermediate dimension)."""
+        return self.stage_size // self.ep_size
+
+    @property
+    def expert_tp_rank(self) -> int:
+        return self.stage_rank % self.expert_tp_size
+
+    @property
+    def attention_replica(self) -> int:
+        """Which of the stage's ``S / tp`` identical TP groups this rank is in."""
+        return self.stage_rank // self.tp_size
+
+    def group_ranks(self, kind: str) -> list[list[int]]:
+        """Every group of ``kind`` ("tp" or "stage") over the world, as global ranks."""
+        s, tp = self.stage_size, self.tp_size
+        if kind == "tp":
+            return [[p * s + j * tp + i for i in range(tp)] for p in range(self.pp_size) for j in range(s // tp)]
+        if kind == "stage":
+            return [[p * s + i for i in range(s)] for p in range(self.pp_size)]
+        raise ValueError(f"unknown group kind {kind!r}")
+
 
 _STATE = ParallelState()
+_GROUPS: dict[str, Any] = {}  # kind -> this rank's process group (None: the default group)
+_GROUP_CACHE: dict[tuple[int, ...], Any] = {}
+
+
+def get_parallel_state() -> ParallelState:
+    return _STATE
 
 
 def get_tp_rank() -> int:
@@ -54,14 +106,37 @@ def get_ep_world_size() -> int:
     return _STATE.ep_size
 
 
+def get_pp_rank() -> int:
+    return _STATE.pp_rank
+
+
+def get_pp_world_size() -> int:
+    return _STATE.pp_size
+
+
 def _collectives_active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def set_parallel_state(tp_size: int = 1, ep_size: int = 1, rank: int = 0) -> None:
-    """Set TP/EP sizes for this process (each 1 or the world size) without touching process groups."""
+def set_parallel_state(tp_size: int = 1, ep_size: int = 1, rank: int = 0, pp_size: int = 1) -> None:
+    """Adopt a layout of the current world (each rank calls it with the same sizes). The TP and stage process
+    groups it needs are made once and reused; without a process group, only the sizes are recorded."""
     global _STATE
-    _STATE = ParallelState(rank % tp_size, tp_size, rank % ep_size, ep_size)
+    active = _collectives_active()
+    world = dist.get_world_size() if active else max(tp_size, ep_size) * pp_size
+    _STATE = ParallelState.of(rank, world, tp_size, ep_size, pp_size)
+    _GROUPS.clear()
+    for kind in ("tp", "stage"):
+        for ranks in _STATE.group_ranks(kind):
+            if not active or len(ranks) == 1 or len(ranks) == world:
+                group = None
+            else:  # every rank makes every group, in the same order
+                key = tuple(ranks)
+                if key not in _GROUP_CACHE:
+                    _GROUP_CACHE[key] = dist.new_group(ranks)
+                group = _GROUP_CACHE[key]
+            if rank in ranks:
+                _GROUPS[kind] = (group, len(ranks))
 
 
 def init_distributed(
@@ -70,19 +145,18 @@ def init_distributed(
     *,
     tp_size: int | None = None,
     ep_size: int = 1,
+    pp_size: int = 1,
     init_method: str | None = None,
     backend: str | None = None,
     timeout: float | None = None,
 ) -> None:
-    """Join the process group (gloo on CPU, NCCL on CUDA) and record the TP/EP layout.
+    """Join the process group (gloo on CPU, NCCL on CUDA) and adopt the TP × PP × EP layout.
 
-    ``tp_size`` defaults to ``world_size``; each of ``tp_size`` and ``ep_size`` must be 1 or ``world_size``.
+    ``tp_size`` defaults to the ranks of a stage (``world_size / pp_size``); tp and ep must divide them.
     ``timeout`` (seconds) bounds every collective of the group: one that does not finish raises on its rank.
     """
-    tp = world_size if tp_size is None else tp_size
-    for name, size in (("tp_size", tp), ("ep_size", ep_size)):
-        if size not in (1, world_size):
-            raise ValueError(f"{name}={size} must be 1 or the world size {world_size}")
+    tp = world_size // max(pp_size, 1) if tp_size is None else tp_size
+    ParallelState.of(rank, world_size, tp, ep_size, pp_size)  # a bad layout fails before any rendezvous
     if world_size > 1 and not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
@@ -90,12 +164,13 @@ def init_distributed(
         bound = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
         dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size,
                                 **bound)
-    set_parallel_state(tp, ep_size, rank)
+    set_parallel_state(tp, ep_size, rank, pp_size)
 
 
 def destroy_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _GROUP_CACHE.clear()
     set_parallel_state()
 
 
@@ -169,20 +244,52 @@ class CommTimer:
 COMM_TIMER = CommTimer()
 
 
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum ``x`` over all ranks in place (no-op at world size 1)."""
-    if _collectives_active():
-        COMM_TIMER.collective(x, lambda: dist.all_reduce(x))
+def _group(kind: str) -> tuple[Any, int]:
+    return _GROUPS.get(kind, (None, 1)) if _collectives_active() else (None, 1)
+
+
+def all_reduce(x: torch.Tensor, group: str = "tp") -> torch.Tensor:
+    """Sum ``x`` in place over this rank's ``group`` ("tp": its TP group; "stage": its pipeline stage)."""
+    handle, size = _group(group)
+    if size > 1:
+        COMM_TIMER.collective(x, lambda: dist.all_reduce(x, group=handle))
     return x
 
 
-def all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Concatenate each rank's ``x`` along ``dim`` in rank order (identity at world size 1)."""
-    if not _collectives_active():
+def all_gather(x: torch.Tensor, dim: int = -1, group: str = "tp") -> torch.Tensor:
+    """Concatenate the ``group``'s ``x`` along ``dim`` in rank order (identity for a group of one)."""
+    handle, size = _group(group)
+    if size == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    COMM_TIMER.collective(x, lambda: dist.all_gather(parts, x.contiguous()))
+    parts = [torch.empty_like(x) for _ in range(size)]
+    COMM_TIMER.collective(x, lambda: dist.all_gather(parts, x.contiguous(), group=handle))
     return torch.cat(parts, dim=dim)
+
+
+def stage_peer(offset: int) -> int:
+    """The global rank at the same place ``offset`` stages away (``offset`` within the pipeline)."""
+    return (_STATE.pp_rank + offset) * _STATE.stage_size + _STATE.stage_rank
+
+
+def send(x: torch.Tensor, dst: int) -> None:
+    """Point-to-point send to global rank ``dst`` (activations between pipeline stages)."""
+    COMM_TIMER.collective(x, lambda: dist.send(x.contiguous(), dst))
+
+
+def broadcast(x: torch.Tensor, src: int) -> torch.Tensor:
+    """``x`` from global rank ``src`` to every rank, in place (no-op at world size 1)."""
+    if not x.is_contiguous():
+        raise ValueError("broadcast fills its tensor in place: it must be contiguous")
+    if _collectives_active():
+        COMM_TIMER.collective(x, lambda: dist.broadcast(x, src))
+    return x
+
+
+def recv(like: torch.Tensor, src: int) -> torch.Tensor:
+    """Receive a tensor shaped and typed as ``like`` from global rank ``src``."""
+    out = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    COMM_TIMER.collective(out, lambda: dist.recv(out, src))
+    return out
 
 
 def free_port() -> int:

@@ -10,13 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agents.runtime.distributed import (
-    all_reduce,
-    get_ep_rank,
-    get_ep_world_size,
-    get_tp_rank,
-    get_tp_world_size,
-)
+from agents.runtime.distributed import all_reduce, get_parallel_state
 from agents.runtime.layers.mlp import silu_and_mul
 from agents.runtime.layers.weights import bind_loader, check_shape, make_param, quantizable, replicated, split
 
@@ -47,10 +41,10 @@ class RoutedExperts(nn.Module):
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.num_experts = num_experts
-        ep_size = get_ep_world_size()
-        self.tp_size, self.tp_rank = (get_tp_world_size(), get_tp_rank()) if ep_size == 1 else (1, 0)
-        self.num_local = split(num_experts, ep_size, "num_experts")
-        self.first = get_ep_rank() * self.num_local
+        state = get_parallel_state()  # experts in ep blocks of the stage, each expert split over its block
+        self.tp_size, self.tp_rank = state.expert_tp_size, state.expert_tp_rank
+        self.num_local = split(num_experts, state.ep_size, "num_experts")
+        self.first = state.ep_rank * self.num_local
         self.inter = intermediate
         self.inter_local = split(intermediate, self.tp_size, "expert intermediate size")
         ids = range(num_experts)
@@ -119,8 +113,9 @@ FusedExperts = RoutedExperts  # the old name (its weights are stacked, the compu
 
 
 class MoEBlock(nn.Module):
-    """``gate`` routes, ``experts`` compute; shared experts (built with ``reduce_results=False``) are added
-    before the single ``all_reduce`` when TP-sharded and after it when replicated."""
+    """``gate`` routes, ``experts`` compute; one ``all_reduce`` over the pipeline stage sums the ranks' expert
+    partials. Shared experts (built with ``reduce_results=False``) are added before it when TP-sharded, by the
+    first of the stage's TP groups only (the others hold the same shards), and after it when replicated."""
 
     def __init__(self, gate: nn.Module, experts: RoutedExperts, shared_experts: nn.Module | None = None,
                  shared_gate: nn.Module | None = None) -> None:
@@ -129,7 +124,9 @@ class MoEBlock(nn.Module):
         self.experts = experts
         self.shared_experts = shared_experts
         self.shared_expert_gate = shared_gate
-        self.tp_size = get_tp_world_size()
+        state = get_parallel_state()
+        self.tp_size = state.tp_size
+        self.adds_shared = state.attention_replica == 0
 
     def _shared(self, x: torch.Tensor) -> torch.Tensor:
         y = self.shared_experts(x)  # y: [T, H]
@@ -140,9 +137,9 @@ class MoEBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
         out = self.experts(x, weights, ids)  # out: [T, H] partial
-        if self.shared_experts is not None and self.tp_size > 1:
+        if self.shared_experts is not None and self.tp_size > 1 and self.adds_shared:
             out += self._shared(x)
-        out = all_reduce(out)
+        out = all_reduce(out, group="stage")
         if self.shared_experts is not None and self.tp_size == 1:
             out += self._shared(x)
         return out

@@ -104,7 +104,8 @@ def load_model(
     # mapped few parameters are resident yet, and the peak stays near the model's size.
     # FP8 scales travel with their weights, not on their own.
     scale_names = {e.name for e in scales.values()}
-    entries = sorted((e for e in ckpt.tensors.values() if e.name not in scale_names),
+    elsewhere = getattr(model, "other_stage", lambda name: False)  # pipeline parallel: another rank's tensors
+    entries = sorted((e for e in ckpt.tensors.values() if e.name not in scale_names and not elsewhere(e.name)),
                      key=lambda e: (-e.nbytes, e.file.name, e.start))
     state = {"current": None, "bytes": 0, "adopted": 0}
 

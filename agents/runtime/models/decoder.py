@@ -1,8 +1,15 @@
 """The decoder skeleton shared by the native families: embedding, N blocks (attention + MLP or MoE),
-final norm, LM head; the checkpoint-name mapping each family declares as data; KV-cache binding."""
+final norm, LM head; the checkpoint-name mapping each family declares as data; KV-cache binding.
+
+Under pipeline parallelism a rank builds only its stage: its contiguous share of the layers (the rest are
+parameterless ``StageSkip`` placeholders, so parameter names stay the checkpoint's), the embedding on the first
+stage, the norm and LM head on the last. Checkpoint tensors of other stages are ignored, never loaded. Each
+stage receives the hidden states of the one before and sends its own on; the last stage's logits are
+broadcast, so every rank samples the same tokens."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar
 
@@ -10,6 +17,7 @@ import torch
 from torch import nn
 
 from agents.runtime.context import ForwardContext
+from agents.runtime.distributed import broadcast, get_parallel_state, recv, send, stage_peer
 from agents.runtime.interface import ForwardOutput, KVCacheSpec
 from agents.runtime.layers.attention import AttentionMetadata
 from agents.runtime.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -50,6 +58,20 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class StageSkip(nn.Module):
+    """A layer another pipeline stage runs (no parameters here)."""
+
+
+def stage_layers(num_layers: int, pp: int, stage: int) -> tuple[int, int]:
+    """[first, end) of the layers of pipeline ``stage``: the first ``num_layers % pp`` stages take one more."""
+    base, extra = divmod(num_layers, pp)
+    first = stage * base + min(stage, extra)
+    return first, first + base + (1 if stage < extra else 0)
+
+
+_LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
+
+
 class DecoderCausalLM(nn.Module):
     """Base of the native dense/MoE families. Subclasses set ``weight_mapping`` and implement ``make_mlp``."""
 
@@ -69,16 +91,26 @@ class DecoderCausalLM(nn.Module):
         self.eps = config.get("rms_norm_eps", 1e-6)
         self.dtype = torch.get_default_dtype()
         self.rotary = RotaryEmbedding(self.head_dim, config)
+        state = get_parallel_state()
+        self.pp_rank, self.pp_size, self.stage_size = state.pp_rank, state.pp_size, state.stage_size
+        if self.pp_size > self.num_layers:
+            raise ValueError(f"pp={self.pp_size} is more pipeline stages than the {self.num_layers} layers")
+        self.first_layer, self.end_layer = stage_layers(self.num_layers, self.pp_size, self.pp_rank)
+        self.is_first, self.is_last = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
+        tied = bool(config.get("tie_word_embeddings", False))
         self.model = nn.Module()
-        self.model.embed_tokens = VocabParallelEmbedding(require(config, "vocab_size"), self.hidden)
+        self.model.embed_tokens = (VocabParallelEmbedding(require(config, "vocab_size"), self.hidden)
+                                   if self.is_first or (tied and self.is_last) else None)
         self.model.layers = nn.ModuleList(
-            DecoderLayer(self.make_attention(i), self.make_mlp(i), self.hidden, self.eps) for i in range(self.num_layers)
+            DecoderLayer(self.make_attention(i), self.make_mlp(i), self.hidden, self.eps)
+            if self.first_layer <= i < self.end_layer else StageSkip() for i in range(self.num_layers)
         )
-        self.model.norm = RMSNorm(self.hidden, self.eps)
-        self.lm_head = ParallelLMHead(config["vocab_size"], self.hidden)
+        self.model.norm = RMSNorm(self.hidden, self.eps) if self.is_last else None
+        self.lm_head = ParallelLMHead(config["vocab_size"], self.hidden) if self.is_last else None
         ignored = list(self.ignored_checkpoint_names)
-        if config.get("tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+        if tied:
+            if self.lm_head is not None:
+                self.lm_head.weight = self.model.embed_tokens.weight
             ignored.append(r"^lm_head\.weight$")
         self.mapping = WeightMapping(self.weight_mapping, ignored)
         self._decode_layout = False  # set once the dense linears have their decode-friendly layout
@@ -87,8 +119,10 @@ class DecoderCausalLM(nn.Module):
         """Column-major storage for the linears whose batch-1 matrix-vector product streams faster so (see
         ``column_major`` and ``dense_linear``): the LM head always, the layers' linears when torch runs one
         thread (with more, oneDNN reads their row-major weights on every thread). Done on the first forward."""
-        modules: list[nn.Module] = [] if self.lm_head.weight is self.model.embed_tokens.weight else [self.lm_head]
-        for layer in self.model.layers if torch.get_num_threads() == 1 else []:
+        head = self.lm_head
+        tied = head is None or self.model.embed_tokens is not None and head.weight is self.model.embed_tokens.weight
+        modules: list[nn.Module] = [] if tied else [head]
+        for layer in self.stage_layers if torch.get_num_threads() == 1 else []:
             if isinstance(layer.self_attn, SelfAttention):
                 modules += [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
             if isinstance(layer.mlp, SwiGLUMLP):
@@ -96,6 +130,11 @@ class DecoderCausalLM(nn.Module):
         for module in modules:
             column_major(module.weight)
         self._decode_layout = True
+
+    @property
+    def stage_layers(self) -> list[nn.Module]:
+        """The layers this pipeline stage runs."""
+        return list(self.model.layers)[self.first_layer:self.end_layer]
 
     # ---- family hooks ------------------------------------------------------------------------------------
     def make_attention(self, layer: int) -> nn.Module:
@@ -118,25 +157,40 @@ class DecoderCausalLM(nn.Module):
         with torch.inference_mode():
             meta = AttentionMetadata.build(ctx)
             meta.cos, meta.sin = self.rotary.cos_sin(positions, max(ctx.max_seqlen_k, 1), self.dtype)
-            x = self.model.embed_tokens(input_ids)  # x: [T, hidden]
+            if self.is_first:
+                x = self.model.embed_tokens(input_ids)  # x: [T, hidden]
+            else:  # the previous stage's hidden states
+                x = recv(torch.empty((input_ids.shape[0], self.hidden), dtype=self.dtype, device=input_ids.device),
+                         stage_peer(-1))
             layer_hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
-            for layer in self.model.layers:
+            for layer in self.stage_layers:
                 x = layer(x, meta)
                 if layer_hidden is not None:
                     layer_hidden.append(x)
+            if not self.is_last:
+                send(x, stage_peer(1))
+                return ForwardOutput(x, layer_hidden)  # x: [T, hidden], this stage's output (not normed)
             return ForwardOutput(self.model.norm(x), layer_hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, vocab] in fp32 on every rank (the last pipeline stage computes and broadcasts them)."""
         with torch.inference_mode():
-            logits = self.lm_head.compute_logits(hidden)  # [N, vocab]
-            return logits if logits.dtype == torch.float32 else logits.float()
+            if self.is_last:
+                logits = self.lm_head.compute_logits(hidden)  # [N, vocab]
+                logits = (logits if logits.dtype == torch.float32 else logits.float()).contiguous()  # sent whole
+            else:
+                logits = torch.empty((hidden.shape[0], self.config["vocab_size"]), dtype=torch.float32,
+                                     device=hidden.device)
+            if self.pp_size > 1:
+                broadcast(logits, (self.pp_size - 1) * self.stage_size)  # src: the last stage's first rank
+            return logits
 
     def attention_layers(self) -> list[nn.Module]:
-        return [layer.self_attn.attn for layer in self.model.layers]
+        return [layer.self_attn.attn for layer in self.stage_layers]
 
     def kv_cache_spec(self) -> KVCacheSpec | None:
         attn = self.attention_layers()[0]
-        return KVCacheSpec("kv", self.num_layers, attn.num_kv_heads, attn.head_dim, dtype=self.dtype)
+        return KVCacheSpec("kv", len(self.stage_layers), attn.num_kv_heads, attn.head_dim, dtype=self.dtype)
 
     def bind_kv_cache(self, caches: list[tuple[torch.Tensor, ...]]) -> None:
         layers = self.attention_layers()
@@ -163,7 +217,19 @@ class DecoderCausalLM(nn.Module):
         return declare_checkpoint(self, self.config, self.mapping.checkpoint_name)
 
     def is_ignored(self, name: str) -> bool:
-        return self.mapping.ignored(name)
+        """A checkpoint tensor this rank does not load: ignored by the family, or another pipeline stage's."""
+        return self.mapping.ignored(name) or self.other_stage(name)
+
+    def other_stage(self, name: str) -> bool:
+        """A checkpoint tensor of another pipeline stage: this rank never reads it."""
+        if self.pp_size == 1:
+            return False
+        match = _LAYER_NAME.match(name)
+        if match:
+            return not self.first_layer <= int(match.group(1)) < self.end_layer
+        if name.startswith("model.embed_tokens."):
+            return self.model.embed_tokens is None
+        return name.startswith(("model.norm.", "lm_head.")) and not self.is_last
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy each checkpoint tensor's rank slice into its parameter; returns the names loaded."""
@@ -172,7 +238,7 @@ class DecoderCausalLM(nn.Module):
         self._decode_layout = False  # a whole-tensor load may adopt a row-major tensor again
         with torch.no_grad():
             for name, tensor in weights:
-                if self.mapping.ignored(name):
+                if self.is_ignored(name):
                     continue
                 param_name, shard = self.mapping.target(name)
                 param = params.get(param_name)

@@ -50,7 +50,8 @@ class DeepseekV3ForCausalLM(DecoderCausalLM):
 
     # ---- family hooks ------------------------------------------------------------------------------------
     def make_attention(self, layer: int) -> nn.Module:
-        if layer == 0:  # DeepSeek rotates interleaved pairs of the rope part
+        if not getattr(self, "_mla_rotary", False):
+            self._mla_rotary = True  # DeepSeek rotates interleaved pairs of the rope part (built once per stage)
             interleave = bool(self.config.get("rope_interleave", True))
             self.rotary = RotaryEmbedding(self.config["qk_rope_head_dim"], self.config, interleaved=interleave)
         return MLAttention(self.config, self.rotary)
@@ -80,11 +81,11 @@ class DeepseekV3ForCausalLM(DecoderCausalLM):
 
     # ---- the latent cache --------------------------------------------------------------------------------
     def attention_layers(self) -> list[nn.Module]:
-        return [layer.self_attn for layer in self.model.layers]
+        return [layer.self_attn for layer in self.stage_layers]
 
     def kv_cache_spec(self) -> KVCacheSpec | None:
         latent = self.attention_layers()[0].latent_dim
-        return KVCacheSpec("mla", self.num_layers, latent_dim=latent, dtype=self.dtype)
+        return KVCacheSpec("mla", len(self.stage_layers), latent_dim=latent, dtype=self.dtype)
 
     def bind_kv_cache(self, caches: list[tuple[torch.Tensor, ...]]) -> None:
         layers = self.attention_layers()

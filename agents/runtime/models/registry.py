@@ -114,10 +114,11 @@ def build_model(config: dict[str, Any], *, dtype: torch.dtype = torch.float32,
     arch = architecture_of(config)
     path, reason = runtime_path(config)
     if path == "fallback":
-        from agents.runtime.distributed import get_ep_world_size, get_tp_world_size
+        from agents.runtime.distributed import get_ep_world_size, get_pp_world_size, get_tp_world_size
 
-        if get_tp_world_size() > 1 or get_ep_world_size() > 1:
-            raise NotImplementedError(f"{reason}, and the transformers fallback runs on one device only (no TP/EP)")
+        if get_tp_world_size() > 1 or get_ep_world_size() > 1 or get_pp_world_size() > 1:
+            raise NotImplementedError(f"{reason}, and the transformers fallback runs on one device only "
+                                      "(no TP/EP/PP)")
         try:
             from agents.runtime.models.fallback import FallbackModel
         except ModuleNotFoundError as exc:
