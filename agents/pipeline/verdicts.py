@@ -117,8 +117,8 @@ def _plan(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
         v.missing("plan missing (tp, pp, ep, devices)")
         return
     degrees = {k: plan.get(k) for k in ("tp", "pp", "ep")}
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in degrees.values()):
-        v.missing(f"plan degrees must be positive integers, got tp={degrees['tp']} pp={degrees['pp']} "
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 1 << 16 for d in degrees.values()):
+        v.missing(f"plan degrees must be integers from 1 to 65536, got tp={degrees['tp']} pp={degrees['pp']} "
                   f"ep={degrees['ep']}")
         return
     config = ctx.model.config

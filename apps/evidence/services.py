@@ -40,6 +40,7 @@ OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing"})
 # Bounds on what one result stores (issue 16): more is a 400 naming the field and the bound, storing nothing.
 MAX_BENCH_RUNS = 64
 MAX_CONCURRENCY = 4096
+MAX_DEVICES = 1 << 16  # a plan's tp, pp, ep and device count
 MAX_LOAD_PROBLEMS = 1000
 MAX_SHARDS = 10_000
 MAX_INVENTORY_OPS = 5000
@@ -55,8 +56,10 @@ def _plan(s: dict[str, Any], path: str) -> Saver:
     fields = dict(
         params_total=p.integer(s, "params_total", path), params_active=p.integer(s, "params_active", path),
         weight_bytes=p.integer(s, "weight_bytes", path), kv_bytes_per_token=p.integer(s, "kv_bytes_per_token", path),
-        tp=p.integer(plan, "tp", f"{path}.plan"), pp=p.integer(plan, "pp", f"{path}.plan"),
-        ep=p.integer(plan, "ep", f"{path}.plan"), devices=p.integer(plan, "devices", f"{path}.plan"),
+        tp=p.integer(plan, "tp", f"{path}.plan", low=1, high=MAX_DEVICES),
+        pp=p.integer(plan, "pp", f"{path}.plan", low=1, high=MAX_DEVICES),
+        ep=p.integer(plan, "ep", f"{path}.plan", low=1, high=MAX_DEVICES),
+        devices=p.integer(plan, "devices", f"{path}.plan", low=1, high=MAX_DEVICES),
         fits=bool(p.boolean(s, "fits", path)), bytes_per_device=p.integer(s, "bytes_per_device", path),
         max_context=p.integer(s, "max_context", path), max_batch=p.integer(s, "max_batch", path),
         dtype=p.text(s, "dtype", path, max_length=32),

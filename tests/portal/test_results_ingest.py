@@ -83,6 +83,8 @@ def test_stage_by_stage_posts_replace_a_stage_and_climb(api_client, agent_job) -
     ({"stage": "load", "section": {**PASSING["load"], "problems": [{"tensor": "t", "problem": "nan"}] * 100_000}},
      "stages.load.problems"),
     ({"stage": "bench", "section": {"runs": [PASSING["bench"]["runs"][0]] * 20_000}}, "stages.bench.runs"),
+    ({"stage": "plan", "section": {**PASSING["plan"], "plan": {"tp": 2**40, "pp": 1, "ep": 1, "devices": 1}}},
+     "stages.plan.plan.tp"),
     ({"stage": "bench", "section": {"runs": [{**PASSING["bench"]["runs"][0], "concurrency": 2**40}]}},
      "stages.bench.runs[0].concurrency"),
     ({"stage": "align", "section": {**PASSING["align"], "layers": PASSING["align"]["layers"] * 100}},
