@@ -124,3 +124,45 @@ def test_layouts_that_do_not_fit_the_world_are_refused() -> None:
     assert (state.tp_rank, state.attention_replica, state.ep_rank, state.expert_tp_rank) == (1, 1, 1, 1)
     assert state.group_ranks("tp") == [[0, 1], [2, 3]] and state.group_ranks("stage") == [[0, 1, 2, 3]]
     assert stage_layers(5, 2, 0) == (0, 3) and stage_layers(5, 2, 1) == (3, 5)
+
+
+@pytest.mark.slow  # two server processes load the model: ~20 s on a busy host
+def test_day0_serve_with_two_pipeline_stages_answers_as_one_process(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    from agents.runtime.server.launcher import free_port
+
+    model_dir = cached_model("qwen3-moe")
+    prompts = ["Hello world, this is a test of", "The quick brown fox"]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    alone = [o.text for o in LLMEngine(model_dir, num_blocks=64).generate(prompts, greedy)]
+    port, log_path = free_port(), tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--pp", "2",
+                                 "--port", str(port), "--num-blocks", "64"], stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+                                cwd=Path(__file__).resolve().parents[2])
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.3)
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            for prompt, expected in zip(prompts, alone, strict=True):
+                r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                                              "ignore_eos": True}, timeout=60)
+                assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected, r.text
+        finally:
+            proc.terminate()
+            assert proc.wait(timeout=30) == 0, log_path.read_text()[-3000:]

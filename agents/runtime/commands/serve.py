@@ -10,6 +10,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     p.add_argument("model_dir", help="model directory (config.json, safetensors, tokenizer)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (processes on this host)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages (pp x max(tp, ep) processes)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree inside a stage")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -36,9 +38,10 @@ def handle(args: argparse.Namespace) -> int:
     if not (Path(args.model_dir) / "config.json").is_file():
         print(f"day0 serve: {args.model_dir} is not a model directory (no config.json)", flush=True)
         return 2
-    if args.tp < 1:
-        print(f"day0 serve: --tp must be >= 1, got {args.tp}", flush=True)
-        return 2
+    for flag, value in (("--tp", args.tp), ("--pp", args.pp), ("--ep", args.ep)):
+        if value < 1:
+            print(f"day0 serve: {flag} must be >= 1, got {value}", flush=True)
+            return 2
     if not 0.001 <= args.max_body_mb <= 1024:
         print(f"day0 serve: --max-body-mb must be in [0.001, 1024], got {args.max_body_mb}", flush=True)
         return 2
@@ -46,12 +49,12 @@ def handle(args: argparse.Namespace) -> int:
     from agents.runtime.server.launcher import serve
 
     run = serve
-    if args.tp > 1:
+    if args.tp > 1 or args.pp > 1 or args.ep > 1:
         from functools import partial
 
         from agents.runtime.engine.tp import serve_tp
 
-        run = partial(serve_tp, tp=args.tp)
+        run = partial(serve_tp, tp=args.tp, pp=args.pp, ep=args.ep)
     return run(
         args.model_dir,
         host=args.host,

@@ -54,14 +54,16 @@ def worker(model_dir: str, dtype: str, device: str) -> None:
         fail_worker(rank, exc)
 
 
-def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: dict[str, Any]) -> None:
+def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: dict[str, Any],
+               layout: tuple[int, int, int] | None = None) -> None:
     from agents.runtime.distributed import destroy_distributed, init_distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     # the backend follows the serving device, not whether a GPU exists: a CPU run on a GPU host stays on gloo
     backend = "nccl" if str(serve_kwargs.get("device", "cpu")).startswith("cuda") else "gloo"
-    init_distributed(rank, world, tp_size=world, backend=backend,
+    tp, ep, pp = layout or (world, 1, 1)
+    init_distributed(rank, world, tp_size=tp, ep_size=ep, pp_size=pp, backend=backend,
                      timeout=float(os.environ.get("DAY0_TP_TIMEOUT_S", 300)))
     try:
         if rank == 0:
@@ -75,8 +77,9 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
         destroy_distributed()
 
 
-def serve_tp(model_dir: str | Path, tp: int, **serve_kwargs: Any) -> int:
-    """``day0 serve --tp N``: N processes, rank 0 serving HTTP; returns rank 0's exit code."""
+def serve_tp(model_dir: str | Path, tp: int, pp: int = 1, ep: int = 1, **serve_kwargs: Any) -> int:
+    """``day0 serve --tp N [--pp P --ep E]``: ``pp × max(tp, ep)`` processes (the planner's device count), rank
+    0 serving HTTP; returns rank 0's exit code."""
     from agents.runtime.distributed import free_port
     from agents.runtime.engine.rank_failure import ERROR_DIR_ENV, watch_ranks
 
@@ -84,7 +87,9 @@ def serve_tp(model_dir: str | Path, tp: int, **serve_kwargs: Any) -> int:
     port = free_port()
     errors = Path(tempfile.mkdtemp(prefix="day0-tp-"))
     os.environ[ERROR_DIR_ENV] = str(errors)  # the ranks inherit it
-    procs = [ctx.Process(target=_rank_main, args=(r, tp, port, str(model_dir), serve_kwargs)) for r in range(tp)]
+    world = pp * max(tp, ep)
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(model_dir), serve_kwargs, (tp, ep, pp)))
+             for r in range(world)]
     for p in procs:
         p.start()
 
