@@ -12,6 +12,8 @@ from pathlib import Path
 
 from celery import Celery
 
+from agents.worker.agent_state import data_dir as agent_data_dir
+
 TASK_NAME = "day0.run_job"
 
 
@@ -26,12 +28,13 @@ def default_broker_url() -> str:
 
 def filesystem_options(data_dir: Path | None = None) -> dict:
     """kombu filesystem transport folders shared with the portal (``$DAY0_DATA_DIR/broker``)."""
-    root = Path(data_dir or os.environ.get("DAY0_DATA_DIR") or Path(__file__).resolve().parents[2] / "var")
+    root = Path(data_dir) if data_dir else agent_data_dir()
     queue, processed, control = (root / "broker" / sub for sub in ("queue", "processed", "control"))
     for folder in (queue, processed, control):
         folder.mkdir(parents=True, exist_ok=True)
     return {"data_folder_in": str(queue), "data_folder_out": str(queue), "processed_folder": str(processed),
-            "control_folder": str(control), "store_processed": False}
+            "control_folder": str(control), "store_processed": False,
+            "polling_interval": 0.25}  # the 1 s default slows a stop (SIGTERM) and each job's pickup
 
 
 def make_app(broker_url: str | None = None) -> Celery:

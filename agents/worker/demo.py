@@ -63,24 +63,29 @@ def submit_job(portal_url: str, token: str, *, model: str, hardware: str = "cpu"
     return response.json()
 
 
+def _signal(process: subprocess.Popen, sig: int) -> None:
+    """``sig`` to the process's group when it leads one (``start_new_session``), else to the process."""
+    try:
+        if os.getpgid(process.pid) == process.pid:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
 def stop_processes(processes: list[subprocess.Popen], timeout: float = 8.0) -> None:
-    """Stops processes started in their own process group (``start_agent``, the portal's worker) together:
-    SIGTERM to every group at once, then SIGKILL to what is left after ``timeout`` seconds in all."""
+    """Stops processes together (an agent from ``start_agent`` and the portal's worker with their process
+    groups): SIGTERM to all at once, then SIGKILL to what is left after ``timeout`` seconds in all."""
     running = [p for p in processes if p.poll() is None]
     for process in running:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        _signal(process, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for process in running:
         try:
             process.wait(timeout=max(deadline - time.monotonic(), 0.05))
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _signal(process, signal.SIGKILL)
             process.wait()
 
 

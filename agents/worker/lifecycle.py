@@ -89,15 +89,38 @@ def begin_stop(state: Any, grace: float | None = None) -> None:
     cancel = getattr(state, "cancel_event", None)
     if cancel is not None:
         cancel.set()
-    threading.Thread(target=_watchdog, args=(grace or stop_grace_seconds(),), name="stop-watchdog",
-                     daemon=True).start()
+    grace = grace or stop_grace_seconds()
+    logger.warning("agent stopping: %s; exiting within %.0f s", "cancelling the running job" if cancel is not None
+                   else "no job running", grace)
+    threading.Thread(target=_watchdog, args=(grace,), name="stop-watchdog", daemon=True).start()
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
 def install_stop_on_shutdown(state: Any) -> None:
-    """Connects ``begin_stop`` to Celery's ``worker_shutting_down`` signal (sent from its SIGTERM/SIGINT handler)."""
+    """``begin_stop`` as soon as a stop signal arrives, and when Celery's ``worker_shutting_down`` fires.
+
+    Python runs signal handlers in the main thread between bytecodes, and the solo pool runs the job there: a long
+    torch call would hold Celery's SIGTERM handler back for as long as it lasts. The C-level handler writes the
+    signal number to the wakeup fd at once, so a thread reading it starts the stop (cancel, watchdog) without
+    waiting for the main thread. Call it from the main thread."""
     from celery.signals import worker_shutting_down
 
     def on_shutdown(**_: Any) -> None:
         begin_stop(state)
 
     worker_shutting_down.connect(on_shutdown, weak=False)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while True:
+            received = os.read(read_fd, 64)
+            if not received:
+                return
+            if any(sig in STOP_SIGNALS for sig in received):
+                begin_stop(state)
+
+    threading.Thread(target=watch, name="stop-signals", daemon=True).start()

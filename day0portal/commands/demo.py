@@ -22,7 +22,7 @@ from urllib.request import urlopen
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_VARS = ("DAY0_DATABASE_URL", "DAY0_REDIS_URL")  # unset: the demo always runs on the embedded default
 GRACEFUL_SECONDS = 2  # how long the portal waits for open connections when the demo stops
-AGENT_STOP_SECONDS = "3"  # the demo agent's DAY0_AGENT_STOP_SECONDS: the demo exits within a few seconds
+AGENT_STOP_SECONDS = "2"  # the demo agent's DAY0_AGENT_STOP_SECONDS: the demo exits within a few seconds
 
 
 @dataclass
@@ -140,7 +140,22 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    """``day0 demo``; once everything it started has stopped, the process ends at once (``os._exit``): tearing
+    down the interpreter's heap (Django, torch, transformers) took seconds after a SIGTERM."""
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the demo and what it started, like Ctrl-C
+    try:
+        code = _run_demo(args)
+    except KeyboardInterrupt:
+        code = 0
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
     env = demo_environment(args.data_dir)
     info = prepare_demo(env)
     try:
@@ -173,8 +188,8 @@ Ctrl-C stops it.""", flush=True)
         from agents.worker.demo import stop_processes
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second `kill` does not cut the cleanup short
-        stop_processes(helpers, timeout=float(AGENT_STOP_SECONDS) + 1)  # agent and worker together
-        stop_portal(process)
+        # agent, worker and portal together: the agent's own watchdog ends it within AGENT_STOP_SECONDS
+        stop_processes([*helpers, process], timeout=float(AGENT_STOP_SECONDS) + 0.5)
 
 
 def _run_demo_job(base: str, info: DemoInfo, env: dict[str, str], args: argparse.Namespace,
