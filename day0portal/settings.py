@@ -134,6 +134,7 @@ else:
         "processed_folder": str(BROKER_DIR / "processed"),
         "control_folder": str(BROKER_DIR / "control"),  # exchange tables; kombu's default is ./control
         "store_processed": False,
+        "polling_interval": 0.25,  # kombu's 1 s default made a worker take ~5 s to stop and jobs wait to start
     }
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 CELERY_RESULT_BACKEND = None  # job state lives in the database, never only in a result backend
