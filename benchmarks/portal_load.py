@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 EVENTS_PER_BATCH = 5
+DRAIN_SECONDS = 60.0
 TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
                "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
                "num_key_value_heads": 4, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
@@ -175,7 +176,8 @@ async def api_load(world: World, rate: float, seconds: float, stats: Stats) -> d
     next_seq: dict[int, int] = defaultdict(lambda: 1)
     reader = {"Authorization": f"Token {world.reader}"}
     agent = {"Authorization": f"Token {world.agent}", "Content-Type": "application/json"}
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=100)
+    # idle connections expire before uvicorn's 5 s keep-alive closes them (else a reuse races the close)
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=100, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=world.base, timeout=30, limits=limits) as client:
 
         async def one(kind: str, method: str, url: str, **kwargs: Any) -> None:
@@ -217,12 +219,18 @@ async def api_load(world: World, rate: float, seconds: float, stats: Stats) -> d
 
 
 def stored_seqs(job_ids: list[int]) -> dict[int, list[int]]:
+    """Every stored event seq of each job (also called from a worker thread: its connection is closed after)."""
+    from django.db import connection
+
     from apps.jobs.models import JobEvent
 
     out: dict[int, list[int]] = {job: [] for job in job_ids}
-    for job, seq in JobEvent.objects.filter(job_id__in=job_ids).order_by("job_id", "seq").values_list("job_id",
-                                                                                                       "seq"):
-        out[job].append(seq)
+    try:
+        rows = JobEvent.objects.filter(job_id__in=job_ids).order_by("job_id", "seq").values_list("job_id", "seq")
+        for job, seq in rows:
+            out[job].append(seq)
+    finally:
+        connection.close()
     return out
 
 
@@ -262,13 +270,12 @@ async def run(world: World, clients: int, rate: float, seconds: float) -> tuple[
         await asyncio.sleep(0.1)
     connect_seconds = time.monotonic() - t0
     sent = await api_load(world, rate, seconds, stats)
-    expected = sum(sent.values())
-    drain_until = time.monotonic() + 15  # let the last broadcasts arrive
-    while time.monotonic() < drain_until:
-        if sum(len(r) for r in received) >= expected * clients / len(world.job_ids) * 0.999:
-            break
+    stored = await asyncio.to_thread(stored_seqs, world.job_ids)
+    expected = sum(len(stored[job]) for job in owners)
+    drain_until = time.monotonic() + DRAIN_SECONDS  # the last broadcasts are still on their way
+    while time.monotonic() < drain_until and sum(len(r) for r in received) < expected:
         await asyncio.sleep(0.2)
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # anything beyond the expected count (a duplicate) arrives too
     stop.set()
     await asyncio.gather(*followers)
     codes = await refusal_codes(world)

@@ -99,6 +99,15 @@ if DATABASE_URL:
         _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DAY0_DB_CONN_MAX_AGE", 60, minimum=0))
     except ValueError as exc:
         raise ImproperlyConfigured(f"DAY0_DATABASE_URL is not a database URL: {exc}") from exc
+    # Under ASGI every request and WebSocket consumer runs its database calls on a thread of its own, and a
+    # persistent connection stays with its thread: 200 open sockets held ~200 connections per worker and
+    # PostgreSQL refused the rest ("too many clients"). A bounded pool per process (psycopg_pool) caps them;
+    # DAY0_DB_POOL_MAX_SIZE=0 keeps per-thread persistent connections (DAY0_DB_CONN_MAX_AGE) instead.
+    _pool_max = env_int("DAY0_DB_POOL_MAX_SIZE", 16, minimum=0)
+    if _pool_max and "postgresql" in _db["ENGINE"]:
+        _db["CONN_MAX_AGE"] = 0  # the pool keeps the connections; Django requires 0 with a pool
+        _db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": _pool_max,
+                                                 "timeout": env_int("DAY0_DB_POOL_TIMEOUT", 30, minimum=1)}
 else:
     _db = {
         "ENGINE": "django.db.backends.sqlite3",
@@ -120,7 +129,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("DAY0_CHANNELS_PREFIX", "day0")},
+            # redis-py 8 reads with a 5 s socket timeout by default, the layer's blocking pop waits 5 s: under
+            # load the reply lost that race, the consumer died and its WebSocket dropped without a close frame
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                       "prefix": env_str("DAY0_CHANNELS_PREFIX", "day0")},
         }
     }
 else:
