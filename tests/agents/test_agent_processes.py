@@ -197,3 +197,26 @@ def test_day0_demo_stops_within_seconds_and_takes_every_process_it_started(tmp_p
     if how == "SIGTERM":
         assert exited < 6, f"the demo took {exited:.1f} s to exit\n{agent_log}"
     assert took < 10, f"its processes took {took:.1f} s to end"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth (function-level imports included)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return names
+
+
+def test_dispatch_imports_no_service_and_the_agent_worker_no_portal_code() -> None:
+    """``apps.jobs.dispatch`` is the broker side only (services import it, never the reverse: no cycle), and
+    the agent's modules, the demo's agent helpers included, import neither Django nor ``apps`` nor
+    ``day0portal`` (the demo's seeding lives in ``day0portal.demo_seed``)."""
+    assert "apps.jobs.services" not in imported_modules(ROOT / "apps" / "jobs" / "dispatch.py")
+    for path in sorted((ROOT / "agents" / "worker").glob("*.py")):
+        portal = {m for m in imported_modules(path) if m.split(".")[0] in ("django", "apps", "day0portal")}
+        assert not portal, (path.name, portal)
