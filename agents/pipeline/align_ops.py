@@ -470,6 +470,12 @@ def module_inventory(model: nn.Module) -> tuple[list[tuple[str, nn.Module, str, 
     return sorted(chosen.values(), key=lambda item: (item[2], item[0])), rows
 
 
+def _label(row: Row) -> str:
+    """A row's unique, readable name: the check, its phase, and for linears the layer class."""
+    label = row["op"] + (f" {row['phase']}" if row.get("phase") else "")
+    return f"{label} ({row['module']})" if row["op"] == "linear" else label
+
+
 def _verdict(row: Row, th: dict[str, float]) -> Row:
     extra_ok = row.pop("_extra_ok", True)
     cosine, rel = row["cosine"], row["max_rel_err"]
@@ -494,7 +500,7 @@ def run_checks(model: Any, config: dict[str, Any], *, thresholds: dict[str, floa
     rows: list[Row] = []
     for i, (path, module, name, fn) in enumerate(items, 1):
         size = sum(p.numel() for p in module.parameters())
-        base = {"op": name, "module": type(module).__name__, "where": path}
+        base = {"op": name, "check": name, "module": type(module).__name__, "where": path}
         if size > MAX_CHECK_ELEMENTS:
             rows.append({**base, "status": "unchecked", "cosine": None, "max_rel_err": None, "max_abs_err": None,
                          "passed": None, "reason": f"{size:,} parameters: too large to re-randomise for the check"})
@@ -509,7 +515,8 @@ def run_checks(model: Any, config: dict[str, Any], *, thresholds: dict[str, floa
             rows.append({**base, "status": "failed", "cosine": None, "max_rel_err": None, "max_abs_err": None,
                          "passed": False, "problem": f"{type(exc).__name__}: {exc}"})
         else:
-            rows += [{**_verdict(row, th), "aten_ops": sorted(probe.aten)} for row in produced]
+            rows += [{**_verdict(row, th), "check": row["op"], "op": _label(row), "aten_ops": sorted(probe.aten)}
+                     for row in produced]
         if progress:
             progress(i, len(items))
     return rows + unchecked
@@ -540,9 +547,8 @@ def inventory_coverage(inventory: list[dict[str, Any]], rows: list[Row]) -> dict
     e.g. the sampler's ``argmax`` or the engine's index bookkeeping)."""
     by_op: dict[str, list[str]] = {}
     for row in rows:
-        label = row["op"] if not row.get("phase") else f"{row['op']} ({row['phase']})"
         for name in row.get("aten_ops") or []:
-            by_op.setdefault(name, []).append(label)
+            by_op.setdefault(name, []).append(row["op"])
     traced = sorted({str(op.get("op")) for op in inventory if isinstance(op, dict)})
     return {"exercised": {name: sorted(set(by_op[name])) for name in traced if name in by_op},
             "not_exercised": [name for name in traced if name not in by_op]}

@@ -82,7 +82,8 @@ FAMILY_OPS = {
 @pytest.mark.parametrize("arch", sorted(FAMILY_OPS))
 def test_every_module_class_of_each_family_is_checked_and_exact_in_float32(arch: str):
     rows = _rows(arch)
-    assert {row["op"] for row in rows} == FAMILY_OPS[arch]
+    assert {row["check"] for row in rows} == FAMILY_OPS[arch]
+    assert len({row["op"] for row in rows}) == len(rows)  # every row's name is unique
     assert not [row for row in rows if row["status"] == "unchecked"]
     for row in rows:
         assert all(k in row for k in ROW_KEYS[("align", "ops")]), row
@@ -91,15 +92,15 @@ def test_every_module_class_of_each_family_is_checked_and_exact_in_float32(arch:
 
 def test_the_checks_run_the_models_own_classes_and_layouts():
     rows = _rows("deepseek-v3")
-    router = next(row for row in rows if row["op"] == "router")
+    router = next(row for row in rows if row["check"] == "router")
     assert router["module"] == "GroupedTopKRouter" and "correction bias" in router["rule"]
-    assert next(row for row in rows if row["op"] == "rope")["interleaved"] is True  # DeepSeek's layout
-    assert {row["phase"] for row in rows if row["op"] == "mla"} == {"prefill", "paged prefill + absorbed decode"}
-    assert {row["module"] for row in rows if row["op"] == "linear"} == {
+    assert next(row for row in rows if row["check"] == "rope")["interleaved"] is True  # DeepSeek's layout
+    assert {row["op"] for row in rows if row["check"] == "mla"} == {"mla prefill", "mla paged prefill + absorbed decode"}
+    assert {row["module"] for row in rows if row["check"] == "linear"} == {
         "ReplicatedLinear", "ColumnParallelLinear", "MergedColumnParallelLinear", "RowParallelLinear"}
     llama = _rows("llama")
-    assert next(row for row in llama if row["op"] == "rope")["interleaved"] is False
-    assert next(row for row in _rows("qwen3") if row["op"] == "self_attention")["qk_norm"] is True
+    assert next(row for row in llama if row["check"] == "rope")["interleaved"] is False
+    assert next(row for row in _rows("qwen3") if row["check"] == "self_attention")["qk_norm"] is True
 
 
 def test_a_column_major_weight_is_checked_in_its_own_layout():
@@ -117,14 +118,14 @@ def test_a_column_major_weight_is_checked_in_its_own_layout():
 def test_bfloat16_is_within_default_thresholds_but_not_exact():
     rows = _rows("mixtral", torch.bfloat16)
     assert all(row["passed"] for row in rows), [row for row in rows if not row["passed"]]
-    linear = next(row for row in rows if row["op"] == "linear")
+    linear = next(row for row in rows if row["check"] == "linear")
     assert linear["max_rel_err"] > 1e-4  # bf16 rounding is visible: the check measures something
 
 
 def test_thresholds_override_fails_operators():
     config = _config("llama")
     rows = align_ops.run_checks(build_model(config, dtype=torch.bfloat16), config, thresholds={"op_max_rel_err": 1e-6})
-    assert not any(row["passed"] for row in rows if row["op"] == "linear")
+    assert not any(row["passed"] for row in rows if row["check"] == "linear")
 
 
 def test_the_planted_router_bug_fails_at_the_router_only():
@@ -138,7 +139,7 @@ def test_a_wrong_rope_layout_fails_rope_and_mla():
     config = _config("deepseek-v3")
     model = build_model(config)
     model.rotary.interleaved = False  # Llama's layout in a DeepSeek model
-    failed = {row["op"] for row in align_ops.run_checks(model, config) if not row["passed"]}
+    failed = {row["check"] for row in align_ops.run_checks(model, config) if not row["passed"]}
     assert failed == {"rope", "mla"}
 
 

@@ -84,7 +84,7 @@ def test_a_complete_align_section_has_every_part(make_ctx) -> None:
     assert align["ops"] and align["layers"] and align["e2e"] and align["kv_cache"]["passed"]
     # the checks follow the inventory: which traced operators the runtime's modules ran under a check
     coverage = align["inventory_coverage"]
-    assert "attention (prefill)" in coverage["exercised"]["aten.scaled_dot_product_attention.default"]
+    assert "attention prefill" in coverage["exercised"]["aten.scaled_dot_product_attention.default"]
     assert "swiglu_mlp" in coverage["exercised"]["aten.silu.default"]
     assert "aten.argmax.default" in coverage["not_exercised"]  # the trace's greedy pick is no model operator
     traced = {op["op"] for op in report["stages"]["inventory"]["ops"]}
