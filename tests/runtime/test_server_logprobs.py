@@ -145,7 +145,11 @@ def test_streamed_logprobs_and_echo_match_the_whole_response(url):
         assert "".join(c["text"] for c in mine) == whole[index]["text"]
         merged = {k: [v for c in mine for v in c["logprobs"][k]] for k in ("tokens", "token_logprobs",
                                                                         "text_offset")}
-        assert merged == {k: whole[index]["logprobs"][k] for k in merged}
+        want = whole[index]["logprobs"]
+        assert merged["tokens"] == want["tokens"] and merged["text_offset"] == want["text_offset"]
+        # the two requests batch their choices differently: equal up to float reassociation
+        assert merged["token_logprobs"][0] is None and want["token_logprobs"][0] is None
+        assert merged["token_logprobs"][1:] == pytest.approx(want["token_logprobs"][1:], abs=1e-5)
         assert mine[-1]["finish_reason"] == "length"
 
 
