@@ -261,7 +261,7 @@ def test_looser_thresholds_mark_the_job_and_every_tier_it_reaches(api_client, ce
     assert StageResult.objects.filter(job=job, stage="align", verdict="pass").exists()  # nothing lost
 
 
-def test_the_issues_forgery_as_one_report_stays_at_serves(api_client, cell) -> None:
+def test_the_issues_forgery_as_one_report_stays_at_serves(api_client, client, cell) -> None:
     """The report of issue 9: ``{"align": {"passed": true}}`` and a bench whose only run has 99 failed requests."""
     model, hardware, token = cell
     job = JobFactory(model=model, hardware=hardware)
@@ -277,3 +277,8 @@ def test_the_issues_forgery_as_one_report_stays_at_serves(api_client, cell) -> N
     assert "bench: run at concurrency 1 has 99 of 100 failed requests" in verdicts["bench"]["reasons"]
     assert body["cell"]["tier"] == 3 and body["cell"]["failed_stage"] == "align"
     assert Cell.objects.get(model=model, hardware=hardware).tier == 3
+    matrix_page = client.get("/").content.decode()
+    assert "claim refuted: align, bench" not in matrix_page  # bench claims nothing: only align is refuted
+    assert "claim refuted: align</span>" in matrix_page
+    cell_page = client.get(f"/cells/{model.slug}/{hardware.slug}/").content.decode()
+    assert 'id="mark-disputed"' in cell_page and "align: kv_cache missing" in cell_page
