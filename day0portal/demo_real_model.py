@@ -14,12 +14,13 @@ CHAT_QUESTION = "What is the capital of France?"
 
 
 def ensure_real_demo_model() -> tuple[str, Path, Path]:
-    """Converts (once per cache) and registers the real model; returns (slug, models_dir, model_dir)."""
+    """Converts (once per cache) and registers the real model; returns (slug, models_dir, model_dir), the last
+    being the link named by the slug (so that ``day0 serve`` serves it under that name)."""
     from agents.runtime.testing.real_models import cached_real_model
     from day0portal.demo_seed import register_demo_release
 
-    model_dir = cached_real_model("smollm2-135m", "float32")
-    return REAL_SLUG, register_demo_release(REAL_SLUG, REAL_NAME, model_dir), model_dir
+    models_dir = register_demo_release(REAL_SLUG, REAL_NAME, cached_real_model("smollm2-135m", "float32"))
+    return REAL_SLUG, models_dir, models_dir / REAL_SLUG
 
 
 def submit_real_model_job(base: str, token: str) -> dict[str, Any]:
@@ -53,7 +54,7 @@ def chat_instructions(url: str, answer: str) -> str:
   chat with {REAL_SLUG} (served by day0 serve at {url}):
 
     curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\
-      -d '{{"messages": [{{"role": "user", "content": "{CHAT_QUESTION}"}}], "max_tokens": 32}}'
+      -d '{{"messages": [{{"role": "user", "content": "{CHAT_QUESTION}"}}], "max_tokens": 32, "temperature": 0}}'
 
   it answered: {answer}
 """
