@@ -226,6 +226,7 @@ def test_first_load_records_the_manifest_and_a_disagreeing_hardware_is_flagged(a
     ({"e2e_top_k": 2.5}, "threshold e2e_top_k: 2.5 is outside its range an integer in [1, 100]"),
     ({"bench_max_failure_ratio": 2}, "threshold bench_max_failure_ratio: 2 is outside its range [0, 1]"),
     ({"kv_cache_max_len": 0}, "threshold kv_cache_max_len: 0 is outside its range an integer in [1, 10000000]"),
+    ({"kv_cache_max_len": 4096}, "threshold kv_cache_max_len: 4096 is longer than the model's context length 2048"),
 ])
 def test_out_of_range_thresholds_are_400_at_submit_naming_key_and_range(api_client, cell, thresholds,
                                                                         message) -> None:

@@ -11,6 +11,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from agents.pipeline.thresholds import check_thresholds
 from agents.runtime.planner.search import config_layout_error
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware
@@ -78,6 +79,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if hardware is None:
             raise ValidationError({"hardware": f"no hardware with slug {data['hardware']!r}"})
         spec = serializer.spec()
+        try:  # lengths within the model's context (the serializer checked every other range)
+            check_thresholds(spec["thresholds"], context_length=model.context_length)
+        except ValueError as exc:
+            raise ValidationError({"thresholds": [str(exc)]}) from None
         if spec["dtype"] is None:
             spec["dtype"] = "bfloat16" if "bfloat16" in hardware.dtypes or not hardware.dtypes else "float32"
         elif hardware.dtypes and spec["dtype"] not in hardware.dtypes:
