@@ -2,7 +2,7 @@
    Without JavaScript, the form's <noscript> button submits it. */
 (function () {
   "use strict";
-  Array.prototype.forEach.call(document.querySelectorAll("form.filters[data-autosubmit], #job-filters, #regression-filters"), function (form) {
+  Array.prototype.forEach.call(document.querySelectorAll("#matrix-filters, #job-filters, #regression-filters"), function (form) {
     form.addEventListener("change", function (e) {
       if (e.target.matches("select, input[type=checkbox], input[type=date]")) { form.requestSubmit(); }
     });

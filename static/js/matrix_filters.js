@@ -1,5 +1,5 @@
-/* The matrix's search and filters apply as they change, and stay in the URL: typing in the search hides the
-   rows that do not match (no reload) and rewrites ?q=; a select or checkbox submits the form at once. Without
+/* The matrix's search applies as you type and stays in the URL: the rows that do not match are hidden (no
+   reload) and ?q= rewritten. Selects and checkboxes submit the form at once (autosubmit.js). Without
    JavaScript the form still works (the <noscript> button). */
 (function () {
   "use strict";
@@ -11,15 +11,7 @@
   var none = document.getElementById("matrix-none");
   var onlyRegressed = form.querySelector("input[name=regressed]");
 
-  form.addEventListener("change", function (e) {
-    if (e.target !== search) { form.requestSubmit ? form.requestSubmit() : form.submit(); }
-  });
-  form.addEventListener("submit", function () {  // keep the URL short: drop empty parameters
-    Array.prototype.forEach.call(form.elements, function (el) {
-      if (el.name && !el.value) { el.disabled = true; }
-    });
-  });
-  if (!search || !table) { return; }
+  if (!search || !table) { return; }  // selects and checkboxes apply through autosubmit.js
 
   function apply() {
     var q = search.value.trim().toLowerCase();

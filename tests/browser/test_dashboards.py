@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from tests.browser.pages import open_page
 from tests.dashboards.world import build_world
 from tests.factories import JobFactory, make_token
 
@@ -17,15 +18,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 @pytest.fixture
 def world(transactional_db):  # noqa: ANN001, ANN201
     return build_world()
-
-
-def open_page(browser_factory, portal_server, login_cookie, user=None, *, phone: bool = False):  # noqa: ANN001, ANN201
-    context = browser_factory(portal_server, session_cookie=login_cookie(user) if user else None, phone=phone)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.js_errors = errors
-    return page
 
 
 def chart_option(page, element_id: str) -> dict:

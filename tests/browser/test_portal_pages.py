@@ -13,6 +13,8 @@ from django.utils import timezone
 from apps.fleet.models import Agent
 from apps.jobs.models import Job
 from tests.agents.conftest import portal, start_agent  # noqa: F401 - the real agent fixtures, for the slow test
+from tests.agents.test_job_flow import cell  # noqa: F401 - a tiny MoE release, its hardware, tokens, models dir
+from tests.browser.pages import open_page
 from tests.dashboards.world import build_world
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -32,15 +34,6 @@ def fits_width(page) -> bool:  # noqa: ANN001
 @pytest.fixture
 def world(transactional_db):  # noqa: ANN001, ANN201
     return build_world(regression_days_ago=1)  # the planted regression is the newest run: still open
-
-
-def open_page(browser_factory, portal_server, login_cookie, user=None, *, phone: bool = False):  # noqa: ANN001, ANN201
-    context = browser_factory(portal_server, session_cookie=login_cookie(user) if user else None, phone=phone)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.js_errors = errors
-    return page
 
 
 def test_the_seeded_matrix_fits_1280_px_and_filters_as_you_type(transactional_db, portal_server, browser_factory,
@@ -194,27 +187,13 @@ def test_regressions_lead_to_the_side_by_side_comparison(world, portal_server, b
 
 @pytest.mark.slow
 def test_a_job_submitted_from_the_form_runs_on_a_real_agent_and_the_matrix_cell_changes(
-        portal, start_agent, browser_factory, login_cookie, shot, tmp_path):  # noqa: ANN001, F811
+        portal, start_agent, cell, browser_factory, login_cookie, shot):  # noqa: ANN001, F811
     """The whole chain from the browser: form → check_create_job → Celery queue → ``day0 agent`` → pipeline →
     results → the matrix cell, updated live over the WebSocket."""
-    from agents.runtime.testing.make_model import cached_model
-    from apps.accounts.choices import Role, Scope
-    from apps.accounts.models import Membership
-    from tests.agents.conftest import model_config, unique_slug, wait_for
-    from tests.factories import HardwareFactory, ModelReleaseFactory, OrganizationFactory, UserFactory, make_token
+    from tests.agents.conftest import wait_for
 
-    model_dir = cached_model("qwen3-moe")
-    org = OrganizationFactory(slug=unique_slug("org"))
-    model = ModelReleaseFactory(slug=unique_slug("tiny-moe"), organization=org, config=model_config(model_dir))
-    hardware = HardwareFactory(slug=unique_slug("hw"), memory_bytes=8 * 10**9, devices_per_node=1,
-                               dtypes=["float32", "bfloat16"])
-    models_dir = tmp_path / "models"
-    models_dir.mkdir()
-    (models_dir / model.slug).symlink_to(model_dir)
-    user = UserFactory(username=unique_slug("vendor"))
-    Membership.objects.create(organization=org, user=user, role=Role.SUBMITTER)
-    agent_token = make_token(organization=org, scopes=[Scope.AGENT], hardware=hardware, name="agent")
-    agent = start_agent(hardware.slug, agent_token.secret, models_dir=models_dir)
+    model, hardware, user = cell.model, cell.hardware, cell.submit.user  # a submitter of the model's organization
+    agent = start_agent(hardware.slug, cell.agent.secret, models_dir=cell.models_dir)
 
     matrix = open_page(browser_factory, portal.url, login_cookie, user)
     matrix.goto("/")

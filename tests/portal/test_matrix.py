@@ -25,7 +25,7 @@ def test_the_page_shows_tier_label_colour_fits_and_lead_time(client) -> None:
     assert "T3 serves: " in html and " from release)" in html and f"fits on 1 × {hardware.name} in bfloat16" in html
     assert 'href="/cells/tiny-1.1b/npu-x/"' in html
     # usable without JavaScript: the cells are in the HTML; the scripts only filter as you type and go live
-    assert html.count("<script") == 2 and '<script src="/static/js/matrix_live.js" defer>' in html
+    assert html.count("<script") == 3 and '<script src="/static/js/matrix_live.js" defer>' in html
     cell_page = client.get("/cells/tiny-1.1b/npu-x/")
     assert cell_page.status_code == 200 and model.name in cell_page.content.decode()
 
