@@ -214,8 +214,9 @@ class LLMEngine:
             with self._lock:
                 self._live.pop(seq.request_id, None)
         prompt_logprobs = None
-        prefilled = seq.num_computed_tokens >= seq.num_prompt_tokens
-        if seq.prompt_logprobs is not None and not seq.prompt_logprobs_sent and prefilled and error is None:
+        # once the prompt is scored: with the first output after the prefill, and again with the final one
+        scored = seq.prompt_logprobs is not None and len(seq.prompt_logprobs) == seq.num_prompt_tokens
+        if scored and error is None and (not seq.prompt_logprobs_sent or seq.is_finished):
             seq.prompt_logprobs_sent = True
             prompt_logprobs = list(seq.prompt_logprobs)
         return RequestOutput(

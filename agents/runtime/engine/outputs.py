@@ -34,7 +34,7 @@ class RequestOutput:
     first_token_time: float | None = None
     finish_time: float | None = None
     new_logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked for logprobs
-    # the prompt's logprobs (the first token has none), once, with the first output after the prefill
+    # the prompt's logprobs (the first token has none): with the first output after the prefill and the final one
     prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
