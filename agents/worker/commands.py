@@ -160,17 +160,22 @@ def _client(args: argparse.Namespace) -> Any:
     return PortalClient(args.portal, args.token)
 
 
-def run_submit(args: argparse.Namespace) -> int:
+def _ask(action: str, call: Any, *call_args: Any) -> Any:
+    """``call(*call_args)``; a refusal prints ``day0 jobs <action>: <the portal's sentence>`` and exits 1."""
     from agents.worker.client import PortalError
 
+    try:
+        return call(*call_args)
+    except PortalError as exc:
+        print(f"day0 jobs {action}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def run_submit(args: argparse.Namespace) -> int:
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
     with _client(args) as client:
-        try:
-            job = client.create_job(model=args.model, hardware=args.hardware, stages=stages,
-                                    dtype=job_dtype(args.dtype))
-        except PortalError as exc:
-            print(f"day0 jobs submit: {exc}", file=sys.stderr)
-            return 1
+        job = _ask("submit", lambda: client.create_job(model=args.model, hardware=args.hardware, stages=stages,
+                                                       dtype=job_dtype(args.dtype)))
     print(f"job {job['id']} queued: {args.portal.rstrip('/')}/jobs/{job['id']}/", flush=True)
     if args.watch:
         args.job_id, args.after = int(job["id"]), 0
@@ -179,15 +184,9 @@ def run_submit(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from agents.worker.client import PortalError
-
     params = {k: v for k, v in (("state", args.state), ("model", args.model), ("hardware", args.hardware)) if v}
     with _client(args) as client:
-        try:
-            page = client.list_jobs(page_size=args.limit, **params)
-        except PortalError as exc:
-            print(f"day0 jobs list: {exc}", file=sys.stderr)
-            return 1
+        page = _ask("list", lambda: client.list_jobs(page_size=args.limit, **params))
     rows = page.get("results", [])
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -207,14 +206,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    from agents.worker.client import PortalError
-
     with _client(args) as client:
-        try:
-            job = client.cancel_job(args.job_id)
-        except PortalError as exc:
-            print(f"day0 jobs cancel: {exc}", file=sys.stderr)
-            return 1
+        job = _ask("cancel", client.cancel_job, args.job_id)
     print(f"job {job['id']} {job['state']}")
     return 0
 
@@ -298,11 +291,7 @@ def run_watch(args: argparse.Namespace) -> int:
     view = ProgressView()
     view.last_seq = args.after
     with _client(args) as client:
-        try:
-            job = client.get_job(args.job_id)
-        except PortalError as exc:
-            print(f"day0 jobs watch: {exc}", file=sys.stderr)
-            return 1
+        job = _ask("watch", client.get_job, args.job_id)
         view.waiting(job.get("waiting_reason"))
         try:
             if job.get("state") not in TERMINAL_STATES:

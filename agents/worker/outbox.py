@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agents.worker.spool import claim_job_files, open_for_append
+from agents.worker.spool import claim_job_files, open_for_append, sync_and_close
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,7 @@ class ResultOutbox:
 
     def close(self, *, remove_if_sent: bool = True) -> None:
         with self._lock:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+            sync_and_close(self._file)
             done = not self._items
         if remove_if_sent and done:
             self.items_path.unlink(missing_ok=True)

@@ -83,6 +83,13 @@ def open_for_append(path: Path) -> Any:
     return path.open("a", encoding="utf-8")
 
 
+def sync_and_close(file: Any) -> None:
+    """Flushed to the disk, not only the page cache, then closed."""
+    file.flush()
+    os.fsync(file.fileno())
+    file.close()
+
+
 def release_job_files(folder: Path, job_id: int) -> None:
     """Drops the job's identity marker once nothing else of the job is left in ``folder``."""
     marker = folder / f"job-{job_id}.identity"
@@ -219,9 +226,7 @@ class JobSpool:
 
     def close(self, *, remove_if_acked: bool = True) -> None:
         with self._lock:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+            sync_and_close(self._file)
             done = not self._pending
         if remove_if_acked and done:
             self.events_path.unlink(missing_ok=True)
