@@ -120,6 +120,7 @@ def test_adapt_with_tp2_reports_tp2_in_plan_load_and_serve(tmp_path):
     assert json.loads(report.read_text())["tier"] >= 3
 
 
+@pytest.mark.slow
 def test_a_manifest_mismatch_fails_the_tp2_load_once_naming_the_shard(make_ctx, tmp_path):
     """Rank 0 hashes every shard and checks the manifest; the other ranks read only their slices."""
     import shutil
