@@ -298,12 +298,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _worker(rank: int, world_size: int, port: int, tp_size: int, ep_size: int, fn: Callable, args: tuple,
+def _worker(rank: int, world_size: int, port: int, layout: tuple[int, int, int], fn: Callable, args: tuple,
             results: Any, pg_timeout: float | None = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     try:
-        init_distributed(rank, world_size, tp_size=tp_size, ep_size=ep_size, timeout=pg_timeout)
+        tp_size, ep_size, pp_size = layout
+        init_distributed(rank, world_size, tp_size=tp_size, ep_size=ep_size, pp_size=pp_size, timeout=pg_timeout)
         results[rank] = ("ok", fn(*args))
     except BaseException as exc:  # surfaced in the parent with the rank that failed
         import traceback
@@ -336,7 +337,7 @@ def _wait(procs: list, timeout: float | None, grace: float = 5.0,
     return None
 
 
-def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None, ep_size: int = 1,
+def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None, ep_size: int = 1, pp_size: int = 1,
            timeout: float | None = None, pg_timeout: float | None = None,
            watchdog: Callable[[], str | None] | None = None) -> list[Any]:
     """Run ``fn(*args)`` in ``world_size`` processes on this machine and return each rank's result.
@@ -347,13 +348,15 @@ def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None
     collective inside the ranks; ``watchdog`` (polled in the parent) returns a reason to kill every rank at once
     (a collective stuck past its bound), which the ``RuntimeError`` then names.
     """
-    tp = world_size if tp_size is None else tp_size
+    tp = world_size // pp_size if tp_size is None else tp_size
+    ParallelState.of(0, world_size, tp, ep_size, pp_size)  # a layout that does not fit fails here, not in a rank
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         results = manager.dict()
         port = free_port()
         procs = [
-            ctx.Process(target=_worker, args=(r, world_size, port, tp, ep_size, fn, args, results, pg_timeout))
+            ctx.Process(target=_worker, args=(r, world_size, port, (tp, ep_size, pp_size), fn, args, results,
+                                                 pg_timeout))
             for r in range(world_size)
         ]
         for p in procs:

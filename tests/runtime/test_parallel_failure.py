@@ -15,6 +15,7 @@ import pytest
 from agents.runtime.engine.rank_failure import InjectedFault, inject_fault, read_errors, record_error
 from agents.runtime.server.launcher import free_port
 from agents.runtime.testing.make_model import cached_model
+from tests.runtime.served import wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,15 +49,7 @@ def _serve_with_fault(tmp_path: Path, fault: str) -> tuple[httpx.Response | Exce
                                 stderr=subprocess.STDOUT, env=env, cwd=REPO)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.3)
-            assert proc.poll() is None, log_path.read_text()[-3000:]
+            wait_until_ready(url, proc, log_path, timeout=180)
             try:
                 answer: httpx.Response | Exception = httpx.post(
                     f"{url}/v1/completions", json={"prompt": "Hello world", "max_tokens": 12, "ignore_eos": True},

@@ -131,12 +131,12 @@ def test_day0_serve_with_two_pipeline_stages_answers_as_one_process(tmp_path) ->
     import os
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     import httpx
 
     from agents.runtime.server.launcher import free_port
+    from tests.runtime.served import wait_until_ready
 
     model_dir = cached_model("qwen3-moe")
     prompts = ["Hello world, this is a test of", "The quick brown fox"]
@@ -150,15 +150,7 @@ def test_day0_serve_with_two_pipeline_stages_answers_as_one_process(tmp_path) ->
                                 cwd=Path(__file__).resolve().parents[2])
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.3)
-            assert proc.poll() is None, log_path.read_text()[-3000:]
+            wait_until_ready(url, proc, log_path, timeout=180)
             for prompt, expected in zip(prompts, alone, strict=True):
                 r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 8, "temperature": 0,
                                                               "ignore_eos": True}, timeout=60)
