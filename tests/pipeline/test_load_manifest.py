@@ -4,32 +4,22 @@ runner's ``manifest`` take one, and a shard with flipped bytes fails the load st
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from agents.pipeline.runner import run_pipeline
-from agents.runtime.testing.make_model import cached_model
 from day0portal.cli import main
-
-
-@pytest.fixture(autouse=True)
-def checksum_cache(tmp_path: Path, monkeypatch) -> Path:
-    where = tmp_path / "sha256-cache.json"
-    monkeypatch.setenv("DAY0_CHECKSUM_CACHE", str(where))
-    return where
+from tests.runtime.test_loader import checksum_cache, model_dir  # noqa: F401 - the loader tests' fixtures
 
 
 @pytest.fixture()
-def model_dir(tmp_path: Path) -> Path:
-    dst = tmp_path / "model"
-    shutil.copytree(cached_model("llama"), dst)
-    return dst
+def llama_dir(model_dir: Path) -> Path:  # noqa: F811 - the loader tests' fixture: a copy of the tiny Llama
+    return model_dir
 
 
-def _manifest(model_dir: Path, capsys) -> list[dict]:
-    assert main(["manifest", str(model_dir)]) == 0
+def _manifest(directory: Path, capsys) -> list[dict]:
+    assert main(["manifest", str(directory)]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -39,22 +29,22 @@ def _flip_last_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_day0_manifest_lists_every_shard_with_size_and_sha256(model_dir: Path, capsys) -> None:
+def test_day0_manifest_lists_every_shard_with_size_and_sha256(llama_dir: Path, capsys) -> None:
     import hashlib
 
-    manifest = _manifest(model_dir, capsys)
-    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    manifest = _manifest(llama_dir, capsys)
+    index = json.loads((llama_dir / "model.safetensors.index.json").read_text())
     assert [m["name"] for m in manifest] == sorted(set(index["weight_map"].values()))
     for entry in manifest:
-        data = (model_dir / entry["name"]).read_bytes()
+        data = (llama_dir / entry["name"]).read_bytes()
         assert entry == {"name": entry["name"], "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def test_flipped_bytes_fail_load_naming_the_shard_and_both_digests(model_dir: Path, make_ctx, capsys) -> None:
-    manifest = _manifest(model_dir, capsys)
-    shard = model_dir / manifest[1]["name"]
+def test_flipped_bytes_fail_load_naming_the_shard_and_both_digests(llama_dir: Path, make_ctx, capsys) -> None:
+    manifest = _manifest(llama_dir, capsys)
+    shard = llama_dir / manifest[1]["name"]
     _flip_last_byte(shard)
-    ctx, _ = make_ctx(model_dir, manifest=manifest)
+    ctx, _ = make_ctx(llama_dir, manifest=manifest)
     report = run_pipeline(ctx, "plan,load")
     assert report["failed_stage"] == "load" and report["tier"] == 1
     load = report["stages"]["load"]
@@ -66,16 +56,16 @@ def test_flipped_bytes_fail_load_naming_the_shard_and_both_digests(model_dir: Pa
     assert shard.name in report["error"] and manifest[1]["sha256"] in report["error"] and bad["sha256"] in report["error"]
 
 
-def test_adapt_takes_a_manifest_file(model_dir: Path, tmp_path: Path, capsys) -> None:
+def test_adapt_takes_a_manifest_file(llama_dir: Path, tmp_path: Path, capsys) -> None:
     manifest_file = tmp_path / "manifest.json"
-    assert main(["manifest", str(model_dir), "--out", str(manifest_file)]) == 0
+    assert main(["manifest", str(llama_dir), "--out", str(manifest_file)]) == 0
     report_file = tmp_path / "report.json"
-    args = ["adapt", str(model_dir), "--hardware", "cpu", "--stages", "plan,load", "--quiet",
+    args = ["adapt", str(llama_dir), "--hardware", "cpu", "--stages", "plan,load", "--quiet",
             "--manifest", str(manifest_file), "--report", str(report_file)]
     assert main(args) == 0
     assert all(row["matches"] for row in json.loads(report_file.read_text())["stages"]["load"]["shards"])
     name = json.loads(manifest_file.read_text())[0]["name"]
-    _flip_last_byte(model_dir / name)
+    _flip_last_byte(llama_dir / name)
     assert main(args) == 1
     report = json.loads(report_file.read_text())
     assert report["failed_stage"] == "load" and name in report["error"]
@@ -85,9 +75,9 @@ def test_adapt_takes_a_manifest_file(model_dir: Path, tmp_path: Path, capsys) ->
     ("{not json", "not valid JSON"),
     ('[{"name": "x.safetensors", "sha256": "12"}]', "sha256 (x.safetensors) must be 64 hexadecimal digits"),
 ])
-def test_adapt_refuses_a_bad_manifest_file_naming_it(model_dir: Path, tmp_path: Path, capsys, content, message):
+def test_adapt_refuses_a_bad_manifest_file_naming_it(llama_dir: Path, tmp_path: Path, capsys, content, message):
     bad = tmp_path / "bad.json"
     bad.write_text(content)
-    assert main(["adapt", str(model_dir), "--hardware", "cpu", "--stages", "plan", "--manifest", str(bad)]) == 2
+    assert main(["adapt", str(llama_dir), "--hardware", "cpu", "--stages", "plan", "--manifest", str(bad)]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and message in err
