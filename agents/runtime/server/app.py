@@ -132,11 +132,16 @@ def create_app(
         if len(prompts) * gen.n > MAX_CHOICES:
             raise APIError(400, f"{len(prompts)} prompts x n={gen.n} choices is over {MAX_CHOICES} per request", "n")
         choices: list[Choice] = []
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
                 ids, text = await tokenize(engine, prompt, "prompt"), prompt
+            elif len(prompt) >= engine.max_model_len:  # refused before decoding it for an echo
+                raise APIError(400, f"prompt {i} is {len(prompt)} tokens, the model's context is "
+                                    f"{engine.max_model_len}", "prompt")
+            elif not all(0 <= t < engine.vocab_size for t in prompt):
+                raise APIError(400, f"prompt {i}: token ids must be in [0, {engine.vocab_size})", "prompt")
             else:
-                ids, text = prompt, engine.tokenizer.decode(prompt) if gen.echo else ""
+                ids, text = prompt, await run_in_threadpool(engine.tokenizer.decode, prompt) if gen.echo else ""
             for j in range(gen.n):
                 choices.append(Choice(len(choices), ids, text, counts_prompt=j == 0))
         return await serve_choices(request, engine, gen, choices, Renderer)
