@@ -42,6 +42,7 @@ class StageContext:
     device: str = "cpu"  # torch device string of the target
     tp: int | None = None  # plan override; None: the planner's choice clipped to local devices
     ep: int | None = None
+    pp: int | None = None  # pipeline stages (``day0 adapt --pp``); the ranks are pp × max(tp, ep)
     thresholds: dict[str, float] = field(default_factory=dict)  # overrides of DESIGN.md §4 defaults
     bench: dict[str, Any] = field(default_factory=dict)  # concurrency, input_len, output_len, num_prompts …
     # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (a job's

@@ -26,6 +26,9 @@ COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "a
 REDUCING = frozenset({"all_reduce", "reduce_scatter"})
 MIB = 1 << 20
 DEFAULT_MAX_BYTES = 256 * MIB
+# CPU ranks share the host's cores (gloo over loopback): the sweep there proves conformance and shows latency;
+# a job may raise it with comm_max_bytes
+DEFAULT_CPU_MAX_BYTES = 4 * MIB
 MAX_RANKS = 64
 # CPU ranks are processes sharing this host's cores: enough to prove conformance, not to measure a fabric
 MAX_CPU_RANKS = 8
@@ -384,8 +387,8 @@ def _memory_bound(ranks: int, device: str) -> int:
 
 def settings_for(ctx: StageContext, ops: tuple[str, ...], ranks: int) -> CommSettings:
     """The sweep for this job: ``ctx.bench`` options ``comm_collectives`` (comma list), ``comm_dtypes``,
-    ``comm_min_bytes``, ``comm_max_bytes`` (capped by memory), ``comm_factor``, ``comm_iters``, ``comm_warmup``,
-    ``comm_timeout_s``; dtypes default to the hardware's."""
+    ``comm_min_bytes``, ``comm_max_bytes`` (default 256 MiB on CUDA, 4 MiB on CPU; always capped by memory),
+    ``comm_factor``, ``comm_iters``, ``comm_warmup``, ``comm_timeout_s``; dtypes default to the hardware's."""
     hw_dtypes = [d for d in (ctx.hardware.get("dtypes") or [ctx.dtype]) if isinstance(d, str)]
     ops = ctx.bench.get("comm_collectives") or ops
     dtypes = ctx.bench.get("comm_dtypes") or hw_dtypes
@@ -394,7 +397,8 @@ def settings_for(ctx: StageContext, ops: tuple[str, ...], ranks: int) -> CommSet
     if unknown:
         raise StageFailed(f"comm dtype(s) {unknown} are no torch dtype")
     dtypes = tuple(d for d in dtypes if d != "tfloat32")  # a matmul mode: its storage is float32
-    max_bytes = min(_option(ctx, "comm_max_bytes", int, DEFAULT_MAX_BYTES), _memory_bound(ranks, ctx.device))
+    cap = DEFAULT_MAX_BYTES if str(ctx.device).startswith("cuda") else DEFAULT_CPU_MAX_BYTES
+    max_bytes = min(_option(ctx, "comm_max_bytes", int, cap), _memory_bound(ranks, ctx.device))
     try:
         return CommSettings(ops=ops, dtypes=dtypes, min_bytes=min(_option(ctx, "comm_min_bytes", int, 1024), max_bytes),
                             max_bytes=max_bytes, factor=_option(ctx, "comm_factor", int, 4),

@@ -29,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default="cpu", help="torch device of the target (default cpu)")
     parser.add_argument("--tp", type=int, default=None, help="pin the plan's tensor-parallel degree")
     parser.add_argument("--ep", type=int, default=None, help="pin the plan's expert-parallel degree")
+    parser.add_argument("--pp", type=int, default=None, help="pin the plan's pipeline stages")
     parser.add_argument("--report", type=Path, default=None, metavar="FILE", help="write the report JSON here")
     parser.add_argument("--threshold", action="append", default=[], metavar="KEY=VALUE",
                         help="override a threshold, e.g. layer_cosine=0.995 (repeatable)")
@@ -170,7 +171,7 @@ def handle(args: argparse.Namespace) -> int:
         thresholds = parse_thresholds(args.threshold)
         model_dir, config = _load_job(args.model_dir)
         manifest = read_manifest(args.manifest) if args.manifest is not None else None
-        for name, value in (("--tp", args.tp), ("--ep", args.ep), ("--threads", args.threads)):
+        for name, value in (("--tp", args.tp), ("--ep", args.ep), ("--pp", args.pp), ("--threads", args.threads)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
         from agents.runtime.hardware import get_hardware
@@ -184,7 +185,7 @@ def handle(args: argparse.Namespace) -> int:
         return 2
 
     ctx = StageContext(model_dir=model_dir, config=config, hardware=hardware, dtype=args.dtype, device=args.device,
-                       tp=args.tp, ep=args.ep, thresholds=thresholds, workdir=args.workdir, manifest=manifest,
+                       tp=args.tp, ep=args.ep, pp=args.pp, thresholds=thresholds, workdir=args.workdir, manifest=manifest,
                        emit_fn=ConsoleEmitter(args.quiet))
     if model_dir is None:  # a config alone: name the model after its file (deepseek-v3.json -> deepseek-v3)
         ctx.shared["model_name"] = args.model_dir.stem

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.load_sharded import effective_tp, load_sharded
+from agents.pipeline.load_sharded import effective_layout, effective_tp, load_sharded
 
 PROGRESS_INTERVAL_S = 0.5
 
@@ -23,7 +23,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if not ctx.model_dir.is_dir():
         raise StageFailed(f"model directory {ctx.model_dir} does not exist")
     tp, tp_note = effective_tp(ctx)
-    if tp > 1:
+    _, ep, pp = effective_layout(ctx)
+    if pp * max(tp, ep) > 1:
         section = load_sharded(ctx, tp)
         copy, gib = section["tp1_copy"], 1 << 30
         size = f"{copy['bytes'] / gib:.2f} GiB of {copy['available_bytes'] / gib:.2f} GiB free on {ctx.device}"

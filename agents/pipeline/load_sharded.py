@@ -41,6 +41,25 @@ def effective_tp(ctx: StageContext) -> tuple[int, str | None]:
     return int(plan), None
 
 
+def effective_layout(ctx: StageContext) -> tuple[int, int, int]:
+    """(tp, ep, pp) to run with: tp as ``effective_tp``; ep and pp the job's pins (else 1). The ranks are
+    ``pp × max(tp, ep)``, at most this host's devices (or ``MAX_CPU_TP`` CPU processes)."""
+    tp = effective_tp(ctx)[0]
+    degrees = []
+    for name in ("ep", "pp"):
+        value = getattr(ctx, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise StageFailed(f"{name}={value!r} must be a positive integer")
+        degrees.append(value or 1)
+    ep, pp = degrees
+    world, cuda = pp * max(tp, ep), str(ctx.device).startswith("cuda")
+    devices = _cuda_devices() if cuda else MAX_CPU_TP
+    if world > devices:
+        where = f"{devices} CUDA device(s) on this host" if cuda else f"at most {MAX_CPU_TP} CPU processes"
+        raise StageFailed(f"tp={tp}, ep={ep}, pp={pp} need {world} ranks; this host runs {where}")
+    return tp, ep, pp
+
+
 def _cuda_devices() -> int:
     import torch
 
@@ -51,10 +70,11 @@ def load_rank(model_dir: str, dtype: str, device: str, manifest: Any,
               fail_on_nonfinite: bool, progress_queue: Any = None) -> dict[str, Any]:
     """One rank (run by ``launch``): load this rank's slice; its report, or ``error`` with the loader's message.
     Rank 0 puts ``(done, total)`` on ``progress_queue`` as tensors stream (at most every PROGRESS_INTERVAL_S)."""
-    from agents.runtime.distributed import get_tp_rank
+    import torch.distributed as dist
+
     from agents.runtime.loader import LoadError, load_model
 
-    rank = get_tp_rank()
+    rank = dist.get_rank() if dist.is_initialized() else 0
     if str(device).startswith("cuda"):
         import torch
 
@@ -89,7 +109,10 @@ def load_sharded(ctx: StageContext, tp: int) -> dict[str, Any]:
 
     from agents.runtime.distributed import launch
 
-    ctx.emit("log", f"loading over tp={tp} ranks ({'NCCL' if str(ctx.device).startswith('cuda') else 'gloo'})")
+    _, ep, pp = effective_layout(ctx)
+    world = pp * max(tp, ep)
+    ctx.emit("log", f"loading over {world} ranks, tp={tp} ep={ep} pp={pp} "
+                    f"({'NCCL' if str(ctx.device).startswith('cuda') else 'gloo'})")
     t0 = time.perf_counter()
     outcome: dict[str, Any] = {}
     with mp.get_context("spawn").Manager() as manager:
@@ -99,7 +122,8 @@ def load_sharded(ctx: StageContext, tp: int) -> dict[str, Any]:
 
         def run_ranks() -> None:
             try:
-                outcome["reports"] = launch(load_rank, tp, *args, timeout=LOAD_TIMEOUT_S)
+                outcome["reports"] = launch(load_rank, world, *args, tp_size=tp, ep_size=ep, pp_size=pp,
+                                            timeout=LOAD_TIMEOUT_S)
             except BaseException as exc:  # re-raised in the stage's thread
                 outcome["error"] = exc
 
@@ -118,7 +142,8 @@ def load_sharded(ctx: StageContext, tp: int) -> dict[str, Any]:
         raise StageFailed(f"sharded load (tp={tp}) failed: {str(error).splitlines()[0]}") from error
     if error is not None:
         raise error
-    section = merge_ranks(outcome["reports"], tp, time.perf_counter() - t0)
+    section = merge_ranks(outcome["reports"], world, time.perf_counter() - t0)
+    section.update(tp=tp, ep=ep, pp=pp)
     section["tp1_copy"] = tp1_copy(ctx, sum(r["bytes"] for r in section["ranks"]))
     return section
 
@@ -152,6 +177,8 @@ def merge_ranks(reports: list[dict[str, Any]], tp: int, wall_seconds: float) -> 
     problems = [{**p, "rank": r["rank"]} for r in reports for p in r["problems"]]
     seconds = max(r["seconds"] for r in reports)
     section = {k: v for k, v in lead.items() if k not in ("rank", "rank_bytes")}
+    # each pipeline stage's first rank has the statistics of the tensors its stage reads
+    section["stats"] = {name: st for r in reports for name, st in (r.get("stats") or {}).items()}
     section.update(
         ok=not problems, problems=problems, tp=tp, seconds=round(seconds, 4),
         gb_per_s=round(lead["bytes"] / seconds / 1e9, 3) if seconds > 0 else None,

@@ -55,18 +55,18 @@ def run(ctx: StageContext) -> dict[str, Any]:
     from agents.runtime.spec import SpecError
 
     hw, memory, per_node = hardware_memory(ctx.hardware)
-    tp, ep = _positive("tp", ctx.tp), _positive("ep", ctx.ep)
+    tp, ep, pp = _positive("tp", ctx.tp), _positive("ep", ctx.ep), _positive("pp", ctx.pp)
     max_nodes = int(hw.get("max_nodes") or ctx.thresholds.get("max_nodes", 16))
     try:
         section = plan_report(
             ctx.config, memory_bytes=memory, devices_per_node=per_node, dtype=ctx.dtype, max_nodes=max_nodes,
-            shared_memory=bool(hw.get("shared_memory")), tp=tp, ep=ep, hardware_dtypes=hw.get("dtypes") or None,
+            shared_memory=bool(hw.get("shared_memory")), tp=tp, ep=ep, pp=pp, hardware_dtypes=hw.get("dtypes") or None,
         )
     except (SpecError, ValueError) as exc:
         raise StageFailed(f"cannot plan this model: {exc}") from exc
     section["hardware"] = hw.get("slug")
     if section["plan"] is None:
-        pinned = ", ".join(f"{k}={v}" for k, v in (("tp", tp), ("ep", ep)) if v)
+        pinned = ", ".join(f"{k}={v}" for k, v in (("tp", tp), ("ep", ep), ("pp", pp)) if v)
         raise StageFailed(f"no valid plan with {pinned or 'these settings'}: {section.get('message', '')}".rstrip())
     plan = section["plan"]
     gib = 1 << 30

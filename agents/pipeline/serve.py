@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.load_sharded import effective_tp
+from agents.pipeline.load_sharded import effective_layout, effective_tp
 
 
 class ServerProcess:
@@ -34,6 +34,7 @@ class ServerProcess:
         tp: int | None,
         log_path: Path,
         extra_args: list[str] | None = None,
+        layout_args: tuple[str, ...] = (),
     ) -> None:
         from agents.runtime.server.launcher import free_port
 
@@ -55,6 +56,7 @@ class ServerProcess:
             device,
             *(["--tp", str(tp)] if tp else []),
             *(extra_args or []),
+            *layout_args,
         ]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("DAY0_API_KEY", None)  # the stage's own server on 127.0.0.1: its clients send no API key
@@ -111,6 +113,8 @@ def start_server(ctx: StageContext) -> ServerProcess:
         raise StageFailed("serve needs the model's weights, but this job has no model directory")
     extra = [str(a) for a in ctx.bench.get("serve_args", [])]
     tp, _ = effective_tp(ctx)
+    _, ep, pp = effective_layout(ctx)
+    layout = tuple(a for name, v in (("--ep", ep), ("--pp", pp)) if v > 1 for a in (name, str(v)))
     server = ServerProcess(
         Path(ctx.model_dir),
         dtype=ctx.dtype,
@@ -118,6 +122,7 @@ def start_server(ctx: StageContext) -> ServerProcess:
         tp=tp if tp > 1 else None,
         log_path=Path(ctx.workdir) / "serve.log",
         extra_args=extra,
+        layout_args=layout,
     )
     ctx.shared["server"] = server
     ctx.shared["server_url"] = server.url
