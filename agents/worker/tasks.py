@@ -68,7 +68,8 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any,
         raise ValueError(f"job {job_id}: the manifest must be a list of {{name, size, sha256}} objects")
     return StageContext(
         model_dir=model_dir, config=config, hardware=hardware, dtype=spec.get("dtype") or "float32",
-        device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), thresholds=dict(spec.get("thresholds") or {}),
+        device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), pp=spec.get("pp"),
+        thresholds=dict(spec.get("thresholds") or {}),
         bench=dict(spec.get("bench") or {}), manifest=manifest, workdir=workdir, emit_fn=emit_fn,
     )
 
