@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -19,7 +20,11 @@ def register(subparsers: Any) -> None:
     agent = subparsers.add_parser("agent", help="run an adaptation agent for one hardware pool")
     agent.add_argument("--hardware", required=True, help="hardware slug; the agent consumes queue hw.<slug>")
     agent.add_argument("--portal", default=os.environ.get("DAY0_PORTAL_URL", "http://127.0.0.1:8000"))
-    agent.add_argument("--token", default=os.environ.get("DAY0_AGENT_TOKEN"), help="agent token bound to the hardware")
+    agent.add_argument("--token", default=os.environ.get("DAY0_AGENT_TOKEN"),
+                       help="agent token bound to the hardware; prefer DAY0_AGENT_TOKEN or --token-file: a command "
+                            "line is visible to every user in ps")
+    agent.add_argument("--token-file", type=Path, default=None,
+                       help="file holding the agent token (mode 0600: readable by its owner only)")
     agent.add_argument("--models-dir", default=os.environ.get("DAY0_AGENT_MODELS_DIR", ""),
                        help="folder holding <model-slug>/ with config.json and weights")
     agent.add_argument("--broker", default=None, help="broker URL (default: DAY0_REDIS_URL or the filesystem broker)")
@@ -89,7 +94,27 @@ def _portal_args(parser: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- day0 agent
 
 
+def _token_from_file(path: Path) -> str:
+    """The token in ``path``, which only its owner may read (a 0600 file); SystemExit(2) naming what is wrong."""
+    try:
+        mode = path.stat().st_mode
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise SystemExit(f"day0 agent: --token-file {path} cannot be read: {exc.strerror}") from None
+    if mode & 0o077:
+        raise SystemExit(f"day0 agent: --token-file {path} is readable by others (mode {mode & 0o777:o}); "
+                         f"chmod 600 it")
+    if not token:
+        raise SystemExit(f"day0 agent: --token-file {path} is empty")
+    return token
+
+
 def run_agent(args: argparse.Namespace) -> int:
+    if args.token_file is not None:
+        args.token = _token_from_file(args.token_file)
+    elif args.token and any(a == "--token" or a.startswith("--token=") for a in sys.argv[1:]):
+        print("day0 agent: warning: --token on the command line is visible to every user in ps; "
+              "use DAY0_AGENT_TOKEN or --token-file", file=sys.stderr)
     if not args.token:
         print("day0 agent: --token (or DAY0_AGENT_TOKEN) is required: an agent token bound to the hardware",
               file=sys.stderr)

@@ -220,3 +220,17 @@ def test_dispatch_imports_no_service_and_the_agent_worker_no_portal_code() -> No
     for path in sorted((ROOT / "agents" / "worker").glob("*.py")):
         portal = {m for m in imported_modules(path) if m.split(".")[0] in ("django", "apps", "day0portal")}
         assert not portal, (path.name, portal)
+
+
+def test_an_agent_token_file_must_be_readable_by_its_owner_only(tmp_path: Path) -> None:
+    from agents.worker.commands import _token_from_file
+
+    token_file = tmp_path / "agent.token"
+    token_file.write_text("d0a_secret\n")
+    token_file.chmod(0o644)
+    refused = subprocess.run([sys.executable, "-m", "day0portal.cli", "agent", "--hardware", "cpu", "--portal",
+                              f"http://127.0.0.1:{free_port()}", "--token-file", str(token_file)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "is readable by others (mode 644); chmod 600 it" in refused.stderr
+    token_file.chmod(0o600)
+    assert _token_from_file(token_file) == "d0a_secret"
