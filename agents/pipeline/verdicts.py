@@ -362,9 +362,16 @@ def _kv(v: Verdict, kv: Any, t: Mapping[str, float], ctx: Context) -> None:
     context = ctx.model.context_length
     if context and max(lengths) > context:
         v.fail(f"kv_cache length {max(lengths)} is beyond the model's context {context}")
+    if kv.get("blocks_freed") is False:
+        v.fail("kv_cache: blocks were not all returned to the pool after the checks")
+    # the gate is the scale-free relative error; the absolute error gates only reports that lack it
+    rel = _number(kv.get("max_rel_err"))
     err = _number(kv.get("max_abs_err"))
-    if err is None:
-        v.missing("kv_cache max_abs_err missing")
+    if rel is not None:
+        if rel > t["kv_cache_max_rel_err"]:
+            v.fail(f"kv_cache max_rel_err {_text(rel)} is above {_text(t['kv_cache_max_rel_err'])}")
+    elif err is None:
+        v.missing("kv_cache max_rel_err and max_abs_err missing")
     elif err > t["kv_cache_max_abs_err"]:
         v.fail(f"kv_cache max_abs_err {_text(err)} is above {_text(t['kv_cache_max_abs_err'])}")
 

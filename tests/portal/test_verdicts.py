@@ -170,3 +170,15 @@ def test_a_fallback_model_has_no_runtime_operators_to_check() -> None:
     assert judge("align", section).reasons == ["align: ops: no row was checked"]
     section["ops"] = []
     assert judge("align", section).reasons == ["align: ops missing"]
+
+
+def test_kv_cache_is_judged_by_its_relative_error_when_reported() -> None:
+    # real weights: logits of ~30 drift 1.07e-4 absolute, 3.6e-6 relative (SmolLM2-135M fp32) — a pass
+    section = passing("align")
+    section["kv_cache"] = {**section["kv_cache"], "max_abs_err": 1.07e-4, "max_rel_err": 3.6e-6}
+    assert judge("align", section).status == "pass"
+    section["kv_cache"]["max_rel_err"] = 2e-5
+    assert judge("align", section).reasons == ["align: kv_cache max_rel_err 2e-05 is above 1e-05"]
+    section["kv_cache"] = {**section["kv_cache"], "max_rel_err": 1e-7, "blocks_freed": False}
+    assert judge("align", section).reasons == [
+        "align: kv_cache: blocks were not all returned to the pool after the checks"]
