@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-ARCH_CHOICES = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3")
+ARCH_CHOICES = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3", "llava")
 REAL_CHOICES = ("smollm2-135m",)
 
 

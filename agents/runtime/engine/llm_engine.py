@@ -16,6 +16,7 @@ from agents.runtime.engine.config import EngineConfig
 from agents.runtime.engine.expert_load import ExpertLoad
 from agents.runtime.engine.logprobs import token_logprobs
 from agents.runtime.engine.model_runner import ModelRunner, size_kv_pool
+from agents.runtime.engine.multimodal import ImageInputs
 from agents.runtime.engine.outputs import QueueFullError, RequestError, RequestOutput, TokenLogprob
 from agents.runtime.engine.sampler import sample
 from agents.runtime.engine.sampling_params import SamplingParams
@@ -55,7 +56,8 @@ class LLMEngine:
         self.model_config = config
         self.tokenizer = tokenizer or Tokenizer(self.model_dir)
         self.device = torch.device(self.config.device)
-        context = int(config.get("max_position_embeddings") or 2048)
+        text = config.get("text_config") or config  # a vision-language model: its decoder's
+        context = int(text.get("max_position_embeddings") or 2048)
         max_len = min(self.config.max_model_len or context, context)
         spec = model.kv_cache_spec()
         bs = self.config.block_size
@@ -86,7 +88,7 @@ class LLMEngine:
             self.blocks,
         )
         self.eos_token_ids = self.tokenizer.eos_token_ids
-        self.vocab_size = int(config.get("vocab_size") or self.tokenizer.vocab_size)
+        self.vocab_size = int(text.get("vocab_size") or self.tokenizer.vocab_size)
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: list[str] = []
@@ -101,8 +103,10 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        images: ImageInputs | None = None,
     ) -> str:
-        """Queue a prompt (text or token ids); RequestError names a bad prompt, QueueFullError when full."""
+        """Queue a prompt (text or token ids); RequestError names a bad prompt, QueueFullError when full.
+        ``images``: a vision-language prompt's pixel values and placeholder positions (``engine/multimodal.py``)."""
         params = params or SamplingParams()
         if isinstance(prompt, str) and not prompt.strip():
             raise RequestError("prompt is empty")
@@ -118,6 +122,11 @@ class LLMEngine:
                 f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the model's context "
                 f"of {self.max_model_len} tokens"
             )
+        if images is not None:
+            if not getattr(self.model, "takes_images", False):
+                raise RequestError("this model does not take images (a text-only model)")
+            if not images.positions or images.positions[-1] >= len(ids):
+                raise RequestError("the prompt has no image placeholder tokens for its images")
         with self._lock:
             if len(self._live) >= self.config.max_pending:
                 raise QueueFullError(f"engine queue is full ({self.config.max_pending} requests)")
@@ -125,6 +134,7 @@ class LLMEngine:
             if request_id in self._live:
                 raise RequestError(f"request id {request_id!r} is already in use")
             seq = Sequence(request_id, ids, params)
+            seq.images = images
             self._live[request_id] = seq
             self._inbox.append(seq)
         return request_id

@@ -151,8 +151,16 @@ class ModelRunner:
         cu = [0]
         seqlens_k: list[int] = []
         bs = self.block_size
+        embed_rows: list[int] = []
+        embeds: list[torch.Tensor] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             start = seq.num_computed_tokens
+            if seq.images is not None:  # image features in place of this chunk's placeholder tokens
+                offsets, rows = seq.images.chunk_rows(start, n)
+                if rows:
+                    features = seq.images.encoded(self.model.encode_images)
+                    embed_rows.extend(cu[-1] + o for o in offsets)
+                    embeds.append(features[rows[0] : rows[-1] + 1])
             ids.extend(seq.token_ids[start : start + n])
             positions.extend(range(start, start + n))
             table = seq.block_table
@@ -162,7 +170,9 @@ class ModelRunner:
         width = max(len(s.block_table) for s in batch.seqs)
         tables = [s.block_table + [-1] * (width - len(s.block_table)) for s in batch.seqs]
         last = [cu[i + 1] - 1 for i, end in enumerate(ends) if end]
+        extra: dict[str, Any] = {"embed_rows": embed_rows, "embeds": torch.cat(embeds)} if embeds else {}
         return {
+            **extra,
             "ids": ids,
             "positions": positions,
             "slots": slots,
@@ -209,7 +219,11 @@ class ModelRunner:
         )
         input_ids = torch.tensor(inputs["ids"], dtype=torch.int64, device=dev)  # [T]
         pos = torch.tensor(inputs["positions"], dtype=torch.int64, device=dev)  # [T]
-        hidden = self.model.forward(input_ids, pos, ctx).hidden  # hidden: [T, D]
+        input_embeds = None
+        if "embeds" in inputs:  # rows [K] of the step's tokens, their vectors [K, D]
+            rows = torch.tensor(inputs["embed_rows"], dtype=torch.long, device=dev)
+            input_embeds = (rows, inputs["embeds"].to(dev))
+        hidden = self.model.forward(input_ids, pos, ctx, input_embeds=input_embeds).hidden  # hidden: [T, D]
         if not inputs["last"]:
             return hidden, None
         return hidden, torch.tensor(inputs["last"], dtype=torch.long, device=dev)  # last: [N]

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from agents.runtime.engine.multimodal import ImageInputs
 from agents.runtime.engine.sampling_params import SamplingParams
 
 
@@ -37,6 +38,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         self.generator: torch.Generator | None = None
+        self.images: ImageInputs | None = None  # a vision-language prompt's images (``engine/multimodal.py``)
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         # prompt logprobs filled position by position as prefill chunks run (position 0 has none)

@@ -151,7 +151,10 @@ class DecoderCausalLM(nn.Module):
 
     # ---- RuntimeModel ------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                output_hidden_states: bool = False) -> ForwardOutput:
+                output_hidden_states: bool = False,
+                input_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> ForwardOutput:
+        """``input_embeds``: (rows [K], vectors [K, hidden]) that replace those rows' token embeddings (image
+        features in place of a vision-language model's placeholder tokens)."""
         if not self._decode_layout:
             self.use_decode_layout()
         with torch.inference_mode():
@@ -159,6 +162,8 @@ class DecoderCausalLM(nn.Module):
             meta.cos, meta.sin = self.rotary.cos_sin(positions, max(ctx.max_seqlen_k, 1), self.dtype)
             if self.is_first:
                 x = self.model.embed_tokens(input_ids)  # x: [T, hidden]
+                if input_embeds is not None:
+                    x = x.index_copy(0, input_embeds[0], input_embeds[1].to(x.dtype))
             else:  # the previous stage's hidden states
                 x = recv(torch.empty((input_ids.shape[0], self.hidden), dtype=self.dtype, device=input_ids.device),
                          stage_peer(-1))

@@ -21,6 +21,7 @@ _FAMILY_MODULES: dict[str, str] = {
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "LlavaForConditionalGeneration": "llava",
 }
 
 
@@ -84,7 +85,8 @@ def runtime_path(config: dict[str, Any]) -> tuple[str, str | None]:
     arch = architecture_of(config)
     if model_class_for(arch) is None:
         return "fallback", f"architecture {arch!r} has no native implementation"
-    gaps = native_gaps(config)
+    text = config.get("text_config")
+    gaps = native_gaps(text if isinstance(text, dict) else config)  # a vision-language model: its decoder's
     if gaps:
         return "fallback", f"the native {arch} does not implement: {'; '.join(gaps)}"
     return "native", None

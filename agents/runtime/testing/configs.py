@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-ARCHES: tuple[str, ...] = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3")
+ARCHES: tuple[str, ...] = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3", "llava")
 SIZES: tuple[str, ...] = ("tiny", "100m")
 
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0}
@@ -67,6 +67,19 @@ _CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
         "n_group": 4, "topk_group": 2, "n_shared_experts": 1, "moe_intermediate_size": 32,
         "routed_scaling_factor": 2.5, "norm_topk_prob": True, "num_nextn_predict_layers": 0,
         "rope_interleave": True,
+    },
+    # LLaVA: a CLIP vision tower (32x32 images in 8x8 patches: 16 image tokens once the CLS is dropped), a
+    # two-layer GELU projector and the tiny Llama decoder; features from the vision tower's second-to-last layer.
+    ("llava", "tiny"): {
+        "model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
+        "text_config": {"model_type": "llama", **_TINY_DENSE},
+        "vision_config": {
+            "model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "image_size": 32, "patch_size": 8, "num_channels": 3, "projection_dim": 32,
+            "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5,
+        },
+        "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "projector_hidden_act": "gelu",
+        "multimodal_projector_bias": True, "image_seq_length": 16, "tie_word_embeddings": False, "torch_dtype": "float32",
     },
     ("llama", "100m"): {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **_100M_DENSE},
     ("qwen3", "100m"): {

@@ -59,12 +59,18 @@ def make_model(arch: str, size: str = "tiny", seed: int = 0, out: Path | str = P
 
     transformers.utils.logging.disable_progress_bar()
     cfg: dict[str, Any] = model_config(arch, size)
-    tok = tokmod.train_tokenizer(cfg["vocab_size"])
-    cfg["vocab_size"] = tok.get_vocab_size()
-    cfg.update(bos_token_id=tokmod.BOS_ID, eos_token_id=tokmod.EOS_ID, pad_token_id=tokmod.PAD_ID)
+    text_cfg = cfg.get("text_config", cfg)  # a vision-language model nests its decoder's config
+    tok = tokmod.train_tokenizer(text_cfg["vocab_size"])
+    if "vision_config" in cfg:
+        tok.add_special_tokens([IMAGE_TOKEN])
+        cfg["image_token_index"] = tok.token_to_id(IMAGE_TOKEN)
+    text_cfg["vocab_size"] = tok.get_vocab_size()
+    for c in {id(cfg): cfg, id(text_cfg): text_cfg}.values():
+        c.update(bos_token_id=tokmod.BOS_ID, eos_token_id=tokmod.EOS_ID, pad_token_id=tokmod.PAD_ID)
 
     config_cls = transformers.AutoConfig.for_model(cfg.pop("model_type")).__class__
     config = config_cls(**cfg)
+    text_config = config.get_text_config()
     model_cls = getattr(transformers, config.architectures[0])
     torch.manual_seed(seed)
     with torch.device("cpu"):
@@ -73,12 +79,60 @@ def make_model(arch: str, size: str = "tiny", seed: int = 0, out: Path | str = P
     total_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     model.save_pretrained(out, max_shard_size=_shard_size(total_bytes))
     model.generation_config.save_pretrained(out)
-    tokmod.save_tokenizer(tok, out, model_max_length=config.max_position_embeddings)
+    tokmod.save_tokenizer(tok, out, model_max_length=text_config.max_position_embeddings)
+    if "vision_config" in cfg:
+        _save_vision_processor(out, config)
     if not (out / "model.safetensors.index.json").exists():
         raise RuntimeError(f"save_pretrained wrote no shard index in {out}")
     for path in out.iterdir():
         path.chmod(0o644)  # shared caches: readable by every user
     return out
+
+
+IMAGE_TOKEN = "<image>"
+def _save_vision_processor(out: Path, config: Any) -> None:
+    """preprocessor_config.json (a Pillow CLIP image processor: resize, centre crop, normalise to the vision
+    tower's input size), processor_config.json (LlavaProcessor: patch size, CLS dropped or not) and the chat
+    template with image placeholders in tokenizer_config.json."""
+    import transformers
+
+    vision = config.vision_config
+    side = vision.image_size
+    images = transformers.CLIPImageProcessorPil(
+        size={"shortest_edge": side}, crop_size={"height": side, "width": side}, do_center_crop=True,
+    )
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    tok_config["chat_template"] = _vlm_template()
+    image_id = config.image_token_index
+    tok_config["added_tokens_decoder"][str(image_id)] = {
+        "content": IMAGE_TOKEN, "special": True, "lstrip": False, "rstrip": False, "normalized": False,
+        "single_word": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, sort_keys=True) + "\n")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    processor = transformers.LlavaProcessor(
+        image_processor=images, tokenizer=tokenizer, patch_size=vision.patch_size,
+        vision_feature_select_strategy=config.vision_feature_select_strategy, image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1, chat_template=_vlm_template(),
+    )
+    processor.save_pretrained(out)
+    # the processor's save writes the template beside the tokenizer's files; the runtime reads tokenizer_config
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {**json.loads((out / "tokenizer_config.json").read_text()), "chat_template": _vlm_template()},
+        indent=2, sort_keys=True) + "\n")
+
+
+def _vlm_template() -> str:
+    part = ("{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '" + IMAGE_TOKEN + "' }}"
+            "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}")
+    content = "{% if message['content'] is string %}{{ message['content'] }}{% else %}" + part + "{% endif %}"
+    template = tokmod.CHAT_TEMPLATE.replace(
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}",
+        "{{ '<|im_start|>' + message['role'] + '\\n' }}" + content + "{{ '<|im_end|>' + '\\n' }}",
+    )
+    if template == tokmod.CHAT_TEMPLATE:
+        raise RuntimeError("the text chat template changed: the image-part template no longer applies to it")
+    return template
 
 
 def _perturb_constant_initialised(model: Any, seed: int) -> None:
@@ -131,11 +185,12 @@ def build_once(final: Path, build: Callable[[Path], object]) -> Path:
 def describe(path: Path) -> dict[str, Any]:
     """Architecture, vocab and shard files of a built model (for the CLI's summary)."""
     config = json.loads((path / "config.json").read_text())
+    text = config.get("text_config", config)
     index = json.loads((path / "model.safetensors.index.json").read_text())
     return {
         "architecture": config["architectures"][0],
-        "vocab_size": config["vocab_size"],
-        "layers": config["num_hidden_layers"],
+        "vocab_size": text["vocab_size"],
+        "layers": text["num_hidden_layers"],
         "shards": sorted(set(index["weight_map"].values())),
         "tensors": len(index["weight_map"]),
     }
