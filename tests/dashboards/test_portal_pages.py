@@ -301,3 +301,22 @@ def test_one_navigation_bar_marks_the_current_page_and_errors_render_inside_it(w
     assert 'class="topbar"' in missing.content.decode() and 'id="error-404"' in missing.content.decode()
     assert 'rel="icon"' in missing.content.decode()
     assert client.get("/favicon.ico")["Location"] == "/static/img/favicon.svg"
+
+
+def test_open_regression_flags_follow_new_runs_and_stay_per_viewer(world, client_for):
+    import random
+
+    from apps.benchmarks.seeding import run_benchmark_history, simulated_clock
+    from tests.dashboards.world import NOW
+
+    viewer = client_for(world.viewer)
+    assert "▲ regression" in cell_td(viewer.get("/").content.decode(), world.model.slug, world.history_hardware.slug)
+    with simulated_clock(NOW + timedelta(hours=6)) as clock:  # a normal run after the regressed one
+        run_benchmark_history(world.model, world.history_hardware, clock, random.Random(9),
+                              start=NOW + timedelta(hours=6), days=1)
+    td = cell_td(viewer.get("/").content.decode(), world.model.slug, world.history_hardware.slug)
+    assert "▲ regression" not in td  # recomputed: the newest run is no longer flagged
+    cell = viewer.get(f"/cells/{world.model.slug}/{world.history_hardware.slug}/").content.decode()
+    assert 'id="cell-regressions"' not in cell
+    insider = client_for(world.insider).get("/").content.decode()  # another viewer: its own cached entry
+    assert world.embargoed.slug in insider

@@ -115,11 +115,48 @@ def group_rows(rows: list[RegressionRow]) -> list[RegressionGroup]:
     return list(groups.values())
 
 
+OPEN_CACHE_SECONDS = 300
+
+
+def _history_stamp(model: str, hardware: str) -> str:
+    """What open flags depend on besides the viewer, in one query: the newest and the number of benchmark runs
+    in scope, and the newest model edit (a visibility or release-time change); "" when there is no run."""
+    from django.db.models import Count, Max, Subquery
+
+    from apps.catalog.models import ModelRelease
+    from apps.evidence.models import BenchmarkRun
+
+    runs = BenchmarkRun.objects.all()
+    if model:
+        runs = runs.filter(model__slug=model)
+    if hardware:
+        runs = runs.filter(hardware__slug=hardware)
+    edited = ModelRelease.objects.order_by("-updated_at").values("updated_at")[:1]
+    # MAX over the runs of the one newest edit: NULL when there is no run, and then nothing is flagged anyway
+    row = runs.aggregate(last=Max("id"), n=Count("id"), edited=Max(Subquery(edited)))
+    if not row["n"]:
+        return ""
+    return f"{row['last']}:{row['n']}:{row['edited'].timestamp() if row['edited'] else ''}"
+
+
 def open_regressions(actor: Actor, *, model: str = "", hardware: str = "") -> dict[tuple[str, str], list[str]]:
-    """(model slug, hardware slug) -> the headline metrics whose newest run is flagged."""
+    """(model slug, hardware slug) -> the headline metrics whose newest run is flagged. Cached per viewer
+    visibility and history stamp (a new run, a deleted one or a model edit recomputes it; an embargo that ends
+    shows its flags within ``OPEN_CACHE_SECONDS``)."""
+    from django.core.cache import cache
+
+    stamp = _history_stamp(model, hardware)
+    if not stamp:  # no benchmark run in scope: nothing to flag
+        return {}
+    viewer = "staff" if actor.is_staff else ",".join(map(str, sorted(actor.org_ids)))
+    key = f"day0:open-regressions:{viewer}:{model}:{hardware}:{stamp}"
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
     out: dict[tuple[str, str], list[str]] = {}
     for row in regression_rows(actor, SeriesQuery(model=model, hardware=hardware), open_only=True):
         metrics = out.setdefault((row.model, row.hardware), [])
         if row.metric not in metrics:
             metrics.append(row.metric)
+    cache.set(key, out, OPEN_CACHE_SECONDS)
     return out
