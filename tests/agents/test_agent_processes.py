@@ -5,11 +5,9 @@ within seconds on SIGTERM (or when killed) taking every process it started with 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from apps.jobs.models import Job, JobEvent
 from apps.jobs.services import do_transition_job
 from tests.agents.conftest import PortalProcess, model_config, unique_slug, wait_for
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, make_token
-from tests.live_services import free_port
+from tests.live_services import free_port, start_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,31 +153,10 @@ def test_sigterm_stops_an_agent_mid_job_within_seconds_with_its_portal_and_broke
     assert spooled and spooled[0].read_text().strip(), "undelivered events stay on disk for the next start"
 
 
-def demo_process(tmp_path: Path) -> tuple[subprocess.Popen, list[str]]:
-    """``day0 demo`` with its agent, followed until the demo job runs; returns the process and its output."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_") or k == "DAY0_TEST_MODELS_DIR"}
-    process = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(free_port()),
-                                "--data-dir", str(tmp_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if re.search(r"job \d+: running", line):
-            # keep reading: a demo blocked on a full pipe would not be stopping for the reason under test
-            threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
-            return process, lines
-    process.kill()
-    pytest.fail("the demo job never ran:\n" + "".join(lines[-40:]))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 def test_day0_demo_stops_within_seconds_and_takes_every_process_it_started(tmp_path: Path, how: str) -> None:
-    process, lines = demo_process(tmp_path)
+    process, _ = start_demo(tmp_path, until=r"job \d+: running")
     started = descendants(process.pid)
     assert len(started) >= 3, started  # the portal, its worker and the agent (and what they started)
     ps = subprocess.run(["ps", "-eo", "pid,args", "ww"], capture_output=True, text=True).stdout

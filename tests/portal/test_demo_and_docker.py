@@ -7,13 +7,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.live_services import free_port
+from tests.live_services import free_port, start_demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,21 +33,9 @@ def test_env_example_lists_every_variable_the_code_reads() -> None:
 
 
 def test_day0_demo_serves_the_seed_catalog_on_the_embedded_default(tmp_path) -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_")}
-    process = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "demo", "--no-agent", "--port", str(port),
-                                "--data-dir", str(tmp_path)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process, lines = start_demo(tmp_path, "--no-agent", until="Ctrl-C stops it", timeout=120)
+    port = int(re.search(r"http://127\.0\.0\.1:(\d+)/", "".join(lines)).group(1))
     try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = process.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "Ctrl-C stops it" in line:
-                break
         output = "".join(lines)
         assert f"http://127.0.0.1:{port}/" in output, output
         token = re.search(r"API token\s+(\S+)", output).group(1)
