@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "apps.matrix",
     "apps.benchmarks",
     "apps.dashboards",
+    "apps.alerts",
 ]
 
 MIDDLEWARE = [

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from agents.pipeline import verdicts
 from agents.pipeline.tiers import STAGE_ORDER
+from apps.alerts import services as alert_services
 from apps.evidence import parsing as p
 from apps.evidence.models import (
     LATENCY_METRICS,
@@ -195,6 +196,7 @@ def _bench(s: dict[str, Any], path: str) -> Saver:
         for point in points:
             point.run = run
         BenchmarkPoint.objects.bulk_create(points)
+        alert_services.after_benchmark_run(run.pk)  # regressions of this run alert subscribers (issue 13)
 
     return save
 

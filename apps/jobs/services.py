@@ -139,6 +139,10 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
         recompute_cell(locked.model_id, locked.hardware_id)
     message = _state_message(locked)
     transaction.on_commit(lambda: broadcast_job_state(message))
+    if to_state in (JobState.FAILED, JobState.LOST):
+        from apps.alerts.services import do_alert_job_failed
+
+        do_alert_job_failed(locked)  # subscribers hear of the failure (issue 13)
     return job
 
 
@@ -166,13 +170,18 @@ def check_cancel_job(actor: Actor, job: Job) -> Job:
     return do_transition_job(job, JobState.CANCELLED, error="cancelled by user")
 
 
-def check_agent_for_job(actor: Actor, job: Job) -> None:
-    """Agents report only on jobs of the hardware their token is bound to, and once an agent claimed a job, only
-    through that agent's token: another agent of the same hardware cannot write into its log or evidence."""
+def check_agent_for_job(actor: Actor, job: Job, *, reporting: bool = False) -> None:
+    """Agents act only on jobs of the hardware their token is bound to, and once an agent claimed a job, only
+    through that agent's token: another agent of the same hardware cannot write into its log or evidence.
+    ``reporting`` (events, results): a queued or dispatched job is claimed first (409), so no agent reports on a
+    job before it is its own."""
     if not actor.has_scope(Scope.AGENT):
         raise PermissionDenied("this needs an agent token")
     if actor.hardware_id != job.hardware_id:
         raise PermissionDenied(f"the agent token is bound to another hardware than job {job.pk}'s")
+    if reporting and job.state in (JobState.QUEUED, JobState.DISPATCHED):
+        raise InvalidTransition(f"job {job.pk} is {job.state}: an agent claims it (state running) before it "
+                                "reports events or results")
     if job.agent_id is not None:
         owner_token = Agent.objects.filter(pk=job.agent_id).values_list("token_id", flat=True).first()
         if owner_token != actor.token.pk:

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from agents.pipeline.tiers import TIER_GATES, TIER_NAMES, compute_tier
 from agents.pipeline.verdicts import PASS
+from apps.alerts import services as alert_services
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import StageResult
 from apps.jobs.choices import FINISHED_STATES, JobState
@@ -180,4 +181,6 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
             disputed=list(cell.disputed),
         )
         transaction.on_commit(lambda: broadcast_cell_changed(message))
+    if cell.tier < before[0]:
+        alert_services.do_alert_tier_drop(cell, before[0])  # subscribers hear of the drop (issue 13)
     return cell

@@ -8,7 +8,8 @@ import importlib
 from apps.core.api.root import PortalRouter
 
 API_MODULES: tuple[str, ...] = ("apps.accounts.api.urls", "apps.catalog.api.urls", "apps.fleet.api.urls",
-                                "apps.jobs.api.urls", "apps.matrix.api.urls", "apps.benchmarks.api.urls")
+                                "apps.jobs.api.urls", "apps.matrix.api.urls", "apps.benchmarks.api.urls",
+                                "apps.alerts.api.urls")
 
 
 router = PortalRouter()

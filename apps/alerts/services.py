@@ -1,0 +1,372 @@
+"""Every write to alerts: subscriptions (created, changed, removed by their organization's admins), the
+events producers publish (a regression, a tier drop, a failed job, a stack change), and each delivery attempt.
+
+An event becomes one ``Delivery`` per matching active subscription; an embargoed model's events match only
+its own organization's subscriptions. Deliveries are POSTed by ``tasks.deliver_alert_task`` after commit,
+signed (``signing``), and retried with exponential backoff on a network error, a 5xx, a 408 or a 429."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets as secrets_module
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.accounts.access import Actor
+from apps.accounts.choices import Role, Scope
+from apps.accounts.models import Organization
+from apps.alerts import signing
+from apps.alerts.choices import FINAL_DELIVERY_STATES, AlertKind, DeliveryStatus, PayloadFormat
+from apps.alerts.models import MAX_URL_LENGTH, Delivery, Subscription
+from apps.catalog.models import Hardware, ModelRelease
+from day0portal.env import env_int, env_str
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = env_int("DAY0_ALERT_MAX_ATTEMPTS", 6, minimum=1)
+BACKOFF_BASE_SECONDS = env_int("DAY0_ALERT_BACKOFF_SECONDS", 10, minimum=0)
+BACKOFF_CAP_SECONDS = 3600.0
+TIMEOUT_SECONDS = env_int("DAY0_ALERT_TIMEOUT_SECONDS", 10, minimum=1)
+PUBLIC_URL = env_str("DAY0_PUBLIC_URL", "").rstrip("/")  # links in alerts; relative paths when empty
+MAX_SUBSCRIPTIONS_PER_ORG = 50
+SECRET_MIN, SECRET_MAX = 16, 128
+NAME_MAX = 100
+ERROR_MAX = 2000
+RETRYABLE_CODES = frozenset({408, 429})
+
+
+class DeliveryError(Exception):
+    """An attempt that did not deliver; ``code`` is the receiver's HTTP status when it answered."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- subscriptions ------------------------------------------------------------------------------------------
+
+
+def validate_url(url: Any) -> str:
+    """An http(s) URL with a host, at most ``MAX_URL_LENGTH`` characters; ``ValidationError`` on ``url``."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValidationError({"url": "is required: the http(s) URL alerts are POSTed to"})
+    url = url.strip()
+    if len(url) > MAX_URL_LENGTH:
+        raise ValidationError({"url": f"is {len(url)} characters long; at most {MAX_URL_LENGTH} are accepted"})
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port out of range
+    except ValueError as exc:
+        raise ValidationError({"url": f"is not a URL: {exc}"}) from None
+    if parts.scheme not in ("http", "https"):
+        raise ValidationError({"url": f"must be http or https, not {parts.scheme or 'no scheme'!r}"})
+    if not parts.hostname:
+        raise ValidationError({"url": "has no host"})
+    if parts.username or parts.password:
+        raise ValidationError({"url": "must not carry credentials (user:password@): the signature authenticates"})
+    if port == 0:
+        raise ValidationError({"url": "port 0 is not a port"})
+    return url
+
+
+def validate_kinds(kinds: Any) -> list[str]:
+    if not isinstance(kinds, list) or not kinds:
+        raise ValidationError({"kinds": f"must be a non-empty list of event kinds: {', '.join(AlertKind.values)}"})
+    unknown = [k for k in kinds if k not in AlertKind.values]
+    if unknown:
+        raise ValidationError({"kinds": f"unknown {', '.join(map(repr, unknown))}; kinds are "
+                                        f"{', '.join(AlertKind.values)}"})
+    return sorted(set(kinds), key=AlertKind.values.index)
+
+
+def _validate_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "name" in fields:
+        name = fields["name"]
+        if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX:
+            raise ValidationError({"name": f"must be 1 to {NAME_MAX} characters"})
+        out["name"] = name.strip()
+    if "url" in fields:
+        out["url"] = validate_url(fields["url"])
+    if "kinds" in fields:
+        out["kinds"] = validate_kinds(fields["kinds"])
+    if "format" in fields:
+        if fields["format"] not in PayloadFormat.values:
+            raise ValidationError({"format": f"must be one of {', '.join(PayloadFormat.values)}, "
+                                             f"got {fields['format']!r}"})
+        out["format"] = fields["format"]
+    if "active" in fields:
+        if not isinstance(fields["active"], bool):
+            raise ValidationError({"active": "must be true or false"})
+        out["active"] = fields["active"]
+    if fields.get("secret") is not None:
+        secret = fields["secret"]
+        if not isinstance(secret, str) or not SECRET_MIN <= len(secret) <= SECRET_MAX or not secret.isprintable():
+            raise ValidationError({"secret": f"must be {SECRET_MIN} to {SECRET_MAX} printable characters"})
+        out["secret"] = secret
+    return out
+
+
+def may_manage_subscriptions(actor: Actor, organization_id: int) -> bool:
+    """Organization admins (and staff sessions) manage its subscriptions and read their delivery log; through a
+    token, one with the submit scope (a read-only token only reads)."""
+    if actor.is_staff and actor.token is None:
+        return True
+    return actor.role_in(organization_id) == Role.ADMIN and actor.has_scope(Scope.SUBMIT, organization_id)
+
+
+def _require_admin(actor: Actor, organization_id: int) -> None:
+    if not may_manage_subscriptions(actor, organization_id):
+        raise PermissionDenied("managing alert subscriptions needs the admin role in the organization")
+
+
+@transaction.atomic
+def do_create_subscription(*, organization: Organization, name: str, url: str, kinds: list[str],
+                           format: str = PayloadFormat.JSON, secret: str | None = None, active: bool = True,
+                           created_by_id: int | None = None) -> tuple[Subscription, str]:
+    """Stores a subscription; generates the secret when none is given. Returns it with the secret (shown once)."""
+    secret = secret or secrets_module.token_urlsafe(32)
+    sub = Subscription.objects.create(organization=organization, name=name, url=url, kinds=kinds, format=format,
+                                      secret=secret, active=active, created_by_id=created_by_id)
+    return sub, secret
+
+
+def check_create_subscription(actor: Actor, *, organization: Organization, fields: dict[str, Any]
+                              ) -> tuple[Subscription, str]:
+    """Admins of ``organization`` subscribe it (name, url, kinds, format, optional secret), at most
+    ``MAX_SUBSCRIPTIONS_PER_ORG``; every field is checked first (``ValidationError`` naming it)."""
+    _require_admin(actor, organization.pk)
+    for required in ("name", "url", "kinds"):
+        if required not in fields:
+            raise ValidationError({required: "is required"})
+    clean = _validate_fields(fields)
+    if Subscription.objects.filter(organization=organization).count() >= MAX_SUBSCRIPTIONS_PER_ORG:
+        raise ValidationError({"organization": f"{organization.slug} already has {MAX_SUBSCRIPTIONS_PER_ORG} "
+                                               "subscriptions; remove one first"})
+    return do_create_subscription(organization=organization, created_by_id=actor.user_id, **clean)
+
+
+def check_update_subscription(actor: Actor, sub: Subscription, fields: dict[str, Any]) -> Subscription:
+    """Admins change name, url, kinds, format, active or the secret (a new secret is never echoed back)."""
+    _require_admin(actor, sub.organization_id)
+    clean = _validate_fields(fields)
+    for name, value in clean.items():
+        setattr(sub, name, value)
+    sub.save()
+    return sub
+
+
+def check_delete_subscription(actor: Actor, sub: Subscription) -> None:
+    _require_admin(actor, sub.organization_id)
+    sub.delete()
+
+
+# --- publishing ---------------------------------------------------------------------------------------------
+
+
+def _link(path: str) -> str:
+    return f"{PUBLIC_URL}{path}"
+
+
+def recipients(kind: str, model: ModelRelease | None) -> list[Subscription]:
+    """Active subscriptions to ``kind``: every organization's for a public model's (or no model's) events,
+    only the model's own organization's while it is embargoed."""
+    from apps.catalog.selectors import model_is_public
+
+    subs = Subscription.objects.filter(active=True)
+    if model is not None and not model_is_public(model):
+        subs = subs.filter(organization_id=model.organization_id)
+    return [s for s in subs if kind in (s.kinds or [])]  # a JSON list filter in Python: SQLite has no contains
+
+
+def enqueue_delivery(delivery_id: int) -> None:
+    from apps.alerts.tasks import deliver_alert_task
+
+    try:
+        deliver_alert_task.delay(delivery_id)
+    except Exception:  # a broker outage must not fail the producer; the row stays pending, redeliverable
+        logger.exception("alert delivery %s could not be queued", delivery_id)
+
+
+def do_publish_alert(kind: str, *, summary: str, model: ModelRelease | None = None,
+                     hardware: Hardware | None = None, data: dict[str, Any] | None = None) -> list[Delivery]:
+    """Records one delivery of the event per recipient and queues each after commit. ``summary`` is one
+    human sentence (the Slack text); ``data`` the kind's details."""
+    if kind not in AlertKind.values:
+        raise ValueError(f"unknown alert kind {kind!r}")
+    subs = recipients(kind, model)
+    if not subs:
+        return []
+    path = f"/cells/{model.slug}/{hardware.slug}/" if model is not None and hardware is not None else ""
+    event = {"kind": kind, "at": timezone.now().isoformat(), "summary": summary[:1000],
+             "model": model.slug if model else None, "hardware": hardware.slug if hardware else None,
+             "url": _link(path) if path else None, "data": data or {}}
+    deliveries = Delivery.objects.bulk_create([
+        Delivery(subscription=s, kind=kind, model=model, hardware=hardware, event=event) for s in subs
+    ])
+    for d in deliveries:
+        transaction.on_commit(lambda pk=d.pk: enqueue_delivery(pk))
+    return deliveries
+
+
+def body_of(delivery: Delivery) -> bytes:
+    """The POST body: the event document with the delivery's id, or ``{"text": ...}`` for Slack."""
+    event = dict(delivery.event, id=str(delivery.uuid))
+    if delivery.subscription.format == PayloadFormat.SLACK:
+        text = f"[Day-0] {event['summary']}"
+        if event.get("url"):
+            text += f" <{event['url']}|open>"
+        doc: dict[str, Any] = {"text": text}
+    else:
+        doc = event
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def backoff_seconds(attempts: int) -> float:
+    """Seconds before attempt ``attempts + 1``: base × 2^(attempts − 1), capped at an hour."""
+    return min(BACKOFF_BASE_SECONDS * 2 ** max(attempts - 1, 0), BACKOFF_CAP_SECONDS)
+
+
+def _post(delivery: Delivery, body: bytes) -> int:
+    sub = delivery.subscription
+    timestamp = int(time.time())
+    request = urllib.request.Request(sub.url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "User-Agent": "day0-portal-alerts/1",
+        signing.EVENT_HEADER: delivery.kind, signing.DELIVERY_HEADER: str(delivery.uuid),
+        signing.TIMESTAMP_HEADER: str(timestamp), signing.SIGNATURE_HEADER: signing.sign(sub.secret, timestamp, body),
+    })
+    opener = urllib.request.build_opener(_NoRedirect)  # a redirect would resend the signed body elsewhere
+    try:
+        with opener.open(request, timeout=TIMEOUT_SECONDS) as response:
+            response.read(4096)
+            return response.status
+    except urllib.error.HTTPError as exc:
+        raise DeliveryError(f"HTTP {exc.code} {exc.reason}", code=exc.code) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise DeliveryError(f"{type(exc).__name__}: {reason}") from None
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 (urllib's signature)
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} not followed", headers, fp)
+
+
+def do_attempt_delivery(delivery_id: int) -> Delivery | None:
+    """POSTs a pending or retrying delivery once and records the outcome (attempts, response code, last error,
+    next attempt). A 2xx delivers; a 408, 429, 5xx or network error retries until ``MAX_ATTEMPTS``; any other
+    answer fails at once. Returns None when the row is gone, the row unchanged when it is already final."""
+    delivery = Delivery.objects.select_related("subscription").filter(pk=delivery_id).first()
+    if delivery is None or delivery.status in FINAL_DELIVERY_STATES:
+        return delivery
+    if not delivery.subscription.active:
+        return _record(delivery, DeliveryStatus.FAILED, None, "the subscription was deactivated")
+    body = body_of(delivery)
+    try:
+        code = _post(delivery, body)
+    except DeliveryError as exc:
+        retry = exc.code is None or exc.code >= 500 or exc.code in RETRYABLE_CODES
+        out_of_attempts = delivery.attempts + 1 >= MAX_ATTEMPTS
+        status = DeliveryStatus.RETRYING if retry and not out_of_attempts else DeliveryStatus.FAILED
+        error = str(exc) + (f" (gave up after {MAX_ATTEMPTS} attempts)" if retry and out_of_attempts else "")
+        return _record(delivery, status, exc.code, error)
+    return _record(delivery, DeliveryStatus.DELIVERED, code, "")
+
+
+def _record(delivery: Delivery, status: str, code: int | None, error: str) -> Delivery:
+    now = timezone.now()
+    Delivery.objects.filter(pk=delivery.pk).update(attempts=F("attempts") + 1)
+    delivery.refresh_from_db(fields=["attempts"])
+    delivery.status, delivery.response_code, delivery.last_error = status, code, error[:ERROR_MAX]
+    delivery.last_attempt_at = now
+    delivery.delivered_at = now if status == DeliveryStatus.DELIVERED else None
+    delivery.next_attempt_at = (now + timedelta(seconds=backoff_seconds(delivery.attempts))
+                                if status == DeliveryStatus.RETRYING else None)
+    delivery.save(update_fields=["status", "response_code", "last_error", "last_attempt_at", "delivered_at",
+                                 "next_attempt_at"])
+    return delivery
+
+
+def check_redeliver(actor: Actor, delivery: Delivery) -> Delivery:
+    """Admins send a delivery again (a failed one, or to test a receiver): a fresh attempt budget."""
+    _require_admin(actor, delivery.subscription.organization_id)
+    Delivery.objects.filter(pk=delivery.pk).update(status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=None)
+    delivery.refresh_from_db()
+    transaction.on_commit(lambda: enqueue_delivery(delivery.pk))
+    return delivery
+
+
+# --- producers ----------------------------------------------------------------------------------------------
+
+
+def do_alert_tier_drop(cell: Any, before_tier: int) -> list[Delivery]:
+    """A cell's tier fell (``matrix.services.recompute_cell`` calls this when it recomputes a lower tier)."""
+    from agents.pipeline.tiers import TIER_NAMES
+
+    if cell.tier >= before_tier:
+        return []
+    reason = f" (failed at {cell.failed_stage})" if cell.failed_stage else ""
+    summary = (f"{cell.model.slug} on {cell.hardware.slug} dropped from tier {before_tier} "
+               f"({TIER_NAMES[before_tier]}) to {cell.tier} ({TIER_NAMES[cell.tier]}){reason}")
+    return do_publish_alert(AlertKind.TIER_DROP, summary=summary, model=cell.model, hardware=cell.hardware, data={
+        "from_tier": before_tier, "to_tier": cell.tier, "failed_stage": cell.failed_stage,
+        "error": (cell.error or "")[:2000], "job": cell.last_job_id})
+
+
+def do_alert_job_failed(job: Any) -> list[Delivery]:
+    """A job ended failed or lost (``jobs.services.do_transition_job`` calls this)."""
+    model, hardware = job.model, job.hardware
+    where = f" at {job.failed_stage}" if job.failed_stage else ""
+    summary = f"job {job.pk} ({model.slug} on {hardware.slug}) {job.state}{where}: {(job.error or '')[:300]}"
+    return do_publish_alert(AlertKind.JOB_FAILED, summary=summary.rstrip(": "), model=model, hardware=hardware,
+                            data={"job": job.pk, "state": str(job.state), "failed_stage": job.failed_stage,
+                                  "error": (job.error or "")[:2000], "attempts": job.attempts,
+                                  "job_url": _link(f"/jobs/{job.pk}/")})
+
+
+def do_alert_benchmark_run(run_id: int) -> list[Delivery]:
+    """Publishes the regressions a new benchmark run shows against its series' history (the detector of
+    ``benchmarks.regressions`` over ``benchmarks.selectors.load_series``): one alert per run, listing every
+    flagged metric and configuration."""
+    from apps.benchmarks.selectors import SeriesQuery, load_series, regression_dict
+    from apps.evidence.models import BenchmarkRun
+
+    run = BenchmarkRun.objects.select_related("model", "hardware").filter(pk=run_id).first()
+    if run is None:
+        return []
+    system = Actor(is_staff=True)
+    series = load_series(system, SeriesQuery(model=run.model.slug, hardware=run.hardware.slug))
+    flagged = [regression_dict(s, r) for s in series for r in s.regressions if r.ref[0] == run.pk]
+    if not flagged:
+        return []
+    worst = max(flagged, key=lambda r: r["z"])
+    summary = (f"{run.model.slug} on {run.hardware.slug}: {len(flagged)} benchmark regression"
+               f"{'s' if len(flagged) != 1 else ''}, worst {worst['metric']} {worst['value']:.4g} {worst['unit']} "
+               f"vs median {worst['baseline_median']:.4g} ({worst['ratio']:.2f}x, z={worst['z']:.1f}) at "
+               f"{worst['label']}")
+    return do_publish_alert(AlertKind.REGRESSION, summary=summary, model=run.model, hardware=run.hardware,
+                            data={"run": run.pk, "job": worst["job"], "regressions": flagged[:50]})
+
+
+def after_benchmark_run(run_id: int) -> None:
+    """Called by the bench section's saver: after commit, a portal task looks for the run's regressions."""
+
+    def queue() -> None:
+        from apps.alerts.tasks import alert_benchmark_run_task
+
+        try:
+            alert_benchmark_run_task.delay(run_id)
+        except Exception:  # a broker outage must not fail the results upload
+            logger.exception("regression check of benchmark run %s could not be queued", run_id)
+
+    transaction.on_commit(queue)
