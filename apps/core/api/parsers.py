@@ -8,6 +8,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+from itertools import accumulate
 from typing import Any
 
 from django.conf import settings
@@ -15,25 +16,21 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 MAX_JSON_DEPTH = 64
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+_STEP = {0x5B: 1, 0x7B: 1, 0x5D: -1, 0x7D: -1}  # [ { ] }
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 def json_depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in a JSON text (brackets inside strings do not count). Linear,
-    and free for bodies with fewer brackets than the limit."""
+    """The deepest nesting of arrays and objects in a JSON text (brackets inside strings do not count). Linear and
+    at C speed but for the last count: escapes are dropped (so every quote left delimits a string), then only
+    brackets and quotes kept, then every other quote-separated piece (the strings) dropped."""
     if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
         return MAX_JSON_DEPTH
-    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
-    depth = deepest = 0
-    for byte in brackets:
-        if byte in (0x5B, 0x7B):  # [ {
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
+    unescaped = _ESCAPE.sub(b"", raw) if b"\\" in raw else raw
+    outside = b"".join(unescaped.translate(None, _NOT_STRUCTURE).split(b'"')[::2])
+    return max(accumulate(map(_STEP.__getitem__, outside)), default=0)
 
 
 def surrogate_path(value: Any, path: str = "") -> str | None:
