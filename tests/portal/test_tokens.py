@@ -96,7 +96,8 @@ def test_admins_manage_members_and_keep_one_admin(admin_client, api_client) -> N
     Membership.objects.create(organization=org, user=newcomer, role=Role.VIEWER)
     response = client.post(url, {"username": "newcomer", "role": "submitter"}, content_type="application/json")
     assert response.status_code == 200
-    assert {m["username"]: m["role"] for m in response.json()} == {user.username: "admin", "newcomer": "submitter"}
+    assert {m["username"]: m["role"] for m in response.json()["results"]} == {user.username: "admin",
+                                                                              "newcomer": "submitter"}
     assert client.post(url, {"username": user.username, "role": "viewer"},
                        content_type="application/json").status_code == 400  # the last admin
     assert client.post(url, {"username": "ghost", "role": "viewer"}, content_type="application/json").status_code == 400
@@ -110,7 +111,7 @@ def test_admins_manage_members_and_keep_one_admin(admin_client, api_client) -> N
     outsider = make_token(organization=OrganizationFactory(), role=Role.ADMIN)
     assert api_client.get(url, **auth(outsider)).status_code == 403
     response = client.post(url, {"username": "newcomer", "role": None}, content_type="application/json")
-    assert [m["username"] for m in response.json()] == [user.username]
+    assert [m["username"] for m in response.json()["results"]] == [user.username]
 
 
 def test_create_token_command_prints_a_working_agent_token(api_client) -> None:

@@ -88,9 +88,9 @@ class OrganizationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
     @extend_schema(methods=["GET"], responses=MembershipSerializer(many=True))
     @action(detail=True, methods=["get", "post"])
     def members(self, request: Request, slug: str | None = None) -> Response:
-        """GET: the members (for members; paginated). POST ``{"username", "role"}`` (admins): change a member's role,
-        or remove them with ``"role": null``; answers every member. A user who is not a member joins by accepting
-        an invitation (``invitations/``): naming one here is a 400 that says so."""
+        """GET: the members (for members). POST ``{"username", "role"}`` (admins): change a member's role, or remove
+        them with ``"role": null``. Both answer the paginated member list. A user who is not a member joins by
+        accepting an invitation (``invitations/``): naming one here is a 400 that says so."""
         org = self.get_object()
         actor = get_actor(request)
         require(actor.authenticated, actor, "")
@@ -100,8 +100,7 @@ class OrganizationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
             serializer.is_valid(raise_exception=True)
             services.check_set_membership(actor, org, username=serializer.validated_data["username"],
                                           role=serializer.validated_data.get("role"))
-            return Response(MembershipSerializer(members, many=True).data)
-        if not (actor.is_staff or org.pk in actor.org_ids):
+        elif not (actor.is_staff or org.pk in actor.org_ids):
             require(False, actor, f"only members of {org.slug} see its members")
         page = self.paginate_queryset(members)
         return self.get_paginated_response(MembershipSerializer(page, many=True).data)
