@@ -219,11 +219,11 @@ class ModelRunner:
         )
         input_ids = torch.tensor(inputs["ids"], dtype=torch.int64, device=dev)  # [T]
         pos = torch.tensor(inputs["positions"], dtype=torch.int64, device=dev)  # [T]
-        input_embeds = None
-        if "embeds" in inputs:  # rows [K] of the step's tokens, their vectors [K, D]
+        extra: dict[str, Any] = {}
+        if "embeds" in inputs:  # image features: rows [K] of the step's tokens, their vectors [K, D]
             rows = torch.tensor(inputs["embed_rows"], dtype=torch.long, device=dev)
-            input_embeds = (rows, inputs["embeds"].to(dev))
-        hidden = self.model.forward(input_ids, pos, ctx, input_embeds=input_embeds).hidden  # hidden: [T, D]
+            extra["input_embeds"] = (rows, inputs["embeds"].to(dev))
+        hidden = self.model.forward(input_ids, pos, ctx, **extra).hidden  # hidden: [T, D]
         if not inputs["last"]:
             return hidden, None
         return hidden, torch.tensor(inputs["last"], dtype=torch.long, device=dev)  # last: [N]
