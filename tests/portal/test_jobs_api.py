@@ -277,3 +277,16 @@ def test_a_dispatched_job_nobody_claims_says_why_on_the_api_and_the_job_page(
     page = client.get(f"/jobs/{job.pk}/")
     assert page.status_code == 200
     assert 'id="job-waiting"' in page.content.decode() and expected.format(hw=job.hardware.slug) in page.content.decode()
+
+
+def test_no_agent_reports_on_a_job_before_claiming_it(api_client, two_agents) -> None:
+    job, (mine, my_agent), _ = two_agents
+    events = [{"seq": 1, "ts": "2026-01-01T00:00:00Z", "kind": "stage_finished", "message": "plan passed"}]
+    early = api_client.post(f"/api/v1/jobs/{job.pk}/events/", {"events": events}, format="json", **auth(mine))
+    assert early.status_code == 409 and "claims it (state running) before" in early.json()["detail"]
+    result = api_client.post(f"/api/v1/jobs/{job.pk}/results/", {"stage": "plan", "section": {}}, format="json",
+                             **auth(mine))
+    assert result.status_code == 409 and not job.events.exists()
+    assert post_state(api_client, job, mine, state="running", agent=my_agent).status_code == 200
+    late = api_client.post(f"/api/v1/jobs/{job.pk}/events/", {"events": events}, format="json", **auth(mine))
+    assert late.status_code == 200 and late.json()["acked"] == 1

@@ -115,7 +115,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if request.method == "POST":
             actor = get_actor(request)
             require(actor.authenticated, actor, "")
-            services.check_agent_for_job(actor, job)
+            services.check_agent_for_job(actor, job, reporting=True)
             events = services.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
             acked = services.do_store_job_events(job, events)
             return Response({"acked": acked})
@@ -137,7 +137,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         actor = get_actor(request)
         require(actor.authenticated, actor, "")
-        services.check_agent_for_job(actor, job)
+        services.check_agent_for_job(actor, job, reporting=True)
         results = services.do_record_job_results(job, request.data)
         cell = Cell.objects.get(model_id=job.model_id, hardware_id=job.hardware_id)
         return Response({"job": job.pk, "stored": [r.summary() for r in results],
