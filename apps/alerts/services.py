@@ -178,14 +178,17 @@ def _link(path: str) -> str:
     return f"{PUBLIC_URL}{path}"
 
 
-def recipients(kind: str, model: ModelRelease | None) -> list[Subscription]:
+def recipients(kind: str, model: ModelRelease | None, organization_id: int | None = None) -> list[Subscription]:
     """Active subscriptions to ``kind``: every organization's for a public model's (or no model's) events,
-    only the model's own organization's while it is embargoed."""
+    only the model's own organization's while it is embargoed; only ``organization_id``'s when given (an
+    owned hardware pool's stack)."""
     from apps.catalog.selectors import model_is_public
 
     subs = Subscription.objects.filter(active=True)
     if model is not None and not model_is_public(model):
         subs = subs.filter(organization_id=model.organization_id)
+    if organization_id is not None:
+        subs = subs.filter(organization_id=organization_id)
     return [s for s in subs if kind in (s.kinds or [])]  # a JSON list filter in Python: SQLite has no contains
 
 
@@ -199,15 +202,17 @@ def enqueue_delivery(delivery_id: int) -> None:
 
 
 def do_publish_alert(kind: str, *, summary: str, model: ModelRelease | None = None,
-                     hardware: Hardware | None = None, data: dict[str, Any] | None = None) -> list[Delivery]:
-    """Records one delivery of the event per recipient and queues each after commit. ``summary`` is one
-    human sentence (the Slack text); ``data`` the kind's details."""
+                     hardware: Hardware | None = None, data: dict[str, Any] | None = None,
+                     organization_id: int | None = None) -> list[Delivery]:
+    """Records one delivery of the event per recipient (``recipients``) and queues each after commit.
+    ``summary`` is one human sentence (the Slack text); ``data`` the kind's details."""
     if kind not in AlertKind.values:
         raise ValueError(f"unknown alert kind {kind!r}")
-    subs = recipients(kind, model)
+    subs = recipients(kind, model, organization_id)
     if not subs:
         return []
-    path = f"/cells/{model.slug}/{hardware.slug}/" if model is not None and hardware is not None else ""
+    path = (f"/cells/{model.slug}/{hardware.slug}/" if model is not None and hardware is not None
+            else f"/hardware/{hardware.slug}/" if hardware is not None else "")
     event = {"kind": kind, "at": timezone.now().isoformat(), "summary": summary[:1000],
              "model": model.slug if model else None, "hardware": hardware.slug if hardware else None,
              "url": _link(path) if path else None, "data": data or {}}

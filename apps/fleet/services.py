@@ -24,6 +24,9 @@ def do_register_agent(*, hardware_id: int, hostname: str, token_id: int | None, 
         defaults={"token_id": token_id, "capabilities": capabilities, "versions": versions,
                   "last_heartbeat_at": timezone.now()},
     )
+    from apps.alerts.stacks import do_observe_stack
+
+    do_observe_stack(agent.hardware, hostname=hostname, versions=versions)  # a new stack re-validates (issue 13)
     return agent, created
 
 
@@ -46,16 +49,27 @@ def check_register_agent(actor: Actor, *, hardware_slug: str | None, hostname: s
                              capabilities=capabilities, versions=versions)
 
 
-def do_heartbeat_agent(agent: Agent, *, current_job_id: int | None = None) -> Agent:
+def do_heartbeat_agent(agent: Agent, *, current_job_id: int | None = None,
+                       versions: dict[str, Any] | None = None) -> Agent:
+    """Marks the agent alive; ``versions`` (its environment lock, optional) is compared with the pool's stack."""
     if current_job_id is not None and not Job.objects.filter(pk=current_job_id, hardware_id=agent.hardware_id).exists():
         raise ValidationError({"current_job": f"no job {current_job_id} on this agent's hardware"})
     agent.last_heartbeat_at = timezone.now()
     agent.current_job_id = current_job_id
     agent.save(update_fields=["last_heartbeat_at", "current_job"])
+    if versions:
+        from apps.alerts.stacks import do_observe_stack
+
+        with transaction.atomic():
+            if versions != agent.versions:
+                agent.versions = versions
+                agent.save(update_fields=["versions"])
+            do_observe_stack(agent.hardware, hostname=agent.hostname, versions=versions)
     return agent
 
 
-def check_heartbeat_agent(actor: Actor, agent: Agent, *, current_job_id: int | None = None) -> Agent:
+def check_heartbeat_agent(actor: Actor, agent: Agent, *, current_job_id: int | None = None,
+                          versions: dict[str, Any] | None = None) -> Agent:
     """Heartbeats come from the token the agent registered with; the job it reports must be one the token may
     see (``jobs.selectors.visible_jobs``)."""
     from apps.jobs.selectors import visible_jobs
@@ -66,4 +80,4 @@ def check_heartbeat_agent(actor: Actor, agent: Agent, *, current_job_id: int | N
         raise PermissionDenied(f"agent {agent.pk} is registered with another token; an agent beats with its own")
     if current_job_id is not None and not visible_jobs(actor).filter(pk=current_job_id).exists():
         raise ValidationError({"current_job": f"no job {current_job_id} on this agent's hardware"})
-    return do_heartbeat_agent(agent, current_job_id=current_job_id)
+    return do_heartbeat_agent(agent, current_job_id=current_job_id, versions=versions)

@@ -25,3 +25,4 @@ class AgentRegisterSerializer(serializers.Serializer):
 
 class HeartbeatSerializer(serializers.Serializer):
     current_job = serializers.IntegerField(required=False, allow_null=True)
+    versions = serializers.DictField(required=False, help_text="the agent's environment lock, when it changed")

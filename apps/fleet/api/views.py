@@ -59,5 +59,6 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         serializer = HeartbeatSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         services.check_heartbeat_agent(get_actor(request), agent,
-                                       current_job_id=serializer.validated_data.get("current_job"))
+                                       current_job_id=serializer.validated_data.get("current_job"),
+                                       versions=serializer.validated_data.get("versions"))
         return Response(AgentSerializer(agent).data)

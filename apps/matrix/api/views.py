@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents.pipeline.tiers import TIER_NAMES
+from apps.alerts.stacks import cell_stack
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.core.api.mixins import get_actor, get_or_404
@@ -88,5 +89,6 @@ class CellDetailView(APIView):
             "fits": {"fits": cell.fits, "devices": cell.fits_devices, "plan": cell.fits_plan,
                      "error": cell.fits_error or None},
             "evidence": cell_evidence(model_row.pk, hardware_row.pk),
+            "stack": cell_stack(model_row.pk, hardware_row.pk),  # evidence's stack, stale since a change
             "jobs": JobSerializer(jobs, many=True).data,
         })
