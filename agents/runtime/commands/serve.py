@@ -28,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allowed-origins", default="",
                    help="comma-separated CORS origins allowed to call the API ('*' for any; default: none)")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body in MiB (default 8)")
+    p.add_argument("--allow-remote-images", action="store_true",
+                   help="fetch http(s) image URLs in chat messages (default: refused; send data: URLs)")
+    p.add_argument("--max-images", type=int, default=8, help="images per chat request (default 8)")
     p.set_defaults(handler=handle)
 
 
@@ -45,7 +48,11 @@ def handle(args: argparse.Namespace) -> int:
     if not 0.001 <= args.max_body_mb <= 1024:
         print(f"day0 serve: --max-body-mb must be in [0.001, 1024], got {args.max_body_mb}", flush=True)
         return 2
+    if args.max_images < 1:
+        print(f"day0 serve: --max-images must be >= 1, got {args.max_images}", flush=True)
+        return 2
     origins = [o.strip() for o in args.allowed_origins.split(",") if o.strip()]
+    from agents.runtime.server.images import ImageLimits
     from agents.runtime.server.launcher import serve
 
     run = serve
@@ -63,6 +70,7 @@ def handle(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         allowed_origins=origins,
         max_body_bytes=int(args.max_body_mb * 2**20),
+        image_limits=ImageLimits(max_images=args.max_images, allow_remote=args.allow_remote_images),
         dtype=args.dtype,
         device=args.device,
         num_blocks=args.num_blocks,

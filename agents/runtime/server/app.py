@@ -20,10 +20,19 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from agents.runtime.engine import LLMEngine, QueueFullError, RequestError
+from agents.runtime.engine.multimodal import ImageInputs
 from agents.runtime.engine.tokenizer import ChatFormatError
 from agents.runtime.server.async_engine import AsyncEngine
 from agents.runtime.server.errors import APIError
 from agents.runtime.server.fields import parse_json
+from agents.runtime.server.images import (
+    ImageLimits,
+    ImageProcessor,
+    decode_images,
+    image_parts,
+    processor_for,
+    with_placeholders,
+)
 from agents.runtime.server.middleware import (
     DEFAULT_MAX_BODY_BYTES,
     ApiKeyMiddleware,
@@ -54,14 +63,18 @@ def create_app(
     api_key: str | None = None,
     allowed_origins: Sequence[str] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    image_limits: ImageLimits | None = None,
 ) -> Starlette:
     """``engine``: a built engine, a factory building one in the engine thread, or an ``AsyncEngine``.
     ``api_key``: ``/v1/*`` then needs ``Authorization: Bearer <key>``. ``allowed_origins``: CORS origins
-    (``*`` for any). ``max_body_bytes``: larger request bodies are a 413."""
+    (``*`` for any). ``max_body_bytes``: larger request bodies are a 413. ``image_limits``: bounds on a chat
+    request's images (and whether remote URLs are fetched)."""
     if max_body_bytes < 1024:
         raise ValueError(f"max_body_bytes must be at least 1024, got {max_body_bytes}")
     runtime = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, warmup=warmup, on_fatal=on_fatal)
     started = time.time()
+    limits = image_limits or ImageLimits()
+    processors: dict[int, ImageProcessor | None] = {}  # per engine: its model's image processor, if any
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -94,21 +107,25 @@ def create_app(
 
         return endpoint
 
-    async def tokenize(engine: LLMEngine, prompt: str, param: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of a text prompt, in a worker thread (a long prompt must not stall ``/health``); a text
-        too long to fit the context whatever its tokens is refused without tokenizing it."""
+    def check_chars(engine: LLMEngine, prompt: str, param: str) -> None:
+        """A text too long to fit the context whatever its tokens is refused without tokenizing it."""
         bound = 4 * engine.tokenizer.max_token_chars * engine.max_model_len
         if len(prompt) > bound:
             raise APIError(400, f"{param} of {len(prompt)} characters cannot fit the model's context of "
                                 f"{engine.max_model_len} tokens", param)
+
+    async def tokenize(engine: LLMEngine, prompt: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text prompt, in a worker thread (a long prompt must not stall ``/health``)."""
+        check_chars(engine, prompt, param)
         return await run_in_threadpool(engine.tokenizer.encode, prompt, add_special_tokens)
 
     async def serve_choices(
-        request: Request, engine: LLMEngine, gen: Generation, choices: list[Choice], renderer_cls: type[Renderer]
+        request: Request, engine: LLMEngine, gen: Generation, choices: list[Choice], renderer_cls: type[Renderer],
+        images: ImageInputs | None = None,
     ) -> Response:
         requests = [(c.prompt_ids, gen.choice_params(c.index % gen.n)) for c in choices]
         try:
-            group = runtime.generate_group(requests)
+            group = runtime.generate_group(requests, images)
         except RequestError as exc:
             raise APIError(400, str(exc), "prompt") from exc
         except QueueFullError as exc:
@@ -149,14 +166,31 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         engine = ready_engine()
         body = await read_body(request)
+        messages = body.get("messages")
+        parts = image_parts(messages)
+        processor = None
+        if parts:
+            if id(engine) not in processors:
+                processors[id(engine)] = processor_for(engine.model_dir, engine.model)
+            processor = processors[id(engine)]
+            if processor is None:
+                raise APIError(400, f"{parts[0][0]}: this model does not take images (a text-only model)",
+                               parts[0][0])
+            pictures = await run_in_threadpool(decode_images, messages, limits)
+            messages = with_placeholders(messages, processor.placeholder)
         try:
-            text = await run_in_threadpool(engine.tokenizer.apply_chat_template, body.get("messages"))
+            text = await run_in_threadpool(engine.tokenizer.apply_chat_template, messages)
         except ChatFormatError as exc:
             raise APIError(400, str(exc), "messages") from exc
-        ids = await tokenize(engine, text, "messages", add_special_tokens=False)  # the template writes the BOS
+        images = None
+        if processor is not None:  # the model's processor: pixel values, each placeholder expanded
+            check_chars(engine, text, "messages")
+            ids, images = await run_in_threadpool(processor, text, pictures)
+        else:
+            ids = await tokenize(engine, text, "messages", add_special_tokens=False)  # the template writes the BOS
         gen = chat_generation(body, max_model_len=engine.max_model_len, prompt_tokens=len(ids))
         choices = [Choice(j, ids, "", counts_prompt=j == 0) for j in range(gen.n)]
-        return await serve_choices(request, engine, gen, choices, ChatRenderer)
+        return await serve_choices(request, engine, gen, choices, ChatRenderer, images)
 
     def model_card() -> dict[str, Any]:
         engine = runtime.engine if runtime.ready else None

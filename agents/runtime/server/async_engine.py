@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agents.runtime.engine import LLMEngine, RequestError, RequestOutput, SamplingParams
+from agents.runtime.engine.multimodal import ImageInputs
 from agents.runtime.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -91,26 +92,28 @@ class AsyncEngine:
     def stats(self) -> dict[str, Any]:
         return self.engine.stats() if self.engine is not None and self.ready else {}
 
-    def generate(self, prompt: str | list[int], params: SamplingParams) -> RequestStream:
+    def generate(self, prompt: str | list[int], params: SamplingParams,
+                 images: ImageInputs | None = None) -> RequestStream:
         """Queue a request (RequestError / QueueFullError raised here) and return its output stream."""
         request_id = uuid.uuid4().hex
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = queue
         try:
-            self.engine.add_request(prompt, params, request_id)
+            self.engine.add_request(prompt, params, request_id, images=images)
         except Exception:
             self._queues.pop(request_id, None)
             raise
         self._wake.set()
         return RequestStream(self, request_id, queue)
 
-    def generate_group(self, requests: list[tuple[list[int], SamplingParams]]) -> RequestGroup:
+    def generate_group(self, requests: list[tuple[list[int], SamplingParams]],
+                       images: ImageInputs | None = None) -> RequestGroup:
         """Queue several requests (the choices of one HTTP request) together: if one is refused, the ones
-        already queued are aborted and the error is raised."""
+        already queued are aborted and the error is raised. ``images``: shared by the choices (encoded once)."""
         streams: list[RequestStream] = []
         try:
             for prompt, params in requests:
-                streams.append(self.generate(prompt, params))
+                streams.append(self.generate(prompt, params, images))
         except Exception as exc:
             for stream in streams:
                 stream.close()

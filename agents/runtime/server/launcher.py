@@ -36,6 +36,7 @@ def build_server(
     api_key: str | None = None,
     allowed_origins: Sequence[str] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    image_limits: Any = None,
     **engine_settings: Any,
 ) -> uvicorn.Server:
     """A uvicorn server whose app loads ``model_dir`` in its engine thread; a failed load stops the server.
@@ -65,6 +66,7 @@ def build_server(
         api_key=api_key if api_key is not None else os.environ.get("DAY0_API_KEY") or None,
         allowed_origins=allowed_origins,
         max_body_bytes=max_body_bytes,
+        image_limits=image_limits,
     )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
