@@ -158,9 +158,16 @@ def cell_stack(model_id: int, hardware_id: int) -> dict[str, Any]:
     }
 
 
-def stack_changes(hardware_ids: list[int], *, limit: int = 200) -> list[dict[str, Any]]:
-    """Stack changes of some hardware, oldest first (benchmark series mark them)."""
-    rows = (StackChange.objects.filter(hardware_id__in=hardware_ids).select_related("hardware")
+def series_stack_changes(series: Any, *, limit: int = 200) -> list[dict[str, Any]]:
+    """The stack changes of the hardware of ``series`` (``benchmarks.selectors.Series``) since their first
+    point, oldest first: the benchmark API returns them beside the series to mark on the time axis."""
+    series = list(series)
+    points = [p.at for s in series for p in s.points]
+    if not points:
+        return []
+    slugs = sorted({s.hardware for s in series})
+    rows = (StackChange.objects.filter(hardware__slug__in=slugs, created_at__gte=min(points))
+            .select_related("hardware")
             .order_by("-created_at", "-id")[:limit])
     return [{"id": c.pk, "hardware": c.hardware.slug, "at": c.created_at.isoformat(), "changed": c.changed,
              "after": {k: c.after.get(k) for k in c.changed}} for c in reversed(list(rows))]

@@ -237,7 +237,11 @@ def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None
             if s is None:
                 s = series[key] = Series(model_slug, hw_slug, config, metric)
             s.points.append(Point(at, float(value), refs[run_id]))
-    ordered = sorted(series.values(), key=lambda s: (s.model, s.hardware, s.metric, s.config))
+    # lengths may be None in one run's configuration and numbers in another's: None sorts first, never compared
+    ordered = sorted(series.values(), key=lambda s: (
+        s.model, s.hardware, s.metric, s.config.dtype, s.config.concurrency,
+        (s.config.input_len is not None, s.config.input_len or 0),
+        (s.config.output_len is not None, s.config.output_len or 0)))
     for s in ordered:
         s.points.sort(key=lambda p: (p.at, p.ref[0]))
         if detect:

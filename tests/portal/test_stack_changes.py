@@ -69,7 +69,7 @@ def test_a_reregistering_agent_with_another_torch_queues_the_configured_revalida
 def test_new_evidence_clears_stale_and_heartbeats_report_the_stack_too(api_client) -> None:
     hardware = HardwareFactory()
     model = ModelReleaseFactory()
-    _cell_at(model, hardware, 2)
+    _cell_at(model, hardware, 5)  # a benchmark before the change: the series marks it
     sub = Subscription.objects.create(organization=OrganizationFactory(), name="ops", url="http://127.0.0.1:9/",
                                       kinds=["stack_change"], secret="x" * 20)
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware, role="admin")
@@ -84,8 +84,15 @@ def test_new_evidence_clears_stale_and_heartbeats_report_the_stack_too(api_clien
     assert delivery.subscription_id == sub.pk and delivery.kind == "stack_change"
     assert "driver Linux 6.8 → Linux 6.9" in delivery.event["summary"]
     assert cell_stack(model.pk, hardware.pk)["stale"]
+    page = api_client.get(f"/cells/{model.slug}/{hardware.slug}/").content.decode()
+    assert "stale since the driver change" in page and "torch <code>2.13.0</code>" in page
     fresh = JobFactory(model=model, hardware=hardware)
-    do_record_job_results(fresh, {"stages": {"env": {**passing("env"), "driver": "Linux 6.9"}}})
+    do_record_job_results(fresh, {"stages": {"env": {**passing("env"), "driver": "Linux 6.9"},
+                                             "bench": passing("bench")}})
+    series = api_client.get(f"/api/v1/benchmarks/?model={model.slug}&hardware={hardware.slug}").json()
+    assert [(c["hardware"], c["changed"], c["after"]) for c in series["stack_changes"]] == [
+        (hardware.slug, ["driver"], {"driver": "Linux 6.9"})]
+    assert "stale since" not in api_client.get(f"/cells/{model.slug}/{hardware.slug}/").content.decode()
     stack = cell_stack(model.pk, hardware.pk)
     assert not stack["stale"] and stack["evidence_stack"]["driver"] == "Linux 6.9"
     answer = api_client.get(f"/api/v1/cells/{model.slug}/{hardware.slug}/", **auth(token))

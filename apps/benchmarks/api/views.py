@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.access import actor_for
+from apps.alerts.stacks import series_stack_changes
 from apps.benchmarks.api.renderers import CSVRenderer
 from apps.benchmarks.regressions import ParameterError, RegressionRule
 from apps.benchmarks.selectors import (
@@ -77,7 +78,8 @@ class BenchmarkSeriesView(_BenchmarkView):
         series = self._series(request)
         if request.accepted_renderer.format == "csv":
             return Response(csv_rows(series))
-        return Response({"count": len(series), "series": [s.as_dict() for s in series]})
+        return Response({"count": len(series), "series": [s.as_dict() for s in series],
+                         "stack_changes": series_stack_changes(series)})  # marks on the time axis (issue 13)
 
 
 class RegressionListView(_BenchmarkView):
