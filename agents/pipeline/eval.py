@@ -98,12 +98,14 @@ def _rtol(ctx: StageContext) -> float:
 
 def _served_context(target: ServedLM, ctx: StageContext) -> int:
     """The served model's context (``/v1/models``), else the config's."""
+    import httpx
+
     try:
         card = target.client.get("/v1/models").json()["data"][0]
         if card.get("max_model_len"):
             return int(card["max_model_len"])
-    except (ValueError, KeyError, IndexError, TypeError, OSError):
-        pass
+    except (ValueError, KeyError, IndexError, TypeError, httpx.HTTPError):
+        pass  # an older server without max_model_len: the config's context
     return int(ctx.config.get("max_position_embeddings") or 2048)
 
 

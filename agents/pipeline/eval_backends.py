@@ -161,9 +161,11 @@ class ServedLM:
         """Σ log p(continuation | context) per request, from the echoed prompt logprobs, ``batch`` prompts per
         HTTP request."""
         batches = [requests[i : i + self.batch] for i in range(0, len(requests), self.batch)]
-        results = self._map(self._loglikelihood_batch, batches, lambda d, t: progress(min(d * self.batch,
-                                                                                           len(requests)),
-                                                                                       len(requests)), check)
+
+        def batch_progress(done: int, _total: int) -> None:  # in requests, not batches
+            progress(min(done * self.batch, len(requests)), len(requests))
+
+        results = self._map(self._loglikelihood_batch, batches, batch_progress, check)
         return [ll for batch in results for ll in batch]
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, until: Sequence[str],
