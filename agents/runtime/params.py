@@ -62,6 +62,7 @@ class ParamCount:
     lm_head: int = 0
     final_norm: int = 0
     layers: tuple[LayerParams, ...] = ()
+    vision: int = 0  # vision tower + projector of a vision-language model (replicated, never quantised)
 
     def kind_counts(self) -> list[tuple[LayerParams, int]]:
         """Each distinct layer with how many times it occurs: sums over layers cost O(kinds), not O(layers)
@@ -78,7 +79,7 @@ class ParamCount:
         kinds = self.kind_counts()
         return {"total": self.total, "active": self.active, "embedding": self.embedding, "lm_head": self.lm_head,
                 "layers": sum(layer.total * n for layer, n in kinds),
-                "routed_experts": sum(layer.experts * n for layer, n in kinds)}
+                "routed_experts": sum(layer.experts * n for layer, n in kinds), "vision": self.vision}
 
 
 def _attention(spec: ModelSpec) -> tuple[int, int, int]:
@@ -136,7 +137,7 @@ def count_params(spec: ModelSpec) -> ParamCount:
     embedding = spec.vocab_size * spec.hidden_size
     lm_head = 0 if spec.tie_word_embeddings else embedding
     final_norm = spec.hidden_size
-    fixed = embedding + lm_head + final_norm
+    fixed = embedding + lm_head + final_norm + spec.vision_params
     total = fixed + sum(layer.total for layer in layers)
     active = fixed + sum(layer.active for layer in layers)
-    return ParamCount(total, active, embedding, lm_head, final_norm, layers)
+    return ParamCount(total, active, embedding, lm_head, final_norm, layers, spec.vision_params)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.runtime.vision_params import count_vision_params
+
 FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
@@ -79,6 +81,7 @@ class ModelSpec:
     layer_types: tuple[str, ...] = ()
     num_mtp_layers: int = 0
     quantization: dict[str, Any] | None = None
+    vision_params: int = 0  # a vision-language model's vision tower and projector (``vision_params.py``)
     warnings: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -284,5 +287,5 @@ def parse_config(config: dict[str, Any]) -> ModelSpec:
         mlp_bias=bool(cfg.get("mlp_bias", False)), qk_norm=family in ("qwen3", "qwen3_moe"),
         rope_theta=theta, rope_type=rope_type, rope_scaling=scaling,
         torch_dtype=str(torch_dtype) if torch_dtype else None, quantization=cfg.get("quantization_config"),
-        warnings=tuple(warnings), **moe_fields, **extra,
+        vision_params=count_vision_params(config), warnings=tuple(warnings), **moe_fields, **extra,
     )

@@ -71,7 +71,7 @@ def weight_bytes(counts: ParamCount, dtype: str, keep_attention: bool = False) -
     """Bytes of all weights at ``dtype`` (the rule in the module docstring)."""
     dtype = normalize_dtype(dtype)
     rest_bits = DTYPES[dtype][1]
-    bits = (counts.embedding + counts.lm_head + counts.final_norm) * rest_bits
+    bits = (counts.embedding + counts.lm_head + counts.final_norm + counts.vision) * rest_bits
     bits += sum(n * sum(layer_bits(layer, dtype, keep_attention)) for layer, n in counts.kind_counts())
     return int(bits / 8)
 

@@ -63,7 +63,7 @@ class Model:
                 running.append(acc)
             prefix.append(tuple(running))
         rest = DTYPES[dtype][1] / 8
-        return cls(spec, settings, tuple(kinds), tuple(prefix), counts.embedding * rest,
+        return cls(spec, settings, tuple(kinds), tuple(prefix), (counts.embedding + counts.vision) * rest,
                    (counts.lm_head + counts.final_norm) * rest, activation_bytes(dtype),
                    has_dense=len(moe) < spec.num_layers)
 

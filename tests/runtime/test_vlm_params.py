@@ -1,0 +1,52 @@
+"""The plan counts a vision-language model's vision tower and projector exactly (against transformers' own
+modules) and its weight bytes include them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agents.runtime.params import count_params
+from agents.runtime.planner import plan_report
+from agents.runtime.spec import parse_config
+from agents.runtime.testing.make_model import cached_model
+from agents.runtime.vision_params import count_vision_params, count_vision_tower
+
+transformers = pytest.importorskip("transformers")
+
+
+def _numel(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_the_tiny_llava_counts_every_checkpoint_parameter():
+    path = cached_model("llava")
+    config = json.loads((path / "config.json").read_text())
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(path)
+    counts = count_params(parse_config(config))
+    assert counts.total == _numel(model)
+    assert counts.vision == _numel(model.model.vision_tower) + _numel(model.model.multi_modal_projector) > 0
+    text_only = plan_report(config["text_config"] | {"architectures": ["LlamaForCausalLM"]},
+                            memory_bytes=2**30, devices_per_node=1, dtype="float32")
+    report = plan_report(config, memory_bytes=2**30, devices_per_node=1, dtype="float32")
+    assert report["params_total"] == counts.total
+    assert report["weight_bytes"] - text_only["weight_bytes"] == 4 * counts.vision
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+def test_siglip_towers_are_counted_as_transformers_builds_them(use_head):
+    vision = {"model_type": "siglip_vision_model", "hidden_size": 24, "intermediate_size": 40,
+              "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 28, "patch_size": 7,
+              "num_channels": 3, "vision_use_head": use_head}
+    hf = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**vision))
+    assert count_vision_tower(vision) == _numel(hf)
+
+
+def test_clip_tower_and_a_text_model():
+    vision = {"model_type": "clip_vision_model", "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 3,
+              "num_attention_heads": 2, "image_size": 20, "patch_size": 5}
+    assert count_vision_tower(vision) == _numel(transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**vision)))
+    assert count_vision_params({"architectures": ["LlamaForCausalLM"], "hidden_size": 8}) == 0
+    with pytest.raises(ValueError, match="counted for clip_vision_model and siglip_vision_model"):
+        count_vision_tower({**vision, "model_type": "pixtral"})
