@@ -21,6 +21,7 @@ from typing import Any
 from agents.pipeline import report as report_mod
 from agents.pipeline import thresholds, tiers, verdicts
 from agents.pipeline.base import JobCancelled, StageContext, StageFailed
+from agents.runtime.engine.multimodal import config_takes_images
 
 
 def known_threshold_keys() -> set[str]:
@@ -107,6 +108,7 @@ def judging_context(ctx: StageContext, stages: dict[str, Any] | None = None) -> 
     ) if memory else None
     return verdicts.Context(
         model=verdicts.ModelFacts(config=config, has_chat_template=has_template, manifest=ctx.manifest or None,
+                                  takes_images=config_takes_images(config),
                                   manifest_source="given" if ctx.manifest else "",
                                   context_length=int(context) if context else None, runtime_path=path),
         hardware=hardware, dtype=ctx.dtype,

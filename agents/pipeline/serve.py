@@ -8,6 +8,7 @@ bench stage; ``stop(ctx)`` (also run at exit) ends it."""
 from __future__ import annotations
 
 import atexit
+import base64
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ import httpx
 
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.load_sharded import effective_layout, effective_tp
+from agents.runtime.engine.multimodal import config_takes_images
 
 
 class ServerProcess:
@@ -220,10 +222,83 @@ def text_path_checks(url: str, has_chat_template: bool,
     return checks
 
 
+IMAGE_QUESTION = "What is in this image?"
+
+
+def probe_image_png(side: int = 64) -> bytes:
+    """A deterministic test picture (colour gradients with a square), PNG-encoded."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:side, 0:side]
+    pixels = np.stack([x * 255 // side, y * 255 // side, (x + y) * 127 // side], axis=-1).astype(np.uint8)
+    pixels[side // 4: side // 2, side // 4: side // 2] = (250, 250, 20)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def image_messages(png: bytes) -> list[dict[str, Any]]:
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                          {"type": "text", "text": IMAGE_QUESTION}]}]
+
+
+def expected_image_prompt_tokens(model_dir: Path, png: bytes) -> int:
+    """The prompt length the model's own processor gives the image chat (placeholders expanded)."""
+    import io
+
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": IMAGE_QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    out = processor(text=[text], images=[Image.open(io.BytesIO(png)).convert("RGB")], add_special_tokens=False)
+    return len(out["input_ids"][0])
+
+
+def image_path_checks(url: str, model_dir: Path) -> list[dict[str, Any]]:
+    """A chat request with an image (data: URL), streamed and not: answered, and its prompt as long as the
+    model's processor makes it (each image placeholder expanded to the image's tokens)."""
+    client = httpx.Client(base_url=url, timeout=120)
+    png = probe_image_png()
+    request = {"messages": image_messages(png), "max_tokens": 8, "temperature": 0}
+
+    def image_chat() -> str:
+        r = client.post("/v1/chat/completions", json=request)
+        assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}"
+        body = r.json()
+        assert body["usage"]["completion_tokens"] >= 1, "no token generated"
+        want = expected_image_prompt_tokens(model_dir, png)
+        got = body["usage"]["prompt_tokens"]
+        assert got == want, f"the server's image prompt is {got} tokens, the model's processor makes {want}"
+        return f"{got} prompt tokens; {body['choices'][0]['message']['content']!r}"
+
+    def image_stream() -> str:
+        text, done = [], False
+        with client.stream("POST", "/v1/chat/completions", json={**request, "stream": True}) as r:
+            assert r.status_code == 200, f"HTTP {r.status_code}"
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    chunk = json.loads(line[6:])
+                    text += [c["delta"].get("content") or "" for c in chunk.get("choices", [])]
+        assert done and "".join(text), "the image stream ended without text"
+        return f"{len(text)} deltas"
+
+    checks = [_check("image_chat", image_chat), _check("image_chat_stream", image_stream)]
+    client.close()
+    return checks
+
+
 def run(ctx: StageContext) -> dict[str, Any]:
     """The serve section: ready_seconds, endpoint, tp (ranks serving: the job's override, else the plan's
     degree clipped to this host), text_path_ok, chat_path_ok (None when the model has no chat template),
-    chat_template (where it was found), checks."""
+    image_path_ok (None when the model takes no images), chat_template (where it was found), checks."""
     stop(ctx)  # a server left by an earlier run of this stage
     server = start_server(ctx)
     timeout = float(ctx.bench.get("ready_timeout", 900))
@@ -240,10 +315,14 @@ def run(ctx: StageContext) -> dict[str, Any]:
     else:
         template_note = None
     checks = text_path_checks(server.url, template is not None, expected)
+    takes_images = config_takes_images(ctx.config)
+    if takes_images:
+        checks += image_path_checks(server.url, Path(ctx.model_dir))
     by_name = {c["name"]: c["ok"] for c in checks}
     text_ok = by_name["completions"] and by_name["completions_stream"]
     chat_ok = by_name.get("chat_completions") if template else None
-    ok = text_ok and chat_ok is not False
+    image_ok = (by_name["image_chat"] and by_name["image_chat_stream"]) if takes_images else None
+    ok = text_ok and chat_ok is not False and image_ok is not False
     notes = [] if template else ["no chat template: /v1/chat/completions not exercised"]
     notes += [template_note] if template_note else []
     tp_note = effective_tp(ctx)[1]
@@ -257,6 +336,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "tp": server.tp,
         "text_path_ok": text_ok,
         "chat_path_ok": chat_ok,
+        "image_path_ok": image_ok,
         "chat_template": template,
         "has_chat_template": template is not None,
         "checks": checks,

@@ -38,3 +38,8 @@ class ImageInputs:
                                  f"{len(self.positions)} placeholder tokens")
             self.features = features
         return self.features
+
+
+def config_takes_images(config: dict | None) -> bool:
+    """Whether a model's ``config.json`` describes a vision-language model (it has a vision tower's config)."""
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
