@@ -171,3 +171,13 @@ def series_stack_changes(series: Any, *, limit: int = 200) -> list[dict[str, Any
             .order_by("-created_at", "-id")[:limit])
     return [{"id": c.pk, "hardware": c.hardware.slug, "at": c.created_at.isoformat(), "changed": c.changed,
              "after": {k: c.after.get(k) for k in c.changed}} for c in reversed(list(rows))]
+
+
+def check_set_hardware_policy(actor: Any, hardware: Hardware, *, policy: Any, min_tier: Any = 1) -> HardwarePolicy:
+    """Who edits a hardware (its organization's admins, staff for a shared entry) sets its policy."""
+    from django.core.exceptions import PermissionDenied
+
+    if not actor.administers_hardware(hardware.organization_id):
+        raise PermissionDenied(f"only those who edit hardware {hardware.slug} (its organization's admins, or staff "
+                               "for a shared entry) set its re-validation policy")
+    return do_set_hardware_policy(hardware, policy=policy, min_tier=min_tier)

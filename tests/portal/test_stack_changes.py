@@ -108,3 +108,24 @@ def test_a_policy_is_validated() -> None:
         with pytest.raises(ValidationError) as err:
             do_set_hardware_policy(hardware, policy=policy, min_tier=tier)
         assert field in err.value.message_dict
+
+
+def test_the_policy_api_is_for_the_hardwares_admins_and_names_bad_fields(api_client) -> None:
+    org = OrganizationFactory()
+    hardware = HardwareFactory(organization=org)
+    admin, viewer = make_token(organization=org, role="admin"), make_token(organization=org, role="viewer",
+                                                                             scopes=["read"])
+    url = f"/api/v1/stack-policies/{hardware.slug}/"
+    assert api_client.get(url, **auth(viewer)).json()["policy"] == "off"
+    assert api_client.put(url, {"policy": "all"}, format="json", **auth(viewer)).status_code == 403
+    for body, field in (({"policy": "never"}, "policy"), ({"policy": "tier", "min_tier": 9}, "min_tier")):
+        answer = api_client.put(url, body, format="json", **auth(admin))
+        assert answer.status_code == 400 and field in answer.json()
+    answer = api_client.put(url, {"policy": "tier", "min_tier": 4}, format="json", **auth(admin))
+    assert answer.status_code == 200 and (answer.json()["policy"], answer.json()["min_tier"]) == ("tier", 4)
+    assert api_client.get("/api/v1/stack-policies/no-such-hw/", **auth(admin)).status_code == 404
+    assert api_client.get(url).status_code == 401
+    assert api_client.get(url, **auth(make_token(organization=OrganizationFactory()))).status_code == 404
+    shared = HardwareFactory()
+    assert api_client.put(f"/api/v1/stack-policies/{shared.slug}/", {"policy": "all"}, format="json",
+                          **auth(admin)).status_code == 403

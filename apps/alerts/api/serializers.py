@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.alerts.choices import AlertKind, PayloadFormat
-from apps.alerts.models import MAX_URL_LENGTH, Delivery, Subscription
+from apps.alerts.choices import AlertKind, PayloadFormat, RevalidationPolicy
+from apps.alerts.models import MAX_URL_LENGTH, Delivery, StackChange, Subscription
 
 
 class SubscriptionSerializer(serializers.ModelSerializer):
@@ -50,4 +50,17 @@ class DeliverySerializer(serializers.ModelSerializer):
         fields = ["id", "uuid", "subscription", "organization", "kind", "model", "hardware", "status", "attempts",
                   "response_code", "last_error", "created_at", "last_attempt_at", "next_attempt_at",
                   "delivered_at", "event"]
+        read_only_fields = fields
+
+
+class StackPolicyWriteSerializer(serializers.Serializer):
+    policy = serializers.ChoiceField(choices=RevalidationPolicy.values)
+    min_tier = serializers.IntegerField(min_value=1, max_value=6, default=1,
+                                        help_text="with policy 'tier': re-validate cells at or above it")
+
+
+class StackChangeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = StackChange
+        fields = ["id", "hostname", "before", "after", "changed", "policy", "jobs", "created_at"]
         read_only_fields = fields

@@ -3,24 +3,29 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.access import Actor
 from apps.accounts.choices import Role
 from apps.accounts.models import Organization
-from apps.alerts import services
+from apps.alerts import services, stacks
 from apps.alerts.api.serializers import (
     DeliverySerializer,
+    StackChangeSerializer,
+    StackPolicyWriteSerializer,
     SubscriptionCreatedSerializer,
     SubscriptionSerializer,
     SubscriptionWriteSerializer,
 )
-from apps.alerts.models import Delivery, Subscription
+from apps.alerts.choices import RevalidationPolicy
+from apps.alerts.models import Delivery, HardwarePolicy, HardwareStack, StackChange, Subscription
+from apps.catalog.models import Hardware
 from apps.core.api.mixins import get_actor, get_or_404, require
 
 
@@ -101,3 +106,42 @@ class DeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         delivery = get_or_404(self.get_queryset(), "delivery", pk=pk)
         delivery = services.check_redeliver(get_actor(request), delivery)
         return Response(DeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
+
+
+class StackPolicyViewSet(viewsets.ViewSet):
+    """``stack-policies/{hardware}/``: what a stack change of the hardware re-validates (``off``, ``tier`` with
+    ``min_tier``, ``all``), and its stack changes. PUT by those who edit the hardware."""
+
+    lookup_field = "hardware"
+    lookup_value_regex = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+
+    def _hardware(self, slug: str) -> Hardware:
+        """The hardware, for a signed-in actor; an organization's pool (its stack is its infrastructure) only
+        for its members and staff."""
+        actor = get_actor(self.request)
+        require(actor.authenticated, actor, "")
+        hardware = get_or_404(Hardware.objects.select_related("organization"), "hardware", slug=slug)
+        owner = hardware.organization_id
+        if owner is not None and owner not in actor.org_ids and not actor.is_staff:
+            raise NotFound(f"no hardware with slug {slug!r}")
+        return hardware
+
+    def _answer(self, hardware: Hardware) -> Response:
+        row = HardwarePolicy.objects.filter(hardware=hardware).first()
+        changes = StackChange.objects.filter(hardware=hardware).order_by("-created_at", "-id")[:20]
+        return Response({"hardware": hardware.slug, "policy": row.policy if row else RevalidationPolicy.OFF,
+                         "min_tier": row.min_tier if row else 1,
+                         "stack": getattr(HardwareStack.objects.filter(hardware=hardware).first(), "lock", None),
+                         "changes": StackChangeSerializer(changes, many=True).data})
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def retrieve(self, request: Request, hardware: str | None = None) -> Response:
+        return self._answer(self._hardware(str(hardware)))
+
+    @extend_schema(request=StackPolicyWriteSerializer, responses=OpenApiTypes.OBJECT)
+    def update(self, request: Request, hardware: str | None = None) -> Response:
+        row = self._hardware(str(hardware))
+        body = _body(request)
+        stacks.check_set_hardware_policy(get_actor(request), row, policy=body.get("policy"),
+                                         min_tier=body.get("min_tier", 1))
+        return self._answer(row)
