@@ -13,6 +13,7 @@ from torch import nn
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.thresholds import ALIGN as ALIGN_THRESHOLDS
 from agents.runtime.context import ForwardContext
+from agents.runtime.engine.multimodal import config_takes_images
 
 # DESIGN.md §4 defaults (every dtype), overridable per job through ctx.thresholds.
 DEFAULT_THRESHOLDS: dict[str, float] = ALIGN_THRESHOLDS
@@ -92,6 +93,12 @@ def reference_model(ctx: StageContext) -> nn.Module:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    if config_takes_images(ctx.config):  # the text checks run on the reference's own decoder
+        from agents.pipeline.align_vision import reference_decoder
+
+        ref = reference_decoder(ctx)
+        ctx.shared["reference_model"] = ref
+        return ref
     try:
         ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
     except (ValueError, OSError, KeyError) as exc:

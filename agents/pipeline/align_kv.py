@@ -91,7 +91,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
             "path": "recompute",
             "notes": ["no paged cache on this path: every step recomputes the sequence, nothing to drift"],
         }
-    config = ctx.config
+    config = ctx.config.get("text_config") or ctx.config  # a vision-language model: its decoder's
     context = int(config.get("max_position_embeddings") or 2048)
     lengths = check_lengths(context, int(ctx.thresholds.get("kv_cache_max_len", 1024)))
     num_blocks = -(-lengths[-1] // BLOCK_SIZE)  # exactly the longest run: later runs must reuse freed blocks

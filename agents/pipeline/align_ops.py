@@ -528,7 +528,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     th = {**DEFAULT_THRESHOLDS, **{k: v for k, v in ctx.thresholds.items() if k in DEFAULT_THRESHOLDS}}
     model = target_model(ctx)
-    ops = run_checks(model, ctx.config, thresholds=th,
+    config = ctx.config.get("text_config") or ctx.config  # a vision-language model: its decoder's operators
+    ops = run_checks(model, config, thresholds=th,
                      progress=lambda done, total: ctx.progress(done, total, "operators aligned"))
     ctx.check_cancelled()
     checked = [op for op in ops if op["status"] != "unchecked"]
