@@ -88,8 +88,11 @@ class PortalClient:
         return self.request("POST", "/agents/",
                             json={"hostname": hostname, "capabilities": capabilities, "versions": versions})
 
-    def heartbeat(self, agent_id: int, *, current_job: int | None = None) -> dict:
-        return self.request("POST", f"/agents/{agent_id}/heartbeat/", json={"current_job": current_job})
+    def heartbeat(self, agent_id: int, *, current_job: int | None = None, versions: dict | None = None) -> dict:
+        body: dict[str, Any] = {"current_job": current_job}
+        if versions:  # the environment lock, when it is re-read: the portal compares it with the pool's stack
+            body["versions"] = versions
+        return self.request("POST", f"/agents/{agent_id}/heartbeat/", json=body)
 
     def get_job(self, job_id: int) -> dict:
         return self.request("GET", f"/jobs/{job_id}/")

@@ -13,9 +13,10 @@ logger = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    def __init__(self, state: AgentState, interval: float = 5.0) -> None:
+    def __init__(self, state: AgentState, interval: float = 5.0, lock_every: int = 60) -> None:
         self.state = state
         self.interval = interval
+        self.lock_every = lock_every  # every Nth beat re-reads the environment lock (a driver upgraded under us)
         self.beats = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="day0-heartbeat", daemon=True)
@@ -29,13 +30,24 @@ class Heartbeat:
         while True:
             if self.state.agent_id is not None:
                 try:
-                    client.heartbeat(self.state.agent_id, current_job=self.state.current_job)
+                    client.heartbeat(self.state.agent_id, current_job=self.state.current_job,
+                                     versions=self._lock() if self.beats % self.lock_every == self.lock_every - 1
+                                     else None)
                     self.beats += 1
                 except PortalError as exc:
                     logger.warning("heartbeat failed: %s", exc)
             if self._stop.wait(self.interval):
                 break
         client.close()
+
+    def _lock(self) -> dict | None:
+        from agents.pipeline.env import environment_lock
+
+        try:
+            return environment_lock(self.state.device)
+        except Exception as exc:  # a lock that cannot be read never stops the heartbeat
+            logger.warning("environment lock not read: %s", exc)
+            return None
 
     def stop(self) -> None:
         """Stops beating; a last beat (2 s at most) tells the portal this agent runs no job any more, so a job
