@@ -180,16 +180,16 @@ def test_the_portal_rejects_malformed_comm_sections_naming_the_path() -> None:
 @pytest.mark.slow  # 4 loading ranks, a 4-rank server, the benchmark and the collectives: a few minutes here
 def test_a_tp2_pp2_moe_job_runs_every_stage_with_comm_and_expert_balance(make_ctx, tmp_path: Path) -> None:
     ctx, _ = make_ctx("qwen3-moe", tp=2, pp=2, workdir=tmp_path,
-                      bench={"concurrency": [2], "num_prompts": 4, "input_len": 8, "output_len": 6,
+                      bench={"concurrency": [1, 2, 4], "num_prompts": 4, "input_len": 8, "output_len": 6,
                              "long_context": False, "comm_max_bytes": 16384, "comm_iters": 3})
     report = run_pipeline(ctx, "plan,load,serve,bench,comm")
     assert report["failed_stage"] is None, report["error"]
     stages = report["stages"]
     assert stages["plan"]["plan"] == {"tp": 2, "pp": 2, "ep": 1, "devices": 4, "nodes": 1}
     assert (stages["load"]["tp"], stages["load"]["pp"], len(stages["load"]["ranks"])) == (2, 2, 4)
-    (run,) = stages["bench"]["runs"]
-    assert run["completed"] == 4 and 0 < run["comm_overhead_ratio"] < 1  # rank 0's collectives and sends
-    assert run["expert_balance"]["routed_tokens"] > 0 and run["tpot_jitter"] >= 1
+    for run in stages["bench"]["runs"]:
+        assert run["completed"] == 4 and 0 < run["comm_overhead_ratio"] < 1  # rank 0's collectives and sends
+        assert run["expert_balance"]["routed_tokens"] > 0 and run["tpot_jitter"] >= 1
     comm = stages["comm"]
     assert comm["ranks"] == 4 and {row["op"] for row in comm["collectives"]} == {
         "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"}
