@@ -128,7 +128,9 @@ def start_agent(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[...,
         spool = spool_dir or tmp_path / f"spool-{len(agents)}"
         env.update(DAY0_AGENT_SPOOL_DIR=str(spool), DAY0_AGENT_WORK_DIR=str(tmp_path / "work"),
                    DAY0_AGENT_CANCEL_POLL="0.5", DAY0_AGENT_LOGLEVEL="INFO", PYTHONUNBUFFERED="1",
-                   HF_HUB_OFFLINE="1", DAY0_AGENT_DEVICE="cpu", DAY0_AGENT_TOKEN=token, **(extra_env or {}))
+                   HF_HUB_OFFLINE="1", DAY0_AGENT_DEVICE="cpu", DAY0_AGENT_TOKEN=token,
+                   DAY0_AGENT_STOP_SECONDS="2")  # teardown: a stopped agent is gone within 2 s
+        env.update(extra_env or {})
         log_path = LOGS / f"agent-{hardware}-{len(agents)}.log"
         cmd = [sys.executable, "-m", "day0portal.cli", "agent", "--hardware", hardware, "--portal", portal_url or portal.url,
                "--broker", broker or _redis_url(), "--heartbeat", "1",

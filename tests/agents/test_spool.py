@@ -218,7 +218,7 @@ def test_with_the_portal_down_posts_per_second_stay_bounded_while_events_and_flu
     producer = threading.Thread(target=produce)
     producer.start()
     try:
-        assert sender.flush(6.0) is False
+        assert sender.flush(4.5) is False
     finally:
         stop.set()
         producer.join()
@@ -227,6 +227,6 @@ def test_with_the_portal_down_posts_per_second_stay_bounded_while_events_and_flu
         if counting:
             counting.close()
     posts = counting.posts if counting else sender.posts
-    # backoff 0.4, 0.8, 1.6, 3.2 s (jittered): at most ~6 tries in 6 s, where the 50 ms wake-ups made ~120
-    assert 2 <= posts <= 8, posts
+    # backoff 0.4, 0.8, 1.6, 3.2 s (jittered): about 4 tries in 4.5 s, where the 50 ms wake-ups made ~300
+    assert 2 <= posts <= 7, posts
     assert spool.pending_count() > 100  # nothing was dropped meanwhile
