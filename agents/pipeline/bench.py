@@ -16,6 +16,7 @@ DEFAULTS: dict[str, Any] = {
     "request_rate": None,
     "long_context": True,
     "long_input_len": 256,
+    "images_per_request": 0,  # N > 0: chat requests with N images each (``--images-per-request``)
 }
 
 

@@ -211,3 +211,15 @@ def test_openai_sdk_sends_an_image_streamed_and_not(url, expected):
         client.chat.completions.create(model="tiny-llava", max_tokens=4, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"xx").decode()}},
         ]}])
+
+
+def test_bench_sends_images_per_request(url):
+    from agents.runtime.bench import run_benchmark
+
+    section = run_benchmark(url, concurrency=[1, 2], input_len=6, output_len=3, num_prompts=4, long_context=False,
+                            images_per_request=2)
+    assert section["images_per_request"] == 2
+    assert all(run["failed"] == 0 and run["completed"] == 4 for run in section["runs"]), section["runs"]
+    assert all(run["input_tokens"] > 4 * 2 * 16 for run in section["runs"])  # 16 image tokens per image
+    with pytest.raises(ValueError, match="images_per_request"):
+        run_benchmark(url, concurrency=[1], images_per_request=-1)

@@ -56,6 +56,35 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult
     return result
 
 
+def image_parts(num: int, seed: int, side: int = 64) -> list[dict[str, Any]]:
+    """``num`` chat content parts, each a distinct random ``side`` x ``side`` PNG as a data: URL."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    parts = []
+    for _ in range(num):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(buf, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts
+
+
+def request_body(model: str, prompt: Any, max_tokens: int, images: list[dict[str, Any]]) -> tuple[str, dict]:
+    """(path, body) of one streamed request: a completion, or with ``images`` a chat message holding them
+    before the prompt's text."""
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+                            "stream": True, "stream_options": {"include_usage": True}}
+    if not images:
+        return "/v1/completions", {**body, "prompt": prompt}
+    content = [*images, {"type": "text", "text": prompt}]
+    return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": content}]}
+
+
 def make_prompts(num: int, input_len: int, vocab_size: int | None, seed: int) -> list[Any]:
     """Token-id prompts of exactly ``input_len`` tokens when the vocabulary is known, else word prompts."""
     rng = random.Random(seed)
@@ -76,23 +105,15 @@ async def _run(
     concurrency: int,
     request_rate: float | None,
     seed: int,
+    images: list[dict[str, Any]] = (),  # type: ignore[assignment]
 ) -> dict:
     sem = asyncio.Semaphore(concurrency)
     rng = random.Random(seed)
-    url = f"{base}/v1/completions"
 
     async def limited(prompt: Any) -> RequestResult:
         async with sem:
-            body = {
-                "model": model,
-                "prompt": prompt,
-                "max_tokens": output_len,
-                "temperature": 0.0,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            return await _one(client, url, body)
+            path, body = request_body(model, prompt, output_len, list(images))
+            return await _one(client, base + path, body)
 
     start = time.perf_counter()
     tasks = []
@@ -171,20 +192,25 @@ async def run_benchmark_async(
     long_input_len: int | None = None,
     seed: int = 0,
     timeout: float = 600.0,
+    images_per_request: int = 0,
 ) -> dict:
+    """``images_per_request`` N > 0: every request of the concurrency sweep is a chat message with N images
+    (random PNGs) before a word prompt of ``input_len`` words; the long-context case stays text."""
     base = url.rstrip("/")
     if input_len < 1 or output_len < 1 or num_prompts < 1 or not concurrency or min(concurrency) < 1:
         raise ValueError("input_len, output_len, num_prompts and every concurrency must be >= 1")
+    if not 0 <= images_per_request <= 64:
+        raise ValueError(f"images_per_request must be in [0, 64], got {images_per_request}")
+    images = image_parts(images_per_request, seed)
     limits = httpx.Limits(max_connections=max(concurrency) + 4, max_keepalive_connections=max(concurrency) + 4)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         card = (await client.get(f"{base}/v1/models")).json()["data"][0]
         model, vocab, max_len = card["id"], card.get("vocab_size"), card.get("max_model_len")
         if max_len and input_len + output_len > max_len:
             raise ValueError(f"input_len + output_len = {input_len + output_len} exceeds the model's context {max_len}")
-        prompts = make_prompts(num_prompts, input_len, vocab, seed)
-        warm = await _one(
-            client, f"{base}/v1/completions", {"model": model, "prompt": prompts[0], "max_tokens": 2, "stream": True}
-        )
+        prompts = make_prompts(num_prompts, input_len, None if images else vocab, seed)
+        path, body = request_body(model, prompts[0], 2, images)
+        warm = await _one(client, base + path, body)
         if not warm.ok:
             raise RuntimeError(f"warm-up request failed: {warm.error}")
         experts_before = await _expert_counts(client, base)
@@ -200,6 +226,7 @@ async def run_benchmark_async(
                     concurrency=conc,
                     request_rate=request_rate,
                     seed=seed,
+                    images=images,
                 )
             )
         long_run = None
@@ -229,6 +256,7 @@ async def run_benchmark_async(
         "output_len": output_len,
         "num_prompts": num_prompts,
         "request_rate": request_rate,
+        "images_per_request": images_per_request,
         "runs": runs,
         "long_context": long_run,
         "peak_memory_bytes": peak,

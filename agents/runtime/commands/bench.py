@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--long-input-len", type=int, default=None, help="long-context case (default: fill context)")
     p.add_argument("--no-long-context", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--images-per-request", type=int, default=0,
+                   help="N > 0: chat requests with N images each (a vision-language model)")
     p.add_argument("--json", type=Path, default=None, help="write the bench section here")
     p.set_defaults(handler=handle)
 
@@ -48,6 +50,7 @@ def handle(args: argparse.Namespace) -> int:
             long_context=not args.no_long_context,
             long_input_len=args.long_input_len,
             seed=args.seed,
+            images_per_request=args.images_per_request,
         )
     except (ValueError, RuntimeError, httpx.HTTPError) as exc:
         print(f"day0 bench: {args.url}: {exc}")
