@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+# "lost" as the REST API shows it is final (the attempts ran out): a re-queued job is queued again in the same
+# transaction. Over the WebSocket a "lost" is followed by "queued" when the job is re-queued.
+TERMINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
 JOB_STATES = ("queued", "dispatched", "running", "succeeded", "failed", "cancelled", "lost")
 WAITING_POLL_SECONDS = 5.0  # how often `jobs watch` asks whether a dispatched job is stuck
 
@@ -221,7 +223,9 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':>6}  {'STATE':<10}  {'MODEL':<28}  {'HARDWARE':<16}  {'CREATED':<16}  NOTE")
     for job in rows:
-        note = job.get("waiting_reason") or (f"failed at {job['failed_stage']}" if job.get("failed_stage") else "")
+        error = (str(job.get("error") or "").strip().splitlines() or [""])[-1][:80]
+        note = job.get("waiting_reason") or (f"failed at {job['failed_stage']}: {error}" if job.get("failed_stage")
+                                             else error if job["state"] in ("failed", "lost") else "")
         created = str(job.get("created_at") or "")[:16].replace("T", " ")
         print(f"{job['id']:>6}  {job['state']:<10}  {job['model']:<28}  {job['hardware']:<16}  {created:<16}  {note}")
     more = page.get("count", len(rows)) - len(rows)
@@ -361,4 +365,5 @@ def _watch_ws(args: argparse.Namespace, view: ProgressView, client: Any) -> None
                 for ev in message.get("events", []):
                     view.event(ev)
             elif message.get("type") == "job.state" and message.get("state") in TERMINAL_STATES:
-                return
+                if message["state"] != "lost" or client.get_job(args.job_id).get("state") == "lost":
+                    return

@@ -265,7 +265,7 @@ def _follow_job(base: str, token: str, job_id: int, cell_url: str, timeout_s: fl
             if job["state"] != state:
                 state = job["state"]
                 print(f"  job {job_id}: {state}", flush=True)
-            if state in ("succeeded", "failed", "cancelled"):
+            if state in ("succeeded", "failed", "cancelled", "lost"):  # lost: its attempts ran out
                 break
             time.sleep(1.0)
         cell = client.get(cell_url.replace(base, "/api/v1")).json()
