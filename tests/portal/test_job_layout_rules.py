@@ -32,3 +32,15 @@ def test_a_deployable_layout_is_accepted(api_client) -> None:
     response = api_client.post("/api/v1/jobs/", {"model": model.slug, "hardware": hardware.slug, "tp": 8, "pp": 2},
                                format="json", **auth(token))
     assert response.status_code == 201, response.content
+
+
+@pytest.mark.parametrize(("bench", "key"), [({"comm_max_bytes": 4}, "comm_max_bytes"),
+                                            ({"comm_timeout_s": 0}, "comm_timeout_s"),
+                                            ({"comm_ranks": 1000}, "comm_ranks")])
+def test_comm_sweep_options_out_of_bounds_are_a_400_naming_them(api_client, bench, key) -> None:
+    org = OrganizationFactory()
+    model, hardware, token = ModelReleaseFactory(organization=org), HardwareFactory(), make_token(organization=org)
+    response = api_client.post("/api/v1/jobs/", {"model": model.slug, "hardware": hardware.slug, "bench": bench},
+                               format="json", **auth(token))
+    assert response.status_code == 400 and key in str(response.json()), response.content
+    assert Job.objects.count() == 0
