@@ -86,6 +86,7 @@ class CellPage:
     jobs: list[Job] = field(default_factory=list)
     job_page: Page | None = None
     long_context: dict[str, Any] | None = None  # the bench stage's long-context case
+    image_path: dict[str, Any] | None = None  # a model that takes images: its serve checks and vision alignment
 
     @property
     def stages(self) -> list[tuple[str, StageResult | None]]:
@@ -203,4 +204,21 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
     if bench is not None:
         raw = StageResult.objects.filter(pk=bench.pk).values_list("section__long_context", flat=True).first()
         page.long_context = raw if isinstance(raw, dict) else None
+    if model.takes_images:
+        page.image_path = image_path_evidence(results.get("serve"), results.get("align"))
     return page
+
+
+def image_path_evidence(serve: StageResult | None, align: StageResult | None) -> dict[str, Any]:
+    """The image path's evidence from the newest serve and align sections: ``ok`` (the serve stage's
+    ``image_path_ok``; None when not exercised), its image checks, and the vision alignment rows and e2e."""
+    section = serve.section if serve is not None and isinstance(serve.section, dict) else {}
+    checks = [c for c in section.get("checks") or [] if isinstance(c, dict) and str(c.get("name", "")).startswith("image")]
+    vision = (align.section or {}).get("vision") if align is not None and isinstance(align.section, dict) else None
+    vision = vision if isinstance(vision, dict) else {}
+    rows = [r for r in vision.get("rows") or [] if isinstance(r, dict)]
+    e2e = [p for p in vision.get("e2e") or [] if isinstance(p, dict)]
+    return {"ok": section.get("image_path_ok"), "serve_job": serve.job_id if serve is not None else None,
+            "checks": checks, "vision_passed": vision.get("passed"), "rows": rows,
+            "e2e": [{"prompt": p.get("prompt"), "image": p.get("image"), "match": p.get("match"),
+                     "tokens": len(p.get("reference") or [])} for p in e2e]}
