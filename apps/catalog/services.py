@@ -122,7 +122,12 @@ def _refresh_model_cells(model: ModelRelease) -> None:
 
 @transaction.atomic
 def do_create_model_release(*, config: dict[str, Any], **fields: Any) -> ModelRelease:
-    """Creates a model from its config (derived fields computed here) and its matrix row."""
+    """Creates a model from its config (derived fields computed here) and its matrix row. A config with a
+    vision tower records the release as taking images when no modalities are given."""
+    from agents.runtime.engine.multimodal import config_takes_images
+
+    if not fields.get("modalities") and config_takes_images(config):
+        fields["modalities"] = ["text", "image"]
     model = ModelRelease(config=config, **fields, **model_fields_from_config(config))
     model.full_clean()
     model.save()
