@@ -149,7 +149,7 @@ def model_page(request: HttpRequest, slug: str) -> HttpResponse:
     page = catalog_pages.model_page(actor_for(request), slug)
     if page is None:
         raise Http404(f"no model {slug}")
-    return render(request, "dashboards/model.html", {"page": page, "tiers": selectors.DAY0_TIERS})
+    return render(request, "dashboards/model.html", {"page": page, "tiers": selectors.TIMELINE_TIERS})
 
 
 def hardware_list(request: HttpRequest) -> HttpResponse:
@@ -241,7 +241,7 @@ def trends_page(request: HttpRequest) -> HttpResponse:
 
 def day0_page(request: HttpRequest) -> HttpResponse:
     raw = request.GET.get("tier", "3")
-    tier = int(raw) if raw.isdecimal() and int(raw) in selectors.DAY0_TIERS else 3
+    tier = int(raw) if raw.isdecimal() and int(raw) in selectors.TIMELINE_TIERS else 3
     include_hosts = request.GET.get("hosts") in ("1", "on", "true")
     timeline = selectors.day0_timeline(actor_for(request), rank_tier=tier, include_hosts=include_hosts)
     return render(request, "dashboards/day0.html", {

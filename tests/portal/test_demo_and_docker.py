@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # set by the project for its own processes or test runs (`day0 agent` passes --portal to its worker as
 # DAY0_AGENT_PORTAL), or prefixes the agent strips from its environment; never set by an operator
-INTERNAL_VARIABLES = {"DAY0_AGENT_ID", "DAY0_TEST_MODELS_DIR", "DAY0_AGENT_PORTAL", "DAY0_DATABASE", "DAY0_SECRET"}
+# set by the runtime for its own ranks, or fault injection for tests: not for operators
+INTERNAL_VARIABLES = {"DAY0_AGENT_ID", "DAY0_TEST_MODELS_DIR", "DAY0_AGENT_PORTAL", "DAY0_DATABASE", "DAY0_SECRET",
+                      "DAY0_TP_ERROR_DIR", "DAY0_INJECT_RANK_FAULT"}
 
 
 def test_env_example_lists_every_variable_the_code_reads() -> None:

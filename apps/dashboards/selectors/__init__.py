@@ -12,12 +12,12 @@ from apps.dashboards.selectors.cell import (
     tier_ladder,
     visible_model,
 )
-from apps.dashboards.selectors.day0 import DAY0_TIERS, Day0Release, Day0Row, Day0Timeline, LeaderRow, day0_timeline
+from apps.dashboards.selectors.day0 import TIMELINE_TIERS, Day0Release, Day0Row, Day0Timeline, LeaderRow, day0_timeline
 from apps.dashboards.selectors.format import hours_text, human_bytes, human_count
 from apps.dashboards.selectors.job import CONSOLE_LINES, JobPage, StageStatus, job_page
 
 __all__ = [
-    "CONSOLE_LINES", "DAY0_TIERS", "OPERATOR_STATUSES", "CellPage", "Day0Release", "Day0Row", "Day0Timeline",
+    "CONSOLE_LINES", "TIMELINE_TIERS", "OPERATOR_STATUSES", "CellPage", "Day0Release", "Day0Row", "Day0Timeline",
     "JobPage", "LadderStep", "LeaderRow", "StageStatus", "cell_page", "day0_timeline", "hours_text", "human_bytes",
     "human_count", "job_page", "tier_ladder", "visible_model",
 ]

@@ -14,19 +14,19 @@ from apps.dashboards.selectors.format import hours_text, reached_times
 from apps.matrix.models import Cell
 from apps.matrix.selectors import lead_hours
 
-DAY0_TIERS = (2, 3, 4, 5, 6)  # loads, serves, aligned, baselined, validated
+TIMELINE_TIERS = (2, 3, 4, 5, 6)  # loads, serves, aligned, baselined, validated
 
 
 @dataclass
 class Day0Row:
     hardware: Hardware
-    hours: list[float | None]  # one per DAY0_TIERS
+    hours: list[float | None]  # one per TIMELINE_TIERS
     tier: int
     failed_stage: str
 
     @property
     def cells(self) -> list[tuple[float | None, str, str]]:
-        return [(h, hours_text(h), f"→ {TIER_NAMES[t]}") for h, t in zip(self.hours, DAY0_TIERS, strict=True)]
+        return [(h, hours_text(h), f"→ {TIER_NAMES[t]}") for h, t in zip(self.hours, TIMELINE_TIERS, strict=True)]
 
     @property
     def tier_name(self) -> str:
@@ -52,7 +52,7 @@ class Day0Release:
                  for t in range(first, int(high) + step, step) if low <= t <= high]
         marks = [[None if h is None else {"tier": t, "name": TIER_NAMES[t], "hours": h, "text": hours_text(h),
                                           "left": round(100 * (h - low) / span, 2)}
-                  for h, t in zip(r.hours, DAY0_TIERS, strict=True)] for r in self.rows]
+                  for h, t in zip(r.hours, TIMELINE_TIERS, strict=True)] for r in self.rows]
         return {"ticks": ticks, "release_left": round(100 * (0 - low) / span, 2),
                 "rows": [{"row": r, "marks": [m for m in ms if m]} for r, ms in zip(self.rows, marks, strict=True)]}
 
@@ -60,14 +60,14 @@ class Day0Release:
 @dataclass
 class LeaderRow:
     hardware: Hardware
-    medians: list[float | None]  # one per DAY0_TIERS
+    medians: list[float | None]  # one per TIMELINE_TIERS
     reached: list[int]
     rank_hours: float | None
 
     @property
     def cells(self) -> list[tuple[float | None, str, int, str]]:
         return [(h, hours_text(h), n, f"median → {TIER_NAMES[t]}")
-                for h, n, t in zip(self.medians, self.reached, DAY0_TIERS, strict=True)]
+                for h, n, t in zip(self.medians, self.reached, TIMELINE_TIERS, strict=True)]
 
 
 @dataclass
@@ -86,8 +86,8 @@ def release_timeline(model: ModelRelease, hardware: list[Hardware],
     for h in hardware:
         tier, failed, reached = cells.get((model.pk, h.pk), (0, "", {}))
         times = reached_times(reached)
-        hours = [lead_hours(times.get(t), model.released_at) if t <= tier else None for t in DAY0_TIERS]
-        if tier < DAY0_TIERS[0] and not failed:
+        hours = [lead_hours(times.get(t), model.released_at) if t <= tier else None for t in TIMELINE_TIERS]
+        if tier < TIMELINE_TIERS[0] and not failed:
             untested += 1
             continue
         rows.append(Day0Row(h, hours, tier, failed))
@@ -99,15 +99,15 @@ def day0_timeline(actor: Actor, *, rank_tier: int = 3, include_hosts: bool = Fal
     """For each visible release (newest first), hours from release to each tier on each hardware; and the
     hardware ranked by median lead time to ``rank_tier``, leaving out hosts that are not accelerators (the CPU
     demo host: its devices share one memory) unless ``include_hosts`` (three queries)."""
-    if rank_tier not in DAY0_TIERS:
-        raise ValueError(f"tier must be one of {', '.join(map(str, DAY0_TIERS))}, got {rank_tier}")
+    if rank_tier not in TIMELINE_TIERS:
+        raise ValueError(f"tier must be one of {', '.join(map(str, TIMELINE_TIERS))}, got {rank_tier}")
     models = list(ModelRelease.objects.filter(visible_models_q(actor), released_at__isnull=False)
                   .only("id", "slug", "name", "released_at", "visibility", "family"))
     hardware = list(Hardware.objects.only("id", "slug", "name", "vendor", "shared_memory"))
     cells = {(m, h): (tier, failed, reached) for m, h, tier, failed, reached in
              Cell.objects.filter(model_id__in=[m.pk for m in models])
              .values_list("model_id", "hardware_id", "tier", "failed_stage", "tier_reached_at")}
-    per_hw: dict[int, list[list[float]]] = {h.pk: [[] for _ in DAY0_TIERS] for h in hardware}
+    per_hw: dict[int, list[list[float]]] = {h.pk: [[] for _ in TIMELINE_TIERS] for h in hardware}
     releases = [release_timeline(m, hardware, cells) for m in models]
     for release in releases:
         for row in release.rows:
@@ -115,7 +115,7 @@ def day0_timeline(actor: Actor, *, rank_tier: int = 3, include_hosts: bool = Fal
                 if value is not None:
                     per_hw[row.hardware.pk][i].append(value)
     board = []
-    rank_index = DAY0_TIERS.index(rank_tier)
+    rank_index = TIMELINE_TIERS.index(rank_tier)
     hidden = [h for h in hardware if h.shared_memory and not include_hosts]
     for h in hardware:
         if h in hidden:
@@ -125,4 +125,4 @@ def day0_timeline(actor: Actor, *, rank_tier: int = 3, include_hosts: bool = Fal
         board.append(LeaderRow(h, medians, [len(v) for v in lists], medians[rank_index]))
     board.sort(key=lambda r: (r.rank_hours is None, r.rank_hours if r.rank_hours is not None else 0,
                               r.hardware.slug))
-    return Day0Timeline(releases, board, rank_tier, [(t, TIER_NAMES[t]) for t in DAY0_TIERS], hidden)
+    return Day0Timeline(releases, board, rank_tier, [(t, TIER_NAMES[t]) for t in TIMELINE_TIERS], hidden)
