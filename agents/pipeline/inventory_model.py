@@ -70,6 +70,14 @@ def runtime_model(config: dict[str, Any], dtype: torch.dtype, device: str) -> tu
     return model, device, n_bytes
 
 
+def probe_pixels(model: Any, device: str) -> torch.Tensor:
+    """One random image [1, C, H, W] of a vision-language model's vision tower input size."""
+    vision = model.vlm_config["vision_config"]
+    side, channels = int(vision["image_size"]), int(vision.get("num_channels", 3))
+    pixels = torch.randn((1, channels, side, side), generator=torch.Generator().manual_seed(0))
+    return pixels.to(device=device, dtype=model.dtype)
+
+
 def runtime_steps(model: Any, device: str, vocab: int, recorder: OperatorRecorder) -> None:
     """One paged prefill of ``PREFILL_TOKENS`` tokens and one decode step of the runtime model (a model
     without a paged cache recomputes the whole sequence for its decode step). On meta the batch layout stays
@@ -98,8 +106,11 @@ def runtime_steps(model: Any, device: str, vocab: int, recorder: OperatorRecorde
         out = model.forward(tokens, positions, ctx)
         return model.compute_logits(out.hidden[-1:])  # [1, vocab]
 
+    pixels = probe_pixels(model, device) if getattr(model, "takes_images", False) else None
     with torch.no_grad(), recorder:
         recorder.phase = "prefill"
+        if pixels is not None:  # the image path runs at prefill: vision tower + projector
+            model.encode_images(pixels)
         logits = step(ids, 0)
         recorder.phase = "decode"
         next_id = (logits.argmax(-1) if not logits.is_meta else ids[-1:]).to(ids.dtype)

@@ -58,3 +58,15 @@ def test_adapt_a_vlm_reaches_tier_4_with_its_image_path(tmp_path: Path, capsys) 
     assert serve["image_path_ok"] is True
     assert {c["name"] for c in serve["checks"] if c["ok"]} >= {"image_chat", "image_chat_stream"}
     assert report["verdicts"]["serve"]["status"] == "pass"
+
+
+def test_inventory_covers_the_vision_encoders_operators(make_ctx):
+    from agents.pipeline import inventory
+
+    ctx, _ = make_ctx("llava")
+    section = inventory.run(ctx)
+    ops = {row["op"]: row for row in section["ops"]}
+    for op in ("aten.conv2d.default", "aten.layer_norm.default", "aten.gelu.default", "aten.index_copy_.default"):
+        assert op in ops and ops[op]["status"] != "missing", op  # patch conv, CLIP norms, projector GELU, splice
+    assert "aten.randn.generator" not in ops  # the probe image is made outside the trace
+    assert section["summary"]["missing"] == 0
