@@ -103,7 +103,9 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         """Images [N, C, H, W] (the processor's output) -> features [N * tokens_per_image, hidden]: the vision
         tower's hidden states at ``vision_feature_layer`` (CLS dropped under the default strategy), projected
         into the decoder's embedding space; the rows follow the images' placeholder tokens in order."""
-        out = self.vision_tower(pixel_values.to(self.dtype), output_hidden_states=True, return_dict=True)
+        device = self.multi_modal_projector.linear_1.weight.device
+        out = self.vision_tower(pixel_values.to(device=device, dtype=self.dtype), output_hidden_states=True,
+                                return_dict=True)
         layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
         states = [out.hidden_states[i] for i in layers]  # each: [N, 1 + patches, vision_hidden]
         if self.select_strategy == "default":
