@@ -29,7 +29,8 @@ TIER_GATES: tuple[tuple[int, str], ...] = (
     (6, "eval"),
 )
 
-STAGE_ORDER: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "eval", "comm", "env")
+STAGE_ORDER: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "eval", "soak", "comm",
+                               "env")
 DEFAULT_STAGES: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "env")
 
 

@@ -542,11 +542,42 @@ def _eval(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
 
 
 def _no_rule(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
-    """inventory, env, comm, soak gate no tier: a section is enough."""
+    """inventory, env, comm gate no tier: a section is enough."""
+
+
+# soak (issue 13): the portal's own limits, recomputed from the windows; it gates no tier
+SOAK_MIN_THROUGHPUT_RATIO = 0.95
+SOAK_MAX_MEMORY_SLOPE = 1024.0 * 1024.0  # bytes/s of the final server process
+SOAK_MAX_RECOVER_SECONDS = 180.0
+
+
+def _soak(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
+    windows = [w for w in (s.get("windows") or []) if isinstance(w, Mapping) and not w.get("outage")]
+    rates = [_number(w.get("output_tok_s")) for w in windows]
+    if len(rates) < 2 or rates[0] is None or rates[-1] is None or rates[0] <= 0:
+        v.missing("fewer than two windows with throughput")
+    elif rates[-1] < rates[0] * SOAK_MIN_THROUGHPUT_RATIO:
+        v.fail(f"last window's throughput {rates[-1]:.1f} tok/s is below {SOAK_MIN_THROUGHPUT_RATIO:.0%} of the "
+               f"first's {rates[0]:.1f}")
+    slope = _number(s.get("memory_slope"))
+    if slope is None:
+        v.missing("memory_slope missing")
+    elif slope > SOAK_MAX_MEMORY_SLOPE:
+        v.fail(f"memory grows {slope / 1024:.0f} KiB/s (at most {SOAK_MAX_MEMORY_SLOPE / 1024:.0f})")
+    crashes = _number(s.get("crashes"))
+    if crashes is None:
+        v.missing("crashes missing")
+    elif crashes > 0:
+        v.fail(f"{crashes:.0f} crash(es) besides the injected failure")
+    recover = _number(s.get("recover_seconds"))
+    if recover is None:
+        v.fail("the server did not recover from the injected failure (no recover_seconds)")
+    elif recover > SOAK_MAX_RECOVER_SECONDS:
+        v.fail(f"recovery took {recover:.0f} s (at most {SOAK_MAX_RECOVER_SECONDS:.0f})")
 
 
 RULES: dict[str, Callable[[Verdict, Mapping[str, Any], Mapping[str, float], Context], None]] = {
-    "plan": _plan, "load": _load, "align": _align, "serve": _serve, "bench": _bench, "eval": _eval,
+    "plan": _plan, "load": _load, "align": _align, "serve": _serve, "bench": _bench, "eval": _eval, "soak": _soak,
 }
 
 

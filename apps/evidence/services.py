@@ -251,9 +251,25 @@ def _eval(s: dict[str, Any], path: str) -> Saver:
     return lambda result: None  # the section itself (on StageResult) is the evidence
 
 
+MAX_SOAK_WINDOWS = 10_000
+
+
+def _soak(s: dict[str, Any], path: str) -> Saver:
+    """issue 13's soak section: bounded windows of numbers; the section (on StageResult) is the evidence."""
+    p.boolean(s, "passed", path)
+    for key in ("seconds", "memory_slope", "recover_seconds"):
+        p.num(s, key, path)
+    p.integer(s, "crashes", path, low=0)
+    windows = s.get("windows")
+    for i, raw in enumerate(p.arr(windows, f"{path}.windows", max_items=MAX_SOAK_WINDOWS)):
+        at, row = f"{path}.windows[{i}]", p.obj(raw, f"{path}.windows[{i}]")
+        p.num(row, "t", at), p.num(row, "output_tok_s", at), p.integer(row, "rss_bytes", at, low=0)
+    return lambda result: None
+
+
 PARSERS: dict[str, Callable[[dict[str, Any], str], Saver]] = {
     "plan": _plan, "load": _load, "inventory": _inventory, "align": _align, "serve": _serve, "bench": _bench,
-    "env": _env, "eval": _eval, "comm": _comm,
+    "env": _env, "eval": _eval, "comm": _comm, "soak": _soak,
 }
 assert set(PARSERS) == set(STAGE_ORDER)
 
