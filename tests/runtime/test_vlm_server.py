@@ -223,3 +223,31 @@ def test_bench_sends_images_per_request(url):
     assert all(run["input_tokens"] > 4 * 2 * 16 for run in section["runs"])  # 16 image tokens per image
     with pytest.raises(ValueError, match="images_per_request"):
         run_benchmark(url, concurrency=[1], images_per_request=-1)
+
+
+@pytest.mark.slow  # two gloo ranks load the model
+def test_tensor_parallel_serve_answers_images_as_one_process(model_dir, expected, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from agents.runtime.server.launcher import free_port
+    from tests.runtime.served import wait_until_ready
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--tp", "2",
+                                 "--port", str(port), "--num-blocks", "64", "--served-model-name", "tiny-llava"],
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_ready(url, proc, log)
+        part = {"type": "image_url", "image_url": {"url": _data_url(_png(0))}}
+        r = httpx.post(f"{url}/v1/chat/completions", json=_chat([part, {"type": "text", "text": QUESTION}]),
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == expected[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
