@@ -8,6 +8,7 @@ import base64
 import http.server
 import io
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -45,12 +46,9 @@ def _chat(parts: list[dict], **extra) -> dict:
 def _serve(engine: LLMEngine, name: str, limits: ImageLimits):
     server = ServerThread(create_app(engine, name, image_limits=limits))
     base = server.__enter__()
-    deadline = 60.0
-    import time
-
-    start = time.monotonic()
+    deadline = time.monotonic() + 60
     while httpx.get(f"{base}/ready").status_code != 200:
-        assert time.monotonic() - start < deadline, "server not ready"
+        assert time.monotonic() < deadline, "server not ready after 60 s"
         time.sleep(0.05)
     return server, base
 
