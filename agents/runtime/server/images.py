@@ -131,7 +131,10 @@ def decode_image(data: bytes, param: str, limits: ImageLimits) -> Any:
             return image.convert("RGB")
     except APIError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except UnidentifiedImageError as exc:
+        raise APIError(400, f"{param}: cannot decode the image (not an image format Pillow reads: PNG, JPEG, "
+                            "WebP, GIF, BMP, ...)", param) from exc
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise APIError(400, f"{param}: cannot decode the image ({type(exc).__name__}: {exc})", param) from exc
 
 
