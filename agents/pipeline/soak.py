@@ -35,7 +35,36 @@ DEFAULTS: dict[str, Any] = {
     "max_memory_slope": 1024.0 * 1024.0,  # bytes/s of the last server process
     "min_throughput_ratio": 0.95,
 }
+# key -> (lowest, highest): the job's ``bench.soak`` options are checked before anything starts
+BOUNDS: dict[str, tuple[float, float]] = {
+    "seconds": (1.0, 7 * 86_400.0), "window_seconds": (0.5, 86_400.0), "concurrency": (1, 256),
+    "max_tokens": (1, 4096), "prompt_words": (1, 4096), "abnormal_every": (0, 1_000_000), "kill_at": (0.0, 0.95),
+    "ready_timeout": (1.0, 86_400.0), "recover_timeout": (1.0, 86_400.0), "max_memory_slope": (0.0, 1e12),
+    "min_throughput_ratio": (0.0, 1.0),
+}
 ABNORMAL_KINDS = ("oversized", "malformed", "disconnect")
+
+
+def soak_settings(options: Any) -> dict[str, Any]:
+    """``DEFAULTS`` with the job's options; an unknown key or a value out of its bound is a StageFailed naming it."""
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise StageFailed(f"soak options must be an object, got {type(options).__name__}")
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise StageFailed(f"soak: unknown option(s) {', '.join(unknown)}; options are {', '.join(DEFAULTS)}")
+    settings = {**DEFAULTS, **options}
+    for key, (low, high) in BOUNDS.items():
+        value = settings[key]
+        if key == "kill_at" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            raise StageFailed(f"soak: {key} must be a number from {low:g} to {high:g}, got {value!r}")
+    if settings["window_seconds"] > settings["seconds"]:
+        raise StageFailed(f"soak: window_seconds ({settings['window_seconds']:g}) exceeds seconds "
+                          f"({settings['seconds']:g})")
+    return settings
 _KV_RE = re.compile(r"^day0_kv_blocks_used\s+([0-9.eE+-]+)$", re.M)
 
 
@@ -218,11 +247,8 @@ def _kv_blocks_used(url: str) -> float | None:
 def run(ctx: StageContext) -> dict[str, Any]:
     """The soak section: seconds, passed, windows [{t, output_tok_s, rss_bytes, kv_blocks_used, outage}],
     memory_slope, crashes, recover_seconds, abnormal, thresholds, reasons."""
-    options = ctx.bench.get("soak") if isinstance(ctx.bench.get("soak"), dict) else {}
-    settings = {**DEFAULTS, **{k: v for k, v in options.items() if k in DEFAULTS}}
+    settings = soak_settings(ctx.bench.get("soak"))
     seconds, window = float(settings["seconds"]), float(settings["window_seconds"])
-    if not 0 < window <= seconds:
-        raise StageFailed(f"soak: window_seconds must be in (0, seconds={seconds:g}], got {window:g}")
     server = ctx.shared.get("server")
     if server is None or server.proc.poll() is not None:
         server = serve.start_server(ctx)

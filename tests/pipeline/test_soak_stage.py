@@ -59,3 +59,14 @@ def test_a_server_that_does_not_come_back_fails(tmp_path, monkeypatch) -> None:
 def test_memory_slope_is_the_least_squares_fit() -> None:
     assert soak.memory_slope([(0.0, 100), (1.0, 300), (2.0, 500)]) == pytest.approx(200.0)
     assert soak.memory_slope([(0.0, 100)]) == 0.0
+
+
+def test_soak_options_are_bounded_naming_the_key() -> None:
+    from agents.pipeline.base import StageFailed
+
+    for options, words in (({"seconds": 0}, "seconds"), ({"kill_at": 2}, "kill_at"), ({"bogus": 1}, "bogus"),
+                           ({"seconds": 5, "window_seconds": 10}, "window_seconds"), ("x", "object"),
+                           ({"concurrency": True}, "concurrency")):
+        with pytest.raises(StageFailed, match=words):
+            soak.soak_settings(options)
+    assert soak.soak_settings(None) == soak.DEFAULTS
