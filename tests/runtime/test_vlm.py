@@ -122,3 +122,28 @@ def test_a_text_only_model_refuses_images():
     images = ImageInputs(torch.zeros(1, 3, 32, 32), [1, 2])
     with pytest.raises(RequestError, match="does not take images"):
         engine.add_request([0, 5, 6, 7], GREEDY, images=images)
+
+
+def test_preempted_image_requests_recompute_with_the_same_features(model_dir, reference):
+    ref, processor = reference
+    requests, expected = [], []
+    for seed in (5, 6, 7):
+        enc = _inputs(processor, PROMPT, [_image(seed), _image(seed + 10)])
+        ids = enc["input_ids"][0].tolist()
+        out = ref.generate(**enc, max_new_tokens=16, do_sample=False)
+        expected.append(out[0, len(ids):].tolist())
+        requests.append((ids, enc["pixel_values"]))
+    # three 50-token prompts growing to 66 tokens in a pool of 14 blocks of 8: someone must be preempted
+    tight = LLMEngine(model_dir, num_blocks=14, block_size=8, max_num_batched_tokens=32)
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    rids = [tight.add_request(ids, params, images=ImageInputs.for_prompt(pv, ids, tight.model.image_token_id))
+            for ids, pv in requests]
+    final: dict[str, list[int]] = {}
+    while len(final) < len(rids):
+        for out in tight.step():
+            if out.finished:
+                final[out.request_id] = out.output_token_ids
+    assert [final[r] for r in rids] == expected
+    stats = tight.stats()
+    assert stats["num_preemptions"] > 0 and stats["kv_blocks_free"] == 14
+    assert tight.model.num_image_encodes == 6  # each request's two images once, preemptions included
