@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.factories import JobFactory
+from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -27,27 +27,25 @@ def _card(html: str) -> str:
     return card[: card.index("</section>")]
 
 
-def test_the_cell_page_shows_the_image_path_evidence(world, client_for) -> None:
+def test_the_cell_page_shows_the_image_path_evidence(client_for) -> None:
     from apps.evidence.services import do_record_stage_results
 
-    world.model.modalities = ["text", "image"]
-    world.model.save(update_fields=["modalities"])
-    url = f"/cells/{world.model.slug}/{world.hardware.slug}/"
-    job = JobFactory(model=world.model, hardware=world.hardware)
+    model, hardware = ModelReleaseFactory(modalities=["text", "image"]), HardwareFactory()
+    url = f"/cells/{model.slug}/{hardware.slug}/"
+    job = JobFactory(model=model, hardware=hardware)
     do_record_stage_results(job, {"serve": SERVE})
     card = _card(client_for(None).get(url).content.decode())
     assert "✓ answered" in card and f"#{job.pk}" in card
     assert "image_chat: 41 prompt tokens" in card and "image_chat_stream" in card and "completions:" not in card
     assert "Vision encoder" not in card  # no align section yet
-    later = JobFactory(model=world.model, hardware=world.hardware)
+    later = JobFactory(model=model, hardware=hardware)
     do_record_stage_results(later, {"serve": {**SERVE, "image_path_ok": False}, "align": {"vision": VISION}})
     card = _card(client_for(None).get(url).content.decode())
     assert "✗ failed" in card and "projector" in card and "0.97" in card
     assert "Describe this picture. (image 0): all 3 tokens equal" in card
 
 
-def test_a_text_only_release_has_no_image_path_card(world, client_for) -> None:
-    world.model.modalities = ["text"]
-    world.model.save(update_fields=["modalities"])
-    html = client_for(None).get(f"/cells/{world.model.slug}/{world.hardware.slug}/").content.decode()
+def test_a_text_only_release_has_no_image_path_card(client_for) -> None:
+    model, hardware = ModelReleaseFactory(modalities=["text"]), HardwareFactory()
+    html = client_for(None).get(f"/cells/{model.slug}/{hardware.slug}/").content.decode()
     assert 'id="image-path"' not in html

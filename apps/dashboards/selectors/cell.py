@@ -210,15 +210,19 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
 
 
 def image_path_evidence(serve: StageResult | None, align: StageResult | None) -> dict[str, Any]:
-    """The image path's evidence from the newest serve and align sections: ``ok`` (the serve stage's
-    ``image_path_ok``; None when not exercised), its image checks, and the vision alignment rows and e2e."""
-    section = serve.section if serve is not None and isinstance(serve.section, dict) else {}
-    checks = [c for c in section.get("checks") or [] if isinstance(c, dict) and str(c.get("name", "")).startswith("image")]
-    vision = (align.section or {}).get("vision") if align is not None and isinstance(align.section, dict) else None
+    """The image path's evidence from the newest serve and align sections (only their image keys are read: the
+    sections are large): ``ok`` (the serve stage's ``image_path_ok``; None when not exercised), its image
+    checks, and the vision alignment rows and image + text e2e."""
+    ids = [r.pk for r in (serve, align) if r is not None]
+    raw = {pk: (ok, checks, vision) for pk, ok, checks, vision in StageResult.objects.filter(pk__in=ids).values_list(
+        "pk", "section__image_path_ok", "section__checks", "section__vision")}
+    ok, checks, _ = raw.get(serve.pk, (None, None, None)) if serve is not None else (None, None, None)
+    vision = raw.get(align.pk, (None, None, None))[2] if align is not None else None
     vision = vision if isinstance(vision, dict) else {}
-    rows = [r for r in vision.get("rows") or [] if isinstance(r, dict)]
+    checks = [c for c in checks if isinstance(c, dict) and str(c.get("name", "")).startswith("image")] \
+        if isinstance(checks, list) else []
     e2e = [p for p in vision.get("e2e") or [] if isinstance(p, dict)]
-    return {"ok": section.get("image_path_ok"), "serve_job": serve.job_id if serve is not None else None,
-            "checks": checks, "vision_passed": vision.get("passed"), "rows": rows,
+    return {"ok": ok, "serve_job": serve.job_id if serve is not None else None, "checks": checks,
+            "vision_passed": vision.get("passed"), "rows": [r for r in vision.get("rows") or [] if isinstance(r, dict)],
             "e2e": [{"prompt": p.get("prompt"), "image": p.get("image"), "match": p.get("match"),
                      "tokens": len(p.get("reference") or [])} for p in e2e]}
