@@ -146,6 +146,18 @@ def test_bad_image_parts_are_400s_naming_the_part(url, case):
     assert httpx.get(f"{url}/health").status_code == 200
 
 
+def test_the_placeholder_in_the_users_text_is_a_400(url):
+    part = {"type": "image_url", "image_url": {"url": _data_url(_png(0))}}
+    r = httpx.post(f"{url}/v1/chat/completions", json=_chat([part, {"type": "text", "text": "one <image> two"}]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert "2 image placeholders '<image>' for 1 image(s)" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/v1/chat/completions", json=_chat([{"type": "text", "text": "no picture <image>"}]))
+    assert r.status_code == 400 and "image placeholder token 512 but no image" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny-llava", "prompt": [0, 512, 7], "max_tokens": 2})
+    assert r.status_code == 400 and "but no image" in r.json()["error"]["message"]
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
 def test_an_image_sent_to_a_text_only_model_is_a_400():
     server, base = _serve(LLMEngine(cached_model("llama"), num_blocks=32), "tiny-llama", LIMITS)
     try:

@@ -122,6 +122,9 @@ class LLMEngine:
                 f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds the model's context "
                 f"of {self.max_model_len} tokens"
             )
+        image_token = getattr(self.model, "image_token_id", None)
+        if images is None and image_token is not None and image_token in ids:
+            raise RequestError(f"the prompt holds the image placeholder token {image_token} but no image")
         if images is not None:
             if not getattr(self.model, "takes_images", False):
                 raise RequestError("this model does not take images (a text-only model)")

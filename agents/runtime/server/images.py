@@ -177,6 +177,10 @@ class ImageProcessor:
         return token
 
     def __call__(self, text: str, images: list[Any]) -> tuple[list[int], ImageInputs]:
+        found = text.count(self.placeholder)
+        if found != len(images):  # the user's own text held the placeholder too
+            raise APIError(400, f"the messages hold {found} image placeholders {self.placeholder!r} for "
+                                f"{len(images)} image(s): the text must not contain {self.placeholder!r}", "messages")
         out = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
         ids = out["input_ids"][0].tolist()
         inputs = ImageInputs.for_prompt(out["pixel_values"], ids, self.image_token_id)
