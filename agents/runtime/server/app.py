@@ -171,7 +171,10 @@ def create_app(
         processor = None
         if parts:
             if id(engine) not in processors:
-                processors[id(engine)] = processor_for(engine.model_dir, engine.model)
+                try:
+                    processors[id(engine)] = processor_for(engine.model_dir, engine.model)
+                except FileNotFoundError as exc:
+                    raise APIError(500, f"cannot preprocess images: {exc}") from exc
             processor = processors[id(engine)]
             if processor is None:
                 raise APIError(400, f"{parts[0][0]}: this model does not take images (a text-only model)",
