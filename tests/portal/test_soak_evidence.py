@@ -38,3 +38,11 @@ def test_a_malformed_soak_section_is_refused_naming_the_path() -> None:
             do_record_stage_results(_job(), {"soak": {**SOAK, **bad}})
         assert where in str(err.value), err.value
     assert StageResult.objects.count() == 0
+
+
+def test_the_cell_page_shows_soak_throughput_and_memory_over_time(client) -> None:
+    job = _job()
+    do_record_stage_results(job, {"soak": SOAK})
+    page = client.get(f"/cells/{job.model.slug}/{job.hardware.slug}/").content.decode()
+    assert 'id="soak"' in page and "recovered from the injected kill in 8.5 s" in page
+    assert page.count("<polyline") == 2 and "max 863 MiB" in page

@@ -21,3 +21,36 @@ def cell_stack_line(model: Any, hardware: Any) -> dict[str, Any]:
     what = "; ".join(f"{k}: {change['before'].get(k, '?')} → {change['after'].get(k, '?')}"
                      for k in change.get("changed", []))
     return {"stack": stack, "change_text": what}
+
+
+def _polyline(points: list[tuple[float, float]], width: int, height: int) -> str:
+    """SVG polyline points scaled into ``width`` x ``height`` (y grows downwards)."""
+    if not points:
+        return ""
+    t_max = max(t for t, _ in points) or 1.0
+    v_max = max(v for _, v in points) or 1.0
+    return " ".join(f"{t / t_max * width:.1f},{height - v / v_max * height:.1f}" for t, v in points)
+
+
+@register.inclusion_tag("dashboards/_soak.html")
+def cell_soak_card(model: Any, hardware: Any) -> dict[str, Any]:
+    """The newest soak evidence of a cell: its verdict, throughput and memory over time, recovery."""
+    from apps.evidence.models import StageResult
+
+    if model is None or hardware is None or model.pk is None or hardware.pk is None:
+        return {"soak": None}
+    result = (StageResult.objects.filter(job__model_id=model.pk, job__hardware_id=hardware.pk, stage="soak")
+              .order_by("-created_at", "-id").first())
+    if result is None:
+        return {"soak": None}
+    windows = [w for w in result.section.get("windows") or [] if isinstance(w, dict)]
+
+    def series(key: str) -> list[tuple[float, float]]:
+        return [(float(w["t"]), float(w[key])) for w in windows
+                if isinstance(w.get("t"), int | float) and isinstance(w.get(key), int | float)]
+
+    rss = series("rss_bytes")
+    return {"soak": result.section, "result": result, "windows": windows,
+            "tok_line": _polyline(series("output_tok_s"), 300, 60), "rss_line": _polyline(rss, 300, 60),
+            "rss_max_mib": max(v for _, v in rss) / 2**20 if rss else None,
+            "tok_max": max((v for _, v in series("output_tok_s")), default=None)}
