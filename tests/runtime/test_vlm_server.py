@@ -231,6 +231,11 @@ def test_bench_sends_images_per_request(url):
     assert section["images_per_request"] == 2
     assert all(run["failed"] == 0 and run["completed"] == 4 for run in section["runs"]), section["runs"]
     assert all(run["input_tokens"] > 4 * 2 * 16 for run in section["runs"])  # 16 image tokens per image
+    # text runs on a VLM: its card names the image token, which random token-id prompts then never draw
+    card = httpx.get(f"{url}/v1/models").json()["data"][0]
+    assert card["modalities"] == ["text", "image"] and card["image_token_id"] == 512
+    text = run_benchmark(url, concurrency=[4], input_len=64, output_len=2, num_prompts=8, long_input_len=200)
+    assert text["runs"][0]["failed"] == 0 and text["long_context"]["failed"] == 0
     with pytest.raises(ValueError, match="images_per_request"):
         run_benchmark(url, concurrency=[1], images_per_request=-1)
 

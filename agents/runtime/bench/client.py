@@ -85,12 +85,15 @@ def request_body(model: str, prompt: Any, max_tokens: int, images: list[dict[str
     return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": content}]}
 
 
-def make_prompts(num: int, input_len: int, vocab_size: int | None, seed: int) -> list[Any]:
-    """Token-id prompts of exactly ``input_len`` tokens when the vocabulary is known, else word prompts."""
+def make_prompts(num: int, input_len: int, vocab_size: int | None, seed: int,
+                 exclude: frozenset[int] = frozenset()) -> list[Any]:
+    """Token-id prompts of exactly ``input_len`` tokens when the vocabulary is known, else word prompts.
+    ``exclude``: ids never drawn (a vision-language model's image placeholder, which needs an image)."""
     rng = random.Random(seed)
     if vocab_size:
         low = min(16, vocab_size // 4)  # stay clear of the special tokens at the bottom of the vocabulary
-        return [[rng.randrange(low, vocab_size) for _ in range(input_len)] for _ in range(num)]
+        allowed = [t for t in range(low, vocab_size) if t not in exclude] if exclude else range(low, vocab_size)
+        return [[rng.choice(allowed) for _ in range(input_len)] for _ in range(num)]
     words = ("alpha", "beta", "gamma", "delta", "model", "token", "serve", "cache", "block", "step")
     return [" ".join(rng.choice(words) for _ in range(input_len)) for _ in range(num)]
 
@@ -206,9 +209,10 @@ async def run_benchmark_async(
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         card = (await client.get(f"{base}/v1/models")).json()["data"][0]
         model, vocab, max_len = card["id"], card.get("vocab_size"), card.get("max_model_len")
+        exclude = frozenset([card["image_token_id"]]) if isinstance(card.get("image_token_id"), int) else frozenset()
         if max_len and input_len + output_len > max_len:
             raise ValueError(f"input_len + output_len = {input_len + output_len} exceeds the model's context {max_len}")
-        prompts = make_prompts(num_prompts, input_len, None if images else vocab, seed)
+        prompts = make_prompts(num_prompts, input_len, None if images else vocab, seed, exclude)
         path, body = request_body(model, prompts[0], 2, images)
         warm = await _one(client, base + path, body)
         if not warm.ok:
@@ -234,7 +238,7 @@ async def run_benchmark_async(
             long_in = long_input_len or max_len - output_len - 1
             long_in = min(long_in, max_len - output_len - 1)
             if long_in > input_len:
-                long_prompts = make_prompts(2, long_in, vocab, seed + 1)
+                long_prompts = make_prompts(2, long_in, vocab, seed + 1, exclude)
                 long_run = await _measured_run(
                     client,
                     base,

@@ -204,6 +204,8 @@ def create_app(
             "owned_by": "day0",
             "max_model_len": engine.max_model_len if engine else None,
             "vocab_size": engine.vocab_size if engine else None,
+            **({"modalities": ["text", "image"], "image_token_id": engine.model.image_token_id}
+               if engine and getattr(engine.model, "takes_images", False) else {}),
         }
 
     async def models(request: Request) -> Response:
