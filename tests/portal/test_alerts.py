@@ -206,3 +206,7 @@ def test_subscriptions_api_validates_never_echoes_the_secret_and_shows_the_deliv
     assert [(d["status"], d["attempts"], d["response_code"], d["last_error"]) for d in log] == [
         ("failed", 6, 503, "HTTP 503")]
     assert api_client.get("/api/v1/alert-deliveries/", **auth(outsider)).json()["results"] == []
+    again = api_client.post(f"/api/v1/alert-deliveries/{log[0]['id']}/redeliver/", **auth(admin))
+    assert again.status_code == 202 and (again.json()["status"], again.json()["attempts"]) == ("pending", 0)
+    assert api_client.post(f"/api/v1/alert-deliveries/{log[0]['id']}/redeliver/",
+                           **auth(outsider)).status_code == 404
