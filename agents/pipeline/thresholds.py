@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 # Bump when a default or a range changes: stored with every verdict so old verdicts say what they used.
-DEFAULTS_VERSION = "2026.12.2"
+DEFAULTS_VERSION = "2026.12.3"
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,10 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
               doc="incremental vs full recompute, max abs error over the reference's max |logit|"),
     Threshold("kv_cache_max_len", 1024, 1, 10_000_000, "min", integer=True, context_bound=True,
               doc="the longest sequence the KV-cache check runs"),
+    # the image path (align_vision): vision encoder and projector outputs against transformers
+    Threshold("vision_min_cosine", 0.9999, 0.0, 1.0, "min", low_open=True,
+              doc="vision encoder / projector output cosine, at least"),
+    Threshold("vision_max_rel_err", 1e-3, 0.0, INF, "max", doc="vision encoder / projector max relative error"),
     # load and plan
     Threshold("fail_on_nonfinite", 0, 0, 1, "min", integer=True, doc="1: a NaN/Inf weight fails the load"),
     Threshold("max_nodes", 16, 1, 4096, "none", integer=True, doc="nodes the planner may span"),

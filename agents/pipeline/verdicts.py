@@ -393,8 +393,47 @@ def _align(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Contex
         v.fail(f"layers: {len(layers)} compared, the model has {declared}")
     _e2e(v, s.get("e2e"), t)
     _kv(v, s.get("kv_cache"), t, ctx)
+    if ctx.model.takes_images:
+        _vision(v, s.get("vision"), t)
     for part, error in (s.get("part_errors") or {}).items() if isinstance(s.get("part_errors"), Mapping) else ():
         v.fail(f"the {part} check could not run ({error})")
+
+
+def _vision(v: Verdict, vision: Any, t: Mapping[str, float]) -> None:
+    """A model that takes images: its encoder and projector rows within thresholds, and every image prompt's
+    greedy tokens equal to the reference's (recomputed from both token lists, not the row's ``match``)."""
+    if not isinstance(vision, Mapping) or not vision:
+        v.missing("vision missing (the image encoder and projector were not compared)")
+        return
+    rows = vision.get("rows")
+    if not isinstance(rows, list) or not rows:
+        v.missing("vision rows missing")
+    else:
+        for row in rows:
+            if not isinstance(row, Mapping):
+                v.missing("vision: a row is not an object")
+                continue
+            label = f"vision {row.get('part')} (image {row.get('image')})"
+            cosine, rel = _number(row.get("cosine")), _number(row.get("rel_err"))
+            if cosine is None or rel is None:
+                v.missing(f"{label}: cosine or rel_err missing")
+                continue
+            if cosine < t["vision_min_cosine"]:
+                v.fail(f"{label} cosine {_text(cosine)} is below {_text(t['vision_min_cosine'])}")
+            if rel > t["vision_max_rel_err"]:
+                v.fail(f"{label} rel_err {_text(rel)} is above {_text(t['vision_max_rel_err'])}")
+    prompts = vision.get("e2e")
+    if not isinstance(prompts, list) or not prompts:
+        v.missing("vision e2e missing (no image prompt decoded)")
+        return
+    for i, row in enumerate(prompts):
+        ref = row.get("reference") if isinstance(row, Mapping) else None
+        got = row.get("target") if isinstance(row, Mapping) else None
+        if not isinstance(ref, list) or not isinstance(got, list) or not ref:
+            v.missing(f"vision e2e prompt {i}: reference and target tokens missing")
+        elif ref != got:
+            at = next((j for j, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+            v.fail(f"vision e2e prompt {i}: greedy tokens differ from the reference at position {at}")
 
 
 # --- serve -----------------------------------------------------------------------------------------------

@@ -182,3 +182,23 @@ def test_kv_cache_is_judged_by_its_relative_error_when_reported() -> None:
     section["kv_cache"] = {**section["kv_cache"], "max_rel_err": 1e-7, "blocks_freed": False}
     assert judge("align", section).reasons == [
         "align: kv_cache: blocks were not all returned to the pool after the checks"]
+
+
+def test_a_model_that_takes_images_needs_its_vision_part_judged_from_the_numbers() -> None:
+    images = v.Context(model=v.ModelFacts(config=TINY_LLAMA_CONFIG, context_length=2048, takes_images=True),
+                       hardware=HARDWARE, dtype="bfloat16")
+    section = passing("align")
+    assert judge("align", section, context=images).reasons == [
+        "align: vision missing (the image encoder and projector were not compared)"]
+    section["vision"] = {"passed": True,
+                         "rows": [{"part": "vision_encoder", "image": 0, "cosine": 1.0, "rel_err": 0.0},
+                                  {"part": "projector", "image": 0, "cosine": 0.99, "rel_err": 0.0}],
+                         "e2e": [{"prompt": "What is it?", "reference": [5, 6, 7], "target": [5, 9, 7],
+                                  "match": True}]}
+    assert judge("align", section, context=images).reasons == [
+        "align: vision projector (image 0) cosine 0.99 is below 0.9999",
+        "align: vision e2e prompt 0: greedy tokens differ from the reference at position 1"]
+    section["vision"]["rows"][1]["cosine"] = 1.0
+    section["vision"]["e2e"][0]["target"] = [5, 6, 7]
+    assert judge("align", section, context=images).status == "pass"
+    assert judge("align", passing("align")).status == "pass"  # a text-only model is not asked for it
