@@ -221,3 +221,19 @@ def test_a_token_id_prompt_longer_than_the_context_is_refused_at_once(url):
     for bad in ([5, -1], [5, 2**40], [5, 10**6]):
         r = httpx.post(f"{url}/v1/completions", json={"prompt": bad, "echo": True, "max_tokens": 1}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
+def test_day0_bench_sends_the_api_key_and_says_when_one_is_needed(engine, monkeypatch):
+    from agents.runtime.bench import run_benchmark
+
+    monkeypatch.setenv("DAY0_API_KEY", "s3cret")
+    server = build_server(cached_model("llama"), num_blocks=32)
+    with ServerThread(server.config.app) as base:
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{base}/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(ValueError, match="needs an API key"):
+            run_benchmark(base, concurrency=[1], input_len=4, output_len=2, num_prompts=1, long_context=False)
+        section = run_benchmark(base, concurrency=[1], input_len=4, output_len=2, num_prompts=1,
+                                long_context=False, api_key="s3cret")
+        assert section["runs"][0]["failed"] == 0 and section["runs"][0]["output_tok_s"] > 0

@@ -196,6 +196,7 @@ async def run_benchmark_async(
     seed: int = 0,
     timeout: float = 600.0,
     images_per_request: int = 0,
+    api_key: str | None = None,
 ) -> dict:
     """``images_per_request`` N > 0: every request of the concurrency sweep is a chat message with N images
     (random PNGs) before a word prompt of ``input_len`` words; the long-context case stays text."""
@@ -206,8 +207,12 @@ async def run_benchmark_async(
         raise ValueError(f"images_per_request must be in [0, 64], got {images_per_request}")
     images = image_parts(images_per_request, seed)
     limits = httpx.Limits(max_connections=max(concurrency) + 4, max_keepalive_connections=max(concurrency) + 4)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        card = (await client.get(f"{base}/v1/models")).json()["data"][0]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None  # a server started with --api-key
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
+        listing = await client.get(f"{base}/v1/models")
+        if listing.status_code == 401:
+            raise ValueError("the server needs an API key (give --api-key or set DAY0_API_KEY)")
+        card = listing.json()["data"][0]
         model, vocab, max_len = card["id"], card.get("vocab_size"), card.get("max_model_len")
         exclude = frozenset([card["image_token_id"]]) if isinstance(card.get("image_token_id"), int) else frozenset()
         if max_len and input_len + output_len > max_len:

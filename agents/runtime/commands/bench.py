@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -30,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--images-per-request", type=int, default=0,
                    help="N > 0: chat requests with N images each (a vision-language model)")
+    p.add_argument("--api-key", default=None,
+                   help="Bearer key of a server started with --api-key (default: $DAY0_API_KEY)")
     p.add_argument("--json", type=Path, default=None, help="write the bench section here")
     p.set_defaults(handler=handle)
 
@@ -51,6 +54,7 @@ def handle(args: argparse.Namespace) -> int:
             long_input_len=args.long_input_len,
             seed=args.seed,
             images_per_request=args.images_per_request,
+            api_key=args.api_key or os.environ.get("DAY0_API_KEY") or None,
         )
     except (ValueError, RuntimeError, httpx.HTTPError) as exc:
         print(f"day0 bench: {args.url}: {exc}")
