@@ -64,14 +64,20 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture
 def eager_celery() -> Iterator[None]:
+    from celery import current_app
+
     from day0portal.celery import app
 
+    # shared tasks run on the current app: an earlier test may have made the agent's Celery app current
+    previous_app = current_app._get_current_object()
+    app.set_current()
     before = app.conf.task_always_eager
     app.conf.task_always_eager = True
     try:
         yield
     finally:
         app.conf.task_always_eager = before
+        previous_app.set_current()
 
 
 def _subscribe(org, url: str, kinds: list[str], fmt: str = "json", secret: str = "s3cret-key-0123456789") -> Subscription:

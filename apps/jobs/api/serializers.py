@@ -79,7 +79,8 @@ class JobCreateSerializer(serializers.Serializer):
                 continue
             kind = "an integer" if integral else "a number"
             if isinstance(v, bool) or not isinstance(v, int if integral else int | float) or not low <= v <= high:
-                raise serializers.ValidationError({key: [f"must be {kind} from {low:g} to {high:g}, got {v!r}"]})
+                raise serializers.ValidationError(
+                    {key: [f"must be {kind} from {_bound(low)} to {_bound(high)}, got {v!r}"]})
         serve_args = value.get("serve_args")
         if serve_args is not None and not (isinstance(serve_args, list) and len(serve_args) <= 64 and all(
                 isinstance(a, str) and len(a) <= 256 for a in serve_args)):
@@ -165,3 +166,12 @@ class JobStateSerializer(serializers.Serializer):
     error = serializers.CharField(required=False, allow_blank=True, max_length=100_000)
     agent = serializers.IntegerField(required=False, allow_null=True)
     attempt = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)
+
+
+def _bound(value: float) -> str:
+    """A bound as people read it: 17179869184 (2**34), not 1.71799e+10."""
+    if isinstance(value, int) or float(value).is_integer():
+        n = int(value)
+        power = n.bit_length() - 1
+        return f"{n} (2**{power})" if n > 1024 and n == 1 << power else str(n)
+    return f"{value:g}"
