@@ -10,104 +10,28 @@ part ("align: kv_cache missing", "bench: run at concurrency 4 has 99 failed requ
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from agents.pipeline import thresholds as th
-
-PASS, FAIL, INCOMPLETE = "pass", "fail", "incomplete"
-LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
-PERCENTILES: tuple[str, ...] = ("p50", "p90", "p99")
-# the agent's own pass flag of each stage, kept as a claim
-CLAIM_KEYS: dict[str, str] = {"plan": "fits", "load": "ok", "align": "passed", "serve": "text_path_ok",
-                              "eval": "passed"}
-LOWER_IS_BETTER = ("perplexity", "ppl", "loss", "error", "wer", "cer", "bits_per", "bpb", "nll")
-HIGHER_IS_BETTER = ("acc", "exact", "match", "f1", "bleu", "rouge", "pass", "score")
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the judge knows about the model apart from the evidence. None: not known."""
-
-    config: Mapping[str, Any] | None = None
-    has_chat_template: bool | None = None
-    takes_images: bool = False
-    declared_tensors: int | None = None
-    manifest: Sequence[Mapping[str, Any]] | None = None  # [{"name", "size", "sha256"}]
-    manifest_source: str = ""  # "given" | "first seen"
-    context_length: int | None = None
-    runtime_path: str | None = None  # "native" | "fallback"
-
-
-@dataclass(frozen=True)
-class HardwareFacts:
-    memory_bytes: int
-    devices_per_node: int
-    shared_memory: bool = False
-    dtypes: Sequence[str] = ()
-
-
-@dataclass(frozen=True)
-class Context:
-    """Facts a verdict may need: the model, the hardware (for plan), the job's dtype."""
-
-    model: ModelFacts = field(default_factory=ModelFacts)
-    hardware: HardwareFacts | None = None
-    dtype: str | None = None
-    planner: Callable[..., Mapping[str, Any]] | None = None  # default: agents.runtime.planner.plan_report
-
-
-@dataclass
-class Verdict:
-    """A stage's verdict: status, the reasons (empty when passing), notes, and the defaults it judged with."""
-
-    stage: str
-    status: str = PASS
-    reasons: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    defaults_version: str = th.DEFAULTS_VERSION
-    custom_thresholds: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.status == PASS
-
-    def fail(self, reason: str) -> None:
-        self.reasons.append(f"{self.stage}: {reason}")
-        if self.status == PASS:
-            self.status = FAIL
-
-    def missing(self, reason: str) -> None:
-        self.reasons.append(f"{self.stage}: {reason}")
-        self.status = INCOMPLETE
-
-    def note(self, text: str) -> None:
-        self.notes.append(f"{self.stage}: {text}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "status": self.status, "reasons": list(self.reasons), "notes": list(self.notes),
-                "defaults_version": self.defaults_version, "custom_thresholds": list(self.custom_thresholds)}
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _text(value: Any) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def claimed(stage: str, section: Mapping[str, Any] | None) -> bool | None:
-    """The agent's own pass flag for a stage (None when it set none). Bench has no flag: none is claimed."""
-    if not isinstance(section, Mapping) or stage not in CLAIM_KEYS:
-        return None
-    value = section.get(CLAIM_KEYS[stage])
-    return value if isinstance(value, bool) else None
-
+from agents.pipeline.verdict_base import (  # noqa: F401 (re-exported: the module's public names)
+    CLAIM_KEYS,
+    FAIL,
+    HIGHER_IS_BETTER,
+    INCOMPLETE,
+    LATENCY_METRICS,
+    LOWER_IS_BETTER,
+    PASS,
+    PERCENTILES,
+    Context,
+    HardwareFacts,
+    ModelFacts,
+    Verdict,
+    claimed,
+)
+from agents.pipeline.verdict_base import number as _number
+from agents.pipeline.verdict_base import text as _text
+from agents.pipeline.verdicts_align import _align
 
 # --- plan ------------------------------------------------------------------------------------------------
 
@@ -240,200 +164,6 @@ def _load(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
             v.note("digests compared with the manifest first seen on an earlier load")
     else:
         v.note("the release has no manifest yet: these digests are recorded as first seen")
-
-
-# --- align -----------------------------------------------------------------------------------------------
-
-def _token_ids(top: Any) -> set[Any]:
-    """Token ids of a top-k list: [{"token", ...}] or [[token, logprob], ...]."""
-    out = set()
-    for item in top if isinstance(top, list) else []:
-        if isinstance(item, Mapping):
-            out.add(item.get("token"))
-        elif isinstance(item, list | tuple) and item:
-            out.add(item[0])
-    return out
-
-
-def _align_rows(v: Verdict, rows: Any, part: str, key: str, cos_key: str, rel_key: str | None,
-                t: Mapping[str, float]) -> int:
-    if not isinstance(rows, list) or not rows:
-        v.missing(f"{part} missing")
-        return 0
-    checked = 0
-    for row in rows:
-        name = row.get(key) if isinstance(row, Mapping) else None
-        if not isinstance(row, Mapping):
-            v.missing(f"{part}: a row is not an object")
-            continue
-        if row.get("status") == "unchecked":
-            v.note(f"{part} {name} unchecked")
-            continue
-        cosine = _number(row.get("cosine"))
-        rel = _number(row.get("max_rel_err"))
-        label = f"layer {name}" if part == "layers" else f"{part[:-1]} {name}"
-        if cosine is None:
-            v.fail(f"{label} has no cosine ({row.get('problem') or 'not compared'})")
-            continue
-        checked += 1
-        if cosine < t[cos_key]:
-            v.fail(f"{label} cosine {_text(cosine)} is below {_text(t[cos_key])}")
-        if rel_key is not None and math.isfinite(t[rel_key]):
-            if rel is None:
-                v.fail(f"{label} has no max_rel_err")
-            elif rel > t[rel_key]:
-                v.fail(f"{label} max_rel_err {_text(rel)} is above {_text(t[rel_key])}")
-    if not checked and v.status == PASS:
-        v.missing(f"{part}: no row was checked")
-    return checked
-
-
-def _e2e(v: Verdict, e2e: Any, t: Mapping[str, float]) -> None:
-    if not isinstance(e2e, Mapping) or not e2e:
-        v.missing("e2e missing")
-        return
-    tokens, prompts = e2e.get("tokens"), e2e.get("prompts")
-    divergences = e2e.get("divergences")
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens <= 0:
-        v.missing("e2e tokens missing (the greedy tokens compared)")
-        return
-    if not isinstance(prompts, int) or isinstance(prompts, bool) or prompts <= 0:
-        v.missing("e2e prompts missing")
-    if not isinstance(divergences, list):
-        v.missing("e2e divergences missing (an empty list when every token matched)")
-        return
-    k = int(t["e2e_top_k"])
-    hard = 0
-    for d in divergences:
-        if not isinstance(d, Mapping):
-            v.missing("e2e: a divergence is not an object")
-            return
-        ref_list, target_list = d.get("ref_top5") or [], d.get("target_top5") or []
-        ref_top = _token_ids(ref_list[:k] if isinstance(ref_list, list) else [])
-        target_top = _token_ids(target_list[:k] if isinstance(target_list, list) else [])
-        near_tie = d.get("target_token") in ref_top and d.get("ref_token") in target_top
-        if not near_tie:
-            hard += 1
-            if hard == 1:
-                v.fail(f"e2e prompt {d.get('prompt')} position {d.get('position')}: target token "
-                       f"{d.get('target_token')} vs reference {d.get('ref_token')} is not within each other's top-{k}"
-                       + (" (claimed a near-tie)" if d.get("near_tie") else ""))
-    if hard > 1:
-        v.fail(f"e2e: {hard} divergences beyond a near-tie")
-    recomputed = 1 - len(divergences) / tokens
-    claimed_rate = _number(e2e.get("token_match_rate"))
-    if claimed_rate is None:
-        v.missing("e2e token_match_rate missing")
-    elif round((1 - claimed_rate) * tokens) < len(divergences):  # compare token counts: rates may be rounded
-        v.fail(f"e2e token_match_rate {claimed_rate:.4f} is above the {recomputed:.4f} recomputed from "
-               f"{len(divergences)} divergences over {tokens} tokens")
-    else:
-        unrecorded = round((1 - claimed_rate) * tokens) - len(divergences)
-        if unrecorded > 0:
-            claimed_hard = e2e.get("hard_divergences")
-            if not isinstance(claimed_hard, int) or isinstance(claimed_hard, bool):
-                v.missing(f"e2e: {unrecorded} divergent steps are not recorded and hard_divergences is missing")
-            elif claimed_hard > hard:
-                v.fail(f"e2e: {claimed_hard} divergences beyond a near-tie")
-            else:
-                v.note(f"e2e: {unrecorded} divergent steps not recorded; judged on the recorded ones")
-    ppl_ref, ppl_target = _number(e2e.get("perplexity_ref")), _number(e2e.get("perplexity_target"))
-    if ppl_ref is None or ppl_target is None or ppl_ref <= 0:
-        v.missing("e2e perplexity_ref and perplexity_target missing")
-    else:
-        rel = abs(ppl_target - ppl_ref) / ppl_ref
-        if rel > t["perplexity_rel_tol"]:
-            v.fail(f"e2e perplexity {_text(ppl_target)} vs reference {_text(ppl_ref)} differs by {rel:.4f}, above "
-                   f"{_text(t['perplexity_rel_tol'])}")
-
-
-def _kv(v: Verdict, kv: Any, t: Mapping[str, float], ctx: Context) -> None:
-    if not isinstance(kv, Mapping) or not kv:
-        v.missing("kv_cache missing")
-        return
-    lengths = kv.get("lengths")
-    if kv.get("path") == "recompute" and lengths == [] and ctx.model.runtime_path == "fallback":
-        v.note("kv_cache: the fallback path recomputes every step; no paged cache to check")
-        return
-    if not isinstance(lengths, list) or not lengths or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
-        v.missing("kv_cache lengths missing (the sequence lengths checked)")
-        return
-    context = ctx.model.context_length
-    if context and max(lengths) > context:
-        v.fail(f"kv_cache length {max(lengths)} is beyond the model's context {context}")
-    if kv.get("blocks_freed") is False:
-        v.fail("kv_cache: blocks were not all returned to the pool after the checks")
-    # the gate is the scale-free relative error; the absolute error gates only reports that lack it
-    rel = _number(kv.get("max_rel_err"))
-    err = _number(kv.get("max_abs_err"))
-    if rel is not None:
-        if rel > t["kv_cache_max_rel_err"]:
-            v.fail(f"kv_cache max_rel_err {_text(rel)} is above {_text(t['kv_cache_max_rel_err'])}")
-    elif err is None:
-        v.missing("kv_cache max_rel_err and max_abs_err missing")
-    elif err > t["kv_cache_max_abs_err"]:
-        v.fail(f"kv_cache max_abs_err {_text(err)} is above {_text(t['kv_cache_max_abs_err'])}")
-
-
-def _align(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
-    ops = s.get("ops")
-    unchecked_only = isinstance(ops, list) and all(isinstance(r, Mapping) and r.get("status") == "unchecked"
-                                                   for r in ops)
-    if ctx.model.runtime_path == "fallback" and unchecked_only:
-        # the transformers fallback runs none of the runtime's own operators: layers and e2e carry the proof
-        v.note(f"ops: the model runs on the fallback path; {len(ops)} module(s) unchecked, none of the runtime's")
-    else:
-        _align_rows(v, ops, "ops", "op", "op_cosine", "op_max_rel_err", t)
-    layers = s.get("layers")
-    _align_rows(v, layers, "layers", "layer", "layer_cosine", "layer_max_rel_err", t)
-    config = ctx.model.config or {}
-    declared = config.get("num_hidden_layers") or (config.get("text_config") or {}).get("num_hidden_layers")
-    if isinstance(layers, list) and layers and isinstance(declared, int) and len(layers) != declared:
-        v.fail(f"layers: {len(layers)} compared, the model has {declared}")
-    _e2e(v, s.get("e2e"), t)
-    _kv(v, s.get("kv_cache"), t, ctx)
-    if ctx.model.takes_images:
-        _vision(v, s.get("vision"), t)
-    for part, error in (s.get("part_errors") or {}).items() if isinstance(s.get("part_errors"), Mapping) else ():
-        v.fail(f"the {part} check could not run ({error})")
-
-
-def _vision(v: Verdict, vision: Any, t: Mapping[str, float]) -> None:
-    """A model that takes images: its encoder and projector rows within thresholds, and every image prompt's
-    greedy tokens equal to the reference's (recomputed from both token lists, not the row's ``match``)."""
-    if not isinstance(vision, Mapping) or not vision:
-        v.missing("vision missing (the image encoder and projector were not compared)")
-        return
-    rows = vision.get("rows")
-    if not isinstance(rows, list) or not rows:
-        v.missing("vision rows missing")
-    else:
-        for row in rows:
-            if not isinstance(row, Mapping):
-                v.missing("vision: a row is not an object")
-                continue
-            label = f"vision {row.get('part')} (image {row.get('image')})"
-            cosine, rel = _number(row.get("cosine")), _number(row.get("rel_err"))
-            if cosine is None or rel is None:
-                v.missing(f"{label}: cosine or rel_err missing")
-                continue
-            if cosine < t["vision_min_cosine"]:
-                v.fail(f"{label} cosine {_text(cosine)} is below {_text(t['vision_min_cosine'])}")
-            if rel > t["vision_max_rel_err"]:
-                v.fail(f"{label} rel_err {_text(rel)} is above {_text(t['vision_max_rel_err'])}")
-    prompts = vision.get("e2e")
-    if not isinstance(prompts, list) or not prompts:
-        v.missing("vision e2e missing (no image prompt decoded)")
-        return
-    for i, row in enumerate(prompts):
-        ref = row.get("reference") if isinstance(row, Mapping) else None
-        got = row.get("target") if isinstance(row, Mapping) else None
-        if not isinstance(ref, list) or not isinstance(got, list) or not ref:
-            v.missing(f"vision e2e prompt {i}: reference and target tokens missing")
-        elif ref != got:
-            at = next((j for j, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
-            v.fail(f"vision e2e prompt {i}: greedy tokens differ from the reference at position {at}")
 
 
 # --- serve -----------------------------------------------------------------------------------------------
