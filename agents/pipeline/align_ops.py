@@ -422,7 +422,7 @@ def _checkers() -> list[tuple[type, str, Callable[..., list[Row]]]]:
     from agents.runtime.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
     from agents.runtime.layers.mla import MLAttention
     from agents.runtime.layers.mlp import SwiGLUMLP
-    from agents.runtime.layers.moe import FusedExperts, TopKRouter
+    from agents.runtime.layers.moe import RoutedExperts, TopKRouter
     from agents.runtime.layers.norm import RMSNorm
     from agents.runtime.layers.rotary import RotaryEmbedding
     from agents.runtime.layers.self_attention import SelfAttention
@@ -434,7 +434,7 @@ def _checkers() -> list[tuple[type, str, Callable[..., list[Row]]]]:
         (SwiGLUMLP, "swiglu_mlp", check_swiglu),
         (GroupedTopKRouter, "router", check_router),
         (TopKRouter, "router", check_router),
-        (FusedExperts, "moe_experts", check_experts),
+        (RoutedExperts, "moe_experts", check_experts),
         (RMSNorm, "rms_norm", check_rms_norm),
         (RotaryEmbedding, "rope", check_rope),
         (VocabParallelEmbedding, "embedding", check_embedding),

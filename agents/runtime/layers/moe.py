@@ -109,7 +109,6 @@ class RoutedExperts(nn.Module):
         return out
 
 
-FusedExperts = RoutedExperts  # the old name (its weights are stacked, the compute is a loop over experts)
 
 
 class MoEBlock(nn.Module):
