@@ -144,7 +144,9 @@ class ModelRunner:
         if not self.paged:  # recompute: whole sequences of those that sample this step
             seqs = [s for s, end in zip(batch.seqs, ends, strict=True) if end]
             lengths = [s.num_tokens for s in seqs]
-            return {"ids": [t for s in seqs for t in s.token_ids], "lengths": lengths}
+            images = [s.images for s in seqs]  # the model encodes each request's images once and keeps them
+            return {"ids": [t for s in seqs for t in s.token_ids], "lengths": lengths,
+                    **({"images": images} if any(i is not None for i in images) else {})}
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -236,5 +238,6 @@ class ModelRunner:
         ctx = ForwardContext.for_prompts(lengths, device=self.device)
         input_ids = torch.tensor(inputs["ids"], dtype=torch.int64, device=self.device)  # [T]
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [T]
-        hidden = self.model.forward(input_ids, pos, ctx).hidden  # hidden: [T, D]
+        extra = {"images": inputs["images"]} if "images" in inputs else {}
+        hidden = self.model.forward(input_ids, pos, ctx, **extra).hidden  # hidden: [T, D]
         return hidden, (ctx.cu_seqlens_q[1:] - 1).long()  # last: [B]

@@ -2,6 +2,11 @@
 ``RuntimeModel`` interface and the same strict weight checks as the native families.
 
 It has no paged cache (``kv_cache_spec()`` is None), so the engine recomputes each whole sequence every step.
+
+A vision-language architecture whose transformers model takes precomputed image features (``mm_encoder_outputs``:
+Qwen2-VL, Qwen2.5-VL) takes images here: ``encode_images`` runs its vision tower and merger once per request (the
+engine keeps the features with the request), and each step's recompute passes them back with the image grids, so
+the model splices them in and computes its own multimodal (M-RoPE) positions; the vision tower runs once.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import torch
 from torch import nn
 
 from agents.runtime.context import ForwardContext
+from agents.runtime.engine.multimodal import ImageInputs, config_takes_images
 from agents.runtime.interface import ForwardOutput, KVCacheSpec
 
 
@@ -91,6 +97,15 @@ def _decoder_layers(model: nn.Module, num_layers: int | None) -> nn.ModuleList |
     return best
 
 
+def _takes_encoder_outputs(model: nn.Module) -> bool:
+    """Whether the transformers model's base forward takes precomputed image features (``mm_encoder_outputs``)
+    and has an image encoder (``get_image_features``)."""
+    import inspect
+
+    base = model.base_model
+    return hasattr(model, "get_image_features") and "mm_encoder_outputs" in inspect.signature(base.forward).parameters
+
+
 class FallbackModel(nn.Module):
     """A ``transformers`` causal LM wrapped as a ``RuntimeModel`` (path "fallback")."""
 
@@ -113,6 +128,12 @@ class FallbackModel(nn.Module):
         self._layers = _decoder_layers(self.hf_model, num_layers)
         self._layout: dict[str, _Target] | None = None
         self._unexpected_ok = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or [])]
+        self.takes_images = config_takes_images(config) and _takes_encoder_outputs(self.hf_model)
+        if self.takes_images:
+            self.image_token_id = int(getattr(hf_config, "image_token_id", None)
+                                      if getattr(hf_config, "image_token_id", None) is not None
+                                      else hf_config.image_token_index)
+        self.num_image_encodes = 0  # images encoded so far (once per request, not per step)
 
     # ---- weights ---------------------------------------------------------------------------------------------
     def _checkpoint_layout(self) -> dict[str, _Target]:
@@ -190,6 +211,35 @@ class FallbackModel(nn.Module):
         self._layout = None  # drop the element-index maps of fused weights (8 bytes per element)
         return loaded
 
+    # ---- images ----------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode_images(self, pixel_values: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+        """The processor's pixels (and ``extra``: ``image_grid_thw``) -> features [image tokens, hidden]: the
+        architecture's own vision tower and merger (``get_image_features``), rows in placeholder order."""
+        if not self.takes_images:
+            raise FallbackError(f"{type(self.hf_model).__name__} does not take images on the fallback path")
+        extra = {k: v.to(self.device) for k, v in extra.items()}
+        out = self.hf_model.get_image_features(pixel_values.to(device=self.device, dtype=self.dtype), **extra,
+                                               return_dict=True)
+        pooled = out.pooler_output
+        features = torch.cat(list(pooled), 0) if isinstance(pooled, (list, tuple)) else pooled
+        grid = extra.get("image_grid_thw")
+        self.num_image_encodes += int(grid.shape[0]) if grid is not None else int(pixel_values.shape[0])
+        return features.reshape(-1, features.shape[-1])  # [image tokens, hidden]
+
+    def _image_kwargs(self, ids: torch.Tensor, images: ImageInputs) -> dict[str, Any]:
+        """The base model's keyword arguments for one sequence ``ids`` [1, L] with images: the cached features
+        (encoded on first use), the grids, and the token types (image: 1) its M-RoPE positions come from."""
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        features = images.encoded(self.encode_images).to(self.dtype)  # [K, hidden]
+        if int((ids == self.image_token_id).sum()) != features.shape[0]:
+            raise FallbackError(f"the sequence holds {int((ids == self.image_token_id).sum())} image tokens for "
+                                f"{features.shape[0]} image feature vectors")
+        return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=(features,))},
+                "mm_token_type_ids": (ids == self.image_token_id).int(),
+                **{k: v.to(self.device) for k, v in images.extra.items()}}
+
     # ---- RuntimeModel ----------------------------------------------------------------------------------------
     def kv_cache_spec(self) -> KVCacheSpec | None:
         return None
@@ -205,7 +255,9 @@ class FallbackModel(nn.Module):
         positions: torch.Tensor,  # [T]
         ctx: ForwardContext,
         output_hidden_states: bool = False,
+        images: list[ImageInputs | None] | None = None,
     ) -> ForwardOutput:
+        """``images``: per sequence of the batch, its image inputs or None (a text-only sequence)."""
         if ctx.uses_cache:
             raise FallbackError("the fallback path takes no-cache contexts only (whole sequences every step)")
         if not bool(torch.equal(ctx.seqlens_k.to(torch.int64), ctx.cu_seqlens_q.diff().to(torch.int64))):
@@ -226,11 +278,19 @@ class FallbackModel(nn.Module):
         per_seq_layers: list[list[torch.Tensor]] = []
         try:
             cu = ctx.cu_seqlens_q.tolist()
-            for start, end in zip(cu[:-1], cu[1:], strict=True):
+            if images is not None and len(images) != len(cu) - 1:
+                raise FallbackError(f"{len(images)} image inputs for {len(cu) - 1} sequences")
+            for i, (start, end) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
                 captured.clear()
                 ids = input_ids[start:end].unsqueeze(0)  # [1, L]
                 pos = positions[start:end].unsqueeze(0)  # [1, L]
-                out = base(input_ids=ids, position_ids=pos, use_cache=False)
+                seq_images = images[i] if images is not None else None
+                if seq_images is not None:  # the model's own multimodal positions (M-RoPE) from ids and grids
+                    if not self.takes_images:
+                        raise FallbackError(f"{type(self.hf_model).__name__} does not take images")
+                    out = base(input_ids=ids, use_cache=False, **self._image_kwargs(ids, seq_images))
+                else:
+                    out = base(input_ids=ids, position_ids=pos, use_cache=False)
                 finals.append(out.last_hidden_state[0])  # [L, hidden]
                 per_seq_layers.append([h[0] for h in captured])
         finally:

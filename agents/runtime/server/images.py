@@ -148,10 +148,74 @@ def decode_images(messages: Any, limits: ImageLimits) -> list[Any]:
     return [decode_image(_part_bytes(where, part, limits), where, limits) for where, part in parts]
 
 
+class GridVisionProcessor:
+    """Qwen2-VL / Qwen2.5-VL's processor, composed here from the model's Pillow image processor and its
+    tokenizer (transformers' own Qwen processors need a video processor, which needs torchvision): the image
+    processor resizes each image to a multiple of patch x merge within its pixel bounds and gives its patches and
+    grid (t, h, w); each ``<|image_pad|>`` in the text becomes t * h * w / merge^2 of them. Called like a
+    transformers processor (``processor(text=[...], images=[...], return_tensors="pt")``)."""
+
+    def __init__(self, model_dir: Path, config: dict[str, Any]) -> None:
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        self.image_processor = AutoImageProcessor.from_pretrained(model_dir, backend="pil")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.merge_size = int(self.image_processor.merge_size)
+        ids = {key: config.get(key) for key in ("image_token_id", "vision_start_token_id", "vision_end_token_id")}
+        missing = [key for key, value in ids.items() if not isinstance(value, int)]
+        if missing:
+            raise ValueError(f"{model_dir}/config.json has no {', '.join(missing)}")
+        self.image_token_id = ids["image_token_id"]
+        start, self.image_token, end = self.tokenizer.convert_ids_to_tokens(
+            [ids["vision_start_token_id"], ids["image_token_id"], ids["vision_end_token_id"]])
+        self.image_placeholder = f"{start}{self.image_token}{end}"  # what the chat template writes per image
+        self.chat_template = self.tokenizer.chat_template
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                  tokenize=False)
+
+    def tokens_per_image(self, grid_thw: Any) -> list[int]:
+        return (grid_thw.prod(-1) // self.merge_size**2).tolist()
+
+    def __call__(self, text: str | list[str], images: list[Any], return_tensors: str = "pt",
+                 add_special_tokens: bool = False) -> Any:
+        from transformers import BatchFeature
+
+        texts = [text] if isinstance(text, str) else list(text)
+        if len(texts) != 1:
+            raise ValueError(f"one text per call, got {len(texts)}")
+        pieces = texts[0].split(self.image_token)
+        if len(pieces) - 1 != len(images):
+            raise ValueError(f"the text holds {len(pieces) - 1} {self.image_token!r} for {len(images)} image(s)")
+        pixels = self.image_processor(images, return_tensors="pt") if images else {}
+        counts = self.tokens_per_image(pixels["image_grid_thw"]) if images else []
+        expanded = pieces[0] + "".join(self.image_token * n + rest for n, rest in zip(counts, pieces[1:], strict=True))
+        enc = self.tokenizer([expanded], return_tensors="pt", add_special_tokens=add_special_tokens)
+        data = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                "mm_token_type_ids": (enc["input_ids"] == self.image_token_id).int()}  # image: 1, text: 0
+        if images:
+            data.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
+        return BatchFeature(data, tensor_type=return_tensors)
+
+
+def load_processor(model_dir: Path) -> Any:
+    """A vision-language model's processor: ``GridVisionProcessor`` for the Qwen2-VL image processor, else
+    transformers' ``AutoProcessor`` (Pillow image processors where torchvision is missing)."""
+    import json
+
+    pre = model_dir / "preprocessor_config.json"
+    kind = json.loads(pre.read_text()).get("image_processor_type", "") if pre.exists() else ""
+    if kind.startswith("Qwen2VLImageProcessor"):
+        return GridVisionProcessor(model_dir, json.loads((model_dir / "config.json").read_text()))
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(model_dir)
+
+
 class ImageProcessor:
-    """A vision-language model's own processor (``AutoProcessor`` from its directory, with the Pillow image
-    processor), loaded on first use: a text with one placeholder per image -> token ids with each placeholder
-    expanded, and the images' pixel values."""
+    """A vision-language model's own processor (``load_processor``), loaded on first use: a text with one
+    placeholder per image -> token ids with each placeholder expanded, and the images' pixel values (and grids)."""
 
     def __init__(self, model_dir: Path, image_token_id: int) -> None:
         self.model_dir = model_dir
@@ -163,27 +227,32 @@ class ImageProcessor:
     def processor(self) -> Any:
         with self._lock:
             if self._processor is None:
-                from transformers import AutoProcessor
-
-                self._processor = AutoProcessor.from_pretrained(self.model_dir)
+                self._processor = load_processor(self.model_dir)
             return self._processor
 
     @property
-    def placeholder(self) -> str:
-        """The text of the image token the chat template and the processor expect."""
+    def image_token(self) -> str:
+        """The text of the image token the processor expands."""
         token = getattr(self.processor, "image_token", None)
         if not isinstance(token, str):
             token = self.processor.tokenizer.convert_ids_to_tokens(self.image_token_id)
         return token
 
+    @property
+    def placeholder(self) -> str:
+        """The text an image part becomes in the chat: the image token, with the model's image delimiters
+        around it where it has them (``<|vision_start|><|image_pad|><|vision_end|>``)."""
+        placeholder = getattr(self.processor, "image_placeholder", None)
+        return placeholder if isinstance(placeholder, str) else self.image_token
+
     def __call__(self, text: str, images: list[Any]) -> tuple[list[int], ImageInputs]:
-        found = text.count(self.placeholder)
+        found = text.count(self.image_token)
         if found != len(images):  # the user's own text held the placeholder too
-            raise APIError(400, f"the messages hold {found} image placeholders {self.placeholder!r} for "
-                                f"{len(images)} image(s): the text must not contain {self.placeholder!r}", "messages")
+            raise APIError(400, f"the messages hold {found} image placeholders {self.image_token!r} for "
+                                f"{len(images)} image(s): the text must not contain {self.image_token!r}", "messages")
         out = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
         ids = out["input_ids"][0].tolist()
-        inputs = ImageInputs.for_prompt(out["pixel_values"], ids, self.image_token_id)
+        inputs = ImageInputs.from_processor(out, ids, self.image_token_id)
         if not inputs.positions:
             raise APIError(400, "the chat template dropped the image placeholders (it does not render image "
                                 "parts)", "messages")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-ARCHES: tuple[str, ...] = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3", "llava")
+ARCHES: tuple[str, ...] = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3", "llava", "llava-siglip",
+                           "qwen2.5-vl")
 SIZES: tuple[str, ...] = ("tiny", "100m")
 
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0}
@@ -80,6 +81,36 @@ _CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
         },
         "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "projector_hidden_act": "gelu",
         "multimodal_projector_bias": True, "image_seq_length": 16, "tie_word_embeddings": False, "torch_dtype": "float32",
+    },
+    # LLaVA on a SigLIP tower: no CLS token, so every patch is an image token (the "full" strategy), and no
+    # attention-pooling head (LLaVA reads hidden states, not the pooled output).
+    ("llava-siglip", "tiny"): {
+        "model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
+        "text_config": {"model_type": "llama", **_TINY_DENSE},
+        "vision_config": {
+            "model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "image_size": 32, "patch_size": 8, "num_channels": 3,
+            "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6, "vision_use_head": False,
+        },
+        "vision_feature_layer": -1, "vision_feature_select_strategy": "full", "projector_hidden_act": "gelu",
+        "multimodal_projector_bias": True, "image_seq_length": 16, "tie_word_embeddings": False, "torch_dtype": "float32",
+    },
+    # Qwen2.5-VL (the transformers fallback): dynamic resolution, 8x8 patches over 2 frames (a still image is
+    # repeated), 2x2 patches merged into one image token, windowed attention in block 0 (windows of 32 pixels)
+    # and full attention in block 1; M-RoPE over (time, height, width) sections of the decoder's head dim.
+    ("qwen2.5-vl", "tiny"): {
+        "model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "text_config": {
+            "model_type": "qwen2_5_vl_text", **_TINY_DENSE,
+            "rope_parameters": {**_ROPE, "mrope_section": [2, 3, 3]},
+        },
+        "vision_config": {
+            "model_type": "qwen2_5_vl_vision", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
+            "num_heads": 2, "in_channels": 3, "patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "window_size": 32, "out_hidden_size": 64, "fullatt_block_indexes": [1], "tokens_per_second": 4,
+            "hidden_act": "silu",
+        },
+        "tie_word_embeddings": False, "torch_dtype": "float32",
     },
     ("llama", "100m"): {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **_100M_DENSE},
     ("qwen3", "100m"): {

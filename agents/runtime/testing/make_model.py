@@ -62,8 +62,9 @@ def make_model(arch: str, size: str = "tiny", seed: int = 0, out: Path | str = P
     text_cfg = cfg.get("text_config", cfg)  # a vision-language model nests its decoder's config
     tok = tokmod.train_tokenizer(text_cfg["vocab_size"])
     if "vision_config" in cfg:
-        tok.add_special_tokens([IMAGE_TOKEN])
-        cfg["image_token_index"] = tok.token_to_id(IMAGE_TOKEN)
+        tokens = _vision_tokens(cfg["model_type"])
+        tok.add_special_tokens(list(tokens.values()))
+        cfg.update({key: tok.token_to_id(token) for key, token in tokens.items()})
     text_cfg["vocab_size"] = tok.get_vocab_size()
     for c in {id(cfg): cfg, id(text_cfg): text_cfg}.values():
         c.update(bos_token_id=tokmod.BOS_ID, eos_token_id=tokmod.EOS_ID, pad_token_id=tokmod.PAD_ID)
@@ -90,40 +91,100 @@ def make_model(arch: str, size: str = "tiny", seed: int = 0, out: Path | str = P
 
 
 IMAGE_TOKEN = "<image>"
+# Qwen2-VL / Qwen2.5-VL: an image is <|vision_start|> + one <|image_pad|> per merged patch + <|vision_end|>
+QWEN_VISION_TOKENS: dict[str, str] = {
+    "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+    "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+}
+QWEN_IMAGE_TEXT = "<|vision_start|><|image_pad|><|vision_end|>"
+QWEN_PIXELS = (32 * 32, 64 * 64)  # min and max pixels after resizing: 4 to 16 image tokens per image
+
+
+def _vision_tokens(model_type: str) -> dict[str, str]:
+    """config key -> special token text of a vision-language model's image tokens."""
+    if model_type == "llava":
+        return {"image_token_index": IMAGE_TOKEN}
+    if model_type in ("qwen2_vl", "qwen2_5_vl"):
+        return dict(QWEN_VISION_TOKENS)
+    raise ValueError(f"no image tokens defined for model_type {model_type!r}")
+
+
+def _add_special_tokens(out: Path, tokens: dict[int, str]) -> None:
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    for token_id, text in tokens.items():
+        tok_config["added_tokens_decoder"][str(token_id)] = {
+            "content": text, "special": True, "lstrip": False, "rstrip": False, "normalized": False,
+            "single_word": False,
+        }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, sort_keys=True) + "\n")
+
+
+def _set_chat_template(out: Path, template: str) -> None:
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps({**tok_config, "chat_template": template}, indent=2,
+                                                          sort_keys=True) + "\n")
+
+
 def _save_vision_processor(out: Path, config: Any) -> None:
-    """preprocessor_config.json (a Pillow CLIP image processor: resize, centre crop, normalise to the vision
-    tower's input size), processor_config.json (LlavaProcessor: patch size, CLS dropped or not) and the chat
-    template with image placeholders in tokenizer_config.json."""
+    """The image processor's preprocessor_config.json, the processor's own config where transformers can build
+    it here, the image tokens in tokenizer_config.json and the chat template with image placeholders."""
+    if config.model_type == "llava":
+        _save_llava_processor(out, config)
+    else:
+        _save_qwen_vl_processor(out, config)
+
+
+def _save_llava_processor(out: Path, config: Any) -> None:
+    """preprocessor_config.json (a Pillow CLIP or SigLIP image processor: resize (and centre crop for CLIP),
+    normalise to the vision tower's input size), processor_config.json (LlavaProcessor: patch size, CLS dropped
+    or not) and the chat template with image placeholders in tokenizer_config.json."""
     import transformers
 
     vision = config.vision_config
     side = vision.image_size
-    images = transformers.CLIPImageProcessorPil(
-        size={"shortest_edge": side}, crop_size={"height": side, "width": side}, do_center_crop=True,
-    )
-    tok_config = json.loads((out / "tokenizer_config.json").read_text())
-    tok_config["chat_template"] = _vlm_template()
-    image_id = config.image_token_index
-    tok_config["added_tokens_decoder"][str(image_id)] = {
-        "content": IMAGE_TOKEN, "special": True, "lstrip": False, "rstrip": False, "normalized": False,
-        "single_word": False,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2, sort_keys=True) + "\n")
+    if vision.model_type == "siglip_vision_model":  # no CLS token: every patch is an image token
+        images = transformers.SiglipImageProcessorPil(size={"height": side, "width": side})
+        extra_tokens = 0
+    else:
+        images = transformers.CLIPImageProcessorPil(
+            size={"shortest_edge": side}, crop_size={"height": side, "width": side}, do_center_crop=True,
+        )
+        extra_tokens = 1
+    _add_special_tokens(out, {config.image_token_index: IMAGE_TOKEN})
+    _set_chat_template(out, _vlm_template(IMAGE_TOKEN))
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     processor = transformers.LlavaProcessor(
         image_processor=images, tokenizer=tokenizer, patch_size=vision.patch_size,
         vision_feature_select_strategy=config.vision_feature_select_strategy, image_token=IMAGE_TOKEN,
-        num_additional_image_tokens=1, chat_template=_vlm_template(),
+        num_additional_image_tokens=extra_tokens, chat_template=_vlm_template(IMAGE_TOKEN),
     )
     processor.save_pretrained(out)
     # the processor's save writes the template beside the tokenizer's files; the runtime reads tokenizer_config
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {**json.loads((out / "tokenizer_config.json").read_text()), "chat_template": _vlm_template()},
-        indent=2, sort_keys=True) + "\n")
+    _set_chat_template(out, _vlm_template(IMAGE_TOKEN))
 
 
-def _vlm_template() -> str:
-    part = ("{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '" + IMAGE_TOKEN + "' }}"
+def _save_qwen_vl_processor(out: Path, config: Any) -> None:
+    """preprocessor_config.json of the Pillow Qwen2-VL image processor (dynamic resolution between
+    ``QWEN_PIXELS``, the vision tower's patch, frame and merge sizes), naming the model's processor class as hub
+    repositories do. transformers' Qwen processor itself needs a video processor, which needs torchvision, so no
+    processor_config.json: the runtime composes the image processor and the tokenizer (server/images.py)."""
+    import transformers
+
+    vision = config.vision_config
+    images = transformers.Qwen2VLImageProcessorPil(
+        patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
+        merge_size=vision.spatial_merge_size, min_pixels=QWEN_PIXELS[0], max_pixels=QWEN_PIXELS[1],
+    )
+    images.save_pretrained(out)
+    pre = json.loads((out / "preprocessor_config.json").read_text())
+    pre["processor_class"] = "Qwen2_5_VLProcessor" if config.model_type == "qwen2_5_vl" else "Qwen2VLProcessor"
+    (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2, sort_keys=True) + "\n")
+    _add_special_tokens(out, {getattr(config, key): text for key, text in QWEN_VISION_TOKENS.items()})
+    _set_chat_template(out, _vlm_template(QWEN_IMAGE_TEXT))
+
+
+def _vlm_template(image_text: str) -> str:
+    part = ("{% for part in message['content'] %}{% if part['type'] == 'image' %}{{ '" + image_text + "' }}"
             "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}")
     content = "{% if message['content'] is string %}{{ message['content'] }}{% else %}" + part + "{% endif %}"
     template = tokmod.CHAT_TEMPLATE.replace(
