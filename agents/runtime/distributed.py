@@ -18,11 +18,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+if TYPE_CHECKING:
+    from agents.runtime.nodes import NodeSpec
 
 
 @dataclass(frozen=True)
@@ -149,21 +152,30 @@ def init_distributed(
     init_method: str | None = None,
     backend: str | None = None,
     timeout: float | None = None,
+    node: NodeSpec | None = None,
 ) -> None:
     """Join the process group (gloo on CPU, NCCL on CUDA) and adopt the TP × PP × EP layout.
 
     ``tp_size`` defaults to the ranks of a stage (``world_size / pp_size``); tp and ep must divide them.
     ``timeout`` (seconds) bounds every collective of the group: one that does not finish raises on its rank.
+    ``node`` (ranks across hosts): meet at its master address and port through a bounded rendezvous that names a
+    node that never came (``agents.runtime.nodes``) instead of ``init_method``.
     """
     tp = world_size // max(pp_size, 1) if tp_size is None else tp_size
     ParallelState.of(rank, world_size, tp, ep_size, pp_size)  # a bad layout fails before any rendezvous
+    local_world = node.local_world(world_size) if node is not None else world_size
     if world_size > 1 and not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        bound = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
-        dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size,
-                                **bound)
+        if backend == "nccl":  # this node's devices, by local rank
+            torch.cuda.set_device(rank % local_world % torch.cuda.device_count())
+        if node is not None:
+            from agents.runtime.nodes import init_node_group
+
+            init_node_group(rank, world_size, node, backend, timeout)
+        else:
+            bound = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
+            dist.init_process_group(backend, init_method=init_method or "env://", rank=rank, world_size=world_size,
+                                    **bound)
     set_parallel_state(tp, ep_size, rank, pp_size)
 
 
@@ -299,12 +311,16 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, layout: tuple[int, int, int], fn: Callable, args: tuple,
-            results: Any, pg_timeout: float | None = None) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            results: Any, pg_timeout: float | None = None, node: NodeSpec | None = None) -> None:
+    local_world = node.local_world(world_size) if node is not None else world_size
+    if node is None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank % local_world))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     try:
         tp_size, ep_size, pp_size = layout
-        init_distributed(rank, world_size, tp_size=tp_size, ep_size=ep_size, pp_size=pp_size, timeout=pg_timeout)
+        init_distributed(rank, world_size, tp_size=tp_size, ep_size=ep_size, pp_size=pp_size, timeout=pg_timeout,
+                         node=node)
         results[rank] = ("ok", fn(*args))
     except BaseException as exc:  # surfaced in the parent with the rank that failed
         import traceback
@@ -339,7 +355,7 @@ def _wait(procs: list, timeout: float | None, grace: float = 5.0,
 
 def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None, ep_size: int = 1, pp_size: int = 1,
            timeout: float | None = None, pg_timeout: float | None = None,
-           watchdog: Callable[[], str | None] | None = None) -> list[Any]:
+           watchdog: Callable[[], str | None] | None = None, node: NodeSpec | None = None) -> list[Any]:
     """Run ``fn(*args)`` in ``world_size`` processes on this machine and return each rank's result.
 
     ``fn`` must be importable (module level) and its result picklable. A failure on any rank raises
@@ -347,17 +363,21 @@ def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None
     terminated, and so is every rank still running after ``timeout`` seconds. ``pg_timeout`` bounds each
     collective inside the ranks; ``watchdog`` (polled in the parent) returns a reason to kill every rank at once
     (a collective stuck past its bound), which the ``RuntimeError`` then names.
+
+    ``node`` (ranks across hosts): ``world_size`` is the ranks of every node; this call runs only this node's
+    (``node.global_ranks``), which meet the other nodes' at the master, and returns their results in rank order.
     """
     tp = world_size // pp_size if tp_size is None else tp_size
     ParallelState.of(0, world_size, tp, ep_size, pp_size)  # a layout that does not fit fails here, not in a rank
+    ranks = list(node.global_ranks(world_size)) if node is not None else list(range(world_size))
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         results = manager.dict()
-        port = free_port()
+        port = node.master_port if node is not None else free_port()
         procs = [
             ctx.Process(target=_worker, args=(r, world_size, port, (tp, ep_size, pp_size), fn, args, results,
-                                                 pg_timeout))
-            for r in range(world_size)
+                                                 pg_timeout, node))
+            for r in ranks
         ]
         for p in procs:
             p.start()
@@ -365,12 +385,13 @@ def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None
         out = dict(results)
     if reason:
         raise RuntimeError(f"ranks of {world_size} ended by the watchdog: {reason}")
-    failed = [r for r in range(world_size) if r not in out or out[r][0] != "ok"]
+    failed = [r for r in ranks if r not in out or out[r][0] != "ok"]
     if failed:
         # the earliest failure is the cause; its peers typically fail after it ("connection closed by peer")
         r = min(failed, key=lambda k: out[k][2] if k in out else float("inf"))
-        detail = out[r][1] if r in out else f"exit code {procs[r].exitcode}"
+        detail = out[r][1] if r in out else f"exit code {procs[ranks.index(r)].exitcode}"
         others = [k for k in failed if k != r]
         also = f" (ranks {others} failed after it)" if others else ""
-        raise RuntimeError(f"rank {r} of {world_size} failed{also}: {detail}")
-    return [out[r][1] for r in range(world_size)]
+        where = f" on node {node.node_rank}" if node is not None and node.multi else ""
+        raise RuntimeError(f"rank {r} of {world_size}{where} failed{also}: {detail}")
+    return [out[r][1] for r in ranks]

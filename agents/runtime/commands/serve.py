@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
 
@@ -12,6 +13,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (processes on this host)")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages (pp x max(tp, ep) processes)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel degree inside a stage")
+    p.add_argument("--nnodes", type=int, default=1, help="hosts the ranks span (torchrun convention; default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this host's node rank; node 0 serves HTTP")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0, where the ranks rendezvous")
+    p.add_argument("--master-port", type=int, default=29500, help="rendezvous port on node 0 (default 29500)")
+    p.add_argument("--rendezvous-timeout", type=float, default=300.0,
+                   help="seconds for every node to join; then the missing node is named (default 300)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -52,16 +59,26 @@ def handle(args: argparse.Namespace) -> int:
         print(f"day0 serve: --max-images must be >= 1, got {args.max_images}", flush=True)
         return 2
     origins = [o.strip() for o in args.allowed_origins.split(",") if o.strip()]
+    from agents.runtime.nodes import NodeSpec, node_layout_problem
     from agents.runtime.server.images import ImageLimits
     from agents.runtime.server.launcher import serve
 
+    try:
+        node = NodeSpec(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.rendezvous_timeout)
+        problem = node_layout_problem(json.loads((Path(args.model_dir) / "config.json").read_text()),
+                                      args.tp, args.pp, args.ep, node)
+    except ValueError as exc:
+        problem = str(exc)
+    if problem:
+        print(f"day0 serve: {problem}", flush=True)
+        return 2
     run = serve
     if args.tp > 1 or args.pp > 1 or args.ep > 1:
         from functools import partial
 
         from agents.runtime.engine.tp import serve_tp
 
-        run = partial(serve_tp, tp=args.tp, pp=args.pp, ep=args.ep)
+        run = partial(serve_tp, tp=args.tp, pp=args.pp, ep=args.ep, node=node if node.multi else None)
     return run(
         args.model_dir,
         host=args.host,

@@ -11,10 +11,13 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+if TYPE_CHECKING:
+    from agents.runtime.nodes import NodeSpec
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +58,23 @@ def worker(model_dir: str, dtype: str, device: str) -> None:
 
 
 def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: dict[str, Any],
-               layout: tuple[int, int, int] | None = None) -> None:
+               layout: tuple[int, int, int] | None = None, node: NodeSpec | None = None) -> None:
     from agents.runtime.distributed import destroy_distributed, init_distributed
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    if node is None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     # the backend follows the serving device, not whether a GPU exists: a CPU run on a GPU host stays on gloo
     backend = "nccl" if str(serve_kwargs.get("device", "cpu")).startswith("cuda") else "gloo"
     tp, ep, pp = layout or (world, 1, 1)
-    init_distributed(rank, world, tp_size=tp, ep_size=ep, pp_size=pp, backend=backend,
-                     timeout=float(os.environ.get("DAY0_TP_TIMEOUT_S", 300)))
+    try:
+        init_distributed(rank, world, tp_size=tp, ep_size=ep, pp_size=pp, backend=backend,
+                         timeout=float(os.environ.get("DAY0_TP_TIMEOUT_S", 300)), node=node)
+    except RuntimeError as exc:  # a rendezvous that timed out names the missing node: say it, exit non-zero
+        from agents.runtime.engine.rank_failure import fail_worker
+
+        fail_worker(rank, exc)
     try:
         if rank == 0:
             from agents.runtime.engine.rank_failure import failure
@@ -77,21 +87,29 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
         destroy_distributed()
 
 
-def serve_tp(model_dir: str | Path, tp: int, pp: int = 1, ep: int = 1, **serve_kwargs: Any) -> int:
+def serve_tp(model_dir: str | Path, tp: int, pp: int = 1, ep: int = 1, node: NodeSpec | None = None,
+             **serve_kwargs: Any) -> int:
     """``day0 serve --tp N [--pp P --ep E]``: ``pp × max(tp, ep)`` processes (the planner's device count), rank
-    0 serving HTTP; returns rank 0's exit code."""
+    0 serving HTTP; returns rank 0's exit code.
+
+    ``node`` (``--nnodes/--node-rank/--master-addr/--master-port``): those ranks split over the nodes, this host
+    running its share (``node.global_ranks``). Node 0 holds rank 0 and serves HTTP; every other node runs worker
+    ranks only and returns when they end (after rank 0 stops them, or fails)."""
     from agents.runtime.distributed import free_port
     from agents.runtime.engine.rank_failure import ERROR_DIR_ENV, watch_ranks
 
+    world = pp * max(tp, ep)
+    ranks = list(node.global_ranks(world)) if node is not None else list(range(world))
     ctx = mp.get_context("spawn")
-    port = free_port()
+    port = node.master_port if node is not None else free_port()
     errors = Path(tempfile.mkdtemp(prefix="day0-tp-"))
     os.environ[ERROR_DIR_ENV] = str(errors)  # the ranks inherit it
-    world = pp * max(tp, ep)
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(model_dir), serve_kwargs, (tp, ep, pp)))
-             for r in range(world)]
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(model_dir), serve_kwargs, (tp, ep, pp), node))
+             for r in ranks]
     for p in procs:
         p.start()
+    if ranks[0] != 0:
+        return _follow_ranks(procs, ranks, errors)
 
     stopping = []
 
@@ -114,3 +132,28 @@ def serve_tp(model_dir: str | Path, tp: int, pp: int = 1, ep: int = 1, **serve_k
     code = procs[0].exitcode or 0
     # uvicorn re-raises the SIGTERM it handled gracefully; that is a clean stop we asked for
     return 0 if stopping and code == -signal.SIGTERM else (code if code >= 0 else 128 - code)
+
+
+def _follow_ranks(procs: list[Any], ranks: list[int], errors: Path) -> int:
+    """A node without rank 0: wait for its worker ranks (rank 0 stops them when it ends); 0 when every one
+    ended cleanly, else 1 with the first error a rank recorded. SIGTERM ends them here (rank 0 then sees its
+    peers gone and stops too)."""
+    from agents.runtime.engine.rank_failure import read_errors
+
+    def stop(signum: int, frame: Any) -> None:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for p in procs:
+        p.join()
+    found = read_errors(folder=errors)
+    shutil.rmtree(errors, ignore_errors=True)
+    codes = {r: p.exitcode for r, p in zip(ranks, procs, strict=True) if p.exitcode}
+    if not codes:
+        return 0
+    first = next(iter(found.values()), None) or ", ".join(f"rank {r} exited with code {c}" for r, c in codes.items())
+    print(f"day0 serve: worker ranks {ranks[0]}-{ranks[-1]} ended: {first}", file=sys.stderr, flush=True)
+    return 1
