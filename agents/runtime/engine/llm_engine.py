@@ -77,6 +77,11 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, bs)
         self.runner = ModelRunner(model, self.device, bs, num_blocks)
         self.expert_load = ExpertLoad(model)
+        self.compiled = None  # the compiled path (``--compile``), installed after the expert-load hooks it keeps
+        if self.config.compile:
+            from agents.runtime.engine.compiled import CompiledModel
+
+            self.compiled = CompiledModel(model, device=self.device, cache_dir=self.config.compile_cache_dir)
         paged = self.runner.paged
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -268,6 +273,8 @@ class LLMEngine:
     def warmup(self) -> None:
         """One short generation through every path (prefill, decode, sampling), so the first request is fast."""
         self.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        if self.compiled is not None:  # both shape classes (several tokens, one) are compiled by now
+            self.compiled.mark_warm()
 
     def fail_all(self, error: str) -> list[RequestOutput]:
         """End every request in flight with ``error`` and free its blocks (after an unexpected failure)."""
