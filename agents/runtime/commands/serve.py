@@ -38,6 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-remote-images", action="store_true",
                    help="fetch http(s) image URLs in chat messages (default: refused; send data: URLs)")
     p.add_argument("--max-images", type=int, default=8, help="images per chat request (default 8)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the decoder layers with torch.compile (Inductor, dynamic token counts); "
+                        "evidence at /stats/compile")
+    p.add_argument("--compile-cache", default=None,
+                   help="Inductor's cache directory (default: $DAY0_COMPILE_CACHE_DIR, else var/compile-cache)")
     p.set_defaults(handler=handle)
 
 
@@ -58,6 +63,18 @@ def handle(args: argparse.Namespace) -> int:
     if args.max_images < 1:
         print(f"day0 serve: --max-images must be >= 1, got {args.max_images}", flush=True)
         return 2
+    if args.compile:
+        from agents.runtime.engine.compiled import CompileUnavailable, check_cpp_compiler
+
+        if args.tp > 1 or args.pp > 1 or args.ep > 1:
+            print("day0 serve: --compile serves one process for now (--tp, --pp and --ep 1)", flush=True)
+            return 2
+        try:
+            compiler = check_cpp_compiler() if args.device.startswith("cpu") else None
+        except CompileUnavailable as exc:
+            print(f"day0 serve: --compile: {exc}", flush=True)
+            return 2
+        logging.getLogger(__name__).info("compiled path on; C++ compiler %s", compiler or "not needed")
     origins = [o.strip() for o in args.allowed_origins.split(",") if o.strip()]
     from agents.runtime.nodes import NodeSpec, node_layout_problem
     from agents.runtime.server.images import ImageLimits
@@ -96,4 +113,5 @@ def handle(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        **({"compile": True, "compile_cache_dir": args.compile_cache} if args.compile else {}),
     )

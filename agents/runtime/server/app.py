@@ -251,6 +251,17 @@ def create_app(
             return JSONResponse(totals if not enabled else COMM_TIMER.snapshot())
         return JSONResponse(COMM_TIMER.snapshot())
 
+    async def compile_stats(request: Request) -> Response:
+        """The compiled path's evidence (``engine/compiled.py``): compile seconds, graphs, graph breaks,
+        recompiles, compilation-cache hits and misses; ``{"enabled": false}`` when the server runs eager."""
+        engine = runtime.engine if runtime.ready else None
+        if engine is None:
+            return APIError(503, "the engine is still loading (or failed to start): see /ready").response()
+        compiled = getattr(engine, "compiled", None)
+        if compiled is None:
+            return JSONResponse({"enabled": False, "reason": "this server runs eager (day0 serve --compile)"})
+        return JSONResponse(compiled.stats.report())
+
     routes = [
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
@@ -261,6 +272,7 @@ def create_app(
         Route("/metrics", metrics),
         Route("/stats/experts", expert_load),
         Route("/stats/comm", guarded(comm_timer), methods=["GET", "POST"]),
+        Route("/stats/compile", guarded(compile_stats)),
     ]
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
