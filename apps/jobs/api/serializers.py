@@ -81,6 +81,8 @@ class JobCreateSerializer(serializers.Serializer):
             if isinstance(v, bool) or not isinstance(v, int if integral else int | float) or not low <= v <= high:
                 raise serializers.ValidationError(
                     {key: [f"must be {kind} from {_bound(low)} to {_bound(high)}, got {v!r}"]})
+        if "compile" in value and not isinstance(value["compile"], bool):  # the compiled path (serve --compile)
+            raise serializers.ValidationError({"compile": [f"must be true or false, got {value['compile']!r}"]})
         serve_args = value.get("serve_args")
         if serve_args is not None and not (isinstance(serve_args, list) and len(serve_args) <= 64 and all(
                 isinstance(a, str) and len(a) <= 256 for a in serve_args)):
