@@ -151,8 +151,10 @@ def decode_token(ctx: StageContext, token: int) -> str:
 
 
 def decoder_layers(model: nn.Module, num_layers: int) -> nn.ModuleList:
-    """The reference's list of decoder blocks (the ModuleList with the configured number of layers)."""
-    for module in model.modules():
+    """The reference's list of decoder blocks (the ModuleList with the configured number of layers), inside its
+    decoder where it names one (a vision tower's blocks may have the same count)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for module in (decoder if isinstance(decoder, nn.Module) else model).modules():
         if isinstance(module, nn.ModuleList) and len(module) == num_layers:
             return module
     raise StageFailed(f"cannot find the {num_layers} decoder layers in the reference {type(model).__name__}")

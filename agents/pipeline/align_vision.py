@@ -41,11 +41,16 @@ def reference_vlm(ctx: StageContext) -> nn.Module:
 
 
 def reference_decoder(ctx: StageContext) -> nn.Module:
-    """The reference's language model and LM head as a ``transformers`` causal LM (the same modules, no copy)."""
+    """The reference's language model and LM head as a ``transformers`` causal LM (the same modules, no copy);
+    where the decoder's config has no causal-LM class (Qwen2.5-VL's text model), the whole reference, which
+    answers text-only prompts as one (its ``get_decoder`` names the blocks the layer report compares)."""
     import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     full = reference_vlm(ctx)
     text_config = full.config.get_text_config()
+    if type(text_config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return full
     lm = transformers.AutoModelForCausalLM.from_config(text_config, dtype=torch.float32)
     lm.model = full.model.language_model
     lm.lm_head = full.lm_head
@@ -69,9 +74,9 @@ def _compare(target: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
 
 
 def _processor(ctx: StageContext) -> Any:
-    from transformers import AutoProcessor
+    from agents.runtime.server.images import load_processor
 
-    return AutoProcessor.from_pretrained(ctx.model_dir)
+    return load_processor(ctx.model_dir)
 
 
 def run(ctx: StageContext, target: Any | None = None) -> dict[str, Any]:
@@ -87,8 +92,11 @@ def run(ctx: StageContext, target: Any | None = None) -> dict[str, Any]:
     ref = reference_vlm(ctx)
     processor = _processor(ctx)
     images = probe_images(ctx)
-    pixels = processor.image_processor(images, return_tensors="pt")["pixel_values"]  # [N, C, H, W]
-    rows = _feature_rows(model, ref, pixels, min_cos, max_rel)
+    pixels = processor.image_processor(images, return_tensors="pt")
+    if "image_grid_thw" in pixels:  # dynamic resolution: the tower's patches and merger, per image's grid
+        rows = _grid_feature_rows(model, ref, pixels, min_cos, max_rel)
+    else:
+        rows = _feature_rows(model, ref, pixels["pixel_values"], min_cos, max_rel)  # [N, C, H, W]
     e2e = _greedy_e2e(ctx, ref, processor, images)  # outside inference mode: the engine owns its cache
     passed = all(r["passed"] for r in rows) and all(p["match"] for p in e2e)
     return {"passed": passed, "rows": rows, "e2e": e2e,
@@ -115,6 +123,31 @@ def _feature_rows(model: Any, ref: nn.Module, pixels: torch.Tensor, min_cos: flo
     return rows
 
 
+@torch.inference_mode()
+def _grid_feature_rows(model: Any, ref: nn.Module, pixels: Any, min_cos: float,
+                       max_rel: float) -> list[dict[str, Any]]:
+    """Per image of a dynamic-resolution tower (Qwen2-VL, Qwen2.5-VL): the vision blocks' output (its patches,
+    before merging) and the patch merger's output (the image's tokens), target vs reference."""
+    grid = pixels["image_grid_thw"]  # [N, 3]
+    if not hasattr(model, "hf_model"):
+        raise StageFailed("a dynamic-resolution vision tower is compared on the fallback path only")
+    want = ref.model.visual(pixels["pixel_values"], grid_thw=grid)
+    got = model.hf_model.model.visual(pixels["pixel_values"].to(model.device, model.dtype), grid_thw=grid.to(model.device))
+    encoded = model.encode_images(pixels["pixel_values"], image_grid_thw=grid).float().cpu()  # [tokens, hidden]
+    patches = grid.prod(-1).tolist()
+    tokens = [n // int(ref.model.visual.spatial_merge_size) ** 2 for n in patches]
+    rows: list[dict[str, Any]] = []
+    # the blocks' output is in window order, the same for both sides; the merger's is in image order
+    parts = (torch.split(got.last_hidden_state.float().cpu(), patches), torch.split(want.last_hidden_state, patches),
+             torch.split(encoded, tokens), torch.split(want.pooler_output, tokens))
+    for i, (tb, rb, tm, rm) in enumerate(zip(*parts, strict=True)):
+        for part, t, r in (("vision_encoder", tb, rb), ("projector", tm, rm)):
+            row = {"part": part, "image": i, **_compare(t, r)}
+            row["passed"] = row["cosine"] >= min_cos and row["rel_err"] <= max_rel
+            rows.append(row)
+    return rows
+
+
 def _greedy_e2e(ctx: StageContext, ref: nn.Module, processor: Any, images: list[Any]) -> list[dict[str, Any]]:
     """Each image prompt greedily through the runtime's engine (an fp32 engine of its own, with the prompt in
     several prefill chunks) and through ``transformers``' ``generate``: the tokens must be equal."""
@@ -134,7 +167,7 @@ def _greedy_e2e(ctx: StageContext, ref: nn.Module, processor: Any, images: list[
         ids = enc["input_ids"][0].tolist()
         with torch.inference_mode():
             want = ref.generate(**enc, max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
-        inputs = ImageInputs.for_prompt(enc["pixel_values"], ids, engine.model.image_token_id)
+        inputs = ImageInputs.from_processor(enc, ids, engine.model.image_token_id)
         rid = engine.add_request(ids, SamplingParams(max_tokens=len(want), temperature=0.0), images=inputs)
         got: list[int] = []
         while engine.has_unfinished():

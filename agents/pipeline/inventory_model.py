@@ -70,12 +70,15 @@ def runtime_model(config: dict[str, Any], dtype: torch.dtype, device: str) -> tu
     return model, device, n_bytes
 
 
-def probe_pixels(model: Any, device: str) -> torch.Tensor:
-    """One random image [1, C, H, W] of a vision-language model's vision tower input size."""
+def probe_pixels(model: Any, device: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One random image of a vision-language model's vision tower input size: (pixels [1, C, H, W], {}), or the
+    model's own probe (``probe_image_inputs``: a dynamic-resolution tower's patches and grid)."""
+    if hasattr(model, "probe_image_inputs"):
+        return model.probe_image_inputs(device)
     vision = model.vlm_config["vision_config"]
     side, channels = int(vision["image_size"]), int(vision.get("num_channels", 3))
     pixels = torch.randn((1, channels, side, side), generator=torch.Generator().manual_seed(0))
-    return pixels.to(device=device, dtype=model.dtype)
+    return pixels.to(device=device, dtype=model.dtype), {}
 
 
 def runtime_steps(model: Any, device: str, vocab: int, recorder: OperatorRecorder) -> None:
@@ -110,7 +113,7 @@ def runtime_steps(model: Any, device: str, vocab: int, recorder: OperatorRecorde
     with torch.no_grad(), recorder:
         recorder.phase = "prefill"
         if pixels is not None:  # the image path runs at prefill: vision tower + projector
-            model.encode_images(pixels)
+            model.encode_images(pixels[0], **pixels[1])
         logits = step(ids, 0)
         recorder.phase = "decode"
         next_id = (logits.argmax(-1) if not logits.is_meta else ids[-1:]).to(ids.dtype)

@@ -101,7 +101,7 @@ def _attention(spec: ModelSpec) -> tuple[int, int, int]:
         return q_sharded + kv_b + o, q_repl + kv_a, small
     hd, kv = spec.head_dim, spec.num_kv_heads
     weights = h * nh * hd + 2 * h * kv * hd + nh * hd * h
-    small = (nh * hd + 2 * kv * hd + h) if spec.attention_bias else 0
+    small = (nh * hd + 2 * kv * hd + h) if spec.attention_bias else (nh * hd + 2 * kv * hd) if spec.qkv_bias else 0
     if spec.qk_norm:
         small += 2 * hd
     if spec.attention_sinks:

@@ -14,6 +14,9 @@ from typing import Any
 
 from agents.runtime.vision_params import count_vision_params
 
+# transformers builds q/k/v projections with biases (o_proj without) for these, whatever the config says
+QKV_BIAS_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"})
+
 FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
@@ -48,6 +51,7 @@ class ModelSpec:
     context_length: int
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    qkv_bias: bool = False  # biases on q, k and v only (the Qwen2 family, whose configs do not say so)
     mlp_bias: bool = False
     qk_norm: bool = False
     rope_theta: float = 10000.0
@@ -284,6 +288,7 @@ def parse_config(config: dict[str, Any]) -> ModelSpec:
         intermediate_size=inter, context_length=context,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", cfg.get("qkv_bias", False))),
+        qkv_bias="attention_bias" not in cfg and str(cfg.get("model_type", "")) in QKV_BIAS_MODEL_TYPES,
         mlp_bias=bool(cfg.get("mlp_bias", False)), qk_norm=family in ("qwen3", "qwen3_moe"),
         rope_theta=theta, rope_type=rope_type, rope_scaling=scaling,
         torch_dtype=str(torch_dtype) if torch_dtype else None, quantization=cfg.get("quantization_config"),

@@ -1,6 +1,7 @@
 """Exact parameter counts of a vision-language model's image side from ``config.json`` alone (no torch): the
-vision tower (CLIP or SigLIP vision transformer, as ``transformers`` builds it) and the LLaVA projector. The
-decoder's count stays ``params.py``'s; the plan adds these (the tower is replicated, on the first stage)."""
+vision tower (CLIP or SigLIP vision transformer, as ``transformers`` builds it) and the LLaVA projector, or the
+Qwen2-VL / Qwen2.5-VL vision transformer with its patch merger (the merger is its projector). The decoder's
+count stays ``params.py``'s; the plan adds these (the tower is replicated, on the first stage)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,41 @@ def count_vision_tower(vision: dict[str, Any]) -> int:
     raise ValueError(f"vision_config.model_type {kind!r}: counted for clip_vision_model and siglip_vision_model")
 
 
+QWEN_VISION_TYPES = ("qwen2_vl", "qwen2_vl_vision", "qwen2_5_vl", "qwen2_5_vl_vision")
+
+
+def count_qwen_vision(vision: dict[str, Any]) -> int:
+    """Parameters of a Qwen2-VL or Qwen2.5-VL vision transformer, patch merger included. Qwen2-VL: LayerNorms,
+    a GELU MLP of ``mlp_ratio`` x ``embed_dim``, merging into ``hidden_size``; Qwen2.5-VL: RMSNorms, a biased
+    SwiGLU MLP of ``intermediate_size``, merging into ``out_hidden_size``."""
+    kind = str(vision.get("model_type", ""))
+    v25 = kind.startswith("qwen2_5_vl")
+    h = int(vision["hidden_size"] if v25 else vision.get("embed_dim", 1280))
+    out = int(vision.get("out_hidden_size", 3584) if v25 else vision.get("hidden_size", 3584))
+    layers = int(vision.get("depth", 32))
+    channels, frames = int(vision.get("in_channels", 3)), int(vision.get("temporal_patch_size", 2))
+    patch, merge = int(vision.get("patch_size", 14)), int(vision.get("spatial_merge_size", 2))
+    norm = h if v25 else 2 * h  # RMSNorm weight, or LayerNorm weight and bias
+    if v25:
+        inter = int(vision.get("intermediate_size", 3420))
+        mlp = 2 * (h * inter + inter) + inter * h + h  # gate, up, down with biases
+    else:
+        inter = int(vision.get("mlp_ratio", 4)) * h
+        mlp = h * inter + inter + inter * h + h  # fc1, fc2 with biases
+    block = 2 * norm + (3 * h * h + 3 * h) + (h * h + h) + mlp  # norms, fused qkv, out projection, MLP
+    merged = h * merge * merge
+    merger = norm + (merged * merged + merged) + (merged * out + out)  # ln_q, Linear, GELU, Linear
+    return h * channels * frames * patch * patch + layers * block + merger  # patch conv (no bias)
+
+
 def count_vision_params(config: dict[str, Any]) -> int:
-    """Vision tower + projector of a LLaVA-style ``config`` (0 when it has no ``vision_config``)."""
+    """Vision tower + projector of a LLaVA-style ``config``, or a Qwen2-VL / Qwen2.5-VL tower and merger (0
+    when it has no ``vision_config``)."""
     vision = config.get("vision_config")
     if not isinstance(vision, dict):
         return 0
+    if config.get("model_type") in QWEN_VISION_TYPES or vision.get("model_type") in QWEN_VISION_TYPES:
+        return count_qwen_vision(vision)
     text = config.get("text_config") or {}
     th, vh = int(text["hidden_size"]), int(vision["hidden_size"])
     layer = config.get("vision_feature_layer", -2)

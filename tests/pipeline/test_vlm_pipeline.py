@@ -1,5 +1,6 @@
-"""The tiny LLaVA through the pipeline: the judge knows it takes images (the serve verdict then needs the image
-path); align compares the vision encoder and projector and greedy image + text e2e against transformers;
+"""The tiny LLaVA (native decoder) and the tiny Qwen2.5-VL (transformers fallback: dynamic resolution, patch
+merger) through the pipeline: the judge knows they take images (the serve verdict then needs the image path);
+align compares the vision encoder and projector (merger) and greedy image + text e2e against transformers;
 ``day0 adapt`` reaches tier >= 4 with the image path checked."""
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ def test_the_judge_requires_the_image_path_of_a_model_that_takes_images(make_ctx
     assert judging_context(text_ctx).model.takes_images is False
 
 
-@pytest.mark.slow
-def test_align_vision_part_equals_transformers(make_ctx):
+@pytest.mark.parametrize("arch", [pytest.param("llava", marks=pytest.mark.slow), "qwen2.5-vl"])
+def test_align_vision_part_equals_transformers(make_ctx, arch):
     from agents.pipeline import align_vision
 
-    ctx, _ = make_ctx("llava")
+    ctx, _ = make_ctx(arch)
     part = align_vision.run(ctx)
     assert part["passed"], part
     assert {(r["part"], r["image"]) for r in part["rows"]} == {(p, i) for p in ("vision_encoder", "projector")
@@ -43,9 +44,10 @@ def test_align_vision_part_equals_transformers(make_ctx):
 
 
 @pytest.mark.slow
-def test_adapt_a_vlm_reaches_tier_4_with_its_image_path(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("arch", ["llava", "qwen2.5-vl"])
+def test_adapt_a_vlm_reaches_tier_4_with_its_image_path(tmp_path: Path, capsys, arch) -> None:
     report_file = tmp_path / "report.json"
-    rc = main(["adapt", str(cached_model("llava")), "--hardware", "cpu", "--report", str(report_file), "--quiet",
+    rc = main(["adapt", str(cached_model(arch)), "--hardware", "cpu", "--report", str(report_file), "--quiet",
                "--stages", "plan,load,inventory,align,serve,bench", "--workdir", str(tmp_path / "work")])
     report = json.loads(report_file.read_text())
     assert rc == 0, capsys.readouterr().out
@@ -69,4 +71,17 @@ def test_inventory_covers_the_vision_encoders_operators(make_ctx):
     for op in ("aten.conv2d.default", "aten.layer_norm.default", "aten.gelu.default", "aten.index_copy_.default"):
         assert op in ops and ops[op]["status"] != "missing", op  # patch conv, CLIP norms, projector GELU, splice
     assert "aten.randn.generator" not in ops  # the probe image is made outside the trace
+    assert section["summary"]["missing"] == 0
+
+
+def test_inventory_covers_a_dynamic_resolution_encoders_operators(make_ctx):
+    from agents.pipeline import inventory
+
+    ctx, _ = make_ctx("qwen2.5-vl")
+    section = inventory.run(ctx)
+    ops = {row["op"]: row for row in section["ops"]}
+    assert section["path"] == "fallback"
+    for op in ("aten.conv3d.default", "aten.argsort.default", "aten.gelu.default", "aten.silu.default"):
+        assert op in ops and ops[op]["status"] != "missing", op  # patch conv, window order, merger, vision MLP
+    assert "aten.randn.generator" not in ops  # the probe patches are made outside the trace
     assert section["summary"]["missing"] == 0

@@ -50,3 +50,23 @@ def test_clip_tower_and_a_text_model():
     assert count_vision_params({"architectures": ["LlamaForCausalLM"], "hidden_size": 8}) == 0
     with pytest.raises(ValueError, match="counted for clip_vision_model and siglip_vision_model"):
         count_vision_tower({**vision, "model_type": "pixtral"})
+
+
+def test_the_tiny_qwen_vl_counts_every_checkpoint_parameter():
+    path = cached_model("qwen2.5-vl")
+    config = json.loads((path / "config.json").read_text())
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(path)
+    counts = count_params(parse_config(config))
+    assert counts.total == _numel(model)  # the decoder's q/k/v biases included (no config key says so)
+    assert counts.vision == _numel(model.model.visual) > 0  # the patch merger is part of the tower
+    report = plan_report(config, memory_bytes=2**30, devices_per_node=1, dtype="float32")
+    assert report["params_total"] == counts.total
+
+
+def test_qwen2_vl_towers_are_counted_as_transformers_builds_them():
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    vision = {"model_type": "qwen2_vl", "depth": 2, "embed_dim": 24, "hidden_size": 40, "mlp_ratio": 2,
+              "num_heads": 2, "in_channels": 3, "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2}
+    hf = Qwen2VisionTransformerPretrainedModel(transformers.Qwen2VLVisionConfig(**vision))
+    assert count_vision_params({"model_type": "qwen2_vl", "vision_config": vision}) == _numel(hf)

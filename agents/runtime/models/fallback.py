@@ -88,9 +88,11 @@ def _hf_model_class(config: dict[str, Any], hf_config: Any) -> type[nn.Module]:
 
 
 def _decoder_layers(model: nn.Module, num_layers: int | None) -> nn.ModuleList | None:
-    """The ModuleList of decoder blocks: the longest ModuleList whose length is the configured layer count."""
+    """The ModuleList of decoder blocks: the longest ModuleList whose length is the configured layer count,
+    inside the decoder where the model names one (a vision tower's blocks may have the same count)."""
     best: nn.ModuleList | None = None
-    for module in model.modules():
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for module in (decoder if isinstance(decoder, nn.Module) else model).modules():
         if isinstance(module, nn.ModuleList) and (num_layers is None or len(module) == num_layers):
             if best is None or len(module) > len(best):
                 best = module
@@ -124,7 +126,7 @@ class FallbackModel(nn.Module):
         self.eval()
         self.dtype = dtype
         self.device = torch.device(device)
-        num_layers = getattr(hf_config, "num_hidden_layers", None)
+        num_layers = getattr(hf_config.get_text_config(), "num_hidden_layers", None)
         self._layers = _decoder_layers(self.hf_model, num_layers)
         self._layout: dict[str, _Target] | None = None
         self._unexpected_ok = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or [])]
@@ -226,6 +228,21 @@ class FallbackModel(nn.Module):
         grid = extra.get("image_grid_thw")
         self.num_image_encodes += int(grid.shape[0]) if grid is not None else int(pixel_values.shape[0])
         return features.reshape(-1, features.shape[-1])  # [image tokens, hidden]
+
+    def probe_image_inputs(self, device: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One random image for an operator trace, outside the trace: a grid tower's patches [h * w, C * T * P * P]
+        and its grid [[1, h, w]] (h = w = 2 merges), else pixels [1, C, S, S] of the tower's image size."""
+        vision = self.config["vision_config"]
+        gen = torch.Generator().manual_seed(0)
+        channels = int(vision.get("in_channels", vision.get("num_channels", 3)))
+        if "spatial_merge_size" in vision:
+            side = 2 * int(vision["spatial_merge_size"])
+            frames, patch = int(vision.get("temporal_patch_size", 1)), int(vision["patch_size"])
+            pixels = torch.randn((side * side, channels * frames * patch * patch), generator=gen)
+            grid = torch.tensor([[1, side, side]], dtype=torch.int64, device=device)
+            return pixels.to(device=device, dtype=self.dtype), {"image_grid_thw": grid}
+        side = int(vision["image_size"])
+        return torch.randn((1, channels, side, side), generator=gen).to(device=device, dtype=self.dtype), {}
 
     def _image_kwargs(self, ids: torch.Tensor, images: ImageInputs) -> dict[str, Any]:
         """The base model's keyword arguments for one sequence ``ids`` [1, L] with images: the cached features
