@@ -147,3 +147,28 @@ def test_preempted_image_requests_recompute_with_the_same_features(model_dir, re
     stats = tight.stats()
     assert stats["num_preemptions"] > 0 and stats["kv_blocks_free"] == 14
     assert tight.model.num_image_encodes == 6  # each request's two images once, preemptions included
+
+
+def test_a_siglip_tower_answers_as_transformers():
+    """LLaVA on a SigLIP tower (no CLS token: all 16 patches are image tokens, the "full" strategy): features
+    and greedy tokens equal transformers'."""
+    path = cached_model("llava-siglip")
+    ref = transformers.LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    processor = transformers.AutoProcessor.from_pretrained(path)
+    enc = _inputs(processor, PROMPT, [_image(8), _image(9, (64, 30))])
+    ids = enc["input_ids"][0].tolist()
+    engine = LLMEngine(path, num_blocks=32, max_num_batched_tokens=24)
+    model = engine.model
+    assert model.path == "native" and ids.count(model.image_token_id) == 2 * 16
+    want_features = ref.get_image_features(pixel_values=enc["pixel_values"], vision_feature_layer=-1,
+                                           vision_feature_select_strategy="full").pooler_output
+    torch.testing.assert_close(model.encode_images(enc["pixel_values"]), torch.cat(list(want_features)),
+                               rtol=1e-5, atol=1e-5)
+    want = ref.generate(**enc, max_new_tokens=GREEDY.max_tokens, do_sample=False)[0, len(ids):].tolist()
+    rid = engine.add_request(ids, GREEDY, images=ImageInputs.for_prompt(enc["pixel_values"], ids, model.image_token_id))
+    got: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == rid and out.finished:
+                got = out.output_token_ids
+    assert got == want
