@@ -15,7 +15,7 @@ from agents.runtime.engine.multimodal import config_takes_images
 
 # optional parts owned by other modules: section key -> module
 PARTS: dict[str, str] = {"ops": "agents.pipeline.align_ops", "kv_cache": "agents.pipeline.align_kv",
-                         "vision": "agents.pipeline.align_vision"}
+                         "vision": "agents.pipeline.align_vision", "compile": "agents.pipeline.align_compiled"}
 
 
 def _run_part(ctx: StageContext, section: dict[str, Any], notes: list[str], key: str) -> None:
@@ -80,6 +80,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     takes_images = config_takes_images(ctx.config)
     if takes_images:  # the vision encoder and projector against transformers, and image + text greedy e2e
         _run_part(ctx, section, notes, "vision")
+    compiled = ctx.bench.get("compile") is True  # the compiled path's greedy tokens against eager ones
+    if compiled:
+        _run_part(ctx, section, notes, "compile")
     ctx.progress(4, steps, "alignment checks")
 
     # unchecked operators are listed, never counted as passing; the runtime's own checked ones must all pass
@@ -90,15 +93,16 @@ def run(ctx: StageContext) -> dict[str, Any]:
     kv_ok = "kv_cache" in section and bool(section["kv_cache"].get("passed"))
     parts_ok = not section.get("part_errors")
     vision_ok = bool((section.get("vision") or {}).get("passed")) if takes_images else True
+    compile_ok = bool((section.get("compile") or {}).get("passed")) if compiled else True
     missing = [key for key in ("ops", "layers", "e2e", "kv_cache", *(("vision",) if takes_images else ()))
                if not section.get(key)]
     if missing:
         section["missing"] = sorted(set(section.get("missing", [])) | set(missing))
     section["complete"] = not missing
     section["passed"] = (ops_ok and layers_ok and section["e2e"]["passed"] and kv_ok and parts_ok and vision_ok
-                         and not missing)
+                         and compile_ok and not missing)
     section["checks"] = {"ops": ops_ok if "ops" in section else None, "layers": layers_ok,
                          "e2e": section["e2e"]["passed"], "kv_cache": kv_ok if "kv_cache" in section else None,
-                         "vision": vision_ok if takes_images else None}
+                         "vision": vision_ok if takes_images else None, "compile": compile_ok if compiled else None}
     section["notes"] = notes
     return section

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.pipeline import serve
+from agents.pipeline import compiled, serve
 from agents.pipeline.base import StageContext, StageFailed
 
 DEFAULTS: dict[str, Any] = {
@@ -44,6 +44,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
         if not keep:
             serve.stop(ctx)  # the bench is the server's last user
     ctx.emit("log", "benchmark:\n" + format_table(section))
+    if compiled.requested(ctx):  # one bounded eager run at one level: compiled against eager
+        section["compile"] = compiled.bench_compare(ctx, section, settings)
     failed = sum(run["failed"] for run in section["runs"])
     if failed:
         section["notes"] = [f"{failed} request(s) failed: {section['runs'][0].get('errors')}"]

@@ -18,3 +18,62 @@ def test_a_job_compile_setting_that_is_not_a_boolean_is_a_400_naming_it(value):
 
 def test_a_job_may_ask_for_the_compiled_path():
     assert JobCreateSerializer().validate_bench({"compile": True, "concurrency": [1]})["compile"] is True
+
+
+def _ctx(tmp_path, arch: str = "llama", **bench):
+    import json
+
+    from agents.pipeline.base import StageContext
+    from agents.runtime.testing.make_model import cached_model
+
+    model_dir = cached_model(arch)
+    return StageContext(model_dir=model_dir, config=json.loads((model_dir / "config.json").read_text()),
+                        hardware={"slug": "cpu"}, workdir=tmp_path, emit_fn=lambda *a, **k: None,
+                        bench={"compile": True, **bench})
+
+
+def test_compiled_and_eager_tokens_are_compared_position_by_position():
+    from agents.pipeline.align_compiled import compare
+
+    same = [[(5, {5, 6}), (7, {7, 8})]]
+    assert compare(same, same) == {"tokens": 2, "token_match_rate": 1.0, "equal": True, "first_divergence": [None],
+                                   "divergences": [], "passed": True}
+    near = compare([[(5, {5, 6}), (7, {7, 8})]], [[(5, {5, 6}), (8, {8, 7})]])
+    assert near["first_divergence"] == [1] and near["divergences"][0]["near_tie"] and near["passed"]
+    hard = compare([[(5, {5, 6})]], [[(9, {9, 1})]])
+    assert not hard["equal"] and not hard["passed"]
+
+
+def test_a_fallback_model_records_why_it_was_not_compiled(tmp_path):
+    from agents.pipeline import align_compiled, compiled
+
+    ctx = _ctx(tmp_path)
+    ctx.config = {**ctx.config, "architectures": ["NoSuchForCausalLM"]}
+    assert compiled.serve_args(ctx) == []
+    block = align_compiled.run(ctx)
+    assert block["enabled"] is False and "fallback" in block["reason"] and block["passed"]
+
+
+@pytest.mark.slow
+def test_align_then_serve_and_bench_carry_compile_evidence(tmp_path, monkeypatch):
+    """Align compiles in this process (the cache fills), the compiled server then starts from the cache, and the
+    bench compares it with an eager server at one level."""
+    from agents.pipeline import align_compiled, bench, serve
+
+    monkeypatch.setenv("DAY0_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    ctx = _ctx(tmp_path, concurrency=[1], num_prompts=2, output_len=8, long_context=False)
+    block = align_compiled.run(ctx)
+    assert block["enabled"] and block["equal"] and block["passed"], block
+    assert block["graph_breaks"] == 0 and block["cache"]["fxgraph_miss"] >= 1
+    try:
+        section = serve.run(ctx)
+        evidence = section["compile"]
+        assert evidence["enabled"] and evidence["graph_breaks"] == 0 and evidence["recompiles_after_warmup"] == 0
+        assert evidence["cache"]["fxgraph_hit"] >= 1 and evidence["cache"]["fxgraph_miss"] == 0, evidence["cache"]
+        result = bench.run(ctx)
+    finally:
+        serve.stop(ctx)
+    comparison = result["compile"]
+    assert comparison["concurrency"] == 1 and comparison["eager"]["output_tok_s"] > 0
+    assert comparison["compiled"]["output_tok_s"] == result["runs"][0]["output_tok_s"]
+    assert comparison["speedup_output_tok_s"] > 0 and "noisy" in comparison["note"]
