@@ -250,7 +250,10 @@ class ImageProcessor:
         if found != len(images):  # the user's own text held the placeholder too
             raise APIError(400, f"the messages hold {found} image placeholders {self.image_token!r} for "
                                 f"{len(images)} image(s): the text must not contain {self.image_token!r}", "messages")
-        out = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
+        try:
+            out = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
+        except ValueError as exc:  # the processor's own checks (an aspect ratio it cannot resize, ...)
+            raise APIError(400, f"the model's processor refused the images: {exc}", "messages") from exc
         ids = out["input_ids"][0].tolist()
         inputs = ImageInputs.from_processor(out, ids, self.image_token_id)
         if not inputs.positions:
