@@ -92,3 +92,80 @@ def test_benchmark_against_a_live_moe_server_reports_expert_load():
     assert run["expert_balance"]["routed_tokens"] == load["routed_tokens"]  # the only run: the whole window
     assert run["comm_overhead_ratio"] == 0.0 and run["comm"]["steps"] > 0  # one process: no collectives
     assert run["tpot_jitter"] >= 1.0
+
+
+def test_prompt_vocabulary_from_a_tokenizer_a_card_or_the_served_directory(tmp_path):
+    from agents.runtime.bench.vocab import resolve_vocab, tokenizer_vocab
+    from agents.runtime.testing.make_model import cached_model
+
+    model = cached_model("llama")
+    size, special = tokenizer_vocab(model)
+    assert size > 16 and special and max(special) < size
+    given = resolve_vocab({"id": "m"}, model)  # a vLLM card: no vocab_size
+    assert (given.size, given.exclude) == (size, special) and given.describe()["kind"] == "token_ids"
+    assert resolve_vocab({"id": "m", "vocab_size": size // 2}, model).size == size // 2  # never past the model
+    assert resolve_vocab({"id": "m", "vocab_size": 300}).size == 300
+    root = resolve_vocab({"id": "m", "root": str(model)})  # vLLM names the directory it serves
+    assert root.size == size and "served model directory" in root.source
+    words = resolve_vocab({"id": "m", "root": str(tmp_path)})
+    assert words.size is None and "--tokenizer" in words.source
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        resolve_vocab({"id": "m"}, tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="unreadable"):
+        tokenizer_vocab(tmp_path)
+
+
+def test_each_concurrency_level_and_the_warm_up_get_prompts_of_their_own():
+    """The real server, with what the client sent recorded on the way in: every prompt is token ids of exactly
+    the asked length, none is sent twice (a prefix cache would serve a repeat) and no special token is drawn."""
+    import json
+    import time
+
+    import httpx
+
+    from agents.runtime.bench import run_benchmark
+    from agents.runtime.bench.vocab import tokenizer_vocab
+    from agents.runtime.engine import LLMEngine
+    from agents.runtime.server import create_app
+    from agents.runtime.server.launcher import ServerThread
+    from agents.runtime.testing.make_model import cached_model
+
+    path = cached_model("llama")
+    app = create_app(LLMEngine(path, num_blocks=64), "tiny")
+    sent: list[list[int]] = []
+
+    async def recording(scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/v1/completions":
+            return await app(scope, receive, send)
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        sent.append(json.loads(b"".join(chunks))["prompt"])
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        return await app(scope, replay, send)
+
+    with ServerThread(recording) as url:
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        section = run_benchmark(url, concurrency=[1, 2], input_len=10, output_len=2, num_prompts=3,
+                                long_context=False, seed=5, tokenizer=path)
+    assert [r["seed"] for r in section["runs"]] == [5, 6] and all(r["failed"] == 0 for r in section["runs"])
+    assert section["prompts"]["kind"] == "token_ids" and "tokenizer" in section["prompts"]["source"]
+    warm, measured = sent[0], sent[1:]
+    assert len(measured) == 6 and all(len(p) == 10 for p in measured) and len(warm) < 10
+    assert len({tuple(p) for p in measured}) == 6, "a prompt was sent at two concurrency levels"
+    _, special = tokenizer_vocab(path)
+    assert not special & {t for p in sent for t in p}

@@ -1,5 +1,9 @@
 """The serving benchmark: streamed OpenAI completions at a sweep of concurrencies (or a Poisson request rate),
-plus a long-context case; returns the ``bench`` section of the stage report."""
+plus a long-context case; returns the ``bench`` section of the stage report.
+
+Prompts are token ids of exactly the asked length whenever the vocabulary is known (``bench/vocab.py``), and
+every concurrency level gets prompts of its own (seed + level index), as does the warm-up: a server with a
+prefix cache (vLLM's) would otherwise serve a level's prompts from the previous level's cache."""
 
 from __future__ import annotations
 
@@ -9,11 +13,13 @@ import json
 import random
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from agents.runtime.bench.metrics import RequestResult, expert_balance, summarize
+from agents.runtime.bench.vocab import resolve_vocab
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
@@ -197,9 +203,12 @@ async def run_benchmark_async(
     timeout: float = 600.0,
     images_per_request: int = 0,
     api_key: str | None = None,
+    tokenizer: str | Path | None = None,
 ) -> dict:
     """``images_per_request`` N > 0: every request of the concurrency sweep is a chat message with N images
-    (random PNGs) before a word prompt of ``input_len`` words; the long-context case stays text."""
+    (random PNGs) before a word prompt of ``input_len`` words; the long-context case stays text. ``tokenizer``:
+    the model's tokenizer directory, for token-id prompts on a server whose model card has no ``vocab_size``
+    (vLLM's); level ``i`` of the sweep uses ``seed + i``, the long-context case ``seed + len(concurrency)``."""
     base = url.rstrip("/")
     if input_len < 1 or output_len < 1 or num_prompts < 1 or not concurrency or min(concurrency) < 1:
         raise ValueError("input_len, output_len, num_prompts and every concurrency must be >= 1")
@@ -213,37 +222,41 @@ async def run_benchmark_async(
         if listing.status_code == 401:
             raise ValueError("the server needs an API key (give --api-key or set DAY0_API_KEY)")
         card = listing.json()["data"][0]
-        model, vocab, max_len = card["id"], card.get("vocab_size"), card.get("max_model_len")
-        exclude = frozenset([card["image_token_id"]]) if isinstance(card.get("image_token_id"), int) else frozenset()
+        model, max_len = card["id"], card.get("max_model_len")
+        vocab = resolve_vocab(card, tokenizer)
         if max_len and input_len + output_len > max_len:
             raise ValueError(f"input_len + output_len = {input_len + output_len} exceeds the model's context {max_len}")
-        prompts = make_prompts(num_prompts, input_len, None if images else vocab, seed, exclude)
-        path, body = request_body(model, prompts[0], 2, images)
+        sweep_vocab = None if images else vocab.size
+
+        def prompts_for(num: int, length: int, level_seed: int, size: int | None = sweep_vocab) -> list[Any]:
+            return make_prompts(num, length, size, level_seed, vocab.exclude)
+
+        # the warm-up's prompt is its own (another length, another seed): never a cached prefix of a measured one
+        path, body = request_body(model, prompts_for(1, min(input_len, 8), seed - 1)[0], 2, images)
         warm = await _one(client, base + path, body)
         if not warm.ok:
             raise RuntimeError(f"warm-up request failed: {warm.error}")
         experts_before = await _expert_counts(client, base)
         runs = []
-        for conc in concurrency:
-            runs.append(
-                await _measured_run(
-                    client,
-                    base,
-                    prompts,
-                    model=model,
-                    output_len=output_len,
-                    concurrency=conc,
-                    request_rate=request_rate,
-                    seed=seed,
-                    images=images,
-                )
+        for level, conc in enumerate(concurrency):
+            run = await _measured_run(
+                client,
+                base,
+                prompts_for(num_prompts, input_len, seed + level),
+                model=model,
+                output_len=output_len,
+                concurrency=conc,
+                request_rate=request_rate,
+                seed=seed + level,
+                images=images,
             )
+            runs.append({**run, "seed": seed + level})
         long_run = None
         if long_context and max_len:
             long_in = long_input_len or max_len - output_len - 1
             long_in = min(long_in, max_len - output_len - 1)
             if long_in > input_len:
-                long_prompts = make_prompts(2, long_in, vocab, seed + 1, exclude)
+                long_prompts = prompts_for(2, long_in, seed + len(concurrency), vocab.size)
                 long_run = await _measured_run(
                     client,
                     base,
@@ -255,6 +268,7 @@ async def run_benchmark_async(
                     seed=seed,
                 )
                 long_run["input_len"] = long_in
+                long_run["seed"] = seed + len(concurrency)
         peak = await _peak_memory(client, base)
         experts_after = await _expert_counts(client, base)
     expert_load = _balance(experts_before, experts_after)
@@ -266,6 +280,7 @@ async def run_benchmark_async(
         "num_prompts": num_prompts,
         "request_rate": request_rate,
         "images_per_request": images_per_request,
+        "prompts": {**vocab.describe(), **({"kind": "words"} if images else {})},  # the sweep's; long is text
         "runs": runs,
         "long_context": long_run,
         "peak_memory_bytes": peak,

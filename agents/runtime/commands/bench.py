@@ -1,4 +1,7 @@
-"""``day0 bench URL``: the serving benchmark against a live OpenAI-compatible endpoint."""
+"""``day0 bench URL``: the serving benchmark against a live OpenAI-compatible endpoint (this runtime's, vLLM's or
+any other): token-id prompts of exactly ``--input-len`` tokens whenever the vocabulary is known (the server's
+model card, ``--tokenizer DIR``, or the directory a vLLM server names as its root), fresh prompts per
+concurrency level."""
 
 from __future__ import annotations
 
@@ -33,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="N > 0: chat requests with N images each (a vision-language model)")
     p.add_argument("--api-key", default=None,
                    help="Bearer key of a server started with --api-key (default: $DAY0_API_KEY)")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="the model's tokenizer directory (tokenizer.json), for token-id prompts of the exact length on "
+                        "a server whose /v1/models has no vocab_size (vLLM's)")
     p.add_argument("--json", type=Path, default=None, help="write the bench section here")
     p.set_defaults(handler=handle)
 
@@ -55,11 +61,14 @@ def handle(args: argparse.Namespace) -> int:
             seed=args.seed,
             images_per_request=args.images_per_request,
             api_key=args.api_key or os.environ.get("DAY0_API_KEY") or None,
+            tokenizer=args.tokenizer,
         )
     except (ValueError, RuntimeError, httpx.HTTPError) as exc:
         print(f"day0 bench: {args.url}: {exc}")
         return 1
     print(format_table(section))
+    prompts = section["prompts"]
+    print(f"prompts: {prompts['kind']} ({prompts['source']})")
     if args.json:
         args.json.write_text(json.dumps(section, indent=2))
         print(f"wrote {args.json}")
