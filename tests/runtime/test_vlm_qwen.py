@@ -224,3 +224,13 @@ def test_openai_sdk_sends_an_image_streamed_and_not(url, expected):
     stream = client.chat.completions.create(model="tiny-qwen-vl", messages=messages, max_tokens=8, temperature=0,
                                             stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected[0]
+
+
+def test_bench_sends_images_per_request(url):
+    from agents.runtime.bench import run_benchmark
+
+    section = run_benchmark(url, concurrency=[2], input_len=6, output_len=3, num_prompts=2, long_context=False,
+                            images_per_request=1)
+    run = section["runs"][0]
+    assert run["failed"] == 0 and run["completed"] == 2, run
+    assert run["input_tokens"] > 2 * 16  # a 64 x 64 picture: an 8 x 8 patch grid, 16 merged image tokens
