@@ -3,7 +3,9 @@
 pytest-django's ``live_server`` is WSGI and serves no WebSockets, so ``portal_server`` runs
 ``uvicorn day0portal.asgi:application`` in a subprocess against the test database (PostgreSQL: the
 subprocess and the test share committed rows, hence ``transactional_db``) and the Redis channel layer.
-Each test gets a fresh Chromium profile; ``shot(page, name)`` saves a screenshot under
+One Chromium per test module; each context a test opens is a fresh profile (a new browser context: no cookies,
+storage or cache from another). ``db_snapshots`` builds a test's rows once per session and copies them back for
+the next test that asks (``tests/browser/snapshots.py``). ``shot(page, name)`` saves a screenshot under
 ``test-artifacts/screenshots/``.
 """
 
@@ -21,6 +23,7 @@ from urllib.request import urlopen
 import pytest
 from django.conf import settings
 
+from tests.browser.snapshots import Snapshots
 from tests.live_services import database_url, free_port
 
 # Playwright's sync API keeps an event loop running in the test thread; Django's ORM calls from the test
@@ -117,22 +120,22 @@ def playwright_driver() -> Iterator[object]:
         yield p
 
 
+@pytest.fixture(scope="module")
+def chromium(playwright_driver) -> Iterator[object]:
+    """One headless Chromium per module (starting one takes about a second); tests get fresh contexts in it."""
+    browser = playwright_driver.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+
+
 @pytest.fixture
-def browser_factory(playwright_driver, tmp_path) -> Iterator[Callable[..., object]]:
-    """Opens a Chromium context with a fresh profile; ``session_cookie`` logs it in; closed at teardown."""
+def browser_factory(chromium) -> Iterator[Callable[..., object]]:
+    """Opens a fresh Chromium context (its own empty profile); ``session_cookie`` logs it in; closed at teardown."""
     contexts: list[object] = []
 
     def open_context(base_url: str, *, session_cookie: str | None = None, phone: bool = False):
-        profile = tmp_path / f"profile-{len(contexts)}"
-        context = playwright_driver.chromium.launch_persistent_context(
-            str(profile),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport=PHONE if phone else DESKTOP,
-            base_url=base_url,
-            service_workers="block",
-        )
+        context = chromium.new_context(viewport=PHONE if phone else DESKTOP, base_url=base_url,
+                                       service_workers="block")
         context.set_default_timeout(30_000)  # a shared 2-core machine: be patient, not flaky
         if session_cookie:
             context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session_cookie, "url": base_url}])
@@ -142,6 +145,15 @@ def browser_factory(playwright_driver, tmp_path) -> Iterator[Callable[..., objec
     yield open_context
     for context in contexts:
         context.close()
+
+
+@pytest.fixture(scope="session")
+def db_snapshots(django_db_setup, django_db_blocker) -> Iterator[Snapshots]:
+    """``restore_or_build(key, build)``: ``build()``'s rows, built once per session and copied back per test."""
+    snapshots = Snapshots()
+    yield snapshots
+    with django_db_blocker.unblock():
+        snapshots.drop_all()
 
 
 @pytest.fixture

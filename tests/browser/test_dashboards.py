@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def world(transactional_db):  # noqa: ANN001, ANN201
-    return build_world()
+def world(transactional_db, db_snapshots):  # noqa: ANN001, ANN201
+    return db_snapshots.restore_or_build("dashboards_world", build_world)
 
 
 def chart_option(page, element_id: str) -> dict:

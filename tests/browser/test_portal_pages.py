@@ -32,8 +32,9 @@ def fits_width(page) -> bool:  # noqa: ANN001
 
 
 @pytest.fixture
-def world(transactional_db):  # noqa: ANN001, ANN201
-    return build_world(regression_days_ago=1)  # the planted regression is the newest run: still open
+def world(transactional_db, db_snapshots):  # noqa: ANN001, ANN201
+    # the planted regression is the newest run: still open
+    return db_snapshots.restore_or_build("open_regression_world", lambda: build_world(regression_days_ago=1))
 
 
 def test_the_seeded_matrix_fits_1280_px_and_filters_as_you_type(transactional_db, portal_server, browser_factory,
