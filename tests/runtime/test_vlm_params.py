@@ -52,10 +52,11 @@ def test_clip_tower_and_a_text_model():
         count_vision_tower({**vision, "model_type": "pixtral"})
 
 
-def test_the_tiny_qwen_vl_counts_every_checkpoint_parameter():
-    path = cached_model("qwen2.5-vl")
+@pytest.mark.parametrize("arch", ["qwen2.5-vl", "qwen2-vl"])
+def test_the_tiny_qwen_vl_counts_every_checkpoint_parameter(arch):
+    path = cached_model(arch)
     config = json.loads((path / "config.json").read_text())
-    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(path)
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(path)
     counts = count_params(parse_config(config))
     assert counts.total == _numel(model)  # the decoder's q/k/v biases included (no config key says so)
     assert counts.vision == _numel(model.model.visual) > 0  # the patch merger is part of the tower

@@ -153,6 +153,29 @@ def test_greedy_alone_and_batched_with_text_requests(model_dir, processor, refer
     assert engine.model.num_image_encodes == 1 + 1 + 2
 
 
+def test_qwen2_vl_greedy_alone_and_batched_with_text_equals_transformers():
+    """Qwen2-VL (the same image-token scheme; LayerNorm/GELU tower, no windows) on the same fallback path."""
+    path = cached_model("qwen2-vl")
+    processor = load_processor(path)
+    ref = transformers.Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    engine = LLMEngine(path, num_blocks=64)
+    enc = _encode(processor, 2, [_image(5), _image(6, (30, 70))])
+    ids = enc["input_ids"][0].tolist()
+    want = ref.generate(**enc, max_new_tokens=GREEDY.max_tokens, do_sample=False)[0, len(ids):].tolist()
+    text_ids = engine.tokenizer.encode("the quick brown fox")
+    rids = [engine.add_request(ids, GREEDY, images=ImageInputs.from_processor(enc, ids, engine.model.image_token_id)),
+            engine.add_request(text_ids, GREEDY)]
+    final: dict[str, list[int]] = {}
+    while len(final) < 2:
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out.output_token_ids
+    text_want = ref.generate(torch.tensor([text_ids]), max_new_tokens=GREEDY.max_tokens, do_sample=False)
+    assert final[rids[0]] == want
+    assert final[rids[1]] == text_want[0, len(text_ids):].tolist()
+    assert engine.model.num_image_encodes == 2
+
+
 # ---- over HTTP ---------------------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import copy
 from typing import Any
 
 ARCHES: tuple[str, ...] = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3", "llava", "llava-siglip",
-                           "qwen2.5-vl")
+                           "qwen2-vl", "qwen2.5-vl")
 SIZES: tuple[str, ...] = ("tiny", "100m")
 
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0}
@@ -109,6 +109,21 @@ _CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
             "num_heads": 2, "in_channels": 3, "patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2,
             "window_size": 32, "out_hidden_size": 64, "fullatt_block_indexes": [1], "tokens_per_second": 4,
             "hidden_act": "silu",
+        },
+        "tie_word_embeddings": False, "torch_dtype": "float32",
+    },
+    # Qwen2-VL: the same image-token scheme and M-RoPE; its tower has LayerNorms, a GELU MLP and full attention
+    # in every block (no windows), and merges into the decoder's hidden size.
+    ("qwen2-vl", "tiny"): {
+        "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
+        "text_config": {
+            "model_type": "qwen2_vl_text", **_TINY_DENSE,
+            "rope_parameters": {**_ROPE, "mrope_section": [2, 3, 3]},
+        },
+        "vision_config": {
+            "model_type": "qwen2_vl_vision", "depth": 2, "embed_dim": 32, "hidden_size": 64, "mlp_ratio": 2,
+            "num_heads": 2, "in_channels": 3, "patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "hidden_act": "quick_gelu",
         },
         "tie_word_embeddings": False, "torch_dtype": "float32",
     },
