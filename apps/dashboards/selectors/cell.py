@@ -87,6 +87,8 @@ class CellPage:
     job_page: Page | None = None
     long_context: dict[str, Any] | None = None  # the bench stage's long-context case
     image_path: dict[str, Any] | None = None  # a model that takes images: its serve checks and vision alignment
+    eval_section: dict[str, Any] = field(default_factory=dict)  # the newest eval section
+    needle: NeedleHeatmap | None = None  # its needle grids, target and reference paired per cell
 
     @property
     def stages(self) -> list[tuple[str, StageResult | None]]:
@@ -124,6 +126,65 @@ class CellPage:
                 "used_gib": round(per_device / 2**30, 1), "capacity_gib": round(self.hardware.memory_bytes / 2**30, 1),
                 "percent": round(100 * per_device / self.hardware.memory_bytes, 1), "layout": layout,
                 "high": int(self.hardware.memory_bytes * 0.9)}
+
+
+@dataclass
+class NeedleCell:
+    target: float | None
+    reference: float | None
+
+    @property
+    def below(self) -> bool:
+        return self.target is not None and self.reference is not None and self.target < self.reference
+
+    @property
+    def on_dark(self) -> bool:  # more than half green: white text reads better
+        return self.target is not None and self.target >= 0.5
+
+
+@dataclass
+class NeedleRow:
+    length: Any
+    cells: list[NeedleCell]
+
+
+@dataclass
+class NeedleHeatmap:
+    depths: list[Any]
+    rows: list[NeedleRow]
+    depth_unit: str = ""
+    samples: int | None = None
+    distractors: int = 0
+
+
+def _accuracy(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def needle_heatmap(needle: Any) -> NeedleHeatmap | None:
+    """The eval section's needle grids (``target`` and ``reference``, [length][depth]) zipped into rows of paired
+    cells, one row per length; None without lengths and both grids. A row or cell one grid lacks shows as
+    missing (None) rather than shifting the others."""
+    if not isinstance(needle, dict):
+        return None
+    lengths, target, reference = needle.get("lengths"), needle.get("target"), needle.get("reference")
+    if not (isinstance(lengths, list) and lengths and isinstance(target, list) and target
+            and isinstance(reference, list) and reference):
+        return None
+    depths = needle.get("depths") if isinstance(needle.get("depths"), list) else []
+    rows = []
+    for i in range(max(len(lengths), len(target), len(reference))):
+        length = lengths[i] if i < len(lengths) else None
+        t_row = target[i] if i < len(target) and isinstance(target[i], list) else []
+        r_row = reference[i] if i < len(reference) and isinstance(reference[i], list) else []
+        width = max(len(depths), len(t_row), len(r_row))
+        rows.append(NeedleRow(length, [NeedleCell(_accuracy(t_row[j]) if j < len(t_row) else None,
+                                                  _accuracy(r_row[j]) if j < len(r_row) else None)
+                                       for j in range(width)]))
+    samples = needle.get("samples")
+    return NeedleHeatmap(depths, rows, str(needle.get("depth_unit") or ""),
+                         samples if isinstance(samples, int) else None,
+                         needle.get("distractors") if isinstance(needle.get("distractors"), int) else 0)
 
 
 def _top_rows(entries: Any) -> list[dict[str, Any]]:
@@ -204,6 +265,10 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
     if bench is not None:
         raw = StageResult.objects.filter(pk=bench.pk).values_list("section__long_context", flat=True).first()
         page.long_context = raw if isinstance(raw, dict) else None
+    if "eval" in results:
+        raw = StageResult.objects.filter(pk=results["eval"].pk).values_list("section", flat=True).first()
+        page.eval_section = raw if isinstance(raw, dict) else {}
+        page.needle = needle_heatmap(page.eval_section.get("needle"))
     if model.takes_images:
         page.image_path = image_path_evidence(results.get("serve"), results.get("align"))
     return page
