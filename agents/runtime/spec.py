@@ -17,6 +17,9 @@ from agents.runtime.vision_params import count_vision_params
 # transformers builds q/k/v projections with biases (o_proj without) for these, whatever the config says
 QKV_BIAS_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"})
 
+# decoders with per-head q/k RMSNorms outside the native Qwen3 families (the Qwen3-VL text models)
+QK_NORM_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"})
+
 FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
@@ -289,7 +292,8 @@ def parse_config(config: dict[str, Any]) -> ModelSpec:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", cfg.get("qkv_bias", False))),
         qkv_bias="attention_bias" not in cfg and str(cfg.get("model_type", "")) in QKV_BIAS_MODEL_TYPES,
-        mlp_bias=bool(cfg.get("mlp_bias", False)), qk_norm=family in ("qwen3", "qwen3_moe"),
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        qk_norm=family in ("qwen3", "qwen3_moe") or str(cfg.get("model_type", "")) in QK_NORM_MODEL_TYPES,
         rope_theta=theta, rope_type=rope_type, rope_scaling=scaling,
         torch_dtype=str(torch_dtype) if torch_dtype else None, quantization=cfg.get("quantization_config"),
         vision_params=count_vision_params(config), warnings=tuple(warnings), **moe_fields, **extra,

@@ -1,6 +1,6 @@
 """Exact parameter counts of a vision-language model's image side from ``config.json`` alone (no torch): the
 vision tower (CLIP or SigLIP vision transformer, as ``transformers`` builds it) and the LLaVA projector, or the
-Qwen2-VL / Qwen2.5-VL vision transformer with its patch merger (the merger is its projector). The decoder's
+Qwen2-VL / Qwen2.5-VL / Qwen3-VL vision transformer with its patch merger (the merger is its projector). The decoder's
 count stays ``params.py``'s; the plan adds these (the tower is replicated, on the first stage)."""
 
 from __future__ import annotations
@@ -36,6 +36,24 @@ def count_vision_tower(vision: dict[str, Any]) -> int:
 
 
 QWEN_VISION_TYPES = ("qwen2_vl", "qwen2_vl_vision", "qwen2_5_vl", "qwen2_5_vl_vision")
+QWEN3_VISION_TYPES = ("qwen3_vl", "qwen3_vl_vision")
+
+
+def count_qwen3_vision(vision: dict[str, Any]) -> int:
+    """Parameters of a Qwen3-VL vision transformer: a biased patch conv, a learned position grid, LayerNorm
+    blocks with a biased GELU MLP, the patch merger, and one more merger per deepstack layer (normalised after
+    the 2x2 shuffle, so over ``merge^2 x hidden``)."""
+    h, inter = int(vision.get("hidden_size", 1152)), int(vision.get("intermediate_size", 4304))
+    out, layers = int(vision.get("out_hidden_size", 3584)), int(vision.get("depth", 27))
+    channels, frames = int(vision.get("in_channels", 3)), int(vision.get("temporal_patch_size", 2))
+    patch, merge = int(vision.get("patch_size", 16)), int(vision.get("spatial_merge_size", 2))
+    deepstack = len(vision.get("deepstack_visual_indexes", (8, 16, 24)))
+    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inter + inter) + (inter * h + h)
+    merged = h * merge * merge
+    mlp = (merged * merged + merged) + (merged * out + out)
+    patch_embed = h * channels * frames * patch * patch + h
+    positions = int(vision.get("num_position_embeddings", 2304)) * h
+    return patch_embed + positions + layers * block + (2 * h + mlp) + deepstack * (2 * merged + mlp)
 
 
 def count_qwen_vision(vision: dict[str, Any]) -> int:
@@ -70,6 +88,8 @@ def count_vision_params(config: dict[str, Any]) -> int:
         return 0
     if config.get("model_type") in QWEN_VISION_TYPES or vision.get("model_type") in QWEN_VISION_TYPES:
         return count_qwen_vision(vision)
+    if config.get("model_type") in QWEN3_VISION_TYPES or vision.get("model_type") in QWEN3_VISION_TYPES:
+        return count_qwen3_vision(vision)
     text = config.get("text_config") or {}
     th, vh = int(text["hidden_size"]), int(vision["hidden_size"])
     layer = config.get("vision_feature_layer", -2)

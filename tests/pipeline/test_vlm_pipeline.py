@@ -44,7 +44,7 @@ def test_align_vision_part_equals_transformers(make_ctx, arch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llava", "llava-siglip", "qwen2-vl", "qwen2.5-vl"])
+@pytest.mark.parametrize("arch", ["llava", "llava-siglip", "qwen2-vl", "qwen2.5-vl", "qwen3-vl"])
 def test_adapt_a_vlm_reaches_tier_4_with_its_image_path(tmp_path: Path, capsys, arch) -> None:
     report_file = tmp_path / "report.json"
     rc = main(["adapt", str(cached_model(arch)), "--hardware", "cpu", "--report", str(report_file), "--quiet",

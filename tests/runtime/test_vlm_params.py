@@ -52,7 +52,7 @@ def test_clip_tower_and_a_text_model():
         count_vision_tower({**vision, "model_type": "pixtral"})
 
 
-@pytest.mark.parametrize("arch", ["qwen2.5-vl", "qwen2-vl"])
+@pytest.mark.parametrize("arch", ["qwen2.5-vl", "qwen2-vl", "qwen3-vl"])
 def test_the_tiny_qwen_vl_counts_every_checkpoint_parameter(arch):
     path = cached_model(arch)
     config = json.loads((path / "config.json").read_text())

@@ -1,5 +1,5 @@
-"""The tiny Qwen2.5-VL (dynamic resolution, image grids, M-RoPE, ``<|vision_start|><|image_pad|>…<|vision_end|>``)
-on the transformers fallback against transformers itself in fp32: the placeholder expanded to each image's grid,
+"""The tiny Qwen2.5-VL (dynamic resolution, image grids, M-RoPE, ``<|vision_start|><|image_pad|>…<|vision_end|>``),
+and Qwen2-VL and Qwen3-VL beside it, on the transformers fallback against transformers itself in fp32: the placeholder expanded to each image's grid,
 image features and logits at every prompt position, greedy tokens alone and batched with text-only requests,
 features encoded once per request although the fallback recomputes every sequence each step; over HTTP the
 chat API and the OpenAI SDK answer an image as transformers does."""
@@ -103,18 +103,19 @@ def test_image_features_and_logits_equal_transformers(model_dir, processor, refe
     want_features = reference.get_image_features(enc["pixel_values"], enc["image_grid_thw"]).pooler_output
     images = ImageInputs.from_processor(enc, ids, model.image_token_id)
     assert set(images.extra) == {"image_grid_thw"}
-    features = images.encoded(model.encode_images)
-    torch.testing.assert_close(features, torch.cat(list(want_features)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.encode_images(enc["pixel_values"], **images.extra),
+                               torch.cat(list(want_features)), rtol=1e-5, atol=1e-5)
 
     n = len(ids)
     input_ids = torch.tensor(ids)
     ctx = ForwardContext.for_prompts([n], device="cpu")
-    hidden = model.forward(input_ids, torch.arange(n), ctx, images=[images]).hidden
-    logits = model.compute_logits(hidden)  # [n, vocab]
     with torch.no_grad():
         want = reference(**enc).logits[0]
-    torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
-    assert model.num_image_encodes == 2  # once: the forward reused the features
+    for _ in range(2):  # two recompute steps of the same request
+        logits = model.compute_logits(model.forward(input_ids, torch.arange(n), ctx, images=[images]).hidden)
+        torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)  # logits: [n, vocab]
+    assert model.num_image_encodes == 2 + 2  # the check above, then once for the request (not per step)
+    torch.testing.assert_close(images.features, torch.cat(list(want_features)), rtol=1e-5, atol=1e-5)
     # the image matters: without it (plain placeholder embeddings, 1-D positions) the logits differ
     plain = model.compute_logits(model.forward(input_ids, torch.arange(n), ctx).hidden)
     assert (plain - want).abs().max() > 1e-2
@@ -153,11 +154,13 @@ def test_greedy_alone_and_batched_with_text_requests(model_dir, processor, refer
     assert engine.model.num_image_encodes == 1 + 1 + 2
 
 
-def test_qwen2_vl_greedy_alone_and_batched_with_text_equals_transformers():
-    """Qwen2-VL (the same image-token scheme; LayerNorm/GELU tower, no windows) on the same fallback path."""
-    path = cached_model("qwen2-vl")
+@pytest.mark.parametrize("arch", ["qwen2-vl", "qwen3-vl"])
+def test_other_qwen_vl_generations_greedy_alone_and_batched_with_text(arch):
+    """Qwen2-VL (LayerNorm/GELU tower, no windows) and Qwen3-VL (learned position grid, deepstack) on the same
+    fallback image path."""
+    path = cached_model(arch)
     processor = load_processor(path)
-    ref = transformers.Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    ref = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     engine = LLMEngine(path, num_blocks=64)
     enc = _encode(processor, 2, [_image(5), _image(6, (30, 70))])
     ids = enc["input_ids"][0].tolist()
@@ -174,6 +177,30 @@ def test_qwen2_vl_greedy_alone_and_batched_with_text_equals_transformers():
     assert final[rids[0]] == want
     assert final[rids[1]] == text_want[0, len(text_ids):].tolist()
     assert engine.model.num_image_encodes == 2
+
+
+def test_qwen3_vl_deepstack_features_ride_with_the_request():
+    """Qwen3-VL adds merged outputs of early vision blocks to the image tokens inside the decoder: the logits
+    equal transformers' only with them, so the request keeps the encoder's whole output, not just its tokens."""
+    path = cached_model("qwen3-vl")
+    processor = load_processor(path)
+    ref = transformers.Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    enc = _encode(processor, 1, [_image(7)])
+    ids = enc["input_ids"][0].tolist()
+    model = load_model(path).model
+    images = ImageInputs.from_processor(enc, ids, model.image_token_id)
+    n = len(ids)
+    ctx = ForwardContext.for_prompts([n], device="cpu")
+    logits = model.compute_logits(model.forward(torch.tensor(ids), torch.arange(n), ctx, images=[images]).hidden)
+    with torch.no_grad():
+        want = ref(**enc).logits[0]
+    torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
+    assert len(images.encoder_output.deepstack_features) == 2
+    images.encoder_output.deepstack_features = [tuple(torch.zeros_like(t) for t in layer)
+                                                for layer in images.encoder_output.deepstack_features]
+    without = model.compute_logits(model.forward(torch.tensor(ids), torch.arange(n), ctx, images=[images]).hidden)
+    assert (without - want).abs().max() > 1e-3
+    assert model.num_image_encodes == 1
 
 
 # ---- over HTTP ---------------------------------------------------------------------------------------------

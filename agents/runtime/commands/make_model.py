@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 ARCH_CHOICES = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3", "llava", "llava-siglip", "qwen2-vl",
-                "qwen2.5-vl")
+                "qwen2.5-vl", "qwen3-vl")
 REAL_CHOICES = ("smollm2-135m",)
 
 

@@ -22,12 +22,14 @@ class ImageInputs:
     """``pixel_values``: the processor's pixels ([N, C, H, W], or [patches, C * T * P * P] with a grid);
     ``positions``: the prompt positions of the placeholder tokens, in order (each image's tokens together);
     ``extra``: the processor's other per-image tensors the encoder needs (``image_grid_thw`` [N, 3]);
-    ``features`` [len(positions), hidden] once encoded."""
+    ``features`` [len(positions), hidden] once encoded; ``encoder_output``: the model's own encoder output, kept
+    beside them by a model that takes it back whole (the fallback: Qwen3-VL's deepstack features ride in it)."""
 
     pixel_values: torch.Tensor
     positions: list[int]
     features: torch.Tensor | None = None
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    encoder_output: Any = None
 
     @classmethod
     def for_prompt(cls, pixel_values: torch.Tensor, prompt_ids: list[int], image_token_id: int,

@@ -218,6 +218,10 @@ class FallbackModel(nn.Module):
     def encode_images(self, pixel_values: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
         """The processor's pixels (and ``extra``: ``image_grid_thw``) -> features [image tokens, hidden]: the
         architecture's own vision tower and merger (``get_image_features``), rows in placeholder order."""
+        return self._encode(pixel_values, extra)[0]
+
+    def _encode(self, pixel_values: torch.Tensor, extra: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        """(features [image tokens, hidden], transformers' encoder output with its per-image features)."""
         if not self.takes_images:
             raise FallbackError(f"{type(self.hf_model).__name__} does not take images on the fallback path")
         extra = {k: v.to(self.device) for k, v in extra.items()}
@@ -225,9 +229,10 @@ class FallbackModel(nn.Module):
                                                return_dict=True)
         pooled = out.pooler_output
         features = torch.cat(list(pooled), 0) if isinstance(pooled, (list, tuple)) else pooled
+        out.last_hidden_state = None  # the blocks' per-patch output: not read back, not worth keeping
         grid = extra.get("image_grid_thw")
         self.num_image_encodes += int(grid.shape[0]) if grid is not None else int(pixel_values.shape[0])
-        return features.reshape(-1, features.shape[-1])  # [image tokens, hidden]
+        return features.reshape(-1, features.shape[-1]), out  # features: [image tokens, hidden]
 
     def probe_image_inputs(self, device: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One random image for an operator trace, outside the trace: a grid tower's patches [h * w, C * T * P * P]
@@ -245,15 +250,16 @@ class FallbackModel(nn.Module):
         return torch.randn((1, channels, side, side), generator=gen).to(device=device, dtype=self.dtype), {}
 
     def _image_kwargs(self, ids: torch.Tensor, images: ImageInputs) -> dict[str, Any]:
-        """The base model's keyword arguments for one sequence ``ids`` [1, L] with images: the cached features
-        (encoded on first use), the grids, and the token types (image: 1) its M-RoPE positions come from."""
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
-
-        features = images.encoded(self.encode_images).to(self.dtype)  # [K, hidden]
-        if int((ids == self.image_token_id).sum()) != features.shape[0]:
-            raise FallbackError(f"the sequence holds {int((ids == self.image_token_id).sum())} image tokens for "
-                                f"{features.shape[0]} image feature vectors")
-        return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=(features,))},
+        """The base model's keyword arguments for one sequence ``ids`` [1, L] with images: the request's encoder
+        output (encoded on first use, kept with the request), the grids, and the token types (image: 1) its M-RoPE
+        positions come from."""
+        if images.encoder_output is None:  # the first step of the request: encode once, keep it whole
+            images.features, images.encoder_output = self._encode(images.pixel_values, images.extra)
+        n_tokens = int((ids == self.image_token_id).sum())
+        if n_tokens != images.features.shape[0]:
+            raise FallbackError(f"the sequence holds {n_tokens} image tokens for {images.features.shape[0]} image "
+                                "feature vectors")
+        return {"mm_encoder_outputs": {"image": images.encoder_output},
                 "mm_token_type_ids": (ids == self.image_token_id).int(),
                 **{k: v.to(self.device) for k, v in images.extra.items()}}
 

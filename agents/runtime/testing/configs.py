@@ -8,7 +8,7 @@ import copy
 from typing import Any
 
 ARCHES: tuple[str, ...] = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3", "llava", "llava-siglip",
-                           "qwen2-vl", "qwen2.5-vl")
+                           "qwen2-vl", "qwen2.5-vl", "qwen3-vl")
 SIZES: tuple[str, ...] = ("tiny", "100m")
 
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0}
@@ -124,6 +124,23 @@ _CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
             "model_type": "qwen2_vl_vision", "depth": 2, "embed_dim": 32, "hidden_size": 64, "mlp_ratio": 2,
             "num_heads": 2, "in_channels": 3, "patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2,
             "hidden_act": "quick_gelu",
+        },
+        "tie_word_embeddings": False, "torch_dtype": "float32",
+    },
+    # Qwen3-VL: the same image tokens; a learned position grid (4 x 4, interpolated to each image's grid) in the
+    # tower, interleaved M-RoPE and QK-norm in the decoder, and "deepstack": the outputs of vision blocks 0 and 1,
+    # merged, are added to the image tokens' hidden states after decoder layers 0 and 1.
+    ("qwen3-vl", "tiny"): {
+        "model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"],
+        "text_config": {
+            "model_type": "qwen3_vl_text", **_TINY_DENSE, "head_dim": 16,
+            "rope_parameters": {**_ROPE, "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+        },
+        "vision_config": {
+            "model_type": "qwen3_vl_vision", "depth": 3, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+            "in_channels": 3, "patch_size": 8, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "out_hidden_size": 64, "num_position_embeddings": 16, "deepstack_visual_indexes": [0, 1],
+            "hidden_act": "gelu_pytorch_tanh",
         },
         "tie_word_embeddings": False, "torch_dtype": "float32",
     },

@@ -91,7 +91,7 @@ def make_model(arch: str, size: str = "tiny", seed: int = 0, out: Path | str = P
 
 
 IMAGE_TOKEN = "<image>"
-# Qwen2-VL / Qwen2.5-VL: an image is <|vision_start|> + one <|image_pad|> per merged patch + <|vision_end|>
+# Qwen2-VL / Qwen2.5-VL / Qwen3-VL: an image is <|vision_start|> + one <|image_pad|> per merged patch + <|vision_end|>
 QWEN_VISION_TOKENS: dict[str, str] = {
     "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
     "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
@@ -104,7 +104,7 @@ def _vision_tokens(model_type: str) -> dict[str, str]:
     """config key -> special token text of a vision-language model's image tokens."""
     if model_type == "llava":
         return {"image_token_index": IMAGE_TOKEN}
-    if model_type in ("qwen2_vl", "qwen2_5_vl"):
+    if model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         return dict(QWEN_VISION_TOKENS)
     raise ValueError(f"no image tokens defined for model_type {model_type!r}")
 
@@ -177,7 +177,8 @@ def _save_qwen_vl_processor(out: Path, config: Any) -> None:
     )
     images.save_pretrained(out)
     pre = json.loads((out / "preprocessor_config.json").read_text())
-    pre["processor_class"] = "Qwen2_5_VLProcessor" if config.model_type == "qwen2_5_vl" else "Qwen2VLProcessor"
+    pre["processor_class"] = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor",
+                              "qwen3_vl": "Qwen3VLProcessor"}[config.model_type]
     (out / "preprocessor_config.json").write_text(json.dumps(pre, indent=2, sort_keys=True) + "\n")
     _add_special_tokens(out, {getattr(config, key): text for key, text in QWEN_VISION_TOKENS.items()})
     _set_chat_template(out, _vlm_template(QWEN_IMAGE_TEXT))
