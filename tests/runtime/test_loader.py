@@ -286,3 +286,36 @@ def test_bf16_checkpoint_may_keep_tensors_in_fp32_but_not_in_other_dtypes(model_
     shard = _shard_of(model_dir, K_PROJ)
     _replace_tensors(shard, lambda t: t.update({K_PROJ: t[K_PROJ].to(torch.int32)}))
     _refused(model_dir, shard.name, K_PROJ, "dtype I32")
+
+
+def test_a_shard_corrupted_in_place_fails_the_manifest_naming_it_even_with_cached_digests(model_dir):
+    """One flipped byte inside a tensor's data (the header stays valid, so the load itself succeeds): the shard
+    is hashed again (the write changed its ctime, so the cached digest is not used) and fails the manifest."""
+    clean = load_model(model_dir).report  # fills the checksum cache
+    manifest = [{"name": s["file"], "size": s["size"], "sha256": s["sha256"]} for s in clean["shards"]]
+    assert load_model(model_dir, manifest=manifest).report["ok"]
+    shard = _shard_of(model_dir, K_PROJ)
+    (n,) = struct.unpack("<Q", shard.read_bytes()[:8])
+    with open(shard, "r+b") as f:
+        f.seek(8 + n + 5)
+        byte = f.read(1)
+        f.seek(8 + n + 5)
+        f.write(bytes([byte[0] ^ 0x40]))
+    report = load_model(model_dir, manifest=manifest).report
+    assert not report["ok"]
+    assert [p["file"] for p in report["problems"]] == [shard.name]
+    assert "does not match the manifest" in report["problems"][0]["problem"]
+    row = next(s for s in report["shards"] if s["file"] == shard.name)
+    assert row["sha256_source"] == "computed" and not row["matches"]
+    assert all(s["matches"] for s in report["shards"] if s["file"] != shard.name)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 5])
+def test_every_shard_is_hashed_once_whatever_the_number_of_hashing_threads(model_dir, workers):
+    from agents.runtime.loader.hashing import ShardHasher
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    hasher = ShardHasher(files, use_cache=False, workers=workers)
+    digests = hasher.result()
+    assert digests == {f.name: (hashlib.sha256(f.read_bytes()).hexdigest(), "computed") for f in files}
+    assert hasher.computed_bytes == sum(f.stat().st_size for f in files) and hasher.seconds > 0

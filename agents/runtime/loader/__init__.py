@@ -162,6 +162,8 @@ def load_model(
         ok=not report["problems"], tensors=len(ckpt.tensors), fp8_tensors=len(scales), bytes=total, seconds=round(seconds, 4),
         gb_per_s=round(total / seconds / 1e9, 3) if seconds > 0 else None, peak_rss_bytes=peak_rss(),
         rss_before_bytes=rss_before, shards=shards, zero_copy_bytes=state["adopted"],
+        sha256={"workers": hasher.workers, "seconds": round(hasher.seconds, 4), "computed_bytes": hasher.computed_bytes}
+        if hasher is not None else None,
     )
     return LoadResult(model=model, report=report, config=config)
 
