@@ -43,6 +43,9 @@ class StageContext:
     tp: int | None = None  # plan override; None: the planner's choice clipped to local devices
     ep: int | None = None
     pp: int | None = None  # pipeline stages (``day0 adapt --pp``); the ranks are pp × max(tp, ep)
+    # ranks across hosts (``agents.runtime.nodes.NodeSpec``, ``day0 adapt --nnodes …``): each stage with ranks
+    # runs this node's share of them (``agents.pipeline.nodes``); None: every rank on this host
+    node: Any = None
     thresholds: dict[str, float] = field(default_factory=dict)  # overrides of DESIGN.md §4 defaults
     bench: dict[str, Any] = field(default_factory=dict)  # concurrency, input_len, output_len, num_prompts …
     # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (a job's

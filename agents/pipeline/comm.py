@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.nodes import stage_node
 
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 REDUCING = frozenset({"all_reduce", "reduce_scatter"})
@@ -224,6 +225,9 @@ def measure_rank(settings: CommSettings, sizes: list[int], progress: Any,
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     if rank_setup is not None:
         rank_setup(rank)
+    sweep = [settings, sizes]  # every node sweeps rank 0's cases (another host may have less memory)
+    dist.broadcast_object_list(sweep, src=0)
+    settings, sizes = sweep
     rows = []
     for op in settings.ops:
         for name in settings.dtypes:
@@ -310,9 +314,12 @@ def _stall_watchdog(progress: Any, started: float, bound: float) -> Callable[[],
     return check
 
 
-def measure(ranks: int, settings: CommSettings, rank_setup: Callable[[int], None] | None = None) -> dict[str, Any]:
+def measure(ranks: int, settings: CommSettings, rank_setup: Callable[[int], None] | None = None,
+            node: Any = None) -> dict[str, Any]:
     """Run the sweep over ``ranks`` processes; the ``comm`` section (``ranks``, ``collectives``). A collective that
-    fails or stalls raises ``StageFailed`` naming it."""
+    fails or stalls raises ``StageFailed`` naming it. ``node`` (a ``NodeSpec``): ``ranks`` span the nodes and
+    this host runs its share; node 0 merges every rank's measurements, another node returns ``{"ranks",
+    "node"}`` once its ranks are done."""
     import torch.multiprocessing as mp
 
     from agents.runtime.distributed import launch
@@ -326,9 +333,11 @@ def measure(ranks: int, settings: CommSettings, rank_setup: Callable[[int], None
         try:
             per_rank = launch(measure_rank, ranks, settings, sizes, progress, rank_setup,
                               pg_timeout=settings.op_timeout_s,
-                              watchdog=_stall_watchdog(progress, time.time(), bound))
+                              watchdog=_stall_watchdog(progress, time.time(), bound), node=node)
         except RuntimeError as exc:
             raise StageFailed(f"collectives over {ranks} ranks: {str(exc).splitlines()[0]}") from exc
+    if node is not None and node.node_rank != 0:
+        return {"ranks": ranks, "node": node.node_rank, "collectives": []}
     collectives = merge_ranks(per_rank, ranks)
     section: dict[str, Any] = {"ranks": ranks, "collectives": collectives, "settings": asdict(settings)}
     bad = [f"{row['op']} {row['dtype']} ({row['mismatches'][0]})" for row in collectives if not row["ok"]]
@@ -423,7 +432,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     # ranks pinned for a one-device layout (the hardware's own check): every collective
     ops = ops_for_layout(tp, pp, ep) if (tp, pp, ep) != (1, 1, 1) else COLLECTIVES
     cuda = str(ctx.device).startswith("cuda")
-    limit = torch.cuda.device_count() if cuda else MAX_CPU_RANKS
+    node = stage_node(ctx, "comm")
+    limit = (torch.cuda.device_count() if cuda else MAX_CPU_RANKS) * (node.nnodes if node is not None else 1)
     notes = []
     if ranks > limit:
         if pinned is not None or (ctx.tp or 1) * (getattr(ctx, "pp", None) or 1) > limit:
@@ -435,8 +445,14 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.emit("log", f"collectives {', '.join(settings.ops) or '-'} over {ranks} ranks "
                     f"({'NCCL' if cuda else 'gloo'}), dtypes {', '.join(settings.dtypes)}, "
                     f"{settings.min_bytes}-{settings.max_bytes} B")
-    section = measure(ranks, settings)
+    if node is not None and ctx.shared.get("server") is not None:
+        from agents.pipeline import serve  # its last users (bench, eval, soak) ran before comm
+
+        serve.stop(ctx)  # the other nodes' serve ranks end with it and join this stage's rendezvous
+    section = measure(ranks, settings, node=node)
     section["layout"] = {"tp": tp, "pp": pp, "ep": ep}
+    if node is not None:
+        section["nnodes"] = node.nnodes
     section["backend"] = "nccl" if cuda else "gloo"
     skipped = [f"{op} in {d}" for op in settings.ops if op in REDUCING for d in settings.dtypes
                if not _wire(_torch_dtype(d))[1]]

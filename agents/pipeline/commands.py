@@ -30,6 +30,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tp", type=int, default=None, help="pin the plan's tensor-parallel degree")
     parser.add_argument("--ep", type=int, default=None, help="pin the plan's expert-parallel degree")
     parser.add_argument("--pp", type=int, default=None, help="pin the plan's pipeline stages")
+    parser.add_argument("--nnodes", type=int, default=1,
+                        help="hosts the job's ranks span (torchrun convention); every node runs day0 adapt")
+    parser.add_argument("--node-rank", type=int, default=0,
+                        help="this host's node rank: node 0 runs the pipeline and writes the report, the others "
+                             "run their ranks of the load, serve and comm stages")
+    parser.add_argument("--master-addr", default="127.0.0.1", help="address of node 0, where the ranks meet")
+    parser.add_argument("--master-port", type=int, default=29500,
+                        help="first rendezvous port on node 0 (load +0, serve +1, comm +2)")
+    parser.add_argument("--rendezvous-timeout", type=float, default=300.0,
+                        help="seconds for every node to join a stage's ranks; then the missing node is named")
     parser.add_argument("--report", type=Path, default=None, metavar="FILE", help="write the report JSON here")
     parser.add_argument("--threshold", action="append", default=[], metavar="KEY=VALUE",
                         help="override a threshold, e.g. layer_cosine=0.995 (repeatable)")
@@ -180,13 +190,14 @@ def handle(args: argparse.Namespace) -> int:
             hardware = get_hardware(args.hardware).to_dict()
         except KeyError as exc:
             raise ValueError(str(exc.args[0]) if exc.args else f"unknown hardware {args.hardware!r}") from None
+        node = node_of(args, config)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
     ctx = StageContext(model_dir=model_dir, config=config, hardware=hardware, dtype=args.dtype, device=args.device,
                        tp=args.tp, ep=args.ep, pp=args.pp, thresholds=thresholds, workdir=args.workdir, manifest=manifest,
-                       emit_fn=ConsoleEmitter(args.quiet))
+                       emit_fn=ConsoleEmitter(args.quiet), node=node)
     if model_dir is None:  # a config alone: name the model after its file (deepseek-v3.json -> deepseek-v3)
         ctx.shared["model_name"] = args.model_dir.stem
     if args.threads:
@@ -202,6 +213,8 @@ def handle(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
+        if node is not None and node.node_rank > 0:
+            return _follow(ctx, stages, args.report)
         report = run_pipeline(ctx, stages)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -214,3 +227,33 @@ def handle(args: argparse.Namespace) -> int:
     if args.report is not None:
         print(f"report written to {args.report}")
     return 1 if report["failed_stage"] else 0
+
+
+def node_of(args: argparse.Namespace, config: dict[str, Any]) -> Any:
+    """The ``NodeSpec`` of ``--nnodes …`` (None on one host); ValueError naming a bad flag, or the planner's
+    rule a multi-node layout (``--tp/--pp/--ep``, default 1) breaks."""
+    from agents.runtime.nodes import NodeSpec, node_layout_problem
+
+    node = NodeSpec(args.nnodes, args.node_rank, args.master_addr, args.master_port, args.rendezvous_timeout)
+    if not node.multi:
+        return None
+    problem = node_layout_problem(config, args.tp or 1, args.pp or 1, args.ep or 1, node)
+    if problem:
+        raise ValueError(f"--nnodes {node.nnodes}: {problem}")
+    return node
+
+
+def _follow(ctx: Any, stages: list[str], report_path: Path | None) -> int:
+    """A node other than 0: run its ranks of each ranked stage; 1 when one failed."""
+    from agents.pipeline.nodes import follow
+
+    outcome = follow(ctx, stages)
+    if report_path is not None:
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(json.dumps(outcome, indent=2) + "\n")
+    ran = ", ".join(f"{s} {'ok' if r['ok'] else 'FAILED'}" for s, r in outcome["stages"].items()) or "no ranked stage"
+    print(f"node {outcome['node']} of {outcome['nnodes']}: {ran}", flush=True)
+    if outcome["failed_stage"]:
+        print(f"failed at {outcome['failed_stage']}: {outcome['error']}", file=sys.stderr, flush=True)
+        return 1
+    return 0

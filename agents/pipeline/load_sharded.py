@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.nodes import stage_node
 
 # CPU ranks are processes sharing this host's cores and memory: enough to prove TP, not to serve with it
 MAX_CPU_TP = 8
@@ -54,8 +55,10 @@ def effective_layout(ctx: StageContext) -> tuple[int, int, int]:
     ep, pp = degrees
     world, cuda = pp * max(tp, ep), str(ctx.device).startswith("cuda")
     devices = _cuda_devices() if cuda else MAX_CPU_TP
-    if world > devices:
+    nnodes = getattr(ctx.node, "nnodes", 1)
+    if world > devices * nnodes:
         where = f"{devices} CUDA device(s) on this host" if cuda else f"at most {MAX_CPU_TP} CPU processes"
+        where += f", on each of {nnodes} nodes" if nnodes > 1 else ""
         raise StageFailed(f"tp={tp}, ep={ep}, pp={pp} need {world} ranks; this host runs {where}")
     return tp, ep, pp
 
@@ -123,7 +126,7 @@ def load_sharded(ctx: StageContext, tp: int) -> dict[str, Any]:
         def run_ranks() -> None:
             try:
                 outcome["reports"] = launch(load_rank, world, *args, tp_size=tp, ep_size=ep, pp_size=pp,
-                                            timeout=LOAD_TIMEOUT_S)
+                                            timeout=LOAD_TIMEOUT_S, node=stage_node(ctx, "load"))
             except BaseException as exc:  # re-raised in the stage's thread
                 outcome["error"] = exc
 

@@ -321,7 +321,14 @@ def _worker(rank: int, world_size: int, port: int, layout: tuple[int, int, int],
         tp_size, ep_size, pp_size = layout
         init_distributed(rank, world_size, tp_size=tp_size, ep_size=ep_size, pp_size=pp_size, timeout=pg_timeout,
                          node=node)
-        results[rank] = ("ok", fn(*args))
+        out = fn(*args)
+        if node is not None and node.multi:  # rank 0's node returns every node's results
+            gathered = [None] * world_size if rank == 0 else None
+            dist.gather_object(out, gathered, dst=0)
+            if rank == 0:
+                for r in range(1, world_size):
+                    results[r] = ("ok", gathered[r])
+        results[rank] = ("ok", out)
     except BaseException as exc:  # surfaced in the parent with the rank that failed
         import traceback
 
@@ -365,7 +372,8 @@ def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None
     (a collective stuck past its bound), which the ``RuntimeError`` then names.
 
     ``node`` (ranks across hosts): ``world_size`` is the ranks of every node; this call runs only this node's
-    (``node.global_ranks``), which meet the other nodes' at the master, and returns their results in rank order.
+    (``node.global_ranks``), which meet the other nodes' at the master. Node 0 returns every rank's result (they
+    are gathered to rank 0), another node its own ranks' results, in rank order.
     """
     tp = world_size // pp_size if tp_size is None else tp_size
     ParallelState.of(0, world_size, tp, ep_size, pp_size)  # a layout that does not fit fails here, not in a rank
@@ -385,6 +393,8 @@ def launch(fn: Callable, world_size: int, *args: Any, tp_size: int | None = None
         out = dict(results)
     if reason:
         raise RuntimeError(f"ranks of {world_size} ended by the watchdog: {reason}")
+    if node is not None and node.multi and node.node_rank == 0 and all(out.get(r, ("",))[0] == "ok" for r in ranks):
+        ranks = list(range(world_size))  # rank 0 gathered the other nodes' results
     failed = [r for r in ranks if r not in out or out[r][0] != "ok"]
     if failed:
         # the earliest failure is the cause; its peers typically fail after it ("connection closed by peer")

@@ -107,3 +107,35 @@ def test_day0_serve_refuses_a_layout_that_breaks_the_node_rule(tmp_path):
                           "--nnodes", "2", "--node-rank", "0"], capture_output=True, text=True, cwd=REPO,
                          timeout=120)
     assert out.returncode == 2 and "tp=2 must stay inside a node" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.slow  # two nodes run load, serve and the comm sweep: ~95 s on a busy host
+def test_day0_adapt_over_two_nodes_runs_the_ranked_stages_and_node_0_reports_every_rank(tmp_path):
+    model_dir, master = cached_model("llama"), free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "day0portal.cli", "adapt", str(model_dir), "--hardware", "cpu", "--pp", "2",
+         "--stages", "plan,load,serve,comm", "--nnodes", "2", "--node-rank", str(r), "--master-port", str(master),
+         "--rendezvous-timeout", "120", "--workdir", str(tmp_path / f"n{r}"), "--report", str(tmp_path / f"r{r}.json")],
+        stdout=(tmp_path / f"n{r}.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO) for r in (0, 1)]
+    codes = [p.wait(timeout=500) for p in procs]
+    assert codes == [0, 0], [(tmp_path / f"n{r}.log").read_text()[-3000:] for r in (0, 1)]
+    report = json.loads((tmp_path / "r0.json").read_text())
+    assert report["failed_stage"] is None and report["tier"] >= 3
+    assert [r["rank"] for r in report["stages"]["load"]["ranks"]] == [0, 1]  # node 1's rank, gathered
+    comm = report["stages"]["comm"]
+    assert comm["ranks"] == 2 and comm["nnodes"] == 2 and all(c["ok"] for c in comm["collectives"])
+    follower = json.loads((tmp_path / "r1.json").read_text())
+    assert follower["node"] == 1 and all(s["ok"] for s in follower["stages"].values())
+    assert set(follower["stages"]) == {"load", "serve", "comm"}
+
+
+def test_day0_adapt_refuses_node_flags_that_break_the_rules(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "day0portal.cli", "adapt", str(cached_model("llama")), "--hardware",
+                          "cpu", "--nnodes", "2", "--node-rank", "1", "--tp", "2"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 2 and "--nnodes 2: tp=2 must stay inside a node" in out.stderr, out.stdout + out.stderr
+    out = subprocess.run([sys.executable, "-m", "day0portal.cli", "adapt", str(cached_model("llama")), "--hardware",
+                          "cpu", "--nnodes", "2", "--node-rank", "2", "--pp", "2"], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.returncode == 2 and "node rank 2 is outside the 2 node" in out.stderr, out.stdout + out.stderr
