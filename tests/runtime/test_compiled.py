@@ -103,3 +103,22 @@ def test_the_fallback_path_is_refused_with_the_reason(tmp_path, monkeypatch):
 
     with pytest.raises(CompileUnavailable, match="native families"):
         CompiledModel(nn.Linear(2, 2))
+
+
+def test_linears_large_enough_for_the_eager_onednn_call_compile_inside_the_region(tmp_path, monkeypatch):
+    """The eager path calls oneDNN directly for large fp32 weights; Inductor lowers that op only on frozen
+    weights, so inside the region the linears must leave the GEMM to Inductor."""
+    import torch
+
+    from agents.runtime.engine.compiled import configure_caches, inductor_gemms
+    from agents.runtime.layers import linear
+
+    configure_caches(tmp_path)
+    w = torch.randn(linear.ONEDNN_MIN_WEIGHT // 256, 256)  # [out, in]: exactly the eager path's oneDNN size
+    x = torch.randn(linear.GEMM_MIN_ROWS * 2, 256)
+    fn = torch.compile(linear.dense_linear, dynamic=True)
+    with inductor_gemms():
+        out = fn(x, w)
+    torch.testing.assert_close(out, x @ w.T, rtol=1e-4, atol=1e-4)
+    assert linear._ONEDNN == (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
+                                                                               "_linear_pointwise"))

@@ -14,8 +14,9 @@ inside the compiled graph:
 Inside the graph both are calls that take and return tensors whose only dynamic size is the token count, so a
 new batch layout (other sequence lengths, another mix of prefills and decodes) never recompiles. The step's
 ``AttentionMetadata`` reaches the attention op through this module's step slot, set by each layer's wrapper
-just before the compiled region runs; the op finds its layer by its KV cache (an argument, so the graph has no
-per-layer constant and stays shared).
+just before the compiled region runs; the op finds its layer by a one-element key tensor of that layer (an
+argument, so the graph has no per-layer constant and stays shared; the KV cache itself is no graph input, so
+the pool's size, which follows the free memory at start, never changes the graph or its cache key).
 
 ``CompileStats`` records what the compiled path cost and did: compile seconds (the calls that compiled
 something, the warm-up's), graphs, graph breaks with their reasons, recompiles after the warm-up with Dynamo's
@@ -30,7 +31,8 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,37 +105,25 @@ class _Step(threading.local):
 
 
 _STEP = _Step()
-_ATTENTION: dict[int, nn.Module] = {}  # k_cache data_ptr -> its Attention module
+_ATTENTION: dict[int, nn.Module] = {}  # a layer key's data_ptr -> its Attention module
 _EXPERTS: dict[int, tuple[nn.Module, Callable[..., torch.Tensor]]] = {}  # w13 data_ptr -> (module, eager forward)
 _ORIGINAL = "_day0_eager_forward"  # attribute keeping a patched module's eager forward
-
-
-_PATCHED: list[nn.Module] = []  # every patched Attention module (to find rebound caches)
-
-
-def _attention_for(k_cache: torch.Tensor) -> nn.Module:
-    ptr = k_cache.data_ptr()
-    attn = _ATTENTION.get(ptr)
-    if attn is None or attn.k_cache is None or attn.k_cache.data_ptr() != ptr:
-        # the caches were bound again (another engine on the same model): look the layer up anew
-        attn = next((a for a in _PATCHED if a.k_cache is not None and a.k_cache.data_ptr() == ptr), None)
-        if attn is None:
-            raise RuntimeError("compiled attention: no layer holds this KV cache")
-        _ATTENTION[ptr] = attn
-    return attn
+_KEY = "_day0_layer_key"  # a one-element tensor per attention layer: the op's handle on its layer
 
 
 @torch.library.custom_op("day0::paged_attention", mutates_args=())
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
-    """The eager paged attention of the layer owning ``k_cache``, on the step's metadata: writes the new K/V
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_key: torch.Tensor) -> torch.Tensor:
+    """The eager paged attention of the layer ``layer_key`` names, on the step's metadata: writes the new K/V
     into the paged cache (``index_copy_``) and attends. q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]. The
-    cache write is a side effect the graph does not see: nothing in the compiled region reads the cache."""
-    attn = _attention_for(k_cache)
+    cache write is a side effect the graph does not see: nothing in the compiled region reads the cache, and
+    the cache is no input of the graph (its pool size, set by the free memory at start, would change the
+    graph's shapes and so its key in the FX graph cache)."""
+    attn = _ATTENTION[layer_key.data_ptr()]
     return getattr(attn, _ORIGINAL)(q, k, v, _STEP.meta)
 
 
 @paged_attention.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_key: torch.Tensor) -> torch.Tensor:
     return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))
 
 
@@ -150,17 +140,19 @@ def _(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tens
     return torch.empty_like(x)
 
 
-def _patch_attention(attn: nn.Module) -> None:
+def _patch_attention(attn: nn.Module, device: torch.device) -> None:
     eager = attn.forward
     setattr(attn, _ORIGINAL, eager)
+    key = torch.zeros(1, device=device)  # same shape in every layer: the shared graph takes it as an input
+    setattr(attn, _KEY, key)
+    _ATTENTION[key.data_ptr()] = attn
 
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Any) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            return paged_attention(q, k, v, attn.k_cache)
+            return paged_attention(q, k, v, getattr(attn, _KEY))
         return eager(q, k, v, meta)
 
     attn.forward = forward
-    _PATCHED.append(attn)
 
 
 _HOOKS = "_day0_pre_hooks"  # the forward pre-hooks moved off a patched experts module
@@ -187,6 +179,25 @@ def _patch_experts(experts: nn.Module) -> None:
     setattr(experts, _ORIGINAL, module_forward)
     _EXPERTS[experts.w13.data_ptr()] = (experts, eager)
     experts.forward = forward
+
+
+@contextmanager
+def inductor_gemms() -> Iterator[None]:
+    """Inside the compiled region the linears call ``F.linear`` and Inductor picks the GEMM: the eager path's
+    direct oneDNN call (``layers/linear.py``, ``mkldnn._linear_pointwise``) lowers only on frozen weights, and
+    freezing would bake one layer's weights into the region every layer shares. The switch is a module flag
+    read while Dynamo traces; Dynamo guards on it, so it must hold the same value on every compiled call."""
+    from agents.runtime.layers import linear
+
+    saved = getattr(linear, "_ONEDNN", None)
+    if saved is None:
+        yield
+        return
+    linear._ONEDNN = False
+    try:
+        yield
+    finally:
+        linear._ONEDNN = saved
 
 
 # ---- statistics ----------------------------------------------------------------------------------------------
@@ -313,8 +324,7 @@ class CompiledModel:
         if hasattr(layer, _ORIGINAL):
             raise CompileUnavailable("the compiled path is already installed on this model")
         attn = layer.self_attn.attn
-        _ATTENTION[attn.k_cache.data_ptr()] = attn
-        _patch_attention(attn)
+        _patch_attention(attn, self.device)
         experts = getattr(layer.mlp, "experts", None)
         if experts is not None and hasattr(experts, "w13"):
             _patch_experts(experts)
@@ -327,7 +337,8 @@ class CompiledModel:
                 return eager(x, meta)
             _STEP.meta = meta
             try:
-                return region(layer, x, meta)
+                with inductor_gemms():
+                    return region(layer, x, meta)
             finally:
                 _STEP.meta = None
 
@@ -365,8 +376,9 @@ class CompiledModel:
         """Restore the eager forwards and hooks (the model is then as it was built)."""
         for layer in self.layers:
             attn = layer.self_attn.attn
-            if attn in _PATCHED:
-                _PATCHED.remove(attn)
+            key = attn.__dict__.pop(_KEY, None)
+            if key is not None:
+                _ATTENTION.pop(key.data_ptr(), None)
             for module in (layer, attn, getattr(layer.mlp, "experts", None)):
                 if module is None or not hasattr(module, _ORIGINAL):
                     continue
