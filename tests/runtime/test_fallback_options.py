@@ -88,3 +88,37 @@ def test_a_malformed_rope_scaling_is_a_clear_load_error(tmp_path):
     model_dir = _variant(tmp_path, {"rope_scaling": [1, 2]})
     with pytest.raises(LoadError, match="rope_scaling must be an object"):
         load_model(model_dir)
+
+
+def test_a_llava_whose_decoder_has_a_gap_takes_images_on_the_fallback(tmp_path):
+    """A LLaVA whose decoder sets an option the native Llama lacks runs whole on the fallback, images included:
+    the tower once per request, its features handed back at each recompute step; greedy equals transformers."""
+    import numpy as np
+    import transformers
+    from PIL import Image
+
+    from agents.runtime.engine.multimodal import ImageInputs
+
+    src = cached_model("llava")
+    model_dir = tmp_path / "model"
+    shutil.copytree(src, model_dir)
+    config = json.loads((src / "config.json").read_text())
+    config["text_config"]["hidden_act"] = "gelu"
+    (model_dir / "config.json").write_text(json.dumps(config))
+    ref = transformers.LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    processor = transformers.AutoProcessor.from_pretrained(model_dir)
+    image = Image.fromarray(np.random.RandomState(0).randint(0, 256, (40, 52, 3), dtype=np.uint8))
+    prompt = "<s><|im_start|>user\n<image>what is in the picture?<|im_end|>\n<|im_start|>assistant\n"
+    enc = processor(images=[image], text=prompt, return_tensors="pt", add_special_tokens=False)
+    ids = enc["input_ids"][0].tolist()
+    want = ref.generate(**enc, max_new_tokens=8, do_sample=False)[0, len(ids):].tolist()
+    engine = LLMEngine(model_dir, num_blocks=32)
+    assert engine.model.path == "fallback" and "hidden_act 'gelu'" in engine.model.fallback_reason
+    assert engine.model.takes_images and engine.model.image_token_id == config["image_token_index"]
+    rid = engine.add_request(ids, SamplingParams(max_tokens=8, temperature=0.0),
+                             images=ImageInputs.from_processor(enc, ids, engine.model.image_token_id))
+    got: list[int] = []
+    while engine.has_unfinished():
+        got = next((o.output_token_ids for o in engine.step() if o.request_id == rid and o.finished), got)
+    assert got == want
+    assert engine.model.num_image_encodes == 1

@@ -136,6 +136,9 @@ class FallbackModel(nn.Module):
                                       if getattr(hf_config, "image_token_id", None) is not None
                                       else hf_config.image_token_index)
         self.num_image_encodes = 0  # images encoded so far (once per request, not per step)
+        import inspect
+
+        self._takes_token_types = "mm_token_type_ids" in inspect.signature(self.hf_model.base_model.forward).parameters
 
     # ---- weights ---------------------------------------------------------------------------------------------
     def _checkpoint_layout(self) -> dict[str, _Target]:
@@ -259,9 +262,11 @@ class FallbackModel(nn.Module):
         if n_tokens != images.features.shape[0]:
             raise FallbackError(f"the sequence holds {n_tokens} image tokens for {images.features.shape[0]} image "
                                 "feature vectors")
-        return {"mm_encoder_outputs": {"image": images.encoder_output},
-                "mm_token_type_ids": (ids == self.image_token_id).int(),
-                **{k: v.to(self.device) for k, v in images.extra.items()}}
+        kwargs = {"mm_encoder_outputs": {"image": images.encoder_output},
+                  **{k: v.to(self.device) for k, v in images.extra.items()}}
+        if self._takes_token_types:  # M-RoPE models find the image tokens' positions from these
+            kwargs["mm_token_type_ids"] = (ids == self.image_token_id).int()
+        return kwargs
 
     # ---- RuntimeModel ----------------------------------------------------------------------------------------
     def kv_cache_spec(self) -> KVCacheSpec | None:
