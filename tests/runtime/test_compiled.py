@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agents.runtime.engine import LLMEngine, SamplingParams
-from agents.runtime.engine.compiled import CompileUnavailable, CompiledModel, check_cpp_compiler
+from agents.runtime.engine.compiled import CompiledModel, CompileUnavailable, check_cpp_compiler
 from agents.runtime.testing.make_model import cached_model
 
 REPO = Path(__file__).resolve().parents[2]
