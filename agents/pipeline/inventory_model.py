@@ -106,21 +106,32 @@ def runtime_steps(model: Any, device: str, vocab: int, recorder: OperatorRecorde
 
             ctx = ForwardContext.for_prompts([n], device=layout)
         positions = torch.arange(start, start + n, dtype=torch.int64, device=device)  # [T]
-        out = model.forward(tokens, positions, ctx)
+        out = model.forward(tokens, positions, ctx, **({"images": [images]} if images is not None else {}))
         return model.compute_logits(out.hidden[-1:])  # [1, vocab]
 
     pixels = probe_pixels(model, device) if getattr(model, "takes_images", False) else None
+    images = None
+    if pixels is not None and spec is None:  # the recompute path: image tokens in the prompt, features spliced
+        if torch.device(device).type == "meta":
+            pixels = None  # its grids are read on the host: nothing to read on meta
+        else:
+            from agents.runtime.engine.multimodal import ImageInputs
+
+            n_image = int(model.encode_images(pixels[0], **pixels[1]).shape[0])  # outside the trace: the count
+            image_ids = torch.full((n_image,), int(model.image_token_id), dtype=ids.dtype, device=ids.device)
+            ids = torch.cat([image_ids, torch.where(ids == model.image_token_id, 0, ids)])  # [K + T]
+            images = ImageInputs(pixels[0], list(range(n_image)), extra=dict(pixels[1]))
     with torch.no_grad(), recorder:
         recorder.phase = "prefill"
-        if pixels is not None:  # the image path runs at prefill: vision tower + projector
+        if pixels is not None and images is None:  # the image path runs at prefill: vision tower + projector
             model.encode_images(pixels[0], **pixels[1])
-        logits = step(ids, 0)
+        logits = step(ids, 0)  # the recompute path encodes its images here, once
         recorder.phase = "decode"
         next_id = (logits.argmax(-1) if not logits.is_meta else ids[-1:]).to(ids.dtype)
         if spec is None:
             step(torch.cat([ids, next_id]), 0)
         else:
-            step(next_id, PREFILL_TOKENS)
+            step(next_id, int(ids.shape[0]))
 
 
 def transformers_model(config: dict[str, Any], dtype: torch.dtype, device: str) -> torch.nn.Module:

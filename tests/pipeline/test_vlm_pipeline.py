@@ -81,7 +81,8 @@ def test_inventory_covers_a_dynamic_resolution_encoders_operators(make_ctx):
     section = inventory.run(ctx)
     ops = {row["op"]: row for row in section["ops"]}
     assert section["path"] == "fallback"
-    for op in ("aten.conv3d.default", "aten.argsort.default", "aten.gelu.default", "aten.silu.default"):
-        assert op in ops and ops[op]["status"] != "missing", op  # patch conv, window order, merger, vision MLP
+    for op in ("aten.conv3d.default", "aten.argsort.default", "aten.gelu.default", "aten.silu.default",
+               "aten.masked_scatter.default"):
+        assert op in ops and ops[op]["status"] != "missing", op  # patch conv, window order, merger, MLP, splice
     assert "aten.randn.generator" not in ops  # the probe patches are made outside the trace
     assert section["summary"]["missing"] == 0
