@@ -150,6 +150,13 @@ else:
         "polling_interval": 0.25,  # kombu's 1 s default made a worker take ~5 s to stop and jobs wait to start
     }
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# Django's cache: Redis with DAY0_REDIS_URL (shared by the portal processes behind a load balancer), else memory
+# per process. Entries are keyed by the data they summarize (newest row ids, counts, edit times), so new
+# evidence makes a new key rather than waiting for an expiry.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                      "KEY_PREFIX": env_str("DAY0_CACHE_PREFIX", "day0"),
+                      "OPTIONS": {"socket_connect_timeout": 5, "socket_timeout": 5}}} if REDIS_URL else {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 CELERY_RESULT_BACKEND = None  # job state lives in the database, never only in a result backend
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from rest_framework.test import APIClient
 
 os.environ.setdefault("DAY0_CHANNELS_PREFIX", f"day0test{os.getpid()}")
+os.environ.setdefault("DAY0_CACHE_PREFIX", f"day0test{os.getpid()}")  # Django's cache keys (Redis)
 
 
 @pytest.fixture(scope="session")
@@ -65,6 +66,39 @@ def _isolated_channel_layer() -> Iterator[None]:
         layer["CONFIG"]["prefix"] = os.environ["DAY0_CHANNELS_PREFIX"]
     channel_layers.backends.clear()
     yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache() -> Iterator[None]:
+    """The run's own cache key prefix (settings were read before this file set it), shared with the servers the
+    tests start (they inherit the environment)."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    caches = {alias: {**config, "KEY_PREFIX": os.environ["DAY0_CACHE_PREFIX"]}
+              for alias, config in settings.CACHES.items()}
+    with override_settings(CACHES=caches):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache(request: pytest.FixtureRequest, _isolated_cache: None) -> Iterator[None]:
+    """After a test that used the database (the cache summarizes its rows), removes this run's cache keys (never
+    FLUSHDB: other runs and Celery share the Redis database) or clears the in-memory cache, so the next test
+    starts with none of them."""
+    yield
+    if "_django_db_helper" not in request.fixturenames:
+        return
+    from django.core.cache import caches
+
+    for cache in caches.all():
+        if hasattr(cache, "_cache") and hasattr(cache._cache, "get_client"):  # RedisCache
+            client = cache._cache.get_client(write=True)
+            keys = list(client.scan_iter(match=f"{cache.key_prefix}:*", count=1000))
+            if keys:
+                client.delete(*keys)
+        else:
+            cache.clear()
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ from apps.dashboards.selectors.regressions import (
     HEADLINE_METRICS,
     PAGE_ROWS,
     group_rows,
+    newest_flagged_cell,
     open_regressions,
     regression_rows,
 )
@@ -214,8 +215,7 @@ def trends_page(request: HttpRequest) -> HttpResponse:
     if stat not in LATENCY_STATS:
         stat = "p50"
     if not model and not hardware:  # open on what changed most recently: the newest flagged run's cell
-        recent = regression_rows(actor, SeriesQuery())[:1]
-        newest = (recent[0].model, recent[0].hardware) if recent else newest_benchmarked_cell(actor)
+        newest = newest_flagged_cell(actor) or newest_benchmarked_cell(actor)
         model, hardware = newest if newest else ("", "")
     error, series = "", []
     metrics = tuple(f"{f}_{stat}" if f.endswith("_ms") else f for f, _, _ in TREND_FAMILIES)

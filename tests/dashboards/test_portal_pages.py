@@ -230,6 +230,29 @@ def test_regressions_page_lists_every_series_newest_first_linked_to_the_two_runs
     assert f'value="{world.model.slug}|{world.history_hardware.slug}" selected' in trends
 
 
+def test_trends_without_a_cell_is_cached_until_new_benchmark_results_arrive(world, client_for):
+    import random
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.benchmarks.seeding import Clock, run_benchmark_history
+    from tests.dashboards.world import NOW
+
+    client = client_for(world.viewer)
+    opened = f'value="{world.model.slug}|{world.history_hardware.slug}" selected'
+    with CaptureQueriesContext(connection) as first:
+        assert opened in client.get("/trends/").content.decode()
+    with CaptureQueriesContext(connection) as second:
+        assert opened in client.get("/trends/").content.decode()
+    assert len(second) < len(first)  # the newest flagged run comes from the cache, not from every series again
+    other = world.other_hardware if world.history_hardware == world.hardware else world.hardware
+    # a newer regression on another cell, as an agent's results would bring it: the page follows at once
+    run_benchmark_history(world.model, other, Clock(NOW), random.Random(5), start=NOW - timedelta(days=11), days=13,
+                          regression_day=12)
+    assert f'value="{world.model.slug}|{other.slug}" selected' in client.get("/trends/").content.decode()
+
+
 def test_compare_page_puts_benchmarks_alignment_and_env_side_by_side(world, client_for):
     client = client_for(world.viewer)
     html = client.get("/regressions/").content.decode()

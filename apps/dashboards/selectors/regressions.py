@@ -160,3 +160,24 @@ def open_regressions(actor: Actor, *, model: str = "", hardware: str = "") -> di
             metrics.append(row.metric)
     cache.set(key, out, OPEN_CACHE_SECONDS)
     return out
+
+
+def newest_flagged_cell(actor: Actor) -> tuple[str, str] | None:
+    """(model slug, hardware slug) of the newest flagged run ``actor`` may see, where the trends page opens without
+    a cell; None when nothing is flagged. Finding it runs the detector over every headline series, so it is cached
+    per viewer visibility and history stamp like ``open_regressions``: new benchmark results (a new run), a
+    deleted run or a model edit make a new key, and the stale entry expires."""
+    from django.core.cache import cache
+
+    stamp = _history_stamp("", "")
+    if not stamp:
+        return None
+    viewer = "staff" if actor.is_staff else ",".join(map(str, sorted(actor.org_ids)))
+    key = f"day0:trends-newest-flagged:{viewer}:{stamp}"
+    cached = cache.get(key)
+    if cached is not None:
+        return tuple(cached) or None
+    rows = regression_rows(actor, SeriesQuery())[:1]
+    newest = (rows[0].model, rows[0].hardware) if rows else ()
+    cache.set(key, newest, OPEN_CACHE_SECONDS)
+    return newest or None
