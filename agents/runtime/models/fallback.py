@@ -11,6 +11,7 @@ the model splices them in and computes its own multimodal (M-RoPE) positions; th
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -102,8 +103,6 @@ def _decoder_layers(model: nn.Module, num_layers: int | None) -> nn.ModuleList |
 def _takes_encoder_outputs(model: nn.Module) -> bool:
     """Whether the transformers model's base forward takes precomputed image features (``mm_encoder_outputs``)
     and has an image encoder (``get_image_features``)."""
-    import inspect
-
     base = model.base_model
     return hasattr(model, "get_image_features") and "mm_encoder_outputs" in inspect.signature(base.forward).parameters
 
@@ -132,12 +131,9 @@ class FallbackModel(nn.Module):
         self._unexpected_ok = [re.compile(p) for p in (getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or [])]
         self.takes_images = config_takes_images(config) and _takes_encoder_outputs(self.hf_model)
         if self.takes_images:
-            self.image_token_id = int(getattr(hf_config, "image_token_id", None)
-                                      if getattr(hf_config, "image_token_id", None) is not None
-                                      else hf_config.image_token_index)
+            token = getattr(hf_config, "image_token_id", None)
+            self.image_token_id = int(token if token is not None else hf_config.image_token_index)
         self.num_image_encodes = 0  # images encoded so far (once per request, not per step)
-        import inspect
-
         self._takes_token_types = "mm_token_type_ids" in inspect.signature(self.hf_model.base_model.forward).parameters
 
     # ---- weights ---------------------------------------------------------------------------------------------
