@@ -25,7 +25,7 @@ from django.utils import timezone
 from apps.accounts.access import Actor
 from apps.accounts.choices import Role, Scope
 from apps.accounts.models import Organization
-from apps.alerts import signing
+from apps.alerts import signing, urlguard
 from apps.alerts.choices import FINAL_DELIVERY_STATES, AlertKind, DeliveryStatus, PayloadFormat
 from apps.alerts.models import MAX_URL_LENGTH, Delivery, Subscription
 from apps.catalog.models import Hardware, ModelRelease
@@ -53,6 +53,10 @@ class DeliveryError(Exception):
         self.code = code
 
 
+class DeliveryRefused(DeliveryError):
+    """The URL's host resolves, at delivery, to an address alerts must not go to (``urlguard``): never retried."""
+
+
 # --- subscriptions ------------------------------------------------------------------------------------------
 
 
@@ -76,6 +80,10 @@ def validate_url(url: Any) -> str:
         raise ValidationError({"url": "must not carry credentials (user:password@): the signature authenticates"})
     if port == 0:
         raise ValidationError({"url": "port 0 is not a port"})
+    try:
+        urlguard.check_at_save(url)  # link-local never; loopback and private only where allowed
+    except urlguard.DestinationRefused as exc:
+        raise ValidationError({"url": str(exc)}) from None
     return url
 
 
@@ -250,7 +258,13 @@ def _post(delivery: Delivery, body: bytes) -> int:
         signing.EVENT_HEADER: delivery.kind, signing.DELIVERY_HEADER: str(delivery.uuid),
         signing.TIMESTAMP_HEADER: str(timestamp), signing.SIGNATURE_HEADER: signing.sign(sub.secret, timestamp, body),
     })
-    opener = urllib.request.build_opener(_NoRedirect)  # a redirect would resend the signed body elsewhere
+    try:  # resolved and checked again now, and the connection goes to the checked address
+        handlers = urlguard.pinned_handlers(sub.url)
+    except urlguard.DestinationRefused as exc:
+        raise DeliveryRefused(f"refused: {exc}") from None
+    except urlguard.Unresolvable as exc:
+        raise DeliveryError(str(exc)) from None
+    opener = urllib.request.build_opener(*handlers, _NoRedirect)  # a redirect would resend the body elsewhere
     try:
         with opener.open(request, timeout=TIMEOUT_SECONDS) as response:
             response.read(4096)
@@ -280,7 +294,8 @@ def do_attempt_delivery(delivery_id: int) -> Delivery | None:
     try:
         code = _post(delivery, body)
     except DeliveryError as exc:
-        retry = exc.code is None or exc.code >= 500 or exc.code in RETRYABLE_CODES
+        retry = not isinstance(exc, DeliveryRefused) and (
+            exc.code is None or exc.code >= 500 or exc.code in RETRYABLE_CODES)
         out_of_attempts = delivery.attempts + 1 >= MAX_ATTEMPTS
         status = DeliveryStatus.RETRYING if retry and not out_of_attempts else DeliveryStatus.FAILED
         error = str(exc) + (f" (gave up after {MAX_ATTEMPTS} attempts)" if retry and out_of_attempts else "")

@@ -24,6 +24,12 @@ from tests.portal.reports import PASSING
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _loopback_receivers_allowed(monkeypatch) -> None:
+    """The tests' receiver listens on 127.0.0.1: private and loopback URLs are allowed here (off by default)."""
+    monkeypatch.setenv("DAY0_ALERTS_ALLOW_PRIVATE_URLS", "1")
+
+
 class Receiver:
     """A real HTTP server on a free port: records every POST and answers the queued status codes (then 200)."""
 
@@ -216,3 +222,47 @@ def test_subscriptions_api_validates_never_echoes_the_secret_and_shows_the_deliv
     assert again.status_code == 202 and (again.json()["status"], again.json()["attempts"]) == ("pending", 0)
     assert api_client.post(f"/api/v1/alert-deliveries/{log[0]['id']}/redeliver/",
                            **auth(outsider)).status_code == 404
+
+
+@pytest.mark.parametrize(("url", "rule"), [
+    ("http://169.254.169.254/latest/meta-data/", "link-local"),
+    ("http://10.1.2.3:8080/hook", "private address: refused unless DAY0_ALERTS_ALLOW_PRIVATE_URLS"),
+    ("http://192.168.0.7/hook", "private"),
+    ("http://[::1]:9000/hook", "loopback"),
+    ("http://localhost:9000/hook", "host 'localhost' resolves to"),
+    ("http://[::ffff:127.0.0.1]/hook", "loopback"),
+    ("http://0.0.0.0/hook", "unspecified (this host)"),
+    ("http://100.64.0.9/hook", "non-public"),
+])
+def test_internal_destinations_are_a_400_naming_the_rule(api_client, monkeypatch, url: str, rule: str) -> None:
+    monkeypatch.setenv("DAY0_ALERTS_ALLOW_PRIVATE_URLS", "0")
+    org = OrganizationFactory()
+    admin = make_token(organization=org, role="admin")
+    body = {"name": "ops", "url": url, "kinds": ["regression"]}
+    answer = api_client.post("/api/v1/alert-subscriptions/", body, format="json", **auth(admin))
+    assert answer.status_code == 400 and rule in str(answer.json()["url"]), answer.json()
+    assert Subscription.objects.count() == 0
+
+
+def test_the_setting_allows_private_receivers_but_never_link_local(api_client) -> None:
+    admin = make_token(organization=OrganizationFactory(), role="admin")
+    body = {"name": "ops", "url": "http://10.1.2.3/hook", "kinds": ["regression"]}
+    assert api_client.post("/api/v1/alert-subscriptions/", body, format="json", **auth(admin)).status_code == 201
+    metadata = {**body, "url": "http://169.254.169.254/"}
+    answer = api_client.post("/api/v1/alert-subscriptions/", metadata, format="json", **auth(admin))
+    assert answer.status_code == 400 and "never" in str(answer.json()["url"])
+
+
+def test_a_delivery_checks_the_address_again_and_is_refused_without_retrying(receiver: Receiver, monkeypatch) -> None:
+    from apps.alerts import services
+
+    sub = _subscribe(OrganizationFactory(), receiver.url.replace("127.0.0.1", "localhost"), ["job_failed"])
+    first = Delivery.objects.create(subscription=sub, kind="job_failed", event={"kind": "job_failed"})
+    assert services.do_attempt_delivery(first.pk).status == "delivered"  # by name, to the checked address
+    assert len(receiver.requests) == 1 and receiver.requests[0]["headers"]["Host"].startswith("localhost:")
+    monkeypatch.setenv("DAY0_ALERTS_ALLOW_PRIVATE_URLS", "0")  # saved while allowed; refused when delivered
+    second = Delivery.objects.create(subscription=sub, kind="job_failed", event={"kind": "job_failed"})
+    refused = services.do_attempt_delivery(second.pk)
+    assert refused.status == "failed" and refused.attempts == 1 and refused.next_attempt_at is None
+    assert "refused" in refused.last_error and "loopback" in refused.last_error
+    assert len(receiver.requests) == 1
