@@ -244,9 +244,30 @@ def _kv_blocks_used(url: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def device_memory(url: str | None) -> dict[str, Any] | None:
+    """The server's ``/stats/memory``: on CUDA torch's allocator counters; on CPU ``source`` says
+    "cpu: process RSS" (there is no device memory to sample); None when it does not answer."""
+    import httpx
+
+    if url is None:
+        return None
+    try:
+        r = httpx.get(f"{url}/stats/memory", timeout=5)
+        return r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _device_row(memory: dict[str, Any] | None) -> dict[str, Any]:
+    memory = memory or {}
+    return {"device_allocated_bytes": memory.get("allocated_bytes"),
+            "device_max_allocated_bytes": memory.get("max_allocated_bytes")}
+
+
 def run(ctx: StageContext) -> dict[str, Any]:
-    """The soak section: seconds, passed, windows [{t, output_tok_s, rss_bytes, kv_blocks_used, outage}],
-    memory_slope, crashes, recover_seconds, abnormal, thresholds, reasons."""
+    """The soak section: seconds, passed, windows [{t, output_tok_s, rss_bytes, kv_blocks_used,
+    device_allocated_bytes, device_max_allocated_bytes, outage}], memory_slope, device_memory (its source, and
+    on CUDA the slope of allocated bytes), crashes, recover_seconds, abnormal, thresholds, reasons."""
     settings = soak_settings(ctx.bench.get("soak"))
     seconds, window = float(settings["seconds"]), float(settings["window_seconds"])
     server = ctx.shared.get("server")
@@ -271,6 +292,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         c.start()
     windows: list[dict[str, Any]] = []
     samples: dict[int, list[tuple[float, int]]] = {}
+    device: dict[str, Any] = {"source": None, "samples": {}}  # samples: generation -> [(t, allocated bytes)]
     start = time.monotonic()
     kill_at = None if settings["kill_at"] is None else start + float(settings["kill_at"]) * seconds
     last_tokens, last_t = 0, start
@@ -288,9 +310,16 @@ def run(ctx: StageContext) -> dict[str, Any]:
                 with tally.lock:
                     tokens = tally.tokens
                 outage = bool(sup.injected_at and sup.recover_seconds is None) or not sup.up
+                memory = device_memory(sup.url) if sup.up else None
+                if memory is not None:
+                    device["source"] = device["source"] or memory.get("source")
+                    if memory.get("allocated_bytes") is not None:
+                        device["samples"].setdefault(sup.generation, []).append(
+                            (now - start, int(memory["allocated_bytes"])))
                 row = {"t": round(now - start, 3), "output_tok_s": round((tokens - last_tokens) / (now - last_t), 3),
                        "rss_bytes": rss_bytes(sup.server.proc.pid) if sup.up else None,
-                       "kv_blocks_used": _kv_blocks_used(sup.url) if sup.up else None, "outage": outage}
+                       "kv_blocks_used": _kv_blocks_used(sup.url) if sup.up else None, **_device_row(memory),
+                       "outage": outage}
                 windows.append(row)
                 ctx.emit("progress", f"soak: {row['t']:.0f}/{seconds:.0f} s, {row['output_tok_s']:.1f} tok/s",
                          data={"done": int(row["t"]), "total": int(seconds), "what": "soak", "window": row})
@@ -304,18 +333,36 @@ def run(ctx: StageContext) -> dict[str, Any]:
         watcher.join(timeout=float(settings["recover_timeout"]) + 30)
         ctx.shared["server"] = sup.server
         serve.stop(ctx)
-    return judge(settings, windows, samples, sup, tally, ready_seconds, time.monotonic() - start)
+    return judge(settings, windows, samples, sup, tally, ready_seconds, time.monotonic() - start, device)
+
+
+def _warm_slope(samples: dict[int, list[tuple[float, int]]]) -> tuple[float, int]:
+    """The memory slope of the last server process's second half of samples (the first half is its warm-up:
+    pools, caches), and how many samples that is."""
+    final = samples.get(max(samples), []) if samples else []
+    warm = final[len(final) // 2:]
+    return memory_slope(warm), len(warm)
 
 
 def judge(settings: dict[str, Any], windows: list[dict[str, Any]], samples: dict[int, list[tuple[float, int]]],
-          sup: Supervisor, tally: Tally, ready_seconds: float, elapsed: float) -> dict[str, Any]:
+          sup: Supervisor, tally: Tally, ready_seconds: float, elapsed: float,
+          device: dict[str, Any] | None = None) -> dict[str, Any]:
     reasons: list[str] = []
-    final = samples.get(max(samples), []) if samples else []
-    warm = final[len(final) // 2:]  # the first half of a process's samples is its warm-up (pools, caches)
-    slope = memory_slope(warm)
-    if slope > float(settings["max_memory_slope"]):
-        reasons.append(f"memory grows {slope / 1024:.0f} KiB/s over {len(warm)} samples of the server "
-                       f"(limit {float(settings['max_memory_slope']) / 1024:.0f} KiB/s)")
+    limit = float(settings["max_memory_slope"])
+    slope, n_warm = _warm_slope(samples)
+    if slope > limit:
+        reasons.append(f"memory grows {slope / 1024:.0f} KiB/s over {n_warm} samples of the server "
+                       f"(limit {limit / 1024:.0f} KiB/s)")
+    device = device or {"source": None, "samples": {}}
+    device_block: dict[str, Any] = {"source": device["source"]}
+    if device["samples"]:  # CUDA: torch's allocated bytes of the server, judged like its resident memory
+        device_slope, n_device = _warm_slope(device["samples"])
+        device_block["memory_slope"] = round(device_slope, 3)
+        if device_slope > limit:
+            reasons.append(f"device memory grows {device_slope / 1024:.0f} KiB/s over {n_device} samples of the "
+                           f"server (limit {limit / 1024:.0f} KiB/s)")
+    elif device["source"] == "cpu: process RSS":
+        device_block["note"] = "no device memory on CPU: the server's memory is its process RSS (rss_bytes)"
     steady = [w for w in windows if not w["outage"]]
     ratio = None
     if len(steady) >= 2 and steady[0]["output_tok_s"] > 0:
@@ -340,7 +387,7 @@ def judge(settings: dict[str, Any], windows: list[dict[str, Any]], samples: dict
     if unclean:
         reasons.append(f"abnormal requests not handled cleanly: {unclean}")
     return {"seconds": round(elapsed, 3), "passed": not reasons, "windows": windows,
-            "memory_slope": round(slope, 3), "crashes": crashes, "recover_seconds": sup.recover_seconds,
+            "memory_slope": round(slope, 3), "device_memory": device_block, "crashes": crashes, "recover_seconds": sup.recover_seconds,
             "ready_seconds": round(ready_seconds, 3), "throughput_ratio": None if ratio is None else round(ratio, 4),
             "requests": tally.requests, "abnormal": tally.abnormal, "errors": tally.errors[:20],
             "injected": [{"code": e["code"], "injected": e["injected"]} for e in sup.exits],

@@ -4,8 +4,10 @@ once and restarted by the stage's supervisor; a planted leak and a server that d
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agents.pipeline import soak
@@ -70,3 +72,38 @@ def test_soak_options_are_bounded_naming_the_key() -> None:
         with pytest.raises(StageFailed, match=words):
             soak.soak_settings(options)
     assert soak.soak_settings(None) == soak.DEFAULTS
+
+
+def _judged(device: dict) -> dict:
+    sup = soak.Supervisor(ctx=None, recover_timeout=10.0)
+    windows = [{"t": float(t), "output_tok_s": 10.0, "rss_bytes": 1, "outage": False} for t in range(4)]
+    samples = {0: [(float(t), 1000) for t in range(8)]}
+    settings = {**soak.DEFAULTS, "kill_at": None}
+    return soak.judge(settings, windows, samples, sup, soak.Tally(), 1.0, 4.0, device)
+
+
+def test_growing_device_memory_fails_like_resident_memory() -> None:
+    flat = _judged({"source": "torch.cuda", "samples": {0: [(float(t), 5 << 30) for t in range(8)]}})
+    assert flat["passed"] and flat["device_memory"] == {"source": "torch.cuda", "memory_slope": 0.0}
+    leak = _judged({"source": "torch.cuda", "samples": {0: [(float(t), t * (64 << 20)) for t in range(8)]}})
+    assert not leak["passed"] and any("device memory grows" in r for r in leak["reasons"]), leak["reasons"]
+
+
+def test_on_cpu_the_server_says_its_memory_is_the_process_rss() -> None:
+    from agents.runtime.engine import LLMEngine
+    from agents.runtime.server.app import create_app
+    from agents.runtime.server.launcher import ServerThread
+
+    engine = LLMEngine(cached_model("llama"), num_blocks=16)
+    with ServerThread(create_app(engine, "tiny")) as url:
+        for _ in range(100):  # the warm-up step runs before /ready
+            if httpx.get(f"{url}/ready").status_code == 200:
+                break
+            time.sleep(0.1)
+        memory = soak.device_memory(url)
+        compile_stats = httpx.get(f"{url}/stats/compile").json()
+    assert memory["source"] == "cpu: process RSS" and memory["rss_bytes"] > 0 and "allocated_bytes" not in memory
+    assert soak._device_row(memory) == {"device_allocated_bytes": None, "device_max_allocated_bytes": None}
+    assert compile_stats["enabled"] is False and "--compile" in compile_stats["reason"]
+    judged = _judged({"source": memory["source"], "samples": {}})
+    assert judged["device_memory"]["source"] == "cpu: process RSS" and "process RSS" in judged["device_memory"]["note"]

@@ -262,6 +262,25 @@ def create_app(
             return JSONResponse({"enabled": False, "reason": "this server runs eager (day0 serve --compile)"})
         return JSONResponse(compiled.stats.report())
 
+    async def memory_stats(request: Request) -> Response:
+        """This server's device memory: torch's CUDA allocator (allocated now and at most, reserved); on CPU
+        there is no device memory apart from the process's resident memory, and the answer says so."""
+        engine = runtime.engine if runtime.ready else None
+        device = engine.device if engine is not None else None
+        if device is not None and device.type == "cuda":
+            import torch
+
+            return JSONResponse({"device": str(device), "source": "torch.cuda",
+                                 "allocated_bytes": int(torch.cuda.memory_allocated(device)),
+                                 "max_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+                                 "reserved_bytes": int(torch.cuda.memory_reserved(device))})
+        import resource
+
+        with open("/proc/self/statm") as statm:
+            rss = int(statm.read().split()[1]) * resource.getpagesize()
+        return JSONResponse({"device": str(device) if device is not None else None, "source": "cpu: process RSS",
+                             "rss_bytes": rss})
+
     routes = [
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
@@ -273,6 +292,7 @@ def create_app(
         Route("/stats/experts", expert_load),
         Route("/stats/comm", guarded(comm_timer), methods=["GET", "POST"]),
         Route("/stats/compile", guarded(compile_stats)),
+        Route("/stats/memory", guarded(memory_stats)),
     ]
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
