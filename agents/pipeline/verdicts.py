@@ -35,6 +35,25 @@ from agents.pipeline.verdicts_align import _align
 
 # --- plan ------------------------------------------------------------------------------------------------
 
+# A claimed memory need per device may differ from the portal's recomputation by this factor (another runtime
+# version's activation estimate), not by orders of magnitude; and no device holds more than 1 PiB.
+PLAN_BYTES_FACTOR = 2.0
+MAX_DEVICE_BYTES = float(1 << 50)
+
+
+def _claimed_bytes(v: Verdict, s: Mapping[str, Any]) -> float | None:
+    """The section's ``bytes_per_device`` when it is a number; fails the plan when it cannot be a memory need."""
+    raw = s.get("bytes_per_device")
+    if raw is None:
+        return None
+    per_device = _number(raw)
+    if per_device is None or not 0 < per_device <= MAX_DEVICE_BYTES:
+        v.fail(f"bytes_per_device {_text(raw)} is not a memory need per device (a number above 0 and at most "
+               f"{int(MAX_DEVICE_BYTES)} (2**50))")
+        return None
+    return per_device
+
+
 def _plan(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
     plan = s.get("plan")
     if not isinstance(plan, Mapping) or not plan:
@@ -48,6 +67,8 @@ def _plan(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
     config = ctx.model.config
     if ctx.hardware is None or not config:
         # no hardware or config to recompute with (a standalone run): the section's own numbers must agree
+        if s.get("bytes_per_device") is not None and _claimed_bytes(v, s) is None:
+            return
         per_device, memory = _number(s.get("bytes_per_device")), _number(s.get("memory_per_device"))
         if per_device is None or memory is None:
             v.missing("bytes_per_device and memory_per_device are needed to judge the plan without the hardware")
@@ -76,6 +97,12 @@ def _plan(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
                f"ep={degrees['ep']} does not fit: {report.get('message') or 'needs more memory than a device has'}")
     elif plan.get("devices") is not None and plan.get("devices") != report["plan"].get("devices"):
         v.fail(f"the plan claims {plan.get('devices')} devices, tp×pp×ep recomputes to {report['plan'].get('devices')}")
+    claimed_bytes, recomputed = _claimed_bytes(v, s), _number(report.get("bytes_per_device"))
+    if claimed_bytes is not None and recomputed and not (
+            recomputed / PLAN_BYTES_FACTOR <= claimed_bytes <= recomputed * PLAN_BYTES_FACTOR):
+        v.fail(f"the plan claims {int(claimed_bytes)} bytes per device, the portal's planner recomputes "
+               f"{int(recomputed)} for tp={degrees['tp']} pp={degrees['pp']} ep={degrees['ep']} at {dtype} "
+               f"(more than {PLAN_BYTES_FACTOR:g}× apart)")
 
 
 # --- load ------------------------------------------------------------------------------------------------

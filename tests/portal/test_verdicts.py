@@ -59,6 +59,26 @@ def test_plan_without_hardware_facts_uses_the_sections_own_bytes() -> None:
     assert judge("plan", {**section, "memory_per_device": 4}, context=bare).passed
 
 
+@pytest.mark.parametrize("claimed", [0, -1, 1e30, float("nan"), "3GB", True])
+def test_an_absurd_bytes_per_device_fails_the_plan_so_a_claimed_fit_is_disputed(claimed) -> None:  # noqa: ANN001
+    section = {**passing("plan"), "bytes_per_device": claimed}
+    for context in (CONTEXT, v.Context()):  # recomputed by the portal's planner, or the section's own numbers
+        verdict = judge("plan", {**section, "memory_per_device": 2 * 10**9}, context=context)
+        assert verdict.status == "fail", (claimed, verdict.reasons)
+        assert "is not a memory need per device" in verdict.reasons[0]
+        assert v.claimed("plan", section) is True  # the claim the verdict refutes: the cell shows it disputed
+
+
+def test_a_bytes_per_device_far_from_the_portals_planner_fails_the_plan() -> None:
+    # the planner recomputes ~3.47e9 bytes for the tiny Llama at bf16 on one device; the passing claim says 3e9
+    assert judge("plan", passing("plan")).passed
+    for claimed in (3 * 10**8, 5 * 10**10):
+        reasons = judge("plan", {**passing("plan"), "bytes_per_device": claimed}).reasons
+        assert len(reasons) == 1 and f"the plan claims {claimed} bytes per device" in reasons[0], reasons
+        assert "the portal's planner recomputes 3474378752 for tp=1 pp=1 ep=1 at bfloat16" in reasons[0]
+    assert judge("plan", {**passing("plan"), "bytes_per_device": 6 * 10**9}).passed  # within a factor of 2
+
+
 def test_a_manifest_mismatch_names_the_shard_and_both_digests() -> None:
     manifest = [{"name": "model-00001-of-00002.safetensors", "size": None, "sha256": "a" * 64},
                 {"name": "model-00002-of-00002.safetensors", "size": None, "sha256": "e" * 64},
