@@ -36,26 +36,33 @@ def greedy(engine: Any, prompts: list[list[int]], new_tokens: int, top: int) -> 
 
 def compare(eager: list[list[tuple[int, set[int]]]], compiled: list[list[tuple[int, set[int]]]]
             ) -> dict[str, Any]:
-    """Token equality per prompt; the first divergence of each, and whether it is a near-tie."""
+    """Token equality per prompt; the first divergence of each, and whether it is a near-tie. ``rows`` keep
+    both token lists and, at a first divergence, both sides' top-k ids: the portal's verdict recomputes from them
+    (``verdicts_align._compiled``)."""
     first: list[int | None] = []
     divergences: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     matches = total = 0
     for p, (a, b) in enumerate(zip(eager, compiled, strict=True)):
         first.append(None)
+        row: dict[str, Any] = {"prompt": p, "eager": [t for t, _ in a], "compiled": [t for t, _ in b],
+                               "eager_top": None, "compiled_top": None}
+        rows.append(row)
         for pos, ((ta, top_a), (tb, top_b)) in enumerate(zip(a, b, strict=False)):
             total += 1
             if ta == tb:
                 matches += 1
                 continue
             first[p] = pos
+            row["eager_top"], row["compiled_top"] = sorted(top_a), sorted(top_b)
             divergences.append({"prompt": p, "position": pos, "eager_token": ta, "compiled_token": tb,
                                 "near_tie": tb in top_a and ta in top_b})
             break  # past a divergence the two decodes continue from different prefixes
-        if len(a) != len(b):
+        if len(a) != len(b) and first[p] is None:
             divergences.append({"prompt": p, "position": min(len(a), len(b)), "eager_tokens": len(a),
                                 "compiled_tokens": len(b), "near_tie": False})
     return {"tokens": total, "token_match_rate": matches / total if total else 1.0,
-            "equal": not divergences, "first_divergence": first, "divergences": divergences,
+            "equal": not divergences, "first_divergence": first, "divergences": divergences, "rows": rows,
             "passed": all(d["near_tie"] for d in divergences)}
 
 

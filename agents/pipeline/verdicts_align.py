@@ -164,6 +164,8 @@ def _align(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Contex
     _kv(v, s.get("kv_cache"), t, ctx)
     if ctx.model.takes_images:
         _vision(v, s.get("vision"), t)
+    if isinstance(s.get("compile"), Mapping) and s["compile"].get("enabled"):
+        _compiled(v, s["compile"])
     for part, error in (s.get("part_errors") or {}).items() if isinstance(s.get("part_errors"), Mapping) else ():
         v.fail(f"the {part} check could not run ({error})")
 
@@ -203,3 +205,29 @@ def _vision(v: Verdict, vision: Any, t: Mapping[str, float]) -> None:
         elif ref != got:
             at = next((j for j, (a, b) in enumerate(zip(ref, got, strict=False)) if a != b), min(len(ref), len(got)))
             v.fail(f"vision e2e prompt {i}: greedy tokens differ from the reference at position {at}")
+
+
+def _compiled(v: Verdict, block: Mapping[str, Any]) -> None:
+    """The compiled path's greedy tokens against eager ones on the same weights (a job that asked for it):
+    recomputed from both token lists; past a first divergence only a near-tie passes (each side's token within
+    the other's top-k ids recorded at that position)."""
+    rows = block.get("rows")
+    if not isinstance(rows, list) or not rows:
+        v.missing("compile rows missing (compiled and eager tokens were not compared)")
+        return
+    for i, row in enumerate(rows):
+        eager = row.get("eager") if isinstance(row, Mapping) else None
+        got = row.get("compiled") if isinstance(row, Mapping) else None
+        if not isinstance(eager, list) or not isinstance(got, list) or not eager:
+            v.missing(f"compile prompt {i}: eager and compiled tokens missing")
+            continue
+        at = next((j for j, (a, b) in enumerate(zip(eager, got, strict=False)) if a != b), None)
+        if at is None:
+            if len(eager) != len(got):
+                v.fail(f"compile prompt {i}: {len(got)} compiled tokens against {len(eager)} eager ones")
+            continue
+        tops = row.get("eager_top"), row.get("compiled_top")
+        if all(isinstance(top, list) for top in tops) and got[at] in tops[0] and eager[at] in tops[1]:
+            v.note(f"compile prompt {i}: a near-tie at position {at} (each token within the other's top-k)")
+        else:
+            v.fail(f"compile prompt {i}: compiled greedy tokens differ from eager ones at position {at}")

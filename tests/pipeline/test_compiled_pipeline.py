@@ -37,7 +37,9 @@ def test_compiled_and_eager_tokens_are_compared_position_by_position():
 
     same = [[(5, {5, 6}), (7, {7, 8})]]
     assert compare(same, same) == {"tokens": 2, "token_match_rate": 1.0, "equal": True, "first_divergence": [None],
-                                   "divergences": [], "passed": True}
+                                   "divergences": [], "passed": True, "rows": [
+                                       {"prompt": 0, "eager": [5, 7], "compiled": [5, 7], "eager_top": None,
+                                        "compiled_top": None}]}
     near = compare([[(5, {5, 6}), (7, {7, 8})]], [[(5, {5, 6}), (8, {8, 7})]])
     assert near["first_divergence"] == [1] and near["divergences"][0]["near_tie"] and near["passed"]
     hard = compare([[(5, {5, 6})]], [[(9, {9, 1})]])
@@ -77,3 +79,24 @@ def test_align_then_serve_and_bench_carry_compile_evidence(tmp_path, monkeypatch
     assert comparison["concurrency"] == 1 and comparison["eager"]["output_tok_s"] > 0
     assert comparison["compiled"]["output_tok_s"] == result["runs"][0]["output_tok_s"]
     assert comparison["speedup_output_tok_s"] > 0 and "noisy" in comparison["note"]
+
+
+def _align_with(block: dict):
+    from agents.pipeline import verdicts as v
+    from tests.factories import TINY_LLAMA_CONFIG
+    from tests.portal.reports import passing
+
+    context = v.Context(model=v.ModelFacts(config=TINY_LLAMA_CONFIG, context_length=2048), dtype="float32")
+    return v.judge("align", {**passing("align"), "compile": block}, None, context)
+
+
+def test_the_portal_recomputes_compiled_against_eager_tokens():
+    row = {"prompt": 0, "eager": [5, 7, 9], "compiled": [5, 7, 9], "eager_top": None, "compiled_top": None}
+    assert _align_with({"enabled": True, "rows": [row], "passed": True}).status == "pass"
+    differs = {**row, "compiled": [5, 8, 2], "eager_top": [7, 3], "compiled_top": [8, 1]}
+    verdict = _align_with({"enabled": True, "rows": [differs], "passed": True})  # the claim is not trusted
+    assert verdict.status == "fail" and "differ from eager ones at position 1" in verdict.reasons[0]
+    near = {**differs, "eager_top": [7, 8], "compiled_top": [8, 7]}
+    assert _align_with({"enabled": True, "rows": [near]}).status == "pass"
+    assert _align_with({"enabled": True}).status == "incomplete"
+    assert _align_with({"enabled": False, "reason": "fallback"}).status == "pass"  # not asked of this model
