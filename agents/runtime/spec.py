@@ -178,6 +178,8 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, str, dict[str, Any] | None]:
     rope_type = "default"
     if scaling:
         rope_type = str(scaling.get("rope_type", scaling.get("type", "default")))
+        if rope_type == "mrope":  # Qwen2-VL's M-RoPE: the default frequencies split over (time, height, width)
+            rope_type = "default"
         if rope_type not in ROPE_TYPES:
             raise SpecError(f"rope_scaling.rope_type {rope_type!r} is not one of {sorted(ROPE_TYPES)}")
         if rope_type != "default" and "factor" not in scaling:

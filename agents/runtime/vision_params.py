@@ -56,11 +56,11 @@ def count_qwen3_vision(vision: dict[str, Any]) -> int:
     return patch_embed + positions + layers * block + (2 * h + mlp) + deepstack * (2 * merged + mlp)
 
 
-def count_qwen_vision(vision: dict[str, Any]) -> int:
+def count_qwen_vision(vision: dict[str, Any], model_type: str = "") -> int:
     """Parameters of a Qwen2-VL or Qwen2.5-VL vision transformer, patch merger included. Qwen2-VL: LayerNorms,
     a GELU MLP of ``mlp_ratio`` x ``embed_dim``, merging into ``hidden_size``; Qwen2.5-VL: RMSNorms, a biased
     SwiGLU MLP of ``intermediate_size``, merging into ``out_hidden_size``."""
-    kind = str(vision.get("model_type", ""))
+    kind = str(vision.get("model_type") or model_type)  # hub configs often leave the tower's type out
     v25 = kind.startswith("qwen2_5_vl")
     h = int(vision["hidden_size"] if v25 else vision.get("embed_dim", 1280))
     out = int(vision.get("out_hidden_size", 3584) if v25 else vision.get("hidden_size", 3584))
@@ -87,7 +87,7 @@ def count_vision_params(config: dict[str, Any]) -> int:
     if not isinstance(vision, dict):
         return 0
     if config.get("model_type") in QWEN_VISION_TYPES or vision.get("model_type") in QWEN_VISION_TYPES:
-        return count_qwen_vision(vision)
+        return count_qwen_vision(vision, str(config.get("model_type", "")))
     if config.get("model_type") in QWEN3_VISION_TYPES or vision.get("model_type") in QWEN3_VISION_TYPES:
         return count_qwen3_vision(vision)
     text = config.get("text_config") or {}

@@ -71,3 +71,20 @@ def test_qwen2_vl_towers_are_counted_as_transformers_builds_them():
               "num_heads": 2, "in_channels": 3, "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2}
     hf = Qwen2VisionTransformerPretrainedModel(transformers.Qwen2VLVisionConfig(**vision))
     assert count_vision_params({"model_type": "qwen2_vl", "vision_config": vision}) == _numel(hf)
+
+
+def test_the_bundled_qwen2_5_vl_7b_config_is_counted_as_transformers_builds_it():
+    """The public Qwen2.5-VL-7B config (flat decoder keys, "mrope" RoPE, a tower without its model_type):
+    8,292,166,656 parameters, its published 8.29B, as transformers builds it on the meta device."""
+    import torch
+
+    from agents.runtime.hardware import find_config
+
+    config = find_config("qwen2.5-vl-7b")
+    counts = count_params(parse_config(config))
+    with torch.device("meta"):
+        hf = transformers.Qwen2_5_VLForConditionalGeneration(transformers.AutoConfig.for_model(**config))
+    assert counts.total == _numel(hf) == 8_292_166_656
+    assert counts.vision == _numel(hf.model.visual)
+    report = plan_report(config, memory_bytes=80 * 2**30, devices_per_node=8, dtype="bfloat16")
+    assert report["fits"] and report["plan"]["tp"] == 1
