@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from apps.jobs.models import Job, JobEvent
+from apps.jobs.models import Job, JobEvent, JobNode
 
 
 @admin.register(Job)
@@ -21,3 +21,13 @@ class JobEventAdmin(admin.ModelAdmin):
     list_display = ["job", "seq", "ts", "stage", "kind", "level", "message"]
     list_filter = ["level", "kind"]
     raw_id_fields = ["job"]
+
+
+@admin.register(JobNode)
+class JobNodeAdmin(admin.ModelAdmin):
+    """A multi-node job's reserved hosts; reservations change only through ``placement`` and the node API."""
+
+    list_display = ["job", "attempt", "rank", "agent", "state", "master_addr", "master_port", "reserved_at"]
+    list_filter = ["state"]
+    readonly_fields = ["state", "events", "events_acked", "claimed_at", "finished_at"]
+    raw_id_fields = ["job", "agent"]

@@ -9,10 +9,11 @@ the database."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from apps.jobs.models import Job
+from apps.jobs.models import Job, JobNode
 from day0portal.env import env_int
 
 AGENT_TASK_NAME = "day0.run_job"  # agents/worker/app.py: TASK_NAME (the portal never imports agent code)
@@ -55,9 +56,24 @@ def task_payload(job: Job) -> dict[str, Any]:
     }
 
 
-def send_job(job: Job) -> None:
-    """Publishes the agent task of ``job`` on ``hw.<slug>``; raises whatever the broker raises."""
+def agent_queue(agent_id: int) -> str:
+    """The queue only agent ``agent_id`` consumes (beside its hardware's): a multi-node job's node goes there."""
+    return f"agent.{agent_id}"
+
+
+def send_job(job: Job, nodes: Sequence[JobNode] = ()) -> None:
+    """Publishes the agent task of ``job`` on ``hw.<slug>``, or, for a multi-node job, one task per reserved
+    node on its agent's own queue with its node rank and the rendezvous address; raises whatever the broker
+    raises (the caller then releases every node: none runs)."""
+    from apps.jobs.placement import node_payload
     from day0portal.celery import app
 
-    queue = queue_for(job.hardware.slug)
-    app.send_task(AGENT_TASK_NAME, args=[job.pk, task_payload(job)], queue=queue, routing_key=queue)
+    if not nodes:
+        queue = queue_for(job.hardware.slug)
+        app.send_task(AGENT_TASK_NAME, args=[job.pk, task_payload(job)], queue=queue, routing_key=queue)
+        return
+    payload = task_payload(job)
+    for node in nodes:
+        queue = agent_queue(node.agent_id)
+        app.send_task(AGENT_TASK_NAME, args=[job.pk, {**payload, "node": node_payload(node, len(nodes))}],
+                      queue=queue, routing_key=queue)

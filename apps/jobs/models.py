@@ -28,6 +28,7 @@ class Job(models.Model):
     error = models.TextField(blank=True)
     events_acked = models.BigIntegerField(default=0, help_text="highest contiguous event seq stored")
     events_max_seq = models.BigIntegerField(default=0, help_text="highest event seq stored")
+    nodes = models.PositiveSmallIntegerField(default=1, help_text="hosts the job's plan spans: one agent each")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
@@ -65,3 +66,47 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}#{self.seq} {self.kind}"
+
+
+class NodeState(models.TextChoices):
+    RESERVED = "reserved", "reserved"
+    RUNNING = "running", "running"
+    FINISHED = "finished", "finished"
+    FAILED = "failed", "failed"
+    RELEASED = "released", "released"
+
+
+ACTIVE_NODE_STATES = (NodeState.RESERVED, NodeState.RUNNING)
+
+
+class JobNode(models.Model):
+    """One host of a multi-node job's attempt: the agent reserved as node ``rank`` and where the ranks meet
+    (node 0's reported address, a port). A job's nodes are reserved together or not at all
+    (``placement.reserve_nodes``); an agent holds at most one active reservation (a partial unique constraint).
+    Node 0 claims the job and posts its results; the other nodes claim their row and post their stage events
+    into ``events`` (idempotent on their own ``seq``, acked in ``events_acked``)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="node_rows")
+    attempt = models.PositiveIntegerField()
+    rank = models.PositiveSmallIntegerField()
+    agent = models.ForeignKey("fleet.Agent", on_delete=models.CASCADE, related_name="job_nodes")
+    master_addr = models.CharField(max_length=255)
+    master_port = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.RESERVED)
+    error = models.TextField(blank=True)
+    events = models.JSONField(default=list, blank=True, help_text="this node's stage events, oldest first")
+    events_acked = models.BigIntegerField(default=0)
+    reserved_at = models.DateTimeField(auto_now_add=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "attempt", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "rank"], name="uniq_job_node_rank"),
+            models.UniqueConstraint(fields=["agent"], condition=models.Q(state__in=["reserved", "running"]),
+                                    name="one_active_node_per_agent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} node {self.rank}/{self.attempt} on agent {self.agent_id} ({self.state})"

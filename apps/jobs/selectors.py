@@ -43,6 +43,8 @@ def job_waiting_reason(job: Job, *, now: datetime | None = None) -> str | None:
     hardware online (and when one was last seen), or agents online that did not take it. None otherwise."""
     from apps.fleet.models import ONLINE_WINDOW, Agent
 
+    if job.state == JobState.QUEUED and job.nodes > 1 and job.error.startswith("waiting for "):
+        return job.error  # placement.waiting_reason: fewer agents free than the plan has nodes
     if job.state != JobState.DISPATCHED or job.dispatched_at is None or job.agent_id is not None:
         return None
     now = now or timezone.now()

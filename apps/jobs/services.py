@@ -19,10 +19,10 @@ from apps.catalog.models import Hardware, ModelRelease
 from apps.core.errors import ConflictError
 from apps.core.validators import as_utc
 from apps.fleet.models import Agent
-from apps.jobs import dispatch
+from apps.jobs import dispatch, placement
 from apps.jobs.choices import ACTIVE_STATES, ALLOWED_TRANSITIONS, FINISHED_STATES, EventLevel, JobState
 from apps.jobs.events import JobEventPayload, JobStateMessage, broadcast_job_events, broadcast_job_state
-from apps.jobs.models import Job, JobEvent
+from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobEvent, JobNode, NodeState
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +80,11 @@ def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, s
 @transaction.atomic
 def do_create_job(*, model: ModelRelease, hardware: Hardware, spec: dict[str, Any],
                   organization_id: int | None = None, requested_by_id: int | None = None) -> Job:
-    """Stores a queued job and hands it to ``do_dispatch_job`` once the transaction commits."""
+    """Stores a queued job and hands it to ``do_dispatch_job`` once the transaction commits. ``nodes``: the
+    hosts its plan spans (``placement.plan_nodes``), one agent each."""
     job = Job.objects.create(model=model, hardware=hardware, spec=spec, organization_id=organization_id,
-                             requested_by_id=requested_by_id, state=JobState.QUEUED)
+                             requested_by_id=requested_by_id, state=JobState.QUEUED,
+                             nodes=placement.plan_nodes(model, hardware, spec))
     from apps.matrix.services import recompute_cell
 
     recompute_cell(model.pk, hardware.pk)
@@ -134,6 +136,7 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
                  "error", "updated_at"):
         setattr(job, name, getattr(locked, name))
     if to_state in FINISHED_STATES or to_state == JobState.QUEUED:
+        placement.release_nodes(locked.pk)  # its agents are free for the next job (or the next attempt)
         from apps.matrix.services import recompute_cell
 
         recompute_cell(locked.model_id, locked.hardware_id)
@@ -222,6 +225,13 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
             if attempt is not None and attempt != locked.attempts:
                 raise InvalidTransition(f"the claim is for attempt {attempt}, job {job.pk} is at attempt "
                                         f"{locked.attempts}: a stale delivery")
+            if locked.nodes > 1:  # a multi-node job is claimed by the agent reserved as its node 0
+                claimed = JobNode.objects.filter(job=locked, attempt=locked.attempts, rank=0, agent=agent,
+                                                 state=NodeState.RESERVED).update(state=NodeState.RUNNING,
+                                                                                  claimed_at=timezone.now())
+                if not claimed:
+                    raise InvalidTransition(f"job {job.pk} runs on {locked.nodes} nodes: agent {agent.pk} is not "
+                                            f"its node 0 for attempt {locked.attempts}")
         else:
             if locked.state != JobState.RUNNING:
                 raise InvalidTransition(f"job {job.pk} is {locked.state}; an agent finishes only a running job")
@@ -429,9 +439,18 @@ def do_dispatch_job(job_id: int) -> None:
             do_transition_job(job, JobState.FAILED, error=f"gave up after {job.attempts} attempts "
                                                            f"(DAY0_JOB_MAX_ATTEMPTS={cap})")
             return
+        nodes: list[JobNode] = []
+        if job.nodes > 1:  # all of its agents at once, or none
+            nodes, waiting = placement.reserve_nodes(job, job.attempts + 1)
+            if waiting is not None:
+                _note_waiting(job, waiting)
+                return
         do_transition_job(job, JobState.DISPATCHED)
     try:
-        dispatch.send_job(job)
+        if nodes:
+            dispatch.send_job(job, nodes)
+        else:
+            dispatch.send_job(job)
     except Exception as exc:  # the broker is down: the job stays visible as queued, with the reason
         logger.exception("job %s: sending to %s failed", job_id, dispatch.queue_for(job.hardware.slug))
         with transaction.atomic():
@@ -439,16 +458,34 @@ def do_dispatch_job(job_id: int) -> None:
                                                             attempts=job.attempts, agent__isnull=True).first()
             if locked is None:
                 return  # an agent claimed it meanwhile (the broker did take it) or it was cancelled
-            do_transition_job(locked, JobState.QUEUED)
+            do_transition_job(locked, JobState.QUEUED)  # releases its reserved nodes: none runs
             Job.objects.filter(pk=job_id).update(
                 attempts=F("attempts") - 1, dispatched_at=None,
                 error=f"dispatch failed, will retry: {type(exc).__name__}: {exc}")
+
+
+def _note_waiting(job: Job, reason: str) -> None:
+    """A multi-node job stays queued until enough agents are free: the reason is its error (the API and page
+    show it) and, when it changes, an event; ``do_requeue_lost_jobs`` tries the dispatch again later."""
+    if job.error == reason:
+        Job.objects.filter(pk=job.pk).update(updated_at=timezone.now())
+        return
+    Job.objects.filter(pk=job.pk).update(error=reason, updated_at=timezone.now())
+    job.error = reason
+    do_append_job_event(job.pk, kind="waiting", level=EventLevel.WARNING, message=reason,
+                        data={"nodes": job.nodes, "attempt": job.attempts + 1})
 
 
 def _lost_reason(job: Job, now: datetime) -> str | None:
     agent = job.agent
     if agent is None:
         return None  # still in the broker's queue: no agent took it yet (see selectors.job_waiting_reason)
+    if job.nodes > 1:  # every node's agent must stay alive: a rank on a silent host blocks all the others
+        for node in JobNode.objects.filter(job=job, attempt=job.attempts, rank__gt=0,
+                                           state__in=ACTIVE_NODE_STATES).select_related("agent"):
+            beat = node.agent.last_heartbeat_at
+            if beat is None or now - beat > dispatch.lost_after():
+                return f"agent {node.agent.hostname} (node {node.rank}) stopped heartbeating"
     silent_for = now - agent.last_heartbeat_at if agent.last_heartbeat_at else None
     if silent_for is None or silent_for > dispatch.lost_after():
         return f"agent {agent.hostname} stopped heartbeating"

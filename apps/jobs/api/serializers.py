@@ -134,13 +134,23 @@ class JobSerializer(serializers.ModelSerializer):
                                                "stage compares every shard with; empty when none is known yet")
     custom_thresholds = serializers.SerializerMethodField(
         help_text="the job's threshold overrides looser than the defaults (its tiers are marked custom)")
+    node_rows = serializers.SerializerMethodField(
+        help_text="a multi-node job's hosts at its current attempt: [{rank, agent, state, master_addr, master_port, "
+                  "error, events_acked}] (empty for one node)")
 
     class Meta:
         model = Job
         fields = ["id", "model", "hardware", "organization", "requested_by", "spec", "state", "attempts", "agent",
                   "failed_stage", "error", "events_acked", "created_at", "updated_at", "dispatched_at", "started_at",
-                  "finished_at", "stuck", "waiting_reason", "manifest", "custom_thresholds"]
+                  "finished_at", "stuck", "waiting_reason", "manifest", "custom_thresholds", "nodes", "node_rows"]
         read_only_fields = fields
+
+    def get_node_rows(self, job: Job) -> list[dict]:
+        if job.nodes <= 1:
+            return []
+        rows = job.node_rows.filter(attempt=job.attempts).values(
+            "rank", "agent", "state", "master_addr", "master_port", "error", "events_acked")
+        return list(rows)
 
     def get_custom_thresholds(self, job: Job) -> list[str]:
         return looser_keys(job.spec.get("thresholds") or {})
@@ -177,3 +187,11 @@ def _bound(value: float) -> str:
         power = n.bit_length() - 1
         return f"{n} (2**{power})" if n > 1024 and n == 1 << power else str(n)
     return f"{value:g}"
+
+
+class JobNodeStateSerializer(serializers.Serializer):
+    """A multi-node job's other node (rank > 0) reports its reservation's state."""
+
+    state = serializers.ChoiceField(choices=["running", "finished", "failed"])
+    attempt = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)
+    error = serializers.CharField(required=False, allow_blank=True, max_length=100_000)

@@ -17,8 +17,14 @@ from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.core.api.mixins import get_actor, get_or_404, require
-from apps.jobs import services
-from apps.jobs.api.serializers import JobCreateSerializer, JobEventSerializer, JobSerializer, JobStateSerializer
+from apps.jobs import node_services, services
+from apps.jobs.api.serializers import (
+    JobCreateSerializer,
+    JobEventSerializer,
+    JobNodeStateSerializer,
+    JobSerializer,
+    JobStateSerializer,
+)
 from apps.jobs.models import Job
 from apps.jobs.selectors import job_events_after, visible_jobs
 from apps.matrix.models import Cell
@@ -145,6 +151,32 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                                   "error": cell.error, "custom_thresholds": cell.custom_thresholds,
                                   "disputed": cell.disputed}},
                         status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=JobNodeStateSerializer, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"], url_path=r"nodes/(?P<rank>[0-9]{1,4})")
+    def node_state(self, request: Request, pk: str | None = None, rank: str = "0") -> Response:
+        """POST (agent of node ``rank`` > 0): ``{"state": "running", "attempt"}`` claims its reservation;
+        ``{"state": "finished" | "failed", "error"}`` says how its ranks ended."""
+        job = self.get_object()
+        actor = get_actor(request)
+        require(actor.authenticated, actor, "")
+        serializer = JobNodeStateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        node = node_services.check_agent_node_state(actor, job, int(rank), data["state"], attempt=data.get("attempt"),
+                                                    error=data.get("error") or "")
+        return Response({"job": job.pk, "rank": node.rank, "attempt": node.attempt, "state": node.state,
+                         "events_acked": node.events_acked})
+
+    @extend_schema(request=JobEventSerializer(many=True), responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"], url_path=r"nodes/(?P<rank>[0-9]{1,4})/events")
+    def node_events(self, request: Request, pk: str | None = None, rank: str = "0") -> Response:
+        """POST (agent of node ``rank`` > 0): a batch of its stage events in its own seqs; answers ``{"acked"}``."""
+        job = self.get_object()
+        actor = get_actor(request)
+        require(actor.authenticated, actor, "")
+        events = services.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
+        return Response({"acked": node_services.check_store_node_events(actor, job, int(rank), events)})
 
     @extend_schema(request=JobStateSerializer, responses=JobSerializer)
     @action(detail=True, methods=["post"])

@@ -1,0 +1,84 @@
+"""The writes of a multi-node job's other nodes (rank > 0): an agent claims the node it was reserved for,
+reports its stage events and says how its ranks ended. Node 0 claims, reports and finishes the job itself
+(``services``); its results are the job's results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from apps.accounts.access import Actor
+from apps.accounts.choices import Scope
+from apps.jobs.choices import ACTIVE_STATES
+from apps.jobs.models import Job, JobNode, NodeState
+from apps.jobs.services import InvalidTransition
+
+MAX_NODE_EVENTS = 2000  # per node and attempt: its stage events (a follower emits a few per ranked stage)
+NODE_STATES = (NodeState.RUNNING, NodeState.FINISHED, NodeState.FAILED)
+
+
+def _node_of(actor: Actor, job: Job, rank: int, attempt: int | None = None) -> JobNode:
+    """The job's node ``rank`` of its current attempt, run by an agent of this token."""
+    if not actor.has_scope(Scope.AGENT) or actor.hardware_id != job.hardware_id:
+        raise PermissionDenied(f"only an agent token of job {job.pk}'s hardware reports its nodes")
+    if attempt is not None and attempt != job.attempts:
+        raise InvalidTransition(f"node {rank} reports attempt {attempt}, job {job.pk} is at attempt {job.attempts}: "
+                                "a stale delivery")
+    node = JobNode.objects.select_related("agent").filter(job=job, attempt=job.attempts, rank=rank).first()
+    if node is None:
+        raise InvalidTransition(f"job {job.pk} has no node {rank} at attempt {job.attempts} "
+                                f"(it runs on {job.nodes} node(s))")
+    if node.agent.token_id != actor.token.pk:
+        raise PermissionDenied(f"node {rank} of job {job.pk} is reserved for agent {node.agent_id}, "
+                               "registered with another token")
+    return node
+
+
+@transaction.atomic
+def check_agent_node_state(actor: Actor, job: Job, rank: int, to_state: str, *, attempt: int | None = None,
+                           error: str = "") -> JobNode:
+    """Node ``rank`` > 0 claims its reservation (reserved → running) while the job is active, then says how its
+    ranks ended (running → finished | failed, with the error). Anything else is a 409 naming both states."""
+    if rank < 1:
+        raise ValidationError({"rank": "node 0 claims and finishes the job itself (POST jobs/{id}/state/)"})
+    if to_state not in NODE_STATES:
+        raise ValidationError({"state": f"a node reports {', '.join(NODE_STATES)}, not {to_state!r}"})
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    node = _node_of(actor, locked, rank, attempt)
+    allowed = {NodeState.RUNNING: NodeState.RESERVED}.get(to_state, NodeState.RUNNING)
+    if node.state != allowed or (to_state == NodeState.RUNNING and locked.state not in ACTIVE_STATES):
+        raise InvalidTransition(f"node {rank} of job {job.pk} is {node.state} (the job is {locked.state}); "
+                                f"it cannot become {to_state}")
+    node.state = to_state
+    if to_state == NodeState.RUNNING:
+        node.claimed_at = timezone.now()
+    else:
+        node.finished_at = timezone.now()
+        node.error = error[:10000]
+    node.save(update_fields=["state", "claimed_at", "finished_at", "error"])
+    return node
+
+
+@transaction.atomic
+def check_store_node_events(actor: Actor, job: Job, rank: int, events: list[dict[str, Any]]) -> int:
+    """Node ``rank``'s events (parsed by ``services.parse_event_batch``, its own seqs) kept on its row in seq
+    order, idempotent on seq; answers the highest contiguous seq stored (what its spool may forget)."""
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    node = _node_of(actor, locked, rank)
+    if node.state not in (NodeState.RUNNING, NodeState.FINISHED, NodeState.FAILED):
+        raise InvalidTransition(f"node {rank} of job {job.pk} is {node.state}: it claims its node before it reports")
+    stored = {e["seq"]: e for e in node.events}
+    for e in events:
+        stored.setdefault(e["seq"], {**e, "ts": e["ts"].isoformat()})
+    acked = node.events_acked
+    while acked + 1 in stored:
+        acked += 1
+    if len(stored) > MAX_NODE_EVENTS:
+        raise ValidationError({"events": f"node {rank} keeps at most {MAX_NODE_EVENTS} events"})
+    node.events = [stored[seq] for seq in sorted(stored)]
+    node.events_acked = acked
+    node.save(update_fields=["events", "events_acked"])
+    return acked
