@@ -33,10 +33,11 @@ class TopKRouter(nn.Module):
 
 
 class RoutedExperts(nn.Module):
-    """Routed SwiGLU experts, their weights stacked per expert (w1 and w3 packed). The forward visits the
-    experts that received tokens, one pair of GEMMs each over its tokens (a single token: the k chosen
-    experts' weights gathered for two batched matvecs); the per-expert token counts cost one host read per
-    layer. Checkpoint shard ids are ``(expert_id, "w1"|"w3"|"w2")``."""
+    """Routed SwiGLU experts, their weights stacked per expert (w1 and w3 packed). The forward sorts the
+    (token, expert) pairs by expert once and runs two grouped GEMMs (``torch.nn.functional.grouped_mm``) over
+    the rows of each local expert: no Python loop over experts and no host read of the routing, so a batch
+    of one reads only its k experts' weights and a step stays capturable. Checkpoint shard ids are
+    ``(expert_id, "w1"|"w3"|"w2")``."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
@@ -53,9 +54,7 @@ class RoutedExperts(nn.Module):
         self.w2 = quantizable(bind_loader(make_param((self.num_local, hidden, self.inter_local)), self._load,
                                           [(e, "w2") for e in ids], self._shape))
         self.hidden = hidden
-        # Gathering the k chosen experts' weights costs a copy: worth it only while per-op overhead dominates.
-        expert_bytes = 3 * self.inter_local * hidden * torch.get_default_dtype().itemsize
-        self.gather_ok = self.num_local == num_experts and expert_bytes <= 256 * 1024
+        self._group_ids: torch.Tensor | None = None  # [E_local] 0..E_local-1 on the weights' device
 
     def _shape(self, shard_id: Hashable) -> tuple[int, int]:
         return (self.hidden, self.inter) if shard_id[1] == "w2" else (self.inter, self.hidden)
@@ -72,43 +71,32 @@ class RoutedExperts(nn.Module):
         else:
             param.data[local].narrow(0, 0 if which == "w1" else n, n).copy_(loaded.narrow(0, start, n))
 
-    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(silu_and_mul(F.linear(x, self.w13[e])), self.w2[e])  # [n, H]
+    def _groups(self, device: torch.device) -> torch.Tensor:
+        ids = self._group_ids
+        if ids is None or ids.device != device:
+            ids = self._group_ids = torch.arange(self.num_local, dtype=torch.int64, device=device)
+        return ids
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, H], weights/ids: [T, k] -> this rank's partial sum [T, H]."""
-        tokens, top_k = ids.shape
-        if tokens == 1 and self.gather_ok:  # small experts at batch 1: gather the k experts, two batched matvecs
-            sel = ids[0]  # [k]
-            h = torch.matmul(self.w13.index_select(0, sel), x[0])  # h: [k, 2I]
-            y = torch.matmul(self.w2.index_select(0, sel), silu_and_mul(h).unsqueeze(-1)).squeeze(-1)  # y: [k, H]
-            return torch.matmul(weights if weights.dtype == x.dtype else weights.to(x.dtype), y)  # [1, H]
-        if tokens == 1:  # large experts at batch 1: no sort, no weight copies, scalar weights
-            out = None
-            for e, w in zip(ids.tolist()[0], weights.tolist()[0], strict=True):
-                local = e - self.first
-                if 0 <= local < self.num_local:
-                    y = self._expert(local, x)  # y: [1, H]
-                    out = y.mul_(w) if out is None else out.add_(y, alpha=w)
-            return torch.zeros_like(x) if out is None else out
-        out = torch.zeros_like(x)
-        flat = ids.flatten()  # [T * k]
-        order = torch.argsort(flat)
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        flat_w = weights.flatten()
-        pos = sum(counts[: self.first])
-        for local in range(self.num_local):
-            n = counts[self.first + local]
-            if n == 0:
-                continue
-            idx = order[pos : pos + n]
-            pos += n
-            tok = idx // top_k
-            y = self._expert(local, x.index_select(0, tok)) * flat_w.index_select(0, idx)[:, None]  # y: [n, H]
-            out.index_add_(0, tok, y.to(x.dtype))
-        return out
-
-
+        top_k = ids.shape[1]
+        keys = ids.flatten()  # [T * k] expert of each (token, choice) pair
+        remote = None
+        if self.num_local != self.num_experts:  # another EP rank's experts sort past the last local group
+            keys = keys - self.first
+            remote = (keys < 0) | (keys >= self.num_local)  # [T * k]
+            keys = keys.masked_fill(remote, self.num_local)
+        keys, order = torch.sort(keys, stable=True)  # stable: each expert's rows in token order, like a loop
+        # ends[e]: one past the last sorted row of local expert e (rows past ends[-1] are other ranks')
+        ends = torch.searchsorted(keys, self._groups(keys.device), right=True).to(torch.int32)  # [E_local]
+        tok = order // top_k  # [T * k] token of each sorted row
+        h = F.grouped_mm(x.index_select(0, tok), self.w13.transpose(1, 2), offs=ends)  # h: [T * k, 2I]
+        y = F.grouped_mm(silu_and_mul(h), self.w2.transpose(1, 2), offs=ends)  # y: [T * k, H]
+        y = y * weights.flatten().index_select(0, order)[:, None]
+        if remote is not None:  # their rows were never computed (uninitialised): exactly zero instead
+            y = y.masked_fill(remote.index_select(0, order)[:, None], 0.0)
+        # per token, its experts' terms are added in expert order, as the reference's loop over experts does
+        return torch.zeros_like(x).index_add_(0, tok, y.to(x.dtype))  # [T, H]
 
 
 class MoEBlock(nn.Module):

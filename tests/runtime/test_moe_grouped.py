@@ -1,0 +1,134 @@
+"""Routed experts as grouped GEMMs: equal to a per-expert reference over random routing, on every EP and
+expert-TP split of the experts, and free of host reads of the routing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.profiler import ProfilerActivity, profile
+
+from agents.runtime.distributed import set_parallel_state
+from agents.runtime.layers.moe import RoutedExperts
+
+E, H, INTER = 8, 32, 24  # experts, hidden, intermediate
+
+
+def full_weights(seed: int = 0) -> dict[tuple[int, str], torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = {}
+    for e in range(E):
+        w[(e, "w1")] = torch.randn(INTER, H, generator=g) * 0.2
+        w[(e, "w3")] = torch.randn(INTER, H, generator=g) * 0.2
+        w[(e, "w2")] = torch.randn(H, INTER, generator=g) * 0.2
+    return w
+
+
+def routing(tokens: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(tokens)])  # [T, k] distinct
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1)
+    return x, weights, ids
+
+
+def reference(w: dict, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Token by token, expert by expert: the plain SwiGLU sum."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(ids[t].tolist()):
+            act = F.silu(w[(e, "w1")] @ x[t]) * (w[(e, "w3")] @ x[t])
+            out[t] += weights[t, j] * (w[(e, "w2")] @ act)
+    return out
+
+
+def experts_of(rank: int, tp: int, ep: int, w: dict) -> RoutedExperts:
+    """This rank's experts of a tp x ep stage, loaded through the checkpoint loader (no process group: the
+    layout only decides which experts and which slice of each)."""
+    set_parallel_state(tp, ep, rank)
+    try:
+        experts = RoutedExperts(E, H, INTER)
+    finally:
+        set_parallel_state(1, 1, 0)
+    for param in (experts.w13, experts.w2):
+        for shard in param.shards:
+            param.weight_loader(param, w[shard], shard)
+    return experts
+
+
+@pytest.mark.parametrize("tp,ep", [(1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (4, 2)],
+                         ids=["single", "ep2", "ep4", "etp2", "tp2-ep2", "etp2-ep4"])
+@pytest.mark.parametrize("tokens,top_k", [(1, 2), (5, 2), (17, 3), (64, 1)])
+def test_grouped_experts_equal_per_expert_reference(tp, ep, tokens, top_k):
+    w = full_weights()
+    x, weights, ids = routing(tokens, top_k, seed=tokens * 10 + top_k)
+    world = max(tp, ep)
+    with torch.inference_mode():
+        partial = sum(experts_of(rank, tp, ep, w)(x, weights, ids) for rank in range(world))
+    torch.testing.assert_close(partial, reference(w, x, weights, ids), atol=1e-5, rtol=1e-5)
+
+
+def test_experts_no_token_routed_to_this_rank_gives_zeros():
+    w = full_weights()
+    experts = experts_of(1, 1, 2, w)  # holds experts 4..7
+    x = torch.randn(3, H)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 0]])
+    with torch.inference_mode():
+        out = experts(x, torch.full((3, 2), 0.5), ids)
+    assert torch.equal(out, torch.zeros_like(x))
+
+
+def test_experts_bfloat16_close_to_fp32():
+    w = full_weights()
+    x, weights, ids = routing(9, 2, seed=3)
+    experts = experts_of(0, 1, 1, w)
+    with torch.inference_mode():
+        want = experts(x, weights, ids)
+        experts.to(torch.bfloat16)
+        got = experts(x.bfloat16(), weights, ids)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+class HostReads(TorchFunctionMode):
+    """Records every tensor method or function the Python code calls that hands tensor data to the host."""
+
+    READS = frozenset({"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "bincount",
+                       "unique", "unique_consecutive", "numpy", "masked_select", "repeat_interleave"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name in self.READS:
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("ep_rank", [None, 1], ids=["all-experts", "ep2-rank1"])
+@pytest.mark.parametrize("tokens", [1, 12])
+def test_experts_forward_reads_nothing_back_to_the_host(ep_rank, tokens):
+    """The forward never waits on the routing's values: no ``.item()``, ``.tolist()``, ``bool(tensor)`` or
+    data-dependent shape at the Python level (a torch function mode sees each), and no scalar read among
+    the aten ops it issues (``aten::_local_scalar_dense``) outside the grouped GEMM kernel, whose CPU
+    fallback reads its int32 group ends from host memory (on CUDA the kernel takes them on the device)."""
+    w = full_weights()
+    experts = experts_of(0, 1, 1, w) if ep_rank is None else experts_of(ep_rank, 1, 2, w)
+    x, weights, ids = routing(tokens, 2, seed=5)
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof, HostReads() as mode:
+        experts(x, weights, ids)
+    assert mode.reads == []
+    events = prof.events()
+    assert any(e.name == "aten::_grouped_mm" for e in events)
+    inside_kernel: set[int] = set()
+    stack = [c for e in events if e.name == "aten::_grouped_mm" for c in e.cpu_children]
+    while stack:
+        child = stack.pop()
+        inside_kernel.add(child.id)
+        stack.extend(child.cpu_children)
+    scalar_reads = [e.name for e in events if e.id not in inside_kernel and e.name in (
+        "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero")]
+    assert scalar_reads == []
