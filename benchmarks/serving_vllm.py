@@ -272,6 +272,9 @@ def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, 
             caps = [median_rows(per["capacity"][s])["capacity_req_s"] for s in ("vllm", "day0")]
             rate = 0.9 * min(c for c in caps if c) if any(caps) else 1.0
             print(f"  capacity: vLLM {caps[0]:.2f}, day0 {caps[1]:.2f} req/s -> Poisson at {rate:.2f}/s", flush=True)
+            arrivals = sum(w.num_prompts / (rate if w.from_capacity else w.rate) for w in plan if w.name != "capacity"
+                           and (w.from_capacity or w.rate))
+            print(f"  the Poisson runs take >= {2 * rounds * arrivals / 60:.0f} min (arrivals alone)", flush=True)
         for r in range(rounds):
             for w in plan:
                 if w.name != "capacity":
