@@ -21,6 +21,11 @@ def queue_name(hardware_slug: str) -> str:
     return f"hw.{hardware_slug}"
 
 
+def agent_queue_name(agent_id: int) -> str:
+    """The queue only this agent consumes: a multi-node job's node reserved for it (``apps.jobs.dispatch``)."""
+    return f"agent.{agent_id}"
+
+
 def default_broker_url() -> str:
     """``DAY0_AGENT_BROKER``, else ``DAY0_REDIS_URL``, else the filesystem broker the embedded portal uses."""
     return os.environ.get("DAY0_AGENT_BROKER") or os.environ.get("DAY0_REDIS_URL") or "filesystem://"

@@ -115,6 +115,18 @@ class PortalClient:
         body = {"state": state, "failed_stage": failed_stage, "error": error, "agent": agent_id, "attempt": attempt}
         return self.request("POST", f"/jobs/{job_id}/state/", json={k: v for k, v in body.items() if v is not None})
 
+    def set_node_state(self, job_id: int, rank: int, state: str, *, attempt: int | None = None,
+                       error: str | None = None) -> dict:
+        """A multi-node job's node ``rank`` > 0: claim its reservation (running), then finished or failed."""
+        body = {"state": state, "attempt": attempt, "error": error}
+        return self.request("POST", f"/jobs/{job_id}/nodes/{rank}/",
+                            json={k: v for k, v in body.items() if v is not None})
+
+    def post_node_events(self, job_id: int, rank: int, events: list[dict[str, Any]]) -> int:
+        """Node ``rank``'s events in its own seqs; returns the highest contiguous seq the portal stored."""
+        answer = self.request("POST", f"/jobs/{job_id}/nodes/{rank}/events/", json={"events": events})
+        return int(answer["acked"])
+
     # ------------------------------------------------------------------ vendor calls
 
     def create_job(self, *, model: str, hardware: str, stages: list[str] | None = None,

@@ -33,6 +33,12 @@ def register(subparsers: Any) -> None:
     agent.add_argument("--device", default=os.environ.get("DAY0_AGENT_DEVICE"), help="torch device (default: cuda if present)")
     agent.add_argument("--hostname", default=None, help="name of this agent (default: the host name)")
     agent.add_argument("--heartbeat", type=float, default=float(os.environ.get("DAY0_AGENT_HEARTBEAT", "5")))
+    agent.add_argument("--address", default=os.environ.get("DAY0_AGENT_ADDRESS"),
+                       help="address the other nodes of a multi-node job reach this host at, when it is node 0 "
+                            "(default: the host name's address)")
+    agent.add_argument("--rendezvous-port", type=int,
+                       default=int(os.environ.get("DAY0_AGENT_RENDEZVOUS_PORT", "29500")),
+                       help="first port of the range (3 per job) a multi-node job's ranks meet at on node 0")
     agent.set_defaults(handler=run_agent)
 
     jobs = subparsers.add_parser("jobs", help="submit, watch, list and cancel adaptation jobs")
@@ -136,16 +142,20 @@ def run_agent(args: argparse.Namespace) -> int:
 
     from agents.pipeline.env import environment_lock
     from agents.worker.agent_state import STATE
-    from agents.worker.app import app, queue_name
+    from agents.worker.app import agent_queue_name, app, queue_name
     from agents.worker.client import PortalClient, PortalError
     from agents.worker.heartbeat import Heartbeat
     from agents.worker.lifecycle import install_stop_on_shutdown
 
     client = PortalClient(STATE.portal_url, STATE.token)
     versions = environment_lock(STATE.device)
+    if not 1024 <= args.rendezvous_port <= 60000:
+        print(f"day0 agent: --rendezvous-port must be in [1024, 60000], got {args.rendezvous_port}", file=sys.stderr)
+        return 2
     capabilities = {"device": STATE.device, "device_name": versions.get("device"),
                     "device_count": versions.get("device_count"), "dispatch_key": versions.get("dispatch_key"),
-                    "queue": queue_name(args.hardware)}
+                    "queue": queue_name(args.hardware), "address": args.address or _host_address(),
+                    "rendezvous_port": args.rendezvous_port}
     for attempt in range(60):
         try:
             agent = client.register_agent(hostname=STATE.hostname, capabilities=capabilities, versions=versions)
@@ -163,13 +173,14 @@ def run_agent(args: argparse.Namespace) -> int:
         return 1
     STATE.agent_id = int(agent["id"])
     os.environ["DAY0_AGENT_ID"] = str(STATE.agent_id)
+    queues = f"{queue_name(args.hardware)},{agent_queue_name(STATE.agent_id)}"  # its own: a multi-node job's node
     print(f"agent {STATE.agent_id} ({STATE.hostname}) registered for {args.hardware}; consuming "
-          f"{queue_name(args.hardware)} on {app.conf.broker_url.split('@')[-1]}", flush=True)
+          f"{queues} on {app.conf.broker_url.split('@')[-1]}", flush=True)
     install_stop_on_shutdown(STATE)
     heartbeat = Heartbeat(STATE, interval=args.heartbeat).start()
     try:
         app.worker_main([
-            "worker", "-Q", queue_name(args.hardware), "--pool", "solo", "--concurrency", "1",
+            "worker", "-Q", queues, "--pool", "solo", "--concurrency", "1",
             "--prefetch-multiplier", "1", "-n", f"agent-{args.hardware}-{STATE.agent_id}@{STATE.hostname}",
             "--loglevel", os.environ.get("DAY0_AGENT_LOGLEVEL", "INFO"), "--without-gossip", "--without-mingle",
         ])
@@ -367,3 +378,14 @@ def _watch_ws(args: argparse.Namespace, view: ProgressView, client: Any) -> None
             elif message.get("type") == "job.state" and message.get("state") in TERMINAL_STATES:
                 if message["state"] != "lost" or client.get_job(args.job_id).get("state") == "lost":
                     return
+
+
+def _host_address() -> str:
+    """This host's address as its name resolves (what another node dials); the name itself when it does not."""
+    import socket
+
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name

@@ -71,7 +71,25 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any,
         device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), pp=spec.get("pp"),
         thresholds=dict(spec.get("thresholds") or {}),
         bench=dict(spec.get("bench") or {}), manifest=manifest, workdir=workdir, emit_fn=emit_fn,
+        node=node_of(job_id, spec),
     )
+
+
+def node_of(job_id: int, spec: dict[str, Any]) -> Any:
+    """The ``NodeSpec`` a multi-node job's delivery names (``spec["node"]``), or None for one host; a
+    ValueError names a malformed one."""
+    node = spec.get("node")
+    if node is None:
+        return None
+    from agents.runtime.nodes import NodeSpec
+
+    if not isinstance(node, dict):
+        raise ValueError(f"job {job_id}: the delivery's node must be an object, got {type(node).__name__}")
+    try:
+        return NodeSpec(node.get("nnodes"), node.get("node_rank"), node.get("master_addr"),
+                        node.get("master_port"), float(spec.get("rendezvous_timeout") or 600))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"job {job_id}: the delivery's node is not valid: {exc}") from None
 
 
 def _watch_cancel(client: PortalClient, job_id: int, cancel: threading.Event, done: threading.Event) -> None:
@@ -84,9 +102,10 @@ def _watch_cancel(client: PortalClient, job_id: int, cancel: threading.Event, do
             continue  # the portal is away: keep running, check again later
 
 
-def _is_current(job: dict[str, Any], spec: dict[str, Any]) -> str | None:
-    """Why this delivery must not run (a stale redelivery or a finished job), or None."""
-    if job.get("state") not in ("queued", "dispatched"):
+def _is_current(job: dict[str, Any], spec: dict[str, Any], running_ok: bool = False) -> str | None:
+    """Why this delivery must not run (a stale redelivery or a finished job), or None. ``running_ok``: a
+    multi-node job's other node, which joins the job node 0 claimed."""
+    if job.get("state") not in ("queued", "dispatched", *(("running",) if running_ok else ())):
         return f"job is {job.get('state')}"
     attempt = spec.get("attempt")
     if attempt is not None and job.get("attempts") not in (None, attempt):
@@ -117,10 +136,14 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
     except PortalError as exc:
         logger.warning("job %s: cannot read it (%s); dropping the delivery", job_id, exc)
         return None
-    reason = _is_current(job, spec)
+    rank = (spec.get("node") or {}).get("node_rank") if isinstance(spec.get("node"), dict) else None
+    node_delivery = isinstance(rank, int) and not isinstance(rank, bool) and rank > 0
+    reason = _is_current(job, spec, running_ok=node_delivery)  # node 0 may have claimed the job already
     if reason:
         logger.info("job %s: skipping delivery (%s)", job_id, reason)
         return None
+    if node_delivery:
+        return run_node(self, client, job_id, job, spec, rank)
 
     STATE.current_job = job_id  # before the claim, so no heartbeat after it reports another job
     try:
@@ -224,3 +247,66 @@ def _finish(client: PortalClient, sender: SpoolSender, outbox: ResultOutbox, job
         except PortalError as exc:
             logger.warning("job %s: final report refused: %s (events flushed: %s)", job_id, exc, flushed)
             return
+
+
+def run_node(task: Any, client: PortalClient, job_id: int, job: dict[str, Any], spec: dict[str, Any],
+             rank: int) -> dict[str, Any] | None:
+    """A multi-node job's node ``rank`` > 0 on this agent: claim the node, run its ranks of the job's ranked
+    stages (``agents.pipeline.nodes.follow``), post its stage events to the node's log and say how it ended.
+    Node 0 claims the job, posts the results and finishes it."""
+    from agents.pipeline.nodes import follow
+    from agents.pipeline.tiers import DEFAULT_STAGES
+
+    attempt = spec.get("attempt")
+    STATE.current_job = job_id
+    try:
+        claimed = client.set_node_state(job_id, rank, "running", attempt=attempt)
+    except PortalUnavailable as exc:
+        STATE.current_job = None
+        raise task.retry(exc=exc, countdown=5) from exc
+    except PortalError as exc:  # released (a sibling could not start), cancelled or a stale attempt
+        STATE.current_job = None
+        logger.warning("job %s node %s: the portal refused the claim (%s); dropping the delivery", job_id, rank, exc)
+        return None
+    folder = STATE.spool_dir / f"node{rank}"
+    identity = f"{STATE.portal_url.rstrip('/')} job {job_id} created {job.get('created_at')} node {rank}"
+    spool = JobSpool(folder, job_id, portal_acked=int(claimed.get("events_acked") or 0), identity=identity)
+    sender_client = PortalClient(STATE.portal_url, STATE.token)
+    sender = SpoolSender(spool, lambda jid, events: sender_client.post_node_events(jid, rank, events),
+                         retryable=_retryable).start()
+
+    def emit(kind: str, message: str, *, level: str = "info", data: dict | None = None, stage: str = "") -> None:
+        if kind in ("result", "progress"):
+            return  # node 0 posts the results; a follower's progress is its ranks', seen on node 0
+        spool.append(stage=stage, kind=kind, message=message, level=level, data=data)
+        sender.wake()
+
+    done = threading.Event()
+    try:
+        ctx = build_context(job_id, spec, emit, manifest=job.get("manifest"))
+        STATE.cancel_event = ctx.cancel_event
+        watcher = threading.Thread(target=_watch_cancel, args=(client, job_id, ctx.cancel_event, done), daemon=True)
+        watcher.start()
+        emit("log", f"agent {STATE.hostname} runs node {rank} of {ctx.node.nnodes} of job {job_id} "
+                    f"(attempt {attempt}), ranks meet at {ctx.node.master_addr}:{ctx.node.master_port}")
+        outcome = follow(ctx, spec.get("stages") or list(DEFAULT_STAGES))
+    except Exception as exc:  # noqa: BLE001 - the node failed outside its ranks: say so on its row
+        logger.exception("job %s node %s failed", job_id, rank)
+        outcome = {"failed_stage": "agent", "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        done.set()
+        STATE.cancel_event = None
+    sender.flush(FLUSH_SECONDS, abort=STATE.stopping)
+    sender.stop()
+    error = outcome.get("error")
+    try:
+        client.set_node_state(job_id, rank, "failed" if outcome.get("failed_stage") else "finished",
+                              error=f"{outcome.get('failed_stage')}: {error}" if error else None)
+    except PortalError as exc:
+        logger.warning("job %s node %s: final state refused: %s", job_id, rank, exc)
+    spool.close()
+    release_job_files(folder, job_id)
+    sender_client.close()
+    client.close()
+    STATE.current_job = None
+    return {"job": job_id, "node": rank, "failed_stage": outcome.get("failed_stage")}
