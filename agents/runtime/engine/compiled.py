@@ -131,7 +131,7 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_key: torch.Tensor
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor) -> torch.Tensor:
     """The eager routed experts owning ``w13`` (their forward pre-hooks included: the expert-load counters).
     x: [T, H], weights/ids: [T, k] -> this rank's partial sum [T, H]."""
-    module, forward = _EXPERTS[w13.data_ptr()]
+    _module, forward = _EXPERTS[w13.data_ptr()]
     return forward(x, weights, ids)
 
 
