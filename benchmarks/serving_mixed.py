@@ -2,11 +2,14 @@
 16–256 tokens drawn from a fixed seed, arriving as a Poisson process near saturation.
 
 * runtime: requests join the running engine at their arrival times (continuous batching, chunked prefill);
-* transformers: the same requests in arrival order as static batches of 8, each left-padded to its longest
-  prompt, started when its last request has arrived and the previous batch is done, held until its longest
+* transformers: the same requests in arrival order as static batches of up to 8, each left-padded to its
+  longest prompt: a batch starts as soon as the previous one has ended and work is waiting (every request
+  arrived by then, up to 8; when none is waiting, the next arrival starts one), and is held until its longest
   request ends.
 
-Prints p50/p99 TTFT, TPOT and output throughput for both (targets: >= 2x throughput, >= 5x lower p50 TTFT).
+The arrival rate is 0.9 x the slower side's capacity (each side's requests finished per second, 24 of the same
+length distribution submitted at once, until three quarters are done), unless ``--rate`` is given. Prints p50/p99
+TTFT, TPOT and output throughput for both (targets: >= 2x throughput, >= 5x lower p50 TTFT).
 
     .venv/bin/python benchmarks/serving_mixed.py [--threads N] [--rate R] [--requests 64] [--seed 0]
 """
@@ -91,9 +94,20 @@ def run_runtime(model_dir, reqs, max_batched_tokens: int) -> dict[str, float]:
     return summarize("runtime", ttft, tpot, tokens, last - (start + shift))
 
 
-def run_transformers(model_dir, reqs, batch_size: int) -> dict[str, float]:
+def load_transformers(model_dir):
     import torch
-    from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        model.generate(torch.tensor([[16] * 8]), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    return model
+
+
+def run_transformers(model, reqs, batch_size: int) -> tuple[dict[str, float], list[float]]:
+    """The static batcher: (summary, finish time of every request from the start)."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
 
     class FirstToken(LogitsProcessor):
         def __init__(self) -> None:
@@ -104,16 +118,19 @@ def run_transformers(model_dir, reqs, batch_size: int) -> dict[str, float]:
                 self.at = time.perf_counter()
             return scores
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        model.generate(torch.tensor([reqs[0]["prompt"][:8]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
-    ttft, tpot, tokens = [], [], 0
+    pending = sorted(reqs, key=lambda r: r["arrival"])
+    ttft, tpot, finished, tokens = [], [], [], 0
     start = time.perf_counter()
     free_at = start
-    for b in range(0, len(reqs), batch_size):
-        batch = reqs[b : b + batch_size]
-        begin = max(free_at, start + max(r["arrival"] for r in batch))
-        time.sleep(max(0.0, begin - time.perf_counter()))
+    i = 0
+    while i < len(pending):
+        # idle: wait for the next arrival; busy until now: take every request that has arrived, up to a batch
+        time.sleep(max(0.0, start + pending[i]["arrival"] - time.perf_counter()))
+        now = time.perf_counter() - start
+        j = i + 1
+        while j < len(pending) and j - i < batch_size and pending[j]["arrival"] <= now:
+            j += 1
+        batch, i = pending[i:j], j
         width = max(len(r["prompt"]) for r in batch)
         ids = torch.tensor([[0] * (width - len(r["prompt"])) + r["prompt"] for r in batch])  # left padding
         mask = torch.tensor([[0] * (width - len(r["prompt"])) + [1] * len(r["prompt"]) for r in batch])
@@ -134,8 +151,9 @@ def run_transformers(model_dir, reqs, batch_size: int) -> dict[str, float]:
             arrival = start + r["arrival"]
             ttft.append(first.at - arrival)
             tpot.append((free_at - first.at) / max(1, r["output_len"] - 1))  # held until the batch ends
+            finished.append(free_at - start)
             tokens += r["output_len"]
-    return summarize("transformers", ttft, tpot, tokens, free_at - start)
+    return summarize("transformers", ttft, tpot, tokens, free_at - start), finished
 
 
 def main() -> None:
@@ -143,11 +161,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument(
-        "--rate", type=float, default=None, help="arrivals per second (default: 0.9 x the runtime's measured capacity)"
+        "--rate", type=float, default=None, help="arrivals per second (default: 0.9 x the slower side's capacity)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8, help="transformers static batch size")
     parser.add_argument("--max-batched-tokens", type=int, default=512)
+    parser.add_argument("--calibration-requests", type=int, default=24, help="requests of each side's capacity run")
     args = parser.parse_args()
 
     import torch
@@ -157,7 +176,11 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model_dir = model_100m()
     vocab = config_of(model_dir)["vocab_size"]
-    rate = args.rate or calibrate_rate(model_dir, vocab, args.seed)
+    hf_model = load_transformers(model_dir)
+    if not 4 <= args.calibration_requests <= 256 or not 1 <= args.requests <= 1024:
+        parser.error("--calibration-requests must be in [4, 256] and --requests in [1, 1024]")
+    rate = args.rate or calibrate_rate(model_dir, hf_model, vocab, args.seed, args.batch_size, args.max_batched_tokens,
+                                       args.calibration_requests)
     reqs = workload(args.requests, vocab, args.seed, rate)
     print(
         f"model {model_dir.name}: {args.requests} requests, Poisson rate {rate:.2f}/s, "
@@ -165,7 +188,7 @@ def main() -> None:
         f"torch threads {torch.get_num_threads()}"
     )
     rt = run_runtime(model_dir, reqs, args.max_batched_tokens)
-    hf = run_transformers(model_dir, reqs, args.batch_size)
+    hf, _ = run_transformers(hf_model, reqs, args.batch_size)
     print_table({"runtime": rt, "transformers": hf}, "mixed load")
     print(
         f"\nthroughput: {rt['output tok/s'] / hf['output tok/s']:.2f}x transformers (target >= 2x); "
@@ -173,23 +196,30 @@ def main() -> None:
     )
 
 
-def calibrate_rate(model_dir, vocab: int, seed: int, n: int = 24) -> float:
-    """0.9 × the request rate the runtime sustains at full load: ``n`` requests of the same length distribution
-    submitted at once; capacity = requests finished per second until three quarters are done (the last few,
-    running nearly alone, would understate what a loaded server sustains)."""
+def calibrate_rate(model_dir, hf_model, vocab: int, seed: int, batch_size: int, max_batched_tokens: int,
+                   n: int = 24) -> float:
+    """0.9 × the request rate the slower side sustains at full load: ``n`` requests of the same length
+    distribution submitted at once to each; capacity = requests finished per second until three quarters are
+    done (the last few, running nearly alone, would understate what a loaded server sustains)."""
     from agents.runtime.engine import LLMEngine, SamplingParams
 
-    engine = LLMEngine(model_dir, max_num_seqs=64, max_num_batched_tokens=512, max_model_len=1024)
+    engine = LLMEngine(model_dir, max_num_seqs=64, max_num_batched_tokens=max_batched_tokens, max_model_len=1024)
     engine.warmup()
-    sample = workload(n, vocab, seed + 1, rate=1.0)
+    sample = [{**r, "arrival": 0.0} for r in workload(n, vocab, seed + 1, rate=1.0)]
     params = [SamplingParams(max_tokens=r["output_len"], temperature=0.0, ignore_eos=True) for r in sample]
+    k = (3 * n + 3) // 4
     t0 = time.monotonic()
     outs = engine.generate([r["prompt"] for r in sample], params)
-    k = (3 * n + 3) // 4
-    t_k = sorted(o.finish_time for o in outs)[k - 1] - t0
-    capacity = k / t_k
-    print(f"calibration: {k} of {n} simultaneous requests done in {t_k:.1f} s -> capacity {capacity:.2f} req/s")
-    return 0.9 * capacity
+    runtime_t = sorted(o.finish_time for o in outs)[k - 1] - t0
+    del engine
+    _, finished = run_transformers(hf_model, sample, batch_size)
+    hf_t = sorted(finished)[k - 1]
+    caps = {"runtime": k / runtime_t, "transformers": k / hf_t}
+    slower = min(caps, key=caps.get)
+    print(f"calibration: {k} of {n} simultaneous requests done in {runtime_t:.1f} s (runtime), {hf_t:.1f} s "
+          f"(transformers) -> capacity {caps['runtime']:.2f} and {caps['transformers']:.2f} req/s; "
+          f"rate 0.9 x {slower}'s")
+    return 0.9 * caps[slower]
 
 
 if __name__ == "__main__":
