@@ -63,8 +63,8 @@ def test_second_process_hits_the_fx_graph_cache_and_compiled_tokens_equal_eager(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral", "qwen3"])
-def test_compiled_tokens_equal_eager_on_moe_and_qk_norm_families(arch, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", ["qwen3-moe", "mixtral", "qwen3", "deepseek-v3"])
+def test_compiled_tokens_equal_eager_on_moe_qk_norm_and_mla_families(arch, tmp_path, monkeypatch):
     monkeypatch.setenv("DAY0_COMPILE_CACHE_DIR", str(tmp_path))
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     engine = LLMEngine(cached_model(arch), num_blocks=48, max_num_batched_tokens=32)

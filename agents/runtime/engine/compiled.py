@@ -8,7 +8,8 @@ every layer reuses it: the compile time does not grow with depth. What stays eag
 inside the compiled graph:
 
 * paged attention (``day0::paged_attention``): the batch layout lives in Python lists (each sequence's query
-  bounds, the mixed prefill/decode split) and the op writes the paged KV cache with ``index_copy_``;
+  bounds, the mixed prefill/decode split) and the op writes the paged KV cache with ``index_copy_``; MLA
+  (DeepSeek-V3) runs as a whole block (``day0::whole_attention``: projections, latent cache write, attention);
 * routed experts (``day0::routed_experts``): their per-expert token counts are read on the host.
 
 Inside the graph both are calls that take and return tensors whose only dynamic size is the token count, so a
@@ -98,6 +99,18 @@ def check_cpp_compiler() -> str:
     return f"{cxx}: {version.splitlines()[0]}" if version.strip() else cxx
 
 
+def _check_triton(device: torch.device) -> str:
+    """Inductor on a GPU generates Triton kernels: ``CompileUnavailable`` when Triton is not installed."""
+    from torch.utils._triton import has_triton
+
+    if not has_triton():
+        raise CompileUnavailable(f"torch.compile on {device.type} (Inductor) needs Triton, which is not installed "
+                                 "for this torch (pip install triton, matching the torch build)")
+    import triton
+
+    return f"triton {triton.__version__}"
+
+
 # ---- the opaque ops ------------------------------------------------------------------------------------------
 
 class _Step(threading.local):
@@ -127,6 +140,19 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_key: torch.Tensor
     return q.new_empty((q.shape[0], q.shape[1] * q.shape[2]))
 
 
+@torch.library.custom_op("day0::whole_attention", mutates_args=())
+def whole_attention(hidden: torch.Tensor, layer_key: torch.Tensor) -> torch.Tensor:
+    """A whole attention block run eager (MLA: its projections, latent cache write and attention in one
+    forward) on the step's metadata. hidden: [T, hidden] -> [T, hidden]."""
+    block = _ATTENTION[layer_key.data_ptr()]
+    return getattr(block, _ORIGINAL)(hidden, _STEP.meta)
+
+
+@whole_attention.register_fake
+def _(hidden: torch.Tensor, layer_key: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(hidden)
+
+
 @torch.library.custom_op("day0::routed_experts", mutates_args=())
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor) -> torch.Tensor:
     """The eager routed experts owning ``w13`` (their forward pre-hooks included: the expert-load counters).
@@ -140,7 +166,9 @@ def _(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13: torch.Tens
     return torch.empty_like(x)
 
 
-def _patch_attention(attn: nn.Module, device: torch.device) -> None:
+def _patch_attention(attn: nn.Module, device: torch.device, *, whole: bool = False) -> None:
+    """``attn`` becomes an opaque op under Dynamo: the paged ``Attention`` (q, k, v, meta), or with ``whole`` a
+    whole attention block (hidden, meta), such as MLA's."""
     eager = attn.forward
     setattr(attn, _ORIGINAL, eager)
     key = torch.zeros(1, device=device)  # same shape in every layer: the shared graph takes it as an input
@@ -152,7 +180,12 @@ def _patch_attention(attn: nn.Module, device: torch.device) -> None:
             return paged_attention(q, k, v, getattr(attn, _KEY))
         return eager(q, k, v, meta)
 
-    attn.forward = forward
+    def forward_whole(hidden: torch.Tensor, meta: Any) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return whole_attention(hidden, getattr(attn, _KEY))
+        return eager(hidden, meta)
+
+    attn.forward = forward_whole if whole else forward
 
 
 _HOOKS = "_day0_pre_hooks"  # the forward pre-hooks moved off a patched experts module
@@ -288,10 +321,22 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
         raise CompileUnavailable(
             f"{type(model).__name__} is not a native decoder of DecoderLayer blocks: the compiled path covers "
             "the native families (the transformers fallback runs eager)")
-    if not all(isinstance(getattr(layer.self_attn, "attn", None), Attention) for layer in layers):
-        raise CompileUnavailable(f"{type(model).__name__}: the compiled path covers paged GQA attention layers "
-                                 "(MLA runs eager)")
+    if not all(isinstance(getattr(layer.self_attn, "attn", None), Attention) or _is_mla(layer.self_attn)
+               for layer in layers):
+        raise CompileUnavailable(f"{type(model).__name__}: the compiled path covers paged GQA attention and MLA "
+                                 "layers")
     return layers
+
+
+def _is_mla(module: nn.Module) -> bool:
+    from agents.runtime.layers.mla import MLAttention
+
+    return isinstance(module, MLAttention)
+
+
+def _attention_of(layer: nn.Module) -> nn.Module:
+    """What runs eager as an op: the paged ``Attention`` inside the block, or the whole MLA block."""
+    return layer.self_attn if _is_mla(layer.self_attn) else layer.self_attn.attn
 
 
 class CompiledModel:
@@ -308,7 +353,7 @@ class CompiledModel:
             raise CompileUnavailable("the compiled path serves one process (tp, pp and ep 1): the collectives of "
                                      "a multi-rank step run eager for now")
         self.layers = _decoder_layers(model)
-        compiler = check_cpp_compiler() if self.device.type == "cpu" else None
+        compiler = check_cpp_compiler() if self.device.type == "cpu" else _check_triton(self.device)
         cache = configure_caches(cache_dir)
         self.stats = CompileStats(device=str(self.device), cache_dir=str(cache), compiler=compiler,
                                   layers=len(self.layers), baseline=_counter_snapshot())
@@ -323,8 +368,8 @@ class CompiledModel:
     def _install(self, layer: nn.Module) -> None:
         if hasattr(layer, _ORIGINAL):
             raise CompileUnavailable("the compiled path is already installed on this model")
-        attn = layer.self_attn.attn
-        _patch_attention(attn, self.device)
+        attn = _attention_of(layer)
+        _patch_attention(attn, self.device, whole=_is_mla(attn))
         experts = getattr(layer.mlp, "experts", None)
         if experts is not None and hasattr(experts, "w13"):
             _patch_experts(experts)
@@ -375,7 +420,7 @@ class CompiledModel:
     def remove(self) -> None:
         """Restore the eager forwards and hooks (the model is then as it was built)."""
         for layer in self.layers:
-            attn = layer.self_attn.attn
+            attn = _attention_of(layer)
             key = attn.__dict__.pop(_KEY, None)
             if key is not None:
                 _ATTENTION.pop(key.data_ptr(), None)
