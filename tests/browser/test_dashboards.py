@@ -73,6 +73,10 @@ def test_cell_page_shows_checklist_alignment_chart_and_benchmarks(world, portal_
     bench = chart_option(page, "bench-chart")
     assert bench["xAxis"][0]["data"] == ["1", "4", "16", "64"]
     assert page.locator("#bench-table tbody tr").count() == 4
+    stages = page.eval_on_selector_all("#verdicts tbody tr", "rows => rows.map(r => r.dataset.stage)")
+    assert stages[:4] == ["plan", "load", "inventory", "align"], stages  # pipeline order, not the JSON column's
+    for part in ("#jobs .job-state", '#jobs td[data-label="created"]', "#jobs .compare-link"):
+        assert page.locator(part).first.bounding_box()["height"] < 40, part  # one line each (two are ~50 px)
     shot(page, "desktop")
     phone = open_page(browser_factory, portal_server, login_cookie, phone=True)
     phone.goto(f"/cells/{world.model.slug}/{world.other_hardware.slug}/")

@@ -91,6 +91,14 @@ class CellPage:
     needle: NeedleHeatmap | None = None  # its needle grids, target and reference paired per cell
 
     @property
+    def verdict_rows(self) -> list[tuple[str, dict[str, Any]]]:
+        """The cell's verdicts in pipeline order (plan, load, …), stages the order does not know last (the JSON
+        column keeps no key order)."""
+        verdicts = (self.cell.verdicts if self.cell is not None else None) or {}
+        rank = {stage: i for i, stage in enumerate(STAGE_ORDER)}
+        return sorted(verdicts.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0]))
+
+    @property
     def stages(self) -> list[tuple[str, StageResult | None]]:
         return [(s, self.results.get(s)) for s in STAGE_ORDER]
 
