@@ -43,6 +43,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     finally:
         if not keep:
             serve.stop(ctx)  # the bench is the server's last user
+    for run in [*section["runs"], *([section["long_context"]] if section.get("long_context") else [])]:
+        add_rank_overheads(run)
     ctx.emit("log", "benchmark:\n" + format_table(section))
     if compiled.requested(ctx):  # one bounded eager run at one level: compiled against eager
         section["compile"] = compiled.bench_compare(ctx, section, settings)
@@ -50,3 +52,15 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if failed:
         section["notes"] = [f"{failed} request(s) failed: {section['runs'][0].get('errors')}"]
     return section
+
+
+def add_rank_overheads(run: dict[str, Any]) -> None:
+    """Beside ``comm_overhead_ratio`` (rank 0's): ``comm_overhead_ratio_per_rank`` (each rank's collective time
+    over its own step time, in rank order, as a multi-rank server timed them: ``run["comm"]["ranks"]``) and
+    ``comm_overhead_ratio_max`` (the rank that waits longest); one rank: its own ratio."""
+    comm = run.get("comm") or {}
+    own = run.get("comm_overhead_ratio")
+    ranks = comm.get("ranks") or []
+    run["comm_overhead_ratio_per_rank"] = [r.get("comm_overhead_ratio") for r in ranks] if ranks else \
+        ([own] if own is not None else [])
+    run["comm_overhead_ratio_max"] = comm.get("comm_overhead_ratio_max", own) if ranks else own

@@ -195,6 +195,9 @@ class CommTimer:
 
     def __init__(self) -> None:
         self.enabled = False
+        # rank 0 of a multi-rank server: ``peers(command)`` runs "enable", "disable" or "snapshot" on every other
+        # rank and returns their snapshots by rank (``engine.tp.RankStats``), so the ratio is timed on each rank
+        self.peers: Callable[[str], dict[int, dict[str, Any]]] | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -205,14 +208,27 @@ class CommTimer:
         self._depth = 0
 
     def enable(self, on: bool = True) -> None:
-        """Start (or stop) timing from zero."""
+        """Start (or stop) timing from zero, on the peers too."""
         self.reset()
         self.enabled = on
+        if self.peers is not None:
+            self.peers("enable" if on else "disable")
 
-    def snapshot(self) -> dict[str, Any]:
+    def local_snapshot(self) -> dict[str, Any]:
         ratio = self.comm_seconds / self.step_seconds if self.step_seconds > 0 else None
         return {"enabled": self.enabled, "steps": self.steps, "collectives": self.calls,
                 "comm_seconds": self.comm_seconds, "step_seconds": self.step_seconds, "comm_overhead_ratio": ratio}
+
+    def snapshot(self) -> dict[str, Any]:
+        """This rank's totals; with peers, also ``ranks`` (every rank's totals, in rank order) and
+        ``comm_overhead_ratio_max`` (the rank that waits longest in collectives)."""
+        own = self.local_snapshot()
+        if self.peers is None:
+            return own
+        ranks = {0: own, **self.peers("snapshot")}
+        ratios = [r["comm_overhead_ratio"] for r in ranks.values() if r.get("comm_overhead_ratio") is not None]
+        return {**own, "ranks": [{"rank": r, **ranks[r]} for r in sorted(ranks)],
+                "comm_overhead_ratio_max": max(ratios) if ratios else None}
 
     @staticmethod
     def _sync(device: torch.device) -> None:

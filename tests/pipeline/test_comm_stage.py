@@ -189,6 +189,9 @@ def test_a_tp2_pp2_moe_job_runs_every_stage_with_comm_and_expert_balance(make_ct
     assert (stages["load"]["tp"], stages["load"]["pp"], len(stages["load"]["ranks"])) == (2, 2, 4)
     for run in stages["bench"]["runs"]:
         assert run["completed"] == 4 and 0 < run["comm_overhead_ratio"] < 1  # rank 0's collectives and sends
+        per_rank = run["comm_overhead_ratio_per_rank"]  # every rank timed its own collectives in its own steps
+        assert len(per_rank) == 4 and all(0 < r < 1 for r in per_rank) and run["comm_overhead_ratio_max"] == max(per_rank)
+        assert run["expert_balance"]["layers"] == 2  # both stages' MoE layers, not stage 0's alone
         assert run["expert_balance"]["routed_tokens"] > 0 and run["tpot_jitter"] >= 1
     comm = stages["comm"]
     assert comm["ranks"] == 4 and {row["op"] for row in comm["collectives"]} == {

@@ -4,12 +4,15 @@ step's inputs (plain lists) and ``None`` to stop."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,13 +32,107 @@ def broadcast_from_rank0(obj: Any) -> Any:
     return box[0]
 
 
+STATS_PREFIX = "day0/stats"
+STATS_TIMEOUT_S = 10.0
+_STORE_AT: list[tuple[str, int]] = []  # where the rendezvous store of this server's ranks listens (rank 0 holds it)
+
+
+def _store_client(timeout: float = 30.0) -> Any:
+    addr, port = _STORE_AT[0]
+    return dist.TCPStore(addr, port, None, False, timeout=timedelta(seconds=timeout))
+
+
+class RankStats:
+    """Rank 0 asks every other rank for its counters through the rendezvous store, beside the steps: no
+    collective (the engine thread owns those) and no device synchronisation on the serving path. Each worker
+    answers from a thread (``serve_stats``): its collective timer's totals and its stage's expert counts."""
+
+    def __init__(self, world: int, timeout: float = STATS_TIMEOUT_S) -> None:
+        self.world, self.timeout = world, timeout
+        self.store = _store_client()
+        self.asked = 0
+        self._lock = threading.Lock()
+
+    def ask(self, command: str) -> dict[int, dict[str, Any]]:
+        """Every other rank's answer to ``command`` ("enable", "disable", "snapshot", "experts"), by rank;
+        RuntimeError naming the ranks that did not answer within the timeout."""
+        with self._lock:
+            self.asked += 1
+            n = self.asked
+            self.store.set(f"{STATS_PREFIX}/req/{n}", command)
+            keys = {r: f"{STATS_PREFIX}/resp/{n}/{r}" for r in range(1, self.world)}
+            try:
+                self.store.wait(list(keys.values()), timedelta(seconds=self.timeout))
+            except RuntimeError:
+                missing = [r for r, k in keys.items() if not self.store.check([k])]
+                raise RuntimeError(f"ranks {missing} did not report their counters within {self.timeout:g} s") \
+                    from None
+            out = {r: json.loads(self.store.get(k)) for r, k in keys.items()}
+            for key in (*keys.values(), f"{STATS_PREFIX}/req/{n}"):
+                self.store.delete_key(key)
+            return out
+
+
+def serve_stats(rank: int, expert_load: Any) -> None:
+    """A worker's answers to rank 0's ``RankStats`` (a daemon thread; it ends when rank 0's store does)."""
+    from agents.runtime.distributed import COMM_TIMER, get_parallel_state
+
+    store = _store_client()
+    state = get_parallel_state()
+    n = 1
+    while True:
+        key = f"{STATS_PREFIX}/req/{n}"
+        try:
+            store.wait([key], timedelta(seconds=3600))
+            command = store.get(key).decode()
+        except RuntimeError:  # a timeout (rank 0 asked nothing for an hour), or rank 0 and its store are gone
+            try:
+                if store.check([f"{STATS_PREFIX}/alive"]):
+                    continue
+            except RuntimeError:
+                pass
+            return
+        answer: dict[str, Any] = COMM_TIMER.local_snapshot()
+        if command == "enable":
+            COMM_TIMER.enable(True)
+        elif command == "disable":
+            COMM_TIMER.enable(False)
+        elif command == "experts":
+            answer = {"pp_rank": state.pp_rank, "stage_rank": state.stage_rank,
+                      "counts": expert_load.counts() if expert_load is not None and expert_load.active else []}
+        store.set(f"{STATS_PREFIX}/resp/{n}/{rank}", json.dumps(answer))
+        n += 1
+
+
+def _all_stage_counts(engine: Any, stats: RankStats) -> Any:
+    """Rank 0's ``expert_load.counts`` over every pipeline stage: stage 0's layers (its own), then each later
+    stage's from that stage's first rank (the ranks of a stage route the same tokens)."""
+    own = engine.expert_load.counts
+
+    def counts() -> list[list[int]]:
+        stages = {0: own()}
+        for answer in stats.ask("experts").values():
+            if answer["stage_rank"] == 0 and answer["pp_rank"] > 0:
+                stages[answer["pp_rank"]] = answer["counts"]
+        return [row for p in sorted(stages) for row in stages[p]]
+
+    return counts
+
+
 def attach(engine: Any) -> None:
-    """Rank 0: tell the workers the pool size, then send them every step."""
+    """Rank 0: tell the workers the pool size, then send them every step; collect their counters on ask."""
+    from agents.runtime.distributed import COMM_TIMER, get_pp_world_size
     from agents.runtime.engine.rank_failure import StepGuard
 
     broadcast_from_rank0((engine.blocks.num_blocks, engine.blocks.block_size))
     engine.runner.broadcast = broadcast_from_rank0
     engine.runner.execute = StepGuard(engine.runner, engine.runner.execute)  # a failed step stops every rank
+    if _STORE_AT:
+        stats = RankStats(dist.get_world_size())
+        stats.store.set(f"{STATS_PREFIX}/alive", "1")
+        COMM_TIMER.peers = stats.ask  # the overhead ratio on every rank (``/stats/comm``)
+        if get_pp_world_size() > 1 and engine.expert_load.active:  # every stage's MoE layers (``/stats/experts``)
+            engine.expert_load.counts = _all_stage_counts(engine, stats)
 
 
 def worker(model_dir: str, dtype: str, device: str) -> None:
@@ -48,6 +145,10 @@ def worker(model_dir: str, dtype: str, device: str) -> None:
     num_blocks, block_size = broadcast_from_rank0(None)
     runner = ModelRunner(model, device, block_size, num_blocks)
     rank, step = dist.get_rank(), 0
+    if _STORE_AT:
+        from agents.runtime.engine.expert_load import ExpertLoad
+
+        threading.Thread(target=serve_stats, args=(rank, ExpertLoad(model)), name="rank-stats", daemon=True).start()
     try:
         while (inputs := broadcast_from_rank0(None)) is not None:
             step += 1
@@ -64,6 +165,7 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
     if node is None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    _STORE_AT.append((node.master_addr, node.master_port) if node is not None else ("127.0.0.1", port))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     # the backend follows the serving device, not whether a GPU exists: a CPU run on a GPU host stays on gloo
     backend = "nccl" if str(serve_kwargs.get("device", "cpu")).startswith("cuda") else "gloo"
