@@ -160,7 +160,7 @@ def test_a_siglip_tower_answers_as_transformers():
     engine = LLMEngine(path, num_blocks=32, max_num_batched_tokens=24)
     model = engine.model
     assert model.path == "native" and ids.count(model.image_token_id) == 2 * 16
-    want_features = ref.get_image_features(pixel_values=enc["pixel_values"], vision_feature_layer=-1,
+    want_features = ref.get_image_features(pixel_values=enc["pixel_values"], vision_feature_layer=-2,
                                            vision_feature_select_strategy="full").pooler_output
     torch.testing.assert_close(model.encode_images(enc["pixel_values"]), torch.cat(list(want_features)),
                                rtol=1e-5, atol=1e-5)

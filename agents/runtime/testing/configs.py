@@ -92,7 +92,7 @@ _CONFIGS: dict[tuple[str, str], dict[str, Any]] = {
             "num_attention_heads": 2, "image_size": 32, "patch_size": 8, "num_channels": 3,
             "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6, "vision_use_head": False,
         },
-        "vision_feature_layer": -1, "vision_feature_select_strategy": "full", "projector_hidden_act": "gelu",
+        "vision_feature_layer": -2, "vision_feature_select_strategy": "full", "projector_hidden_act": "gelu",
         "multimodal_projector_bias": True, "image_seq_length": 16, "tie_word_embeddings": False, "torch_dtype": "float32",
     },
     # Qwen2.5-VL (the transformers fallback): dynamic resolution, 8x8 patches over 2 frames (a still image is
