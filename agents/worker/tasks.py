@@ -30,6 +30,7 @@ FLUSH_SECONDS = float(os.environ.get("DAY0_AGENT_FLUSH_SECONDS", "600"))
 # a delivery waits this many times 5 s for an unreachable portal before the broker drops it (the portal's
 # lost-job detection and attempt cap decide what happens to the job then)
 MAX_DELIVERY_RETRIES = 60
+RESERVED_BACKOFF_SECONDS = 1.0
 
 
 def _model_dir(spec: dict[str, Any]) -> Path | None:
@@ -153,6 +154,12 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
         raise self.retry(exc=exc, countdown=5) from exc
     except PortalError as exc:  # cancelled, re-queued or claimed by another agent in between: not ours to run
         STATE.current_job = None
+        if exc.status == 409 and "is reserved for node" in str(exc):  # this agent runs a multi-node job next
+            from celery.exceptions import Reject
+
+            logger.info("job %s: %s; handing the delivery back", job_id, exc)
+            time.sleep(RESERVED_BACKOFF_SECONDS)  # not a hot loop while the reserved node's task is on its way
+            raise Reject(str(exc), requeue=True) from exc
         logger.warning("job %s: the portal refused the claim (%s); dropping the delivery", job_id, exc)
         return None
     if STATE.agent_id is not None:

@@ -232,6 +232,11 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
                 if not claimed:
                     raise InvalidTransition(f"job {job.pk} runs on {locked.nodes} nodes: agent {agent.pk} is not "
                                             f"its node 0 for attempt {locked.attempts}")
+            else:  # an agent reserved for a multi-node job runs that one next: it leaves this job to another
+                held = JobNode.objects.filter(agent=agent, state__in=ACTIVE_NODE_STATES).first()
+                if held is not None:
+                    raise InvalidTransition(f"agent {agent.pk} is reserved for node {held.rank} of job "
+                                            f"{held.job_id}; job {job.pk} is left to another agent")
         else:
             if locked.state != JobState.RUNNING:
                 raise InvalidTransition(f"job {job.pk} is {locked.state}; an agent finishes only a running job")

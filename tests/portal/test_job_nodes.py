@@ -217,3 +217,21 @@ def test_the_plan_decides_how_many_nodes_a_job_needs() -> None:
     assert placement.plan_nodes(model, hardware, {"dtype": "float32", "tp": 2, "pp": 2}) == 2  # 4 devices
     assert placement.plan_nodes(model, HardwareFactory(devices_per_node=2, shared_memory=True),
                                 {"tp": 2, "pp": 2}) == 1  # CPU processes share one host
+
+
+@pytest.mark.django_db
+def test_an_agent_reserved_for_a_node_leaves_a_one_node_job_to_another_agent(api_client, monkeypatch) -> None:
+    hardware = HardwareFactory()
+    agents = _agents(hardware, 3)
+    headers = {"HTTP_AUTHORIZATION": f"Token {agents[0].token_secret}"}
+    monkeypatch.setattr(dispatch, "send_job", lambda job, nodes=(): None)
+    multi = JobFactory(hardware=hardware, state=JobState.QUEUED, nodes=2)
+    services.do_dispatch_job(multi.pk)
+    single = JobFactory(hardware=hardware, model=ModelReleaseFactory(visibility="public"), state=JobState.QUEUED)
+    services.do_dispatch_job(single.pk)
+    url = f"/api/v1/jobs/{single.pk}/state/"
+    refused = api_client.post(url, {"state": "running", "agent": agents[1].pk}, format="json", **headers)
+    assert refused.status_code == 409, refused.content
+    assert f"is reserved for node 1 of job {multi.pk}" in refused.json()["detail"]
+    taken = api_client.post(url, {"state": "running", "agent": agents[2].pk}, format="json", **headers)
+    assert taken.status_code == 200, taken.content  # the free agent runs it
