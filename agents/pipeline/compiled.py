@@ -63,6 +63,7 @@ def serve_evidence(ctx: StageContext, url: str, ready_seconds: float) -> dict[st
         raise StageFailed(f"the compiled server did not answer /stats/compile: {exc}") from exc
     if r.status_code != 200 or body.get("enabled") is not True:
         raise StageFailed(f"the server was started with --compile but /stats/compile says {body!r:.300}")
+    ctx.shared["compiled_server"] = url  # the bench compares this server with an eager one
     return {"requested": True, **body, "ready_seconds": round(ready_seconds, 3)}
 
 
@@ -82,6 +83,9 @@ def bench_compare(ctx: StageContext, section: dict[str, Any], settings: dict[str
     from agents.pipeline import serve
     from agents.runtime.bench import run_benchmark
 
+    if not ctx.shared.get("compiled_server"):  # the serve stage checked /stats/compile on it
+        return {"requested": True, "enabled": False,
+                "reason": "the benchmarked server showed no compile evidence (serve.compile): nothing to compare"}
     levels = list(settings["concurrency"])
     level = ctx.bench.get("compile_compare_concurrency", levels[0])
     if level not in levels:

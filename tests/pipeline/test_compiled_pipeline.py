@@ -100,3 +100,11 @@ def test_the_portal_recomputes_compiled_against_eager_tokens():
     assert _align_with({"enabled": True, "rows": [near]}).status == "pass"
     assert _align_with({"enabled": True}).status == "incomplete"
     assert _align_with({"enabled": False, "reason": "fallback"}).status == "pass"  # not asked of this model
+
+
+def test_the_bench_compares_only_a_server_the_serve_stage_saw_compiled(tmp_path):
+    from agents.pipeline import compiled
+
+    ctx = _ctx(tmp_path)
+    block = compiled.bench_compare(ctx, {"runs": [{"concurrency": 1, "output_tok_s": 10.0}]}, {"concurrency": [1]})
+    assert block["enabled"] is False and "no compile evidence" in block["reason"]
