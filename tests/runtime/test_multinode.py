@@ -139,3 +139,28 @@ def test_day0_adapt_refuses_node_flags_that_break_the_rules(tmp_path):
                           "cpu", "--nnodes", "2", "--node-rank", "2", "--pp", "2"], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert out.returncode == 2 and "node rank 2 is outside the 2 node" in out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.slow  # two nodes load the model and serve: ~25 s on a busy host
+def test_a_rank_failing_on_another_node_is_named_on_node_0(tmp_path):
+    model_dir, master, http = cached_model("llama"), free_port(), free_port()
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    os.environ["DAY0_INJECT_RANK_FAULT"] = "1:4"  # rank 1 is node 1's; steps 1-2 warm up, 4 is in the request
+    try:
+        nodes = [_serve(model_dir, r, master, http, logs[r], "--rendezvous-timeout", "120") for r in (0, 1)]
+    finally:
+        del os.environ["DAY0_INJECT_RANK_FAULT"]
+    url = f"http://127.0.0.1:{http}"
+    try:
+        wait_until_ready(url, nodes[0], logs[0], timeout=180)
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": "Hello world", "max_tokens": 12,
+                                                           "ignore_eos": True}, timeout=60)
+        codes = [p.wait(timeout=60) for p in nodes]  # both nodes stop by themselves
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+    expected = "rank 1: InjectedFault: fault injected on rank 1 at step 4"
+    assert expected in answer.text and "abandoned on every rank" in answer.text, answer.text
+    assert codes == [1, 1], [log.read_text()[-2000:] for log in logs]
+    assert expected in logs[0].read_text()  # node 0's own log names the other host's rank

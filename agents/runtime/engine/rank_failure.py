@@ -16,6 +16,7 @@ retried: the step is abandoned everywhere and the server exits non-zero with the
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -56,8 +57,24 @@ def _error_dir() -> Path | None:
     return Path(path) if path else None
 
 
+ERROR_KEY = "day0/errors"
+_SHARED: list[tuple[Any, int]] = []  # (the ranks' rendezvous store, world size) when they span hosts
+
+
+def share_errors(store: Any, world: int) -> None:
+    """Ranks across hosts: also record errors in the ranks' rendezvous store, where rank 0 reads another host's
+    (the error folder is this host's only)."""
+    _SHARED[:] = [(store, world)]
+
+
 def record_error(rank: int, message: str) -> None:
     """Leave ``message`` where rank 0 and the parent read it (no-op outside ``serve_tp``)."""
+    if _SHARED:
+        store, _ = _SHARED[0]
+        try:
+            store.set(f"{ERROR_KEY}/{rank}", json.dumps({"t": time.time(), "message": message}))
+        except RuntimeError:  # rank 0's store is gone already: the local folder still says it
+            pass
     folder = _error_dir()
     if folder is None:
         return
@@ -66,15 +83,37 @@ def record_error(rank: int, message: str) -> None:
     tmp.replace(folder / f"rank{rank}.error")
 
 
+def _shared_errors() -> list[tuple[float, int, str]]:
+    if not _SHARED:
+        return []
+    store, world = _SHARED[0]
+    found = []
+    try:
+        for rank in range(world):
+            key = f"{ERROR_KEY}/{rank}"
+            if store.check([key]):
+                entry = json.loads(store.get(key))
+                found.append((float(entry["t"]), rank, str(entry["message"])))
+    except RuntimeError:
+        pass
+    return found
+
+
 def read_errors(wait_s: float = 0.0, folder: Path | None = None) -> dict[int, str]:
-    """The errors ranks recorded, first written first, waiting up to ``wait_s`` for a first one."""
+    """The errors ranks recorded (this host's folder, and other hosts' through the store), first written
+    first, waiting up to ``wait_s`` for a first one."""
     folder = folder or _error_dir()
-    if folder is None:
+    if folder is None and not _SHARED:
         return {}
     deadline = time.monotonic() + wait_s
     while True:
-        files = sorted(folder.glob("rank*.error"), key=lambda f: f.stat().st_mtime_ns)
-        found = {int(f.name[4:-6]): f.read_text() for f in files}
+        entries = _shared_errors()
+        if folder is not None:
+            entries += [(f.stat().st_mtime_ns / 1e9, int(f.name[4:-6]), f.read_text())
+                        for f in folder.glob("rank*.error")]
+        found: dict[int, str] = {}
+        for _, rank, message in sorted(entries):
+            found.setdefault(rank, message)
         if found or time.monotonic() >= deadline:
             return found
         time.sleep(0.05)

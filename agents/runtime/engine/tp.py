@@ -177,6 +177,10 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
         from agents.runtime.engine.rank_failure import fail_worker
 
         fail_worker(rank, exc)
+    if node is not None:  # another host's failing rank is named on rank 0 through the rendezvous store
+        from agents.runtime.engine.rank_failure import share_errors
+
+        share_errors(_store_client(), world)
     try:
         if rank == 0:
             from agents.runtime.engine.rank_failure import failure
