@@ -21,6 +21,7 @@ import httpx
 
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.load_sharded import effective_layout, effective_tp
+from agents.pipeline.nodes import stage_node
 from agents.runtime.engine.multimodal import config_takes_images
 
 
@@ -117,6 +118,8 @@ def start_server(ctx: StageContext) -> ServerProcess:
     tp, _ = effective_tp(ctx)
     _, ep, pp = effective_layout(ctx)
     layout = tuple(a for name, v in (("--ep", ep), ("--pp", pp)) if v > 1 for a in (name, str(v)))
+    node = stage_node(ctx, "serve")  # ranks across hosts: this node's share, node 0 serving HTTP
+    layout += tuple(node.as_args()) if node is not None else ()
     server = ServerProcess(
         Path(ctx.model_dir),
         dtype=ctx.dtype,
