@@ -254,9 +254,10 @@ def expected_image_prompt_tokens(model_dir: Path, png: bytes) -> int:
     import io
 
     from PIL import Image
-    from transformers import AutoProcessor
 
-    processor = AutoProcessor.from_pretrained(model_dir)
+    from agents.runtime.server.images import load_processor
+
+    processor = load_processor(model_dir)  # transformers' AutoProcessor, or the runtime's Qwen-VL composition
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": IMAGE_QUESTION}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     out = processor(text=[text], images=[Image.open(io.BytesIO(png)).convert("RGB")], add_special_tokens=False)
