@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from agents.pipeline import compiled
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.load_sharded import effective_layout, effective_tp
 from agents.pipeline.nodes import stage_node
@@ -114,7 +115,7 @@ class ServerProcess:
 def start_server(ctx: StageContext) -> ServerProcess:
     if ctx.model_dir is None:
         raise StageFailed("serve needs the model's weights, but this job has no model directory")
-    extra = [str(a) for a in ctx.bench.get("serve_args", [])]
+    extra = [str(a) for a in ctx.bench.get("serve_args", [])] + compiled.serve_args(ctx)  # bench.compile
     tp, _ = effective_tp(ctx)
     _, ep, pp = effective_layout(ctx)
     layout = tuple(a for name, v in (("--ep", ep), ("--pp", pp)) if v > 1 for a in (name, str(v)))
@@ -331,10 +332,18 @@ def run(ctx: StageContext) -> dict[str, Any]:
     notes += [template_note] if template_note else []
     tp_note = effective_tp(ctx)[1]
     notes += [tp_note] if tp_note else []
+    compile_block = None
+    if compiled.requested(ctx):  # the compiled path's evidence: compile seconds, graphs, cache hits and misses
+        try:
+            compile_block = compiled.serve_evidence(ctx, server.url, ready_seconds)
+        except StageFailed:
+            stop(ctx)
+            raise
     if not ok:
         notes.append(f"server log tail:\n{server.log_tail()}")
         stop(ctx)
     return {
+        **({"compile": compile_block} if compile_block is not None else {}),
         "ready_seconds": round(ready_seconds, 3),
         "endpoint": server.url,
         "tp": server.tp,
