@@ -300,12 +300,13 @@ def merge_ranks(per_rank: list[list[dict[str, Any]]], n: int) -> list[dict[str, 
     return out
 
 
-def _stall_watchdog(progress: Any, started: float, bound: float) -> Callable[[], str | None]:
+def _stall_watchdog(progress: Any, started: float, bound: float,
+                    startup: float = STARTUP_BOUND_S) -> Callable[[], str | None]:
     def check() -> str | None:
         now = time.time()
         cases = dict(progress)
-        if not cases and now - started > STARTUP_BOUND_S:
-            return f"no rank started measuring within {STARTUP_BOUND_S:.0f} s (the process group did not form)"
+        if not cases and now - started > startup:
+            return f"no rank started measuring within {startup:.0f} s (the process group did not form)"
         for rank, (label, since) in sorted(cases.items()):
             if label != "done" and now - since > bound:
                 return f"{label} did not finish within {bound:.0f} s on rank {rank}"
@@ -328,12 +329,14 @@ def measure(ranks: int, settings: CommSettings, rank_setup: Callable[[int], None
     if ranks < 2:
         return {"ranks": ranks, "collectives": [], "notes": ["one rank: the layout uses no collectives"]}
     bound = settings.op_timeout_s + settings.watchdog_grace_s
+    # across hosts the rendezvous itself may wait for a late node (and names it when it never comes)
+    startup = max(STARTUP_BOUND_S, float(node.timeout) + 60) if node is not None else STARTUP_BOUND_S
     with mp.get_context("spawn").Manager() as manager:
         progress = manager.dict()
         try:
             per_rank = launch(measure_rank, ranks, settings, sizes, progress, rank_setup,
                               pg_timeout=settings.op_timeout_s,
-                              watchdog=_stall_watchdog(progress, time.time(), bound), node=node)
+                              watchdog=_stall_watchdog(progress, time.time(), bound, startup), node=node)
         except RuntimeError as exc:
             raise StageFailed(f"collectives over {ranks} ranks: {str(exc).splitlines()[0]}") from exc
     if node is not None and node.node_rank != 0:

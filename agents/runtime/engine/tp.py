@@ -73,25 +73,26 @@ class RankStats:
             return out
 
 
-def serve_stats(rank: int, expert_load: Any) -> None:
-    """A worker's answers to rank 0's ``RankStats`` (a daemon thread; it ends when rank 0's store does)."""
+def serve_stats(rank: int, expert_load: Any, stop: threading.Event) -> None:
+    """A worker's answers to rank 0's ``RankStats`` (a thread; it ends when ``stop`` is set or rank 0's store
+    is gone). It waits a second at a time so the worker can join it before the process ends (a thread left in
+    the store's wait aborts the exit)."""
     from agents.runtime.distributed import COMM_TIMER, get_parallel_state
 
     store = _store_client()
     state = get_parallel_state()
     n = 1
-    while True:
+    while not stop.is_set():
         key = f"{STATS_PREFIX}/req/{n}"
         try:
-            store.wait([key], timedelta(seconds=3600))
+            store.wait([key], timedelta(seconds=1))
             command = store.get(key).decode()
-        except RuntimeError:  # a timeout (rank 0 asked nothing for an hour), or rank 0 and its store are gone
+        except RuntimeError:  # nothing asked this second, or rank 0 and its store are gone
             try:
-                if store.check([f"{STATS_PREFIX}/alive"]):
-                    continue
+                store.check([key])
             except RuntimeError:
-                pass
-            return
+                return
+            continue
         answer: dict[str, Any] = COMM_TIMER.local_snapshot()
         if command == "enable":
             COMM_TIMER.enable(True)
@@ -145,10 +146,13 @@ def worker(model_dir: str, dtype: str, device: str) -> None:
     num_blocks, block_size = broadcast_from_rank0(None)
     runner = ModelRunner(model, device, block_size, num_blocks)
     rank, step = dist.get_rank(), 0
+    stop, stats = threading.Event(), None
     if _STORE_AT:
         from agents.runtime.engine.expert_load import ExpertLoad
 
-        threading.Thread(target=serve_stats, args=(rank, ExpertLoad(model)), name="rank-stats", daemon=True).start()
+        stats = threading.Thread(target=serve_stats, args=(rank, ExpertLoad(model), stop), name="rank-stats",
+                                 daemon=True)
+        stats.start()
     try:
         while (inputs := broadcast_from_rank0(None)) is not None:
             step += 1
@@ -156,6 +160,9 @@ def worker(model_dir: str, dtype: str, device: str) -> None:
             runner.execute(inputs)
     except Exception as exc:  # never leave rank 0 waiting in a collective: exit, it sees the connection close
         fail_worker(rank, exc)
+    stop.set()
+    if stats is not None:
+        stats.join(timeout=5)
 
 
 def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: dict[str, Any],
