@@ -164,3 +164,26 @@ def test_a_rank_failing_on_another_node_is_named_on_node_0(tmp_path):
     assert expected in answer.text and "abandoned on every rank" in answer.text, answer.text
     assert codes == [1, 1], [log.read_text()[-2000:] for log in logs]
     assert expected in logs[0].read_text()  # node 0's own log names the other host's rank
+
+
+@pytest.mark.slow  # four ranks on two nodes load a MoE model: ~40 s on a busy host
+def test_tp2_inside_each_of_two_nodes_pp_across_them_serves_the_single_process_tokens(tmp_path):
+    from agents.runtime.engine import LLMEngine, SamplingParams
+
+    model_dir, master, http = cached_model("qwen3-moe"), free_port(), free_port()
+    prompt = "Hello world, this is"
+    [alone] = LLMEngine(model_dir, num_blocks=32).generate(
+        [prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    nodes = [_serve(model_dir, r, master, http, logs[r], "--tp", "2", "--rendezvous-timeout", "120") for r in (0, 1)]
+    url = f"http://127.0.0.1:{http}"
+    try:
+        wait_until_ready(url, nodes[0], logs[0], timeout=240)
+        r = httpx.post(f"{url}/v1/completions", timeout=60,
+                       json={"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == alone.text, r.text
+        assert len(httpx.get(f"{url}/stats/experts", timeout=30).json()["counts"]) == 2  # both stages' layers
+    finally:
+        nodes[0].terminate()
+        codes = [p.wait(timeout=60) for p in nodes]
+    assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
