@@ -37,19 +37,28 @@ def _node_of(actor: Actor, job: Job, rank: int, attempt: int | None = None) -> J
     return node
 
 
+def _released_after_claim(node: JobNode) -> bool:
+    """Node 0 finished the job (releasing every node) while this claimed node was still reporting."""
+    return node.state == NodeState.RELEASED and node.claimed_at is not None
+
+
 @transaction.atomic
 def check_agent_node_state(actor: Actor, job: Job, rank: int, to_state: str, *, attempt: int | None = None,
                            error: str = "") -> JobNode:
     """Node ``rank`` > 0 claims its reservation (reserved → running) while the job is active, then says how its
-    ranks ended (running → finished | failed, with the error). Anything else is a 409 naming both states."""
+    ranks ended (running → finished | failed, with the error; also after node 0 finished the job, which released
+    the claimed node). Anything else is a 409 naming both states."""
     if rank < 1:
         raise ValidationError({"rank": "node 0 claims and finishes the job itself (POST jobs/{id}/state/)"})
     if to_state not in NODE_STATES:
         raise ValidationError({"state": f"a node reports {', '.join(NODE_STATES)}, not {to_state!r}"})
     locked = Job.objects.select_for_update().get(pk=job.pk)
     node = _node_of(actor, locked, rank, attempt)
-    allowed = {NodeState.RUNNING: NodeState.RESERVED}.get(to_state, NodeState.RUNNING)
-    if node.state != allowed or (to_state == NodeState.RUNNING and locked.state not in ACTIVE_STATES):
+    if to_state == NodeState.RUNNING:
+        ok = node.state == NodeState.RESERVED and locked.state in ACTIVE_STATES
+    else:
+        ok = node.state == NodeState.RUNNING or _released_after_claim(node)
+    if not ok:
         raise InvalidTransition(f"node {rank} of job {job.pk} is {node.state} (the job is {locked.state}); "
                                 f"it cannot become {to_state}")
     node.state = to_state
@@ -68,7 +77,7 @@ def check_store_node_events(actor: Actor, job: Job, rank: int, events: list[dict
     order, idempotent on seq; answers the highest contiguous seq stored (what its spool may forget)."""
     locked = Job.objects.select_for_update().get(pk=job.pk)
     node = _node_of(actor, locked, rank)
-    if node.state not in (NodeState.RUNNING, NodeState.FINISHED, NodeState.FAILED):
+    if node.state not in (NodeState.RUNNING, NodeState.FINISHED, NodeState.FAILED) and not _released_after_claim(node):
         raise InvalidTransition(f"node {rank} of job {job.pk} is {node.state}: it claims its node before it reports")
     stored = {e["seq"]: e for e in node.events}
     for e in events:

@@ -186,12 +186,23 @@ def test_node_0_claims_the_job_and_node_1_claims_and_reports_its_node(api_client
                "message": f"load ranks of node 1 ended ({s})"} for s in (2, 1)]
     assert api_client.post(f"{url}/nodes/1/events/", events, format="json", **headers).json() == {"acked": 2}
     assert api_client.post(f"{url}/nodes/1/events/", events[:1], format="json", **headers).json() == {"acked": 2}
-    done = api_client.post(f"{url}/nodes/1/", {"state": "finished"}, format="json", **headers)
-    assert done.status_code == 200
     detail = api_client.get(f"{url}/", **headers).json()
     assert [(r["rank"], r["state"], r["events_acked"]) for r in detail["node_rows"]] == [(0, "running", 0),
-                                                                                          (1, "finished", 2)]
-    assert [e["seq"] for e in JobNode.objects.get(job=job, rank=1).events] == [1, 2]
+                                                                                          (1, "running", 2)]
+    # node 0 finishes the job first (every node is released); node 1's last event and state still land
+    finish = api_client.post(f"{url}/state/", {"state": "succeeded", "agent": agents[0].pk}, format="json",
+                             **headers)
+    assert finish.status_code == 200, finish.content
+    last = [{"seq": 3, "ts": timezone.now().isoformat(), "stage": "serve", "kind": "stage_finished",
+             "message": "serve ranks of node 1 ended"}]
+    assert api_client.post(f"{url}/nodes/1/events/", last, format="json", **headers).json() == {"acked": 3}
+    done = api_client.post(f"{url}/nodes/1/", {"state": "finished"}, format="json", **headers)
+    assert done.status_code == 200, done.content
+    again = api_client.post(f"{url}/nodes/1/", {"state": "failed"}, format="json", **headers)
+    assert again.status_code == 409  # a node ends once
+    listed = api_client.get(f"{url}/nodes/1/events/", **headers).json()
+    assert listed["state"] == "finished" and [e["seq"] for e in listed["events"]] == [1, 2, 3]
+    assert api_client.get(f"{url}/nodes/5/events/", **headers).status_code == 404
     assert api_client.post(f"{url}/nodes/0/", {"state": "running"}, format="json", **headers).status_code == 400
 
 

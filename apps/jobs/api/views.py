@@ -7,7 +7,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -25,7 +25,7 @@ from apps.jobs.api.serializers import (
     JobSerializer,
     JobStateSerializer,
 )
-from apps.jobs.models import Job
+from apps.jobs.models import Job, JobNode
 from apps.jobs.selectors import job_events_after, visible_jobs
 from apps.matrix.models import Cell
 
@@ -168,11 +168,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response({"job": job.pk, "rank": node.rank, "attempt": node.attempt, "state": node.state,
                          "events_acked": node.events_acked})
 
-    @extend_schema(request=JobEventSerializer(many=True), responses=OpenApiTypes.OBJECT)
-    @action(detail=True, methods=["post"], url_path=r"nodes/(?P<rank>[0-9]{1,4})/events")
+    @extend_schema(methods=["GET"], responses=OpenApiTypes.OBJECT)
+    @extend_schema(methods=["POST"], request=JobEventSerializer(many=True), responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["get", "post"], url_path=r"nodes/(?P<rank>[0-9]{1,4})/events")
     def node_events(self, request: Request, pk: str | None = None, rank: str = "0") -> Response:
-        """POST (agent of node ``rank`` > 0): a batch of its stage events in its own seqs; answers ``{"acked"}``."""
+        """GET: node ``rank``'s stage events at the job's current attempt ``{"rank", "attempt", "events"}``.
+        POST (agent of node ``rank`` > 0): a batch of its stage events in its own seqs; answers ``{"acked"}``."""
         job = self.get_object()
+        if request.method == "GET":
+            node = JobNode.objects.filter(job=job, attempt=job.attempts, rank=int(rank)).first()
+            if node is None:
+                raise NotFound(f"job {job.pk} has no node {rank} at attempt {job.attempts}")
+            return Response({"rank": node.rank, "attempt": node.attempt, "state": node.state, "events": node.events})
         actor = get_actor(request)
         require(actor.authenticated, actor, "")
         events = services.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
