@@ -157,7 +157,9 @@ class ModelRunner:
         embeds: list[torch.Tensor] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             start = seq.num_computed_tokens
-            if seq.images is not None:  # image features in place of this chunk's placeholder tokens
+            # image features in place of this chunk's placeholder tokens: the first pipeline stage's embeddings
+            # (a later stage takes the previous stage's hidden states and holds no vision tower)
+            if seq.images is not None and getattr(self.model, "is_first", True):
                 offsets, rows = seq.images.chunk_rows(start, n)
                 if rows:
                     features = seq.images.encoded(self.model.encode_images)

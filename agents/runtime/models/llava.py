@@ -1,7 +1,12 @@
 """LLaVA-style vision-language models: a vision tower (CLIP or SigLIP) and a two-layer projector turn each image
 into feature vectors that take the place of the image placeholder tokens' embeddings at prefill; the Llama
 decoder then runs on the runtime's native paged path. The vision tower and projector are the architecture's
-own ``transformers`` modules, built from the checkpoint's config, loaded strictly like every other tensor."""
+own ``transformers`` modules, built from the checkpoint's config, loaded strictly like every other tensor.
+
+Under pipeline parallelism the tower and projector live on the first stage only (whole on each of its TP ranks:
+the tower is small beside the decoder, and rank 0, which prepares every step, encodes the images); the features
+replace stage 0's placeholder embeddings, and later stages run their layers on the hidden states they receive,
+as for a text model. Their checkpoint tensors are another stage's on every later stage: never read there."""
 
 from __future__ import annotations
 
@@ -32,20 +37,20 @@ class PrefixedMapping(WeightMapping):
         self.prefixes = prefixes
         self.passthrough = passthrough
 
-    def _to_param(self, name: str) -> str | None:
+    def to_param(self, name: str) -> str | None:
         for ckpt, param in self.prefixes:
             if name.startswith(ckpt):
                 return param + name[len(ckpt):]
         return None
 
     def ignored(self, name: str) -> bool:
-        inner = self._to_param(name)
+        inner = self.to_param(name)
         return inner is not None and self.inner.ignored(inner)
 
     def target(self, name: str) -> tuple[str, Hashable]:
         if name.startswith(self.passthrough):
             return name, None
-        inner = self._to_param(name)
+        inner = self.to_param(name)
         if inner is None:
             raise KeyError(f"unexpected tensor {name!r}: not under {[c for c, _ in self.prefixes] + list(self.passthrough)}")
         return self.inner.target(inner)
@@ -80,8 +85,6 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         if text.get("model_type", "llama") not in ("llama", "mistral"):
             raise ValueError(f"text_config.model_type {text.get('model_type')!r}: the native LLaVA decoder is Llama")
         super().__init__(text)
-        if self.pp_size > 1:
-            raise NotImplementedError("LLaVA runs without pipeline parallelism (the vision tower is on one stage)")
         self.vlm_config = config
         hf = AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures",)})
         self.image_token_id = int(hf.image_token_id)
@@ -89,12 +92,14 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         self.select_strategy = hf.vision_feature_select_strategy
         if self.select_strategy not in ("default", "full"):
             raise ValueError(f"vision_feature_select_strategy {self.select_strategy!r}: expected default or full")
-        self.vision_tower = AutoModel.from_config(hf.vision_config).to(self.dtype)
-        self.multi_modal_projector = LlavaMultiModalProjector(hf).to(self.dtype)
-        for module in (self.vision_tower, self.multi_modal_projector):
-            for param in module.parameters():
-                param.requires_grad_(False)
-                replicated(param)  # whole tensor on every rank: the tower is small beside the decoder
+        self.vision_tower = self.multi_modal_projector = None  # a later pipeline stage never sees an image
+        if self.is_first:
+            self.vision_tower = AutoModel.from_config(hf.vision_config).to(self.dtype)
+            self.multi_modal_projector = LlavaMultiModalProjector(hf).to(self.dtype)
+            for module in (self.vision_tower, self.multi_modal_projector):
+                for param in module.parameters():
+                    param.requires_grad_(False)
+                    replicated(param)  # whole tensor on each of the stage's TP ranks (small beside the decoder)
         self.mapping = PrefixedMapping(self.mapping, LLAVA_PREFIXES, VISION_PREFIXES)
         self.num_image_encodes = 0  # images encoded so far (the engine encodes each request's images once)
 
@@ -102,7 +107,10 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Images [N, C, H, W] (the processor's output) -> features [N * tokens_per_image, hidden]: the vision
         tower's hidden states at ``vision_feature_layer`` (CLS dropped under the default strategy), projected
-        into the decoder's embedding space; the rows follow the images' placeholder tokens in order."""
+        into the decoder's embedding space; the rows follow the images' placeholder tokens in order. Only the first
+        pipeline stage holds the tower (later stages take hidden states, not embeddings)."""
+        if self.vision_tower is None:
+            raise RuntimeError(f"pipeline stage {self.pp_rank} holds no vision tower: stage 0 encodes the images")
         device = self.multi_modal_projector.linear_1.weight.device
         out = self.vision_tower(pixel_values.to(device=device, dtype=self.dtype), output_hidden_states=True,
                                 return_dict=True)
@@ -115,4 +123,9 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         return features.reshape(-1, features.shape[-1])
 
     def other_stage(self, name: str) -> bool:
-        return False  # one stage only (refused above otherwise)
+        """The vision tower's and projector's tensors belong to the first stage; the decoder's, under their
+        checkpoint prefix, to the stage that holds their layer (the decoder's rule)."""
+        if name.startswith(VISION_PREFIXES):
+            return not self.is_first
+        inner = self.mapping.to_param(name)
+        return inner is not None and super().other_stage(inner)
