@@ -52,6 +52,8 @@ class LLMEngine:
             model, config, self.load_report = result.model, result.config, result.report
         if config is None:
             raise ValueError("LLMEngine needs the model's config when given a built model")
+        if self.config.pack_weights and hasattr(model, "pack_weights"):
+            log.info("packed %d weights for oneDNN", model.pack_weights())  # before the KV pool takes the memory
         self.model = model
         self.model_config = config
         self.tokenizer = tokenizer or Tokenizer(self.model_dir)

@@ -16,6 +16,7 @@ from agents.runtime.layers.weights import (
     check_shape,
     make_param,
     quantizable,
+    release_pages,
     replicated,
     split,
 )
@@ -30,13 +31,39 @@ GEMM_MIN_ROWS = 4
 ONEDNN_MIN_WEIGHT = 1 << 18  # elements (1 MiB of fp32)
 
 
+PACK_BATCH_HINT = 16  # rows oneDNN lays a packed weight out for: 1.4-1.7x at 4-16 rows, 0.85x at one row
+
+
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x W^T + b`` for ``x: [T, in]``, ``weight: [out, in]`` (either memory layout)."""
+    """``x W^T + b`` for ``x: [T, in]``, ``weight: [out, in]`` (either memory layout, or packed by
+    ``pack_weight``)."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # [T, out]
     if _ONEDNN and weight.numel() >= ONEDNN_MIN_WEIGHT and x.dim() == 2 and x.dtype == torch.float32 and (
             x.device.type == "cpu") and (x.shape[0] >= GEMM_MIN_ROWS or (
             weight.stride(1) == 1 and torch.get_num_threads() > 1)):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # [T, out]
     return F.linear(x, weight, bias)
+
+
+def pack_weight(module: nn.Module, name: str = "weight") -> bool:
+    """Replace ``module.<name>`` (an fp32 ``[out, in]`` CPU weight) by the same values in oneDNN's blocked
+    layout, so batched GEMMs skip the per-call weight reorder and run its fastest kernel: 1.4-1.7x at 4-16
+    rows on this AVX-512 host, about 0.85x at one row. The packed tensor takes the original's place (its
+    storage freed, file-backed pages dropped), so the model is never held twice; the parameter keeps its
+    loading attributes, but a packed weight is not reloaded: load first, then pack. True when packed."""
+    param = getattr(module, name)
+    w = param.data
+    if (not _ONEDNN or w.is_mkldnn or w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu"
+            or w.numel() < ONEDNN_MIN_WEIGHT):
+        return False
+    with torch.inference_mode(False), torch.no_grad():
+        packed = nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT), requires_grad=False)
+    packed.__dict__.update({k: v for k, v in param.__dict__.items() if k != "file_backed"})
+    setattr(module, name, packed)
+    if getattr(param, "file_backed", False) and w.is_contiguous():
+        release_pages(w)
+    return True
 
 
 class ReplicatedLinear(nn.Module):

@@ -91,7 +91,8 @@ def column_major(param: nn.Parameter) -> bool:
     file-backed pages are dropped from this process. True when the layout changed."""
     w = param.data
     out_features, in_features = w.shape if w.dim() == 2 else (0, 1)
-    if out_features < in_features or not w.is_floating_point() or w.device.type != "cpu" or w.stride(0) == 1:
+    if (w.is_mkldnn or out_features < in_features or not w.is_floating_point() or w.device.type != "cpu"
+            or w.stride(0) == 1):
         return False
     with torch.inference_mode(False), torch.no_grad():
         buf = torch.empty((in_features, out_features), dtype=w.dtype)  # buf: [in, out]
@@ -102,6 +103,11 @@ def column_major(param: nn.Parameter) -> bool:
         _advise(w, PAGE, MADV_DONTNEED)  # clean private file pages: a later read would refault the same bytes
         param.file_backed = False
     return True
+
+
+def release_pages(t: torch.Tensor) -> None:
+    """Drop contiguous ``t``'s clean private file pages from this process (a later read would refault them)."""
+    _advise(t, PAGE, MADV_DONTNEED)
 
 
 def _advise(t: torch.Tensor, unit: int, advice: int) -> None:

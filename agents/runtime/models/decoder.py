@@ -21,6 +21,7 @@ from agents.runtime.distributed import broadcast, get_parallel_state, recv, send
 from agents.runtime.interface import ForwardOutput, KVCacheSpec
 from agents.runtime.layers.attention import AttentionMetadata
 from agents.runtime.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from agents.runtime.layers.linear import pack_weight
 from agents.runtime.layers.mlp import SwiGLUMLP
 from agents.runtime.layers.norm import RMSNorm
 from agents.runtime.layers.quant import TensorSpec, declare_checkpoint
@@ -130,6 +131,22 @@ class DecoderCausalLM(nn.Module):
         for module in modules:
             column_major(module.weight)
         self._decode_layout = True
+
+    def pack_weights(self) -> int:
+        """Pack the layers' dense fp32 CPU weights for oneDNN in place (``pack_weight``): the attention and
+        MLP projections, shared experts included. Batched steps run those GEMMs 1.4-1.7x faster, a batch of
+        one 15-25 % slower. The LM head keeps its column-major decode layout (packing it costs batch 1 more
+        than batches gain) and routed experts their stacked layout. Call after loading; returns the number
+        of weights packed."""
+        modules: list[nn.Module] = []
+        for layer in self.stage_layers:
+            if isinstance(layer.self_attn, SelfAttention):
+                modules += [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
+            mlps = [layer.mlp, getattr(layer.mlp, "shared_experts", None)]
+            modules += [m for mlp in mlps if isinstance(mlp, SwiGLUMLP) for m in (mlp.gate_up_proj, mlp.down_proj)]
+        packed = sum(pack_weight(module) for module in modules)
+        self.use_decode_layout()  # the LM head's (``column_major`` leaves packed weights alone)
+        return packed
 
     @property
     def stage_layers(self) -> list[nn.Module]:
@@ -249,6 +266,8 @@ class DecoderCausalLM(nn.Module):
                 param = params.get(param_name)
                 if param is None:
                     raise KeyError(f"unexpected tensor {name!r}: {type(self).__name__} has no parameter for it")
+                if param.is_mkldnn:
+                    raise RuntimeError(f"{param_name} is packed for oneDNN (pack_weights): load before packing")
                 param.weight_loader(param, tensor, shard)
                 loaded.add(name)
         return loaded
