@@ -50,6 +50,9 @@ def register(subparsers: Any) -> None:
     submit.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
     submit.add_argument("--dtype", default=None,
                         help="target dtype, as `day0 estimate` takes it (float32, bf16, fp16, fp8, int8, mxfp4 …)")
+    for degree, what in (("tp", "tensor-parallel degree"), ("pp", "pipeline stages"), ("ep", "expert-parallel degree")):
+        submit.add_argument(f"--{degree}", type=_bounded_int(1, 4096), default=None,
+                            help=f"pin the plan's {what} (the portal checks it against the planner's rules)")
     submit.add_argument("--watch", action="store_true", help="watch the job after submitting it")
     _portal_args(submit)
     submit.set_defaults(handler=run_submit)
@@ -212,9 +215,12 @@ def _ask(action: str, call: Any, *call_args: Any) -> Any:
 def run_submit(args: argparse.Namespace) -> int:
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
     with _client(args) as client:
+        pins = {k: v for k, v in (("tp", args.tp), ("pp", args.pp), ("ep", args.ep)) if v is not None}
         job = _ask("submit", lambda: client.create_job(model=args.model, hardware=args.hardware, stages=stages,
-                                                       dtype=job_dtype(args.dtype)))
-    print(f"job {job['id']} queued: {args.portal.rstrip('/')}/jobs/{job['id']}/", flush=True)
+                                                       dtype=job_dtype(args.dtype), **pins))
+    nodes = int(job.get("nodes") or 1)
+    spans = f" (its plan spans {nodes} nodes: it runs on {nodes} agents at once)" if nodes > 1 else ""
+    print(f"job {job['id']} queued: {args.portal.rstrip('/')}/jobs/{job['id']}/{spans}", flush=True)
     if args.watch:
         args.job_id, args.after = int(job["id"]), 0
         return run_watch(args)

@@ -87,6 +87,21 @@ def test_jobs_submit_takes_the_dtype_names_estimate_takes_and_refuses_in_sentenc
     assert_sentence(refused.stderr)
 
 
+def test_jobs_submit_pins_a_layout_and_says_when_the_plan_spans_several_nodes(jobs) -> None:  # noqa: ANN001
+    url, token, model, hardware, _, _ = jobs  # 8 devices per node: tp=2 fits one, tp=8 pp=2 (16) takes two
+    submitted = day0(url, token, "submit", "--model", model.slug, "--hardware", hardware.slug, "--stages", "plan",
+                     "--tp", "2")
+    assert submitted.returncode == 0 and "spans" not in submitted.stdout, submitted.stderr
+    job = Job.objects.get(pk=int(submitted.stdout.split()[1]))
+    assert (job.spec["tp"], job.spec["pp"], job.nodes) == (2, None, 1)
+    wide = day0(url, token, "submit", "--model", model.slug, "--hardware", hardware.slug, "--stages", "plan",
+                "--tp", "8", "--pp", "2")
+    assert wide.returncode == 0, wide.stderr
+    assert "its plan spans 2 nodes: it runs on 2 agents at once" in wide.stdout, wide.stdout
+    refused = day0(url, token, "submit", "--model", model.slug, "--hardware", hardware.slug, "--tp", "0")
+    assert refused.returncode == 2 and "0 is outside 1-4096" in refused.stderr
+
+
 def test_jobs_watch_says_why_a_dispatched_job_waits(jobs) -> None:  # noqa: ANN001
     url, token, _, hardware, _, stuck = jobs
     env = {**os.environ, "DAY0_TOKEN": token}
