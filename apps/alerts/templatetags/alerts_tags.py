@@ -50,7 +50,12 @@ def cell_soak_card(model: Any, hardware: Any) -> dict[str, Any]:
                 if isinstance(w.get("t"), int | float) and isinstance(w.get(key), int | float)]
 
     rss = series("rss_bytes")
+    device = series("device_allocated_bytes")  # CUDA: torch's allocated bytes per window; none on CPU
+    block = result.section.get("device_memory")
     return {"soak": result.section, "result": result, "windows": windows,
             "tok_line": _polyline(series("output_tok_s"), 300, 60), "rss_line": _polyline(rss, 300, 60),
             "rss_max_mib": max(v for _, v in rss) / 2**20 if rss else None,
-            "tok_max": max((v for _, v in series("output_tok_s")), default=None)}
+            "tok_max": max((v for _, v in series("output_tok_s")), default=None),
+            "device_memory": block if isinstance(block, dict) else None,
+            "device_line": _polyline(device, 300, 60) if device else "",
+            "device_max_mib": max(v for _, v in device) / 2**20 if device else None}

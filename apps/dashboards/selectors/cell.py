@@ -17,6 +17,7 @@ from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
 from apps.dashboards.selectors.format import hours_text, human_bytes, human_count, reached_times
 from apps.dashboards.selectors.jobs import previous_job_ids
+from apps.dashboards.selectors.runtime_evidence import bench_extras, compiled_path
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
@@ -89,6 +90,8 @@ class CellPage:
     image_path: dict[str, Any] | None = None  # a model that takes images: its serve checks and vision alignment
     eval_section: dict[str, Any] = field(default_factory=dict)  # the newest eval section
     needle: NeedleHeatmap | None = None  # its needle grids, target and reference paired per cell
+    bench_extras: list[dict[str, Any]] = field(default_factory=list)  # per run: comm overhead, jitter, experts
+    compiled: dict[str, Any] | None = None  # the serve, bench and align sections' compile blocks, when present
 
     @property
     def verdict_rows(self) -> list[tuple[str, dict[str, Any]]]:
@@ -97,6 +100,10 @@ class CellPage:
         verdicts = (self.cell.verdicts if self.cell is not None else None) or {}
         rank = {stage: i for i, stage in enumerate(STAGE_ORDER)}
         return sorted(verdicts.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0]))
+
+    @property
+    def bench_has_experts(self) -> bool:
+        return any(r["expert_balance"] for r in self.bench_extras)
 
     @property
     def stages(self) -> list[tuple[str, StageResult | None]]:
@@ -277,6 +284,8 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
         raw = StageResult.objects.filter(pk=results["eval"].pk).values_list("section", flat=True).first()
         page.eval_section = raw if isinstance(raw, dict) else {}
         page.needle = needle_heatmap(page.eval_section.get("needle"))
+    page.bench_extras = bench_extras(bench)
+    page.compiled = compiled_path(results)
     if model.takes_images:
         page.image_path = image_path_evidence(results.get("serve"), results.get("align"))
     return page

@@ -10,7 +10,7 @@ from apps.accounts.access import Actor
 from apps.dashboards.selectors.fleet import online_agent_count
 from apps.dashboards.selectors.jobs import previous_job_ids
 from apps.jobs.choices import ACTIVE_STATES, FINISHED_STATES, JobState
-from apps.jobs.models import Job, JobEvent
+from apps.jobs.models import Job, JobEvent, JobNode
 from apps.jobs.selectors import visible_jobs
 from apps.jobs.services import can_cancel_job
 
@@ -41,6 +41,7 @@ class JobPage:
     can_cancel: bool
     online_agents: int | None = None  # agents of the job's hardware online, while the job is active
     previous_job: int | None = None  # the job before it in the same cell, to compare with
+    nodes: list[JobNode] | None = None  # a multi-node job: its hosts (newest attempt), node rank order
 
     @property
     def finished(self) -> bool:
@@ -89,4 +90,17 @@ def job_page(actor: Actor, job_id: int) -> JobPage | None:
             s.status = "skipped"
     online = online_agent_count(job.hardware_id) if job.state in ACTIVE_STATES else None
     previous = previous_job_ids([job]).get(job.pk)
-    return JobPage(job, stages, shown, earlier, last_seq, can_cancel_job(actor, job), online, previous)
+    return JobPage(job, stages, shown, earlier, last_seq, can_cancel_job(actor, job), online, previous,
+                   job_nodes(job))
+
+
+def job_nodes(job: Job) -> list[JobNode] | None:
+    """A multi-node job's nodes of its newest attempt (node rank, agent, state, where the ranks meet), in rank
+    order; None for a one-node job that never reserved nodes (one query)."""
+    rows = list(JobNode.objects.filter(job=job).select_related("agent").order_by("-attempt", "rank")
+                .only("attempt", "rank", "state", "error", "master_addr", "master_port", "claimed_at",
+                      "finished_at", "reserved_at", "agent__hostname", "agent__id"))
+    if not rows:
+        return [] if job.nodes > 1 else None
+    newest = rows[0].attempt
+    return [r for r in rows if r.attempt == newest]

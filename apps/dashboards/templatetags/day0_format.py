@@ -43,3 +43,11 @@ def get_item(mapping: dict | None, key: str) -> object:
 @register.filter
 def split_words(text: str) -> list[str]:
     return text.split()
+
+
+@register.filter
+def percent(value: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage: 0.0423 -> "4.2 %"; "—" when unknown."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return "—"
+    return f"{100 * value:.{int(digits)}f} %"

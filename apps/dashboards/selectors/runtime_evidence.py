@@ -1,0 +1,129 @@
+"""The cell page's runtime evidence read from the newest sections' JSON (only the keys shown are fetched): each
+benchmark run's communication overhead (rank 0, per rank, the slowest rank), TPOT jitter and MoE expert balance,
+and the compiled path of the serve, bench and align sections (``compile`` blocks, shown only when present)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apps.evidence.models import StageResult
+
+MAX_EXPERTS_SHOWN = 512  # a bar per expert: wider sections are cut (the JSON export keeps them all)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _numbers(values: Any, limit: int = MAX_EXPERTS_SHOWN) -> list[int | float]:
+    """The numbers of a list (token counts stay integers), at most ``limit``."""
+    return [v for v in values[:limit] if _number(v) is not None] if isinstance(values, list) else []
+
+
+def bars(values: list[int | float], width: int = 240, height: int = 28) -> list[dict[str, float]]:
+    """SVG rectangles of a bar strip (x, y, w, h), tallest value the full height."""
+    top = max(values, default=0)
+    if not values or top <= 0:
+        return []
+    w = width / len(values)
+    return [{"x": round(i * w, 2), "w": round(max(w - (1 if w > 3 else 0), 0.5), 2),
+             "h": round(height * v / top, 2), "y": round(height - height * v / top, 2)} for i, v in enumerate(values)]
+
+
+def tpot_jitter(run: dict[str, Any]) -> float | None:
+    """The run's ``tpot_jitter`` (p99 / p50), or its TPOT percentiles' ratio for runs recorded before the key."""
+    own = _number(run.get("tpot_jitter"))
+    if own is not None:
+        return own
+    tpot = run.get("tpot_ms") if isinstance(run.get("tpot_ms"), dict) else {}
+    p50, p99 = _number(tpot.get("p50")), _number(tpot.get("p99"))
+    return round(p99 / p50, 4) if p50 and p99 is not None else None
+
+
+def expert_balance(raw: Any) -> dict[str, Any] | None:
+    """A run's ``expert_balance`` with its bar strips, or None when the model routes no experts."""
+    if not isinstance(raw, dict) or _number(raw.get("max_over_mean")) is None:
+        return None
+    per_expert = _numbers(raw.get("tokens_per_expert"))
+    per_rank = _numbers(raw.get("tokens_per_ep_rank"))
+    return {**{k: raw.get(k) for k in ("layers", "experts", "max_over_mean", "worst_layer_max_over_mean", "cv",
+                                       "routed_tokens", "ep_size", "ep_max_over_mean")},
+            "tokens_per_expert": per_expert, "tokens_per_ep_rank": per_rank,
+            "cut": isinstance(raw.get("tokens_per_expert"), list) and len(raw["tokens_per_expert"]) > len(per_expert),
+            "expert_bars": bars(per_expert), "min_tokens": min(per_expert, default=None),
+            "max_tokens": max(per_expert, default=None)}
+
+
+def run_extras(run: dict[str, Any]) -> dict[str, Any]:
+    """What issue 11 §4 asks of every benchmark run, from one ``runs`` entry of a bench section."""
+    per_rank = [_number(v) for v in run.get("comm_overhead_ratio_per_rank") or []] \
+        if isinstance(run.get("comm_overhead_ratio_per_rank"), list) else []
+    return {"concurrency": run.get("concurrency"), "comm_overhead_ratio": _number(run.get("comm_overhead_ratio")),
+            "comm_overhead_ratio_per_rank": per_rank if len(per_rank) > 1 else [],
+            "comm_overhead_ratio_max": _number(run.get("comm_overhead_ratio_max")),
+            "tpot_jitter": tpot_jitter(run), "expert_balance": expert_balance(run.get("expert_balance"))}
+
+
+def bench_extras(bench: StageResult | None) -> list[dict[str, Any]]:
+    """Per run of the newest bench section (the sweep's runs, then its long-context run): its extras."""
+    if bench is None:
+        return []
+    row = StageResult.objects.filter(pk=bench.pk).values_list("section__runs", "section__long_context").first()
+    runs, long_run = row if row else (None, None)
+    out = [run_extras(r) for r in runs or [] if isinstance(r, dict)] if isinstance(runs, list) else []
+    if isinstance(long_run, dict):
+        out.append({**run_extras(long_run), "long_context": True})
+    return out
+
+
+def _compile_rows(block: dict[str, Any]) -> list[tuple[str, Any]]:
+    cache = block.get("cache") if isinstance(block.get("cache"), dict) else {}
+    rows = [("compile seconds", block.get("compile_seconds")), ("graphs", block.get("graphs")),
+            ("graph breaks", block.get("graph_breaks")),
+            ("recompiles after warm-up", block.get("recompiles_after_warmup")),
+            ("FX graph cache", f"{cache.get('fxgraph_hit', '–')} hits · {cache.get('fxgraph_miss', '–')} misses"
+             if cache else None),
+            ("AOT autograd cache", f"{cache.get('aot_autograd_hit', '–')} hits · "
+                                   f"{cache.get('aot_autograd_miss', '–')} misses" if cache else None)]
+    if block.get("ready_seconds") is not None:
+        rows.append(("server ready", f"{block['ready_seconds']} s"))
+    return [(label, value) for label, value in rows if value is not None]
+
+
+def compiled_path(results: dict[str, StageResult]) -> dict[str, Any] | None:
+    """The ``compile`` blocks of the newest serve, bench and align sections; None when none has one (a job
+    that did not ask for the compiled path)."""
+    ids = {stage: results[stage].pk for stage in ("serve", "bench", "align") if stage in results}
+    if not ids:
+        return None
+    raw = dict(StageResult.objects.filter(pk__in=ids.values()).values_list("pk", "section__compile"))
+    blocks = {stage: raw.get(pk) for stage, pk in ids.items() if isinstance(raw.get(pk), dict)}
+    if not blocks:
+        return None
+    out: dict[str, Any] = {"jobs": {stage: results[stage].job_id for stage in blocks}}
+    serve = blocks.get("serve")
+    if serve is not None:
+        out["serve"] = {"enabled": serve.get("enabled"), "reason": serve.get("reason"),
+                        "rows": _compile_rows(serve) if serve.get("enabled") else [],
+                        "breaks": [b for b in serve.get("graph_break_reasons") or [] if isinstance(b, dict)][:5],
+                        "recompile_reasons": [str(r) for r in serve.get("recompile_reasons") or []][:5]}
+    bench = blocks.get("bench")
+    if bench is not None:
+        compiled = bench.get("compiled") if isinstance(bench.get("compiled"), dict) else {}
+        eager = bench.get("eager") if isinstance(bench.get("eager"), dict) else {}
+        out["bench"] = {"enabled": bench.get("enabled"), "reason": bench.get("reason"),
+                        "concurrency": bench.get("concurrency"), "note": bench.get("note"),
+                        "compiled_tok_s": _number(compiled.get("output_tok_s")),
+                        "eager_tok_s": _number(eager.get("output_tok_s")),
+                        "compiled_tpot": _number(compiled.get("tpot_ms_p50")),
+                        "eager_tpot": _number(eager.get("tpot_ms_p50")),
+                        "speedup": _number(bench.get("speedup_output_tok_s"))}
+    align = blocks.get("align")
+    if align is not None:
+        divergences = [d for d in align.get("divergences") or [] if isinstance(d, dict)]
+        out["align"] = {"enabled": align.get("enabled"), "reason": align.get("reason"),
+                        "passed": align.get("passed"), "equal": align.get("equal"),
+                        "match_rate": _number(align.get("token_match_rate")), "tokens": align.get("tokens"),
+                        "prompts": align.get("prompts"), "first": divergences[0] if divergences else None,
+                        "divergences": len(divergences), "rows": _compile_rows(align) if align.get("enabled") else []}
+    return out
