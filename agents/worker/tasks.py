@@ -94,9 +94,11 @@ def node_of(job_id: int, spec: dict[str, Any]) -> Any:
 
 
 def _watch_cancel(client: PortalClient, job_id: int, cancel: threading.Event, done: threading.Event) -> None:
+    """Stop the pipeline between steps once the job is cancelled, or failed by the portal (another node of a
+    multi-node job could not run its ranks: this node's would wait for it)."""
     while not done.wait(CANCEL_POLL_SECONDS):
         try:
-            if client.get_job(job_id).get("state") == "cancelled":
+            if client.get_job(job_id).get("state") in ("cancelled", "failed"):
                 cancel.set()
                 return
         except PortalError:

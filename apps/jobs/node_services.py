@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
-from apps.jobs.choices import ACTIVE_STATES
+from apps.jobs.choices import ACTIVE_STATES, JobState
 from apps.jobs.models import Job, JobNode, NodeState
-from apps.jobs.services import InvalidTransition
+from apps.jobs.services import InvalidTransition, do_transition_job
 
 MAX_NODE_EVENTS = 2000  # per node and attempt: its stage events (a follower emits a few per ranked stage)
 NODE_STATES = (NodeState.RUNNING, NodeState.FINISHED, NodeState.FAILED)
@@ -47,7 +47,8 @@ def check_agent_node_state(actor: Actor, job: Job, rank: int, to_state: str, *, 
                            error: str = "") -> JobNode:
     """Node ``rank`` > 0 claims its reservation (reserved → running) while the job is active, then says how its
     ranks ended (running → finished | failed, with the error; also after node 0 finished the job, which released
-    the claimed node). Anything else is a 409 naming both states."""
+    the claimed node). A node that fails while the job is active fails the job, naming the node (node 0 stops
+    between steps instead of waiting at a rendezvous). Anything else is a 409 naming both states."""
     if rank < 1:
         raise ValidationError({"rank": "node 0 claims and finishes the job itself (POST jobs/{id}/state/)"})
     if to_state not in NODE_STATES:
@@ -68,6 +69,11 @@ def check_agent_node_state(actor: Actor, job: Job, rank: int, to_state: str, *, 
         node.finished_at = timezone.now()
         node.error = error[:10000]
     node.save(update_fields=["state", "claimed_at", "finished_at", "error"])
+    if to_state == NodeState.FAILED and locked.state in ACTIVE_STATES:  # its ranks never meet: none runs on
+        stage, _, detail = node.error.partition(": ")
+        stage = stage if detail and stage.isidentifier() and len(stage) <= 32 else "node"
+        do_transition_job(locked, JobState.FAILED, failed_stage=stage,
+                          error=f"node {rank} ({node.agent.hostname}) failed: {node.error or 'no error given'}")
     return node
 
 

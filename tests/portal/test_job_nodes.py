@@ -88,7 +88,8 @@ def test_a_two_node_job_reserves_two_idle_agents_and_sends_each_its_node(clean_q
 
 
 @pytest.mark.django_db
-def test_with_fewer_idle_agents_than_nodes_none_is_reserved_and_the_job_says_why(api_client) -> None:
+def test_with_fewer_idle_agents_than_nodes_none_is_reserved_and_the_job_says_why(api_client, monkeypatch) -> None:
+    monkeypatch.setattr(dispatch, "send_job", lambda job, nodes=(): None)  # the broker: the first test
     hardware = HardwareFactory()
     agents = _agents(hardware, 1, busy=1)
     org = OrganizationFactory()
@@ -165,7 +166,8 @@ def test_a_broker_that_refuses_one_node_leaves_every_node_unreserved(monkeypatch
 
 
 @pytest.mark.django_db
-def test_node_0_claims_the_job_and_node_1_claims_and_reports_its_node(api_client) -> None:
+def test_node_0_claims_the_job_and_node_1_claims_and_reports_its_node(api_client, monkeypatch) -> None:
+    monkeypatch.setattr(dispatch, "send_job", lambda job, nodes=(): None)  # the broker: the first test
     hardware = HardwareFactory()
     agents = _agents(hardware, 2)
     headers = {"HTTP_AUTHORIZATION": f"Token {agents[0].token_secret}"}
@@ -246,3 +248,25 @@ def test_an_agent_reserved_for_a_node_leaves_a_one_node_job_to_another_agent(api
     assert f"is reserved for node 1 of job {multi.pk}" in refused.json()["detail"]
     taken = api_client.post(url, {"state": "running", "agent": agents[2].pk}, format="json", **headers)
     assert taken.status_code == 200, taken.content  # the free agent runs it
+
+
+@pytest.mark.django_db
+def test_a_node_that_fails_while_the_job_runs_fails_the_job_naming_it(api_client, monkeypatch) -> None:
+    monkeypatch.setattr(dispatch, "send_job", lambda job, nodes=(): None)  # the broker: the first test
+    hardware = HardwareFactory()
+    agents = _agents(hardware, 2)
+    headers = {"HTTP_AUTHORIZATION": f"Token {agents[0].token_secret}"}
+    job = JobFactory(hardware=hardware, model=ModelReleaseFactory(visibility="public"), state=JobState.QUEUED,
+                     nodes=2)
+    services.do_dispatch_job(job.pk)
+    url = f"/api/v1/jobs/{job.pk}"
+    assert api_client.post(f"{url}/state/", {"state": "running", "agent": agents[0].pk}, format="json",
+                           **headers).status_code == 200
+    assert api_client.post(f"{url}/nodes/1/", {"state": "running"}, format="json", **headers).status_code == 200
+    failed = api_client.post(f"{url}/nodes/1/", {"state": "failed", "error": "load: model directory missing"},
+                             format="json", **headers)
+    assert failed.status_code == 200, failed.content
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED and job.failed_stage == "load"
+    assert job.error == "node 1 (host-1) failed: load: model directory missing"
+    assert set(JobNode.objects.filter(job=job).values_list("state", flat=True)) == {"released", "failed"}
