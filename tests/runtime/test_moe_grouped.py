@@ -132,3 +132,18 @@ def test_experts_forward_reads_nothing_back_to_the_host(ep_rank, tokens):
     scalar_reads = [e.name for e in events if e.id not in inside_kernel and e.name in (
         "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero")]
     assert scalar_reads == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tp,ep", [(1, 1), (1, 2)], ids=["single", "ep2"])
+def test_grouped_experts_on_cuda_equal_the_cpu_reference(dtype, tp, ep):
+    w = full_weights()
+    x, weights, ids = routing(33, 2, seed=7)
+    want = reference(w, x, weights, ids)
+    with torch.inference_mode():
+        got = sum(experts_of(rank, tp, ep, w).to("cuda", dtype)(x.to("cuda", dtype), weights.cuda(), ids.cuda())
+                  for rank in range(max(tp, ep)))
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got.float().cpu(), want, atol=tol, rtol=tol)
