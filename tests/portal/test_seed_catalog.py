@@ -35,6 +35,10 @@ def test_computed_totals_are_within_two_percent_of_published(seeded) -> None:
 def test_every_accelerator_cell_has_a_physically_sound_fits_estimate(seeded) -> None:
     cells = Cell.objects.select_related("model", "hardware").exclude(hardware__slug="cpu")
     for cell in cells:
+        if cell.fits is False and cell.fits_plan["runtime"]["path"] == "fallback":  # gpt-oss-120b on a 64 GB device:
+            assert cell.fits_plan["plan"]["devices"] == 1  # only one device runs it, so no larger plan is proposed
+            assert cell.fits_plan["message"].startswith("does not fit one device: "), cell.fits_plan["message"]
+            continue
         assert cell.fits is True, (cell.model.slug, cell.hardware.slug, cell.fits_error)
         weights = cell.fits_plan["weight_bytes"]
         assert cell.fits_devices * cell.hardware.memory_bytes >= weights, (cell.model.slug, cell.hardware.slug)

@@ -76,6 +76,10 @@ def format_report(report: dict[str, Any], source: str, target: str) -> str:
         f"hardware     {target}: {_gb(report['memory_per_device'])} per device, "
         f"{report['devices_per_node']} per node, headroom {report['headroom']:.0%}",
     ]
+    runtime = report.get("runtime") or {}
+    if runtime:
+        why = f" ({runtime['reason']})" if runtime.get("reason") else ""
+        lines.append(f"runtime      {runtime['path']}{why}: {runtime['layouts']}")
     plan = report["plan"]
     if plan is None:
         lines.append(f"plan         none: {report.get('message', '')}")

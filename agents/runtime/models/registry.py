@@ -1,6 +1,7 @@
 """Model families keyed by ``config.architectures[0]``, imported lazily; unknown architectures go to the
 generic ``transformers`` fallback, and so does a known architecture whose config sets an option its native
-family does not implement (``native_gaps`` names them; the model then carries ``fallback_reason``)."""
+family does not implement (``native_gaps`` names them; the model then carries ``fallback_reason``). The same
+decision from the config alone, without torch, is ``native.config_runtime_path`` (the planner's)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,10 @@ from typing import Any
 import torch
 
 from agents.runtime.interface import RuntimeModel
+from agents.runtime.models.native import NATIVE_FAMILIES, architecture_of
 
 _REGISTRY: dict[str, type] = {}
-_FAMILY_MODULES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen3ForCausalLM": "qwen3",
-    "MixtralForCausalLM": "mixtral",
-    "Qwen3MoeForCausalLM": "qwen3_moe",
-    "DeepseekV3ForCausalLM": "deepseek_v3",
-    "LlavaForConditionalGeneration": "llava",
-}
+_FAMILY_MODULES = NATIVE_FAMILIES  # architecture -> module (``native.py``: the planner reads it without torch)
 
 
 def register(*architectures: str) -> Callable[[type], type]:
@@ -90,13 +84,6 @@ def runtime_path(config: dict[str, Any]) -> tuple[str, str | None]:
     if gaps:
         return "fallback", f"the native {arch} does not implement: {'; '.join(gaps)}"
     return "native", None
-
-
-def architecture_of(config: dict[str, Any]) -> str:
-    archs = config.get("architectures") or []
-    if not archs or not isinstance(archs[0], str):
-        raise ValueError("config.json has no 'architectures' list: cannot pick a model family")
-    return archs[0]
 
 
 @contextmanager

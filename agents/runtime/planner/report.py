@@ -6,6 +6,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
+from agents.runtime.models.native import FALLBACK_LAYOUT, config_runtime_path
 from agents.runtime.params import ParamCount, count_params
 from agents.runtime.planner import search as _candidates
 from agents.runtime.planner.memory import PlanSettings, kv_bytes_per_token, resolve_dtype, weight_bytes
@@ -17,22 +18,36 @@ from agents.runtime.spec import ModelSpec, parse_config
 PREPARED_CACHE_SIZE = 64
 
 
+def runtime_layouts(config: Any) -> dict[str, Any]:
+    """The ``runtime`` block of the plan: which code runs the model (``models/native.py``, from the config
+    alone) and so which layouts can run: a native family any TP × PP × EP within the rules, the transformers
+    fallback one device."""
+    path, reason = config_runtime_path(config)
+    layouts = "any TP × PP × EP within the deployment rules" if path == "native" else FALLBACK_LAYOUT
+    return {"path": path, "reason": reason, "layouts": layouts}
+
+
+def _build(config: Any, dtype: str, settings: PlanSettings,
+           keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model, dict[str, Any]]:
+    spec = parse_config(config)
+    counts = count_params(spec)
+    runtime = runtime_layouts(config)
+    single = f"{runtime['reason']}: {FALLBACK_LAYOUT}" if runtime["path"] == "fallback" else None
+    return spec, counts, _candidates.Model.build(spec, counts, dtype, settings, keep_attention, single), runtime
+
+
 @lru_cache(maxsize=PREPARED_CACHE_SIZE)
 def _prepared(config_json: str, dtype: str, settings: PlanSettings,
-              keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model]:
-    spec = parse_config(json.loads(config_json))
-    counts = count_params(spec)
-    return spec, counts, _candidates.Model.build(spec, counts, dtype, settings, keep_attention)
+              keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model, dict[str, Any]]:
+    return _build(json.loads(config_json), dtype, settings, keep_attention)
 
 
 def _prepare(config: Any, dtype: str, settings: PlanSettings,
-             keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model]:
+             keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model, dict[str, Any]]:
     try:
         key = json.dumps(config, sort_keys=True, allow_nan=True)
     except (TypeError, ValueError):  # not JSON data (a caller's own objects): plan it uncached
-        spec = parse_config(config)
-        counts = count_params(spec)
-        return spec, counts, _candidates.Model.build(spec, counts, dtype, settings, keep_attention)
+        return _build(config, dtype, settings, keep_attention)
     return _prepared(key, dtype, settings, keep_attention)
 
 
@@ -61,7 +76,7 @@ def plan_report(
     settings = settings or PlanSettings(max_nodes=max_nodes)
     if settings.max_nodes != max_nodes:
         settings = PlanSettings(**{**settings.__dict__, "max_nodes": max_nodes})
-    spec, counts, ctx = _prepare(config, dtype, settings, keep_attention)
+    spec, counts, ctx, runtime = _prepare(config, dtype, settings, keep_attention)
     hw = _candidates.Devices(memory_bytes, devices_per_node, shared_memory)
     plans = _candidates.search(ctx, hw, fixed={"tp": tp, "pp": pp, "ep": ep})
     chosen = _candidates.choose(plans)
@@ -89,16 +104,24 @@ def plan_report(
         "candidates": [plan.to_dict() for plan in _candidates.summary(plans, chosen)],
         "warnings": warnings,
         "spec": spec.to_dict(),
+        "runtime": dict(runtime),
     }
+    if counts.vision:  # the vision tower and projector: whole on each device of the first stage
+        report["vision_bytes_per_device"] = int(ctx.vision_bytes)
     if chosen is None:
         report["message"] = "no candidate plan satisfies the divisibility rules for the pinned degrees"
         try:  # name the rule the pins break
-            _candidates.check_layout(spec, hw, tp, pp, ep, max_nodes=max_nodes)
+            _candidates.check_layout(spec, hw, tp, pp, ep, max_nodes=max_nodes, single_device=ctx.single_device)
         except ValueError as exc:
             report["message"] += f": {exc}"
         return report
     report.update(chosen.to_dict(top_level=True))
-    if not chosen.fits:
+    if not chosen.fits and ctx.single_device:  # no larger layout to propose: the runtime cannot run one
+        gib = 1 << 30
+        report["message"] = (f"does not fit one device: {ctx.single_device}, and at {dtype} one device needs "
+                             f"{chosen.bytes_per_device / gib:.2f} GiB but {chosen.usable_per_device / gib:.2f} GiB "
+                             f"are usable: short by {chosen.shortfall_bytes / gib:.2f} GiB")
+    elif not chosen.fits:
         report["message"] = (f"{chosen.shortfall_message()} (searched plans on up to {max_nodes} node(s) of "
                              f"{devices_per_node} device(s) at {dtype})")
     return report

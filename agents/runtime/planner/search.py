@@ -44,10 +44,12 @@ class Model:
     head_bytes: float
     act_bytes: int
     has_dense: bool  # some layer has a dense MLP (``spec.dense_layers`` is O(layers): computed once here)
+    vision_bytes: float = 0.0  # a vision tower and projector: whole on every device of the first stage
+    single_device: str | None = None  # why only tp = pp = ep = 1 runs (the transformers fallback), or None
 
     @classmethod
     def build(cls, spec: ModelSpec, counts: ParamCount, dtype: str, settings: PlanSettings,
-              keep_attention: bool = False) -> Model:
+              keep_attention: bool = False, single_device: str | None = None) -> Model:
         moe = set(spec.moe_layers)
         types = spec.layer_types or (("sliding_attention",) * spec.num_layers if spec.sliding_window else ())
         sliding = {i for i, kind in enumerate(types) if kind == "sliding_attention"}
@@ -63,9 +65,10 @@ class Model:
                 running.append(acc)
             prefix.append(tuple(running))
         rest = DTYPES[dtype][1] / 8
-        return cls(spec, settings, tuple(kinds), tuple(prefix), (counts.embedding + counts.vision) * rest,
+        return cls(spec, settings, tuple(kinds), tuple(prefix), counts.embedding * rest,
                    (counts.lm_head + counts.final_norm) * rest, activation_bytes(dtype),
-                   has_dense=len(moe) < spec.num_layers)
+                   has_dense=len(moe) < spec.num_layers, vision_bytes=counts.vision * rest,
+                   single_device=single_device)
 
 
 @dataclass(frozen=True)
@@ -120,14 +123,21 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def layout_problem(spec: ModelSpec, hw: Any, tp: int, pp: int, ep: int, has_dense: bool | None = None) -> str | None:
+def layout_problem(spec: ModelSpec, hw: Any, tp: int, pp: int, ep: int, has_dense: bool | None = None,
+                   single_device: str | None = None) -> str | None:
     """The first deployment rule a TP × PP × EP layout breaks on ``hw`` (anything with ``devices_per_node`` and
     ``shared_memory``), or None. A stage is ``max(tp, ep)`` devices; devices are ``pp × stage``. Ranks that share
     one host's memory (CPU processes) have no node boundary to respect. ``has_dense``: whether some layer has a
-    dense MLP (computed from ``spec`` when not given)."""
+    dense MLP (computed from ``spec`` when not given). ``single_device``: why the runtime runs this model on one
+    device only (``models/native.single_device_reason``: the transformers fallback), which then is the only
+    layout."""
     for name, value in (("tp", tp), ("pp", pp), ("ep", ep)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return f"{name}={value!r} must be a positive integer"
+    if single_device:
+        for name, value in (("tp", tp), ("pp", pp), ("ep", ep)):
+            if value > 1:
+                return f"{name}={value} cannot run: {single_device}"
     if spec.num_attention_heads % tp:
         return f"tp={tp} must divide the {spec.num_attention_heads} attention heads"
     if not spec.is_mla and spec.num_kv_heads % tp and tp % spec.num_kv_heads:
@@ -174,10 +184,11 @@ class LayoutError(ValueError):
 
 
 def check_layout(spec: ModelSpec, hardware: Any, tp: int | None = None, pp: int | None = None,
-                 ep: int | None = None, max_nodes: int = 16) -> None:
+                 ep: int | None = None, max_nodes: int = 16, single_device: str | None = None) -> None:
     """Raise ``LayoutError`` (a ValueError) naming the rule pinned degrees break: TP divides the heads and stays
-    in a node, PP spans whole nodes, EP divides the experts, several nodes are whole nodes. A degree left None
-    is free: the pins pass when some value of the free ones satisfies every rule (the planner then picks it)."""
+    in a node, PP spans whole nodes, EP divides the experts, several nodes are whole nodes; a model only the
+    transformers fallback runs (``single_device``: why) runs on one device. A degree left None is free: the pins
+    pass when some value of the free ones satisfies every rule (the planner then picks it)."""
     pinned = {"tp": tp, "pp": pp, "ep": ep}
     if not any(v is not None for v in pinned.values()):
         return
@@ -194,7 +205,7 @@ def check_layout(spec: ModelSpec, hardware: Any, tp: int | None = None, pp: int 
     for t in choices[0]:
         for p in choices[1]:
             for e in choices[2]:
-                problem = layout_problem(spec, hardware, t, p, e, dense)
+                problem = layout_problem(spec, hardware, t, p, e, dense, single_device)
                 if problem is None:
                     return
                 first = first or problem
@@ -207,15 +218,18 @@ def check_layout(spec: ModelSpec, hardware: Any, tp: int | None = None, pp: int 
 def config_layout_error(config: Any, hardware: Any, tp: int | None, pp: int | None,
                         ep: int | None) -> LayoutError | None:
     """``check_layout`` on a model's ``config.json``: the LayoutError pinned degrees raise, or None (also when
-    the config cannot be parsed: the plan stage reports that)."""
+    the config cannot be parsed: the plan stage reports that). A model the runtime runs on the transformers
+    fallback takes no degree above 1."""
+    from agents.runtime.models.native import single_device_reason
     from agents.runtime.spec import parse_config
 
     try:
         spec = parse_config(config)
+        single = single_device_reason(config)
     except Exception:  # noqa: BLE001 - a config the planner cannot read is the plan stage's error to report
         return None
     try:
-        check_layout(spec, hardware, tp, pp, ep)
+        check_layout(spec, hardware, tp, pp, ep, single_device=single)
     except LayoutError as exc:
         return exc
     return None
@@ -261,7 +275,8 @@ def evaluate(model: Model, hw: Devices, tp: int, pp: int, ep: int) -> Plan:
         end = start + spec.num_layers // pp + (1 if i < spec.num_layers % pp else 0)
         counts = [model.prefix[k][end] - model.prefix[k][start] for k in range(4)]
         weights = sum(c * model.kinds[k].per_device(tp, stage) for k, c in enumerate(counts) if c)
-        weights += (model.embed_bytes / tp if i == 0 else 0) + (model.head_bytes / tp if i == pp - 1 else 0)
+        weights += (model.embed_bytes / tp + model.vision_bytes if i == 0 else 0) + (
+            model.head_bytes / tp if i == pp - 1 else 0)  # the vision tower: whole on each first-stage device
         kv_tok = (counts[0] + counts[2]) * kv_per_layer
         kv_seq = (counts[1] + counts[3]) * kv_per_layer * window
         required = weights + activations + comm + overhead + kv_tok * min_context + kv_seq
@@ -298,13 +313,16 @@ def search(model: Model, hw: Devices, fixed: dict[str, int | None]) -> list[Plan
     spec = model.spec
     max_devices = hw.devices_per_node * model.settings.max_nodes
     node = max_devices if hw.shared_memory else hw.devices_per_node
-    tps = [fixed["tp"]] if fixed.get("tp") else _divisors(spec.num_attention_heads, node)
+    one = bool(model.single_device)  # the fallback: tp = pp = ep = 1 is the only layout (pins above 1 refused)
+    tps = [fixed["tp"]] if fixed.get("tp") else [1] if one else _divisors(spec.num_attention_heads, node)
     if fixed.get("ep"):
         eps = [fixed["ep"]]
     else:
-        eps = _divisors(spec.num_experts, max_devices) if spec.is_moe else [1]
+        eps = _divisors(spec.num_experts, max_devices) if spec.is_moe and not one else [1]
     if fixed.get("pp"):
         pps = [fixed["pp"]]
+    elif one:
+        pps = [1]
     else:
         powers = {1 << k for k in range(max_devices.bit_length()) if 1 << k <= spec.num_layers}
         pps = sorted(set(_divisors(spec.num_layers, max_devices)) | powers)
@@ -316,7 +334,7 @@ def search(model: Model, hw: Devices, fixed: dict[str, int | None]) -> list[Plan
                 devices = pp * max(tp, ep)
                 if devices > max_devices and not pinned:
                     continue
-                if layout_problem(spec, hw, tp, pp, ep, model.has_dense) is None:
+                if layout_problem(spec, hw, tp, pp, ep, model.has_dense, model.single_device) is None:
                     plans.append(evaluate(model, hw, tp, pp, ep))
     return plans
 
