@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agents.runtime.server.launcher import free_port
 from agents.runtime.testing.make_model import cached_model
@@ -52,3 +53,20 @@ def test_a_pp2_moe_server_reports_every_ranks_overhead_and_every_stages_experts(
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+
+
+def test_a_rank_that_does_not_answer_is_named_within_the_bound(monkeypatch):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from agents.runtime.engine import tp
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    monkeypatch.setattr(tp, "_STORE_AT", [("127.0.0.1", port)])
+    stats = tp.RankStats(world=3, timeout=0.5)
+    stats.store.set(f"{tp.STATS_PREFIX}/resp/1/1", "{}")  # rank 1 answers the first ask, rank 2 never does
+    with pytest.raises(RuntimeError, match=r"^ranks \[2\] did not report their counters within 0\.5 s$"):
+        stats.ask("snapshot")
+    del server
