@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.snapshots import Snapshots
+
 if TYPE_CHECKING:
     from rest_framework.test import APIClient
 
@@ -99,6 +101,14 @@ def _fresh_cache(request: pytest.FixtureRequest, _isolated_cache: None) -> Itera
                 client.delete(*keys)
         else:
             cache.clear()
+
+
+@pytest.fixture(scope="session")
+def db_snapshots() -> Snapshots:
+    """``restore_or_build(key, build)``: ``build()``'s rows, built once per session and copied back for each
+    caller (``tests/snapshots.py``); call it with the database open (a ``transactional_db`` test, or a module
+    fixture inside its own transaction)."""
+    return Snapshots()
 
 
 @pytest.fixture

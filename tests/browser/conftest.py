@@ -4,8 +4,8 @@ pytest-django's ``live_server`` is WSGI and serves no WebSockets, so ``portal_se
 ``uvicorn day0portal.asgi:application`` in a subprocess against the test database (PostgreSQL: the
 subprocess and the test share committed rows, hence ``transactional_db``) and the Redis channel layer.
 One Chromium per test module; each context a test opens is a fresh profile (a new browser context: no cookies,
-storage or cache from another). ``db_snapshots`` builds a test's rows once per session and copies them back for
-the next test that asks (``tests/browser/snapshots.py``). ``shot(page, name)`` saves a screenshot under
+storage or cache from another). ``db_snapshots`` (tests/conftest.py) builds a test's rows once per session and
+copies them back for the next test that asks. ``shot(page, name)`` saves a screenshot under
 ``test-artifacts/screenshots/``.
 """
 
@@ -23,7 +23,6 @@ from urllib.request import urlopen
 import pytest
 from django.conf import settings
 
-from tests.browser.snapshots import Snapshots
 from tests.live_services import database_url, free_port
 
 # Playwright's sync API keeps an event loop running in the test thread; Django's ORM calls from the test
@@ -145,15 +144,6 @@ def browser_factory(chromium) -> Iterator[Callable[..., object]]:
     yield open_context
     for context in contexts:
         context.close()
-
-
-@pytest.fixture(scope="session")
-def db_snapshots(django_db_setup, django_db_blocker) -> Iterator[Snapshots]:
-    """``restore_or_build(key, build)``: ``build()``'s rows, built once per session and copied back per test."""
-    snapshots = Snapshots()
-    yield snapshots
-    with django_db_blocker.unblock():
-        snapshots.drop_all()
 
 
 @pytest.fixture

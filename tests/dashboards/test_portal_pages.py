@@ -21,16 +21,19 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(scope="module")
-def world(django_db_setup, django_db_blocker):  # noqa: ANN001, ANN201
-    """The dashboards' world with the planted regression on the newest run (still open)."""
+def world(django_db_setup, django_db_blocker, db_snapshots):  # noqa: ANN001, ANN201
+    """The dashboards' world with the planted regression on the newest run (still open); built once per session
+    (the browser tests' round-2 world is the same) and rolled back at the module's end."""
+    from django.contrib.contenttypes.models import ContentType
     from django.db import transaction
 
     from tests.dashboards.world import build_world
 
     with django_db_blocker.unblock():
         with transaction.atomic():
-            yield build_world(regression_days_ago=1)
+            yield db_snapshots.restore_or_build("open_regression_world", lambda: build_world(regression_days_ago=1))
             transaction.set_rollback(True)
+        ContentType.objects.clear_cache()  # the copy's content type ids were rolled back
 
 
 def cell_td(html: str, model: str, hardware: str) -> str:
