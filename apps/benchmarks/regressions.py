@@ -46,13 +46,16 @@ class Direction(StrEnum):
 LATENCY_FAMILIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 THROUGHPUT_METRICS = ("output_tok_s", "req_s")
 MEMORY_METRICS = ("peak_memory_bytes",)
+# Read from each run of the bench section's JSON rather than a column (issue 11 §4): lower is better for all
+RUN_METRICS = ("comm_overhead_ratio", "comm_overhead_ratio_max", "tpot_jitter", "expert_max_over_mean",
+               "expert_ep_max_over_mean")
 
 
 def metric_direction(metric: str) -> Direction:
     """The direction of a metric name such as ``ttft_ms_p90``, ``output_tok_s`` or ``peak_memory_bytes``."""
     if metric in THROUGHPUT_METRICS:
         return Direction.HIGHER_IS_BETTER
-    if metric in MEMORY_METRICS or any(metric == f or metric.startswith(f + "_") for f in LATENCY_FAMILIES):
+    if metric in MEMORY_METRICS or metric in RUN_METRICS or any(metric == f or metric.startswith(f + "_") for f in LATENCY_FAMILIES):
         return Direction.LOWER_IS_BETTER
     raise ValueError(f"unknown benchmark metric {metric!r}: expected one of {', '.join(known_metrics())}")
 
@@ -60,7 +63,7 @@ def metric_direction(metric: str) -> Direction:
 def known_metrics() -> list[str]:
     """Every metric name the detector knows a direction for."""
     names = [f"{family}_{stat}" for family in LATENCY_FAMILIES for stat in ("mean", "p50", "p90", "p99")]
-    return names + list(THROUGHPUT_METRICS) + list(MEMORY_METRICS)
+    return names + list(THROUGHPUT_METRICS) + list(MEMORY_METRICS) + list(RUN_METRICS)
 
 
 @dataclass(frozen=True)

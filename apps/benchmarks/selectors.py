@@ -16,6 +16,7 @@ from django.utils.timezone import is_naive, make_aware
 
 from apps.accounts.access import Actor
 from apps.benchmarks.regressions import (
+    RUN_METRICS,
     ParameterError,
     Point,
     Regression,
@@ -23,6 +24,7 @@ from apps.benchmarks.regressions import (
     detect_regressions,
     known_metrics,
 )
+from apps.benchmarks.run_metrics import run_values
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
 from apps.core.validators import as_utc
@@ -39,7 +41,14 @@ TREND_FAMILIES: tuple[tuple[str, str, str], ...] = (
     ("itl_ms", "Inter-token latency (ITL)", "ms"),
     ("output_tok_s", "Output tokens/s", "tok/s"),
     ("peak_memory_bytes", "Peak memory", "GiB"),
+    ("comm_overhead_ratio", "Communication overhead (rank 0)", "% of step"),
+    ("comm_overhead_ratio_max", "Communication overhead (slowest rank)", "% of step"),
+    ("tpot_jitter", "TPOT jitter (p99 / p50)", "×"),
+    ("expert_max_over_mean", "Expert imbalance (max / mean tokens per expert)", "×"),
+    ("expert_ep_max_over_mean", "EP rank imbalance (max / mean tokens per rank)", "×"),
 )
+# families shown only when some run reports them (a dense model on one device has no collectives or experts)
+OPTIONAL_FAMILIES = RUN_METRICS
 LATENCY_STATS = ("p50", "p90", "p99", "mean")
 
 
@@ -50,11 +59,17 @@ def metric_unit(metric: str) -> str:
         return "tok/s"
     if metric == "req_s":
         return "req/s"
+    if metric in ("comm_overhead_ratio", "comm_overhead_ratio_max"):
+        return "fraction of step time"
+    if metric in RUN_METRICS:
+        return "ratio"
     return "ms"
 
 
 def display_value(metric: str, value: float) -> float:
-    """The value in the unit charts show (bytes become GiB)."""
+    """The value in the unit charts show (bytes become GiB, a fraction of step time a percentage)."""
+    if metric in ("comm_overhead_ratio", "comm_overhead_ratio_max"):
+        return value * 100  # percent of step time
     return value / GIB if metric == "peak_memory_bytes" else value
 
 
@@ -219,17 +234,15 @@ def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None
     by_run = {row[0]: row for row in run_rows}
     # a run's ref, shared by its points: (run, job, at, synthetic: seeded evidence, not an agent's)
     refs = {row[0]: (row[0], row[4], row[1].isoformat(), bool((row[5] or {}).get("seeded"))) for row in run_rows}
-    points = BenchmarkPoint.objects.filter(run__in=runs.values("id"))
-    if query.concurrency is not None:
-        points = points.filter(concurrency=query.concurrency)
     series: dict[tuple[str, str, Configuration, str], Series] = {}
-    for run_id, concurrency, *values in points.values_list("run_id", "concurrency", *metrics):
+
+    def add(run_id: int, concurrency: int, names: list[str], values: Sequence[Any]) -> None:
         run = by_run.get(run_id)
         if run is None:
-            continue
+            return
         _, at, model_slug, hw_slug, job_id, spec = run
         config = _config_of(spec, concurrency)
-        for metric, value in zip(metrics, values, strict=True):
+        for metric, value in zip(names, values, strict=True):
             if value is None:
                 continue
             key = (model_slug, hw_slug, config, metric)
@@ -237,6 +250,20 @@ def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None
             if s is None:
                 s = series[key] = Series(model_slug, hw_slug, config, metric)
             s.points.append(Point(at, float(value), refs[run_id]))
+
+    columns = [m for m in metrics if m not in RUN_METRICS]
+    if columns:
+        points = BenchmarkPoint.objects.filter(run__in=runs.values("id"))
+        if query.concurrency is not None:
+            points = points.filter(concurrency=query.concurrency)
+        for run_id, concurrency, *values in points.values_list("run_id", "concurrency", *columns):
+            add(run_id, concurrency, columns, values)
+    from_runs = [m for m in metrics if m in RUN_METRICS]
+    if from_runs:  # one more query: each run's section runs (only that key of the section)
+        for run_id, section_runs in BenchmarkRun.objects.filter(id__in=runs.values("id")).values_list(
+                "id", "result__section__runs"):
+            for concurrency, values in run_values(section_runs, from_runs, query.concurrency):
+                add(run_id, concurrency, from_runs, values)
     # lengths may be None in one run's configuration and numbers in another's: None sorts first, never compared
     ordered = sorted(series.values(), key=lambda s: (
         s.model, s.hardware, s.metric, s.config.dtype, s.config.concurrency,

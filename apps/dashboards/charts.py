@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.benchmarks.selectors import TREND_FAMILIES, Series, display_value
+from apps.benchmarks.selectors import OPTIONAL_FAMILIES, TREND_FAMILIES, Series, display_value
 from apps.dashboards.selectors import CellPage, Day0Timeline
 
 LATENCY_KEYS = (("ttft_ms_p50", "TTFT p50"), ("ttft_ms_p99", "TTFT p99"), ("tpot_ms_p50", "TPOT p50"),
@@ -66,10 +66,21 @@ def grouped_regressions(series: list[Series]) -> list[dict[str, Any]]:
     return rows
 
 
-def trend_charts(series: list[Series], stat: str) -> tuple[list[dict[str, Any]], str]:
-    """One chart per metric family; one line per configuration; regressions as marked points. Also returns
-    the configuration every line shares (dtype, lengths), shown once above the charts."""
+def stack_marks(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The hardware's stack changes (``alerts.stacks.series_stack_changes``) as time-axis marks: when, and what
+    changed to what."""
+    return [{"at": c["at"], "label": ", ".join(f"{k} {c['after'].get(k, '?')}" for k in c["changed"])[:120]}
+            for c in changes]
+
+
+def trend_charts(series: list[Series], stat: str, stack_changes: list[dict[str, Any]] | None = None
+                 ) -> tuple[list[dict[str, Any]], str]:
+    """One chart per metric family; one line per configuration; regressions as marked points and the stack's
+    changes as vertical marks. A family only some runs report (communication overhead, expert balance) has no
+    chart when none of these runs do (``absent``). Also returns the configuration every line shares (dtype,
+    lengths), shown once above the charts."""
     labels, shared = _short_labels(series)
+    marks = stack_marks(stack_changes or [])
     times: dict[Any, int] = {}
     charts = []
     for family, title, unit in TREND_FAMILIES:
@@ -87,7 +98,8 @@ def trend_charts(series: list[Series], stat: str) -> tuple[list[dict[str, Any]],
             })
         flagged = sum(len(line["regressions"]) for line in lines)
         charts.append({"id": f"trend-{family}", "data_id": f"trend-{family}-data", "metric": metric, "title": title, "unit": unit,
-                       "flagged": flagged, "data": {"unit": unit, "series": lines}})
+                       "flagged": flagged, "absent": not lines and family in OPTIONAL_FAMILIES,
+                       "data": {"unit": unit, "series": lines, "stack_changes": marks}})
     return charts, shared
 
 

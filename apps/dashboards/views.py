@@ -229,10 +229,13 @@ def trends_page(request: HttpRequest) -> HttpResponse:
             raise Http404(str(exc)) from None
         except (SeriesQueryError, ValueError) as exc:
             error = str(exc)
-    trend_charts, shared = charts.trend_charts(series, stat)
+    from apps.alerts.stacks import series_stack_changes
+
+    trend_charts, shared = charts.trend_charts(series, stat, series_stack_changes(series))
     return render(request, "dashboards/trends.html", {
         "cells": cells_with_benchmarks(actor), "model": model, "hardware": hardware, "stat": stat,
-        "stats": LATENCY_STATS, "charts": trend_charts, "shared_config": shared, "regressions": charts.grouped_regressions(series),
+        "stats": LATENCY_STATS, "charts": [c for c in trend_charts if not c["absent"]],
+        "absent_charts": [c["title"] for c in trend_charts if c["absent"]], "shared_config": shared, "regressions": charts.grouped_regressions(series),
         "flag_count": sum(len(s.regressions) for s in series),
         "error": error, "runs": len({p.ref[0] for s in series for p in s.points}),
         "since": request.GET.get("since", ""), "concurrency": request.GET.get("concurrency", ""),

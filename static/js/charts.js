@@ -93,6 +93,13 @@
           } } }
       };
     });
+    var changes = data.stack_changes || [];
+    if (changes.length && series.length) {  // the stack's changes: dashed vertical lines on the time axis
+      series[0].markLine = { symbol: "none", silent: false, lineStyle: { type: "dashed", color: "#6b7280" },
+        label: { show: false },
+        tooltip: { trigger: "item", formatter: function (p) { return "<b>stack change</b> " + p.data.at.slice(0, 16).replace("T", " ") + "<br>" + p.data.what; } },
+        data: changes.map(function (c) { return { xAxis: Date.parse(c.at), at: c.at, what: c.label }; }) };
+    }
     return base({
       grid: { left: 16, right: 24, top: 56, bottom: 48, containLabel: true },
       tooltip: { trigger: "axis", confine: true, valueFormatter: function (v) { return fmt(v) + " " + data.unit; } },

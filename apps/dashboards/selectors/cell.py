@@ -17,7 +17,7 @@ from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
 from apps.dashboards.selectors.format import hours_text, human_bytes, human_count, reached_times
 from apps.dashboards.selectors.jobs import previous_job_ids
-from apps.dashboards.selectors.runtime_evidence import bench_extras, compiled_path
+from apps.dashboards.selectors.runtime_evidence import bench_extras, compiled_path, section_keys
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
@@ -276,16 +276,15 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
         newer.previous_id = older.pk
     if page.jobs:
         page.jobs[-1].previous_id = previous_job_ids(page.jobs[-1:]).get(page.jobs[-1].pk)
-    bench = results.get("bench")
-    if bench is not None:
-        raw = StageResult.objects.filter(pk=bench.pk).values_list("section__long_context", flat=True).first()
-        page.long_context = raw if isinstance(raw, dict) else None
+    keys = section_keys(results)  # the serve, bench and align sections' runs, long-context run, compile blocks
+    raw = keys.get("bench", {}).get("long_context")
+    page.long_context = raw if isinstance(raw, dict) else None
     if "eval" in results:
         raw = StageResult.objects.filter(pk=results["eval"].pk).values_list("section", flat=True).first()
         page.eval_section = raw if isinstance(raw, dict) else {}
         page.needle = needle_heatmap(page.eval_section.get("needle"))
-    page.bench_extras = bench_extras(bench)
-    page.compiled = compiled_path(results)
+    page.bench_extras = bench_extras(keys.get("bench"))
+    page.compiled = compiled_path(results, keys)
     if model.takes_images:
         page.image_path = image_path_evidence(results.get("serve"), results.get("align"))
     return page

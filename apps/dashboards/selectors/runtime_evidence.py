@@ -64,12 +64,23 @@ def run_extras(run: dict[str, Any]) -> dict[str, Any]:
             "tpot_jitter": tpot_jitter(run), "expert_balance": expert_balance(run.get("expert_balance"))}
 
 
-def bench_extras(bench: StageResult | None) -> list[dict[str, Any]]:
-    """Per run of the newest bench section (the sweep's runs, then its long-context run): its extras."""
-    if bench is None:
+def section_keys(results: dict[str, StageResult]) -> dict[str, dict[str, Any]]:
+    """stage -> the keys of the newest serve, bench and align sections this page reads (``runs``,
+    ``long_context``, ``compile``), in one query."""
+    ids = {results[stage].pk: stage for stage in ("serve", "bench", "align") if stage in results}
+    if not ids:
+        return {}
+    rows = StageResult.objects.filter(pk__in=ids).values_list("pk", "section__runs", "section__long_context",
+                                                               "section__compile")
+    return {ids[pk]: {"runs": runs, "long_context": long_run, "compile": block}
+            for pk, runs, long_run, block in rows}
+
+
+def bench_extras(bench: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Per run of the newest bench section (``section_keys``: the sweep's runs, then its long-context run)."""
+    if not bench:
         return []
-    row = StageResult.objects.filter(pk=bench.pk).values_list("section__runs", "section__long_context").first()
-    runs, long_run = row if row else (None, None)
+    runs, long_run = bench.get("runs"), bench.get("long_context")
     out = [run_extras(r) for r in runs or [] if isinstance(r, dict)] if isinstance(runs, list) else []
     if isinstance(long_run, dict):
         out.append({**run_extras(long_run), "long_context": True})
@@ -90,14 +101,10 @@ def _compile_rows(block: dict[str, Any]) -> list[tuple[str, Any]]:
     return [(label, value) for label, value in rows if value is not None]
 
 
-def compiled_path(results: dict[str, StageResult]) -> dict[str, Any] | None:
-    """The ``compile`` blocks of the newest serve, bench and align sections; None when none has one (a job
-    that did not ask for the compiled path)."""
-    ids = {stage: results[stage].pk for stage in ("serve", "bench", "align") if stage in results}
-    if not ids:
-        return None
-    raw = dict(StageResult.objects.filter(pk__in=ids.values()).values_list("pk", "section__compile"))
-    blocks = {stage: raw.get(pk) for stage, pk in ids.items() if isinstance(raw.get(pk), dict)}
+def compiled_path(results: dict[str, StageResult], keys: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``compile`` blocks of the newest serve, bench and align sections (``keys``: ``section_keys``); None
+    when none has one (a job that did not ask for the compiled path)."""
+    blocks = {stage: k["compile"] for stage, k in keys.items() if isinstance(k.get("compile"), dict)}
     if not blocks:
         return None
     out: dict[str, Any] = {"jobs": {stage: results[stage].job_id for stage in blocks}}
