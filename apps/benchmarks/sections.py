@@ -195,7 +195,36 @@ def bench_section(p: CellProfile, rng: random.Random, shape: BenchShape = BenchS
                      "peak_memory_bytes": int((p.bytes_per_device + p.kv_bytes_per_token * c * (input_len + output_len)
                                                / p.devices) * (1 + rng.gauss(0, 0.002)) * shape.memory),
                      "failed": 0})
+        runs[-1].update(run_extras(p, runs[-1]))
     return {"runs": runs, "input_len": input_len, "output_len": output_len}
+
+
+SEEDED_EXPERTS = 16  # a seeded MoE's routed experts per layer (the numbers are illustrative, as every seeded one)
+
+
+def run_extras(p: CellProfile, run: dict[str, Any]) -> dict[str, Any]:
+    """Issue 11 §4's keys of one seeded run: TPOT jitter (its percentiles' p99/p50), on several devices the
+    communication overhead per rank (rank 0's, each rank's, the slowest), for a MoE (fewer active parameters
+    than total) the expert balance. Drawn from a generator seeded by the run's own numbers, so adding them
+    leaves the rest of the seeded history as it was."""
+    from agents.runtime.bench.metrics import expert_balance
+
+    tpot = run["tpot_ms"]
+    extras: dict[str, Any] = {"tpot_jitter": round(tpot["p99"] / tpot["p50"], 4)}
+    local = random.Random(int(tpot["p50"] * 1000) ^ run["concurrency"])
+    if p.devices > 1:
+        ranks = min(p.devices, 8)
+        share = 0.02 + 0.012 * ranks.bit_length() + 0.0004 * run["concurrency"]
+        per_rank = [round(share * local.uniform(0.9, 1.25), 4) for _ in range(ranks)]
+        extras.update({"comm_overhead_ratio": per_rank[0], "comm_overhead_ratio_per_rank": per_rank,
+                       "comm_overhead_ratio_max": max(per_rank)})
+    if p.params_active < 0.6 * p.params_total:
+        ep = max(d for d in (1, 2, 4, 8) if d <= p.devices)
+        tokens = run["concurrency"] * 128
+        layers = [[max(0, int(tokens * 2 / SEEDED_EXPERTS * local.lognormvariate(0, 0.3)))
+                   for _ in range(SEEDED_EXPERTS)] for _ in range(min(p.layers, 8))]
+        extras["expert_balance"] = expert_balance(layers, ep)
+    return extras
 
 
 def env_section(hardware_name: str, devices: int, rng: random.Random) -> dict[str, Any]:
