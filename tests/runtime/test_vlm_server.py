@@ -240,8 +240,11 @@ def test_bench_sends_images_per_request(url):
         run_benchmark(url, concurrency=[1], images_per_request=-1)
 
 
-@pytest.mark.slow  # two gloo ranks load the model
-def test_tensor_parallel_serve_answers_images_as_one_process(model_dir, expected, tmp_path):
+@pytest.mark.slow  # two (four) gloo ranks load the model
+@pytest.mark.parametrize("layout", [["--tp", "2"], ["--pp", "2"], ["--tp", "2", "--pp", "2"]],
+                         ids=["tp2", "pp2", "tp2-pp2"])
+def test_parallel_serve_answers_images_as_one_process(model_dir, expected, tmp_path, layout):
+    """Rank 0 (stage 0) encodes the image and sends its features with the step; later stages take hidden states."""
     import os
     import subprocess
     import sys
@@ -252,7 +255,7 @@ def test_tensor_parallel_serve_answers_images_as_one_process(model_dir, expected
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--tp", "2",
+        proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), *layout,
                                  "--port", str(port), "--num-blocks", "64", "--served-model-name", "tiny-llava"],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
