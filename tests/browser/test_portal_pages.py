@@ -219,3 +219,75 @@ def test_a_job_submitted_from_the_form_runs_on_a_real_agent_and_the_matrix_cell_
     assert cell.locator(".tier-label").inner_text().startswith("T2 ")
     shot(matrix, "matrix-after")
     shot(form, "job-finished")
+
+
+@pytest.fixture
+def runtime_evidence(transactional_db):  # noqa: ANN001, ANN201
+    """A MoE cell with a benchmark history (comm overhead per rank, jitter, expert balance), its newest job on
+    the compiled path (serve, align and bench compile blocks), a soak with device memory and a two-node job."""
+    from apps.alerts.models import StackChange
+    from apps.evidence.services import do_record_stage_results
+    from apps.jobs.models import JobNode
+    from tests.factories import JobFactory
+    from tests.portal.reports import passing
+    from tests.portal.test_cell_runtime_evidence import BENCH_COMPILE, SERVE_COMPILE, SOAK, _align_compile, _bench
+    from tests.portal.test_trend_run_metrics import _history
+
+    model, hardware, start = _history()
+    change = StackChange.objects.create(hardware=hardware, before={"torch": "2.12.0"}, after={"torch": "2.13.0"},
+                                        changed=["torch"])
+    StackChange.objects.filter(pk=change.pk).update(created_at=start + timedelta(days=3, hours=1))
+    job = JobFactory(model=model, hardware=hardware, nodes=2, state="succeeded",
+                     spec={"stages": ["serve", "align", "bench", "soak"], "dtype": "bfloat16",
+                           "bench": {"compile": True}})
+    windows = [{"t": 10.0 * i, "output_tok_s": 50.0 - i % 2, "rss_bytes": 900_000_000 + 1_000_000 * i,
+                "device_allocated_bytes": 2_000_000_000 + 4_000_000 * i + 1_000_000 * (i % 3),
+                "device_max_allocated_bytes": 2_100_000_000, "outage": False} for i in range(1, 9)]
+    do_record_stage_results(job, {
+        "serve": {**passing("serve"), "compile": SERVE_COMPILE},
+        "align": {**passing("align"), "compile": _align_compile(diverge=True)},
+        "bench": {**_bench(moe=True), "compile": BENCH_COMPILE},
+        "soak": {**SOAK, "windows": windows, "device_memory": {"source": "cuda: torch.cuda.memory_allocated",
+                                                                "memory_slope": 4000.0}}})
+    agents = [Agent.objects.create(hardware=hardware, hostname=f"gpu-host-{i}") for i in range(2)]
+    for rank, agent in enumerate(agents):
+        JobNode.objects.create(job=job, attempt=1, rank=rank, agent=agent, master_addr="10.0.0.1",
+                               master_port=31000, state="finished", claimed_at=timezone.now() - timedelta(minutes=9),
+                               finished_at=timezone.now())
+    return model, hardware, job
+
+
+@pytest.mark.parametrize("phone", [False, True], ids=["1280", "390"])
+def test_the_runtime_evidence_on_the_cell_trends_and_job_pages(runtime_evidence, portal_server, browser_factory,
+                                                               login_cookie, shot, phone):
+    model, hardware, job = runtime_evidence
+    page = open_page(browser_factory, portal_server, login_cookie, phone=phone)
+    page.goto(f"/cells/{model.slug}/{hardware.slug}/")
+    for part in ("#compiled-serve", "#compiled-bench", "#compiled-align", "#bench-extras", "#soak-device-memory"):
+        assert page.locator(part).is_visible(), part
+    assert page.locator("#compiled-speedup").inner_text() == "1.40×"
+    assert page.locator("#bench-extras tbody tr").count() == 3
+    assert page.locator("#bench-extras svg.expert-bars rect").count() == 24  # 8 experts, 3 runs
+    first = page.locator('#bench-extras tr[data-concurrency="1"]')
+    assert first.locator(".comm").inner_text().strip() == "4.0 %" and "9.0 %" in first.locator(".comm-ranks").inner_text()
+    assert "cuda" in page.locator("#soak-device-note").inner_text()
+    assert fits_width(page)
+    page.locator("#bench-extras").scroll_into_view_if_needed()
+    shot(page, "cell")
+    page.goto(f"/trends/?model={model.slug}&hardware={hardware.slug}")
+    page.locator("#trend-comm_overhead_ratio[data-rendered=true] canvas").wait_for()
+    for family in ("comm_overhead_ratio_max", "tpot_jitter", "expert_max_over_mean", "expert_ep_max_over_mean"):
+        assert page.locator(f"#trend-{family}[data-rendered=true] canvas").count() == 1, family
+    marks = page.evaluate("() => echarts.getInstanceByDom(document.getElementById('trend-comm_overhead_ratio'))"
+                          ".getOption().series[0].markLine.data.map(d => d.what)")
+    assert marks == ["torch 2.13.0"]  # the stack change on the time axis
+    assert page.locator("#trend-comm_overhead_ratio-card").get_attribute("data-flagged") == "3"
+    assert fits_width(page)
+    shot(page, "trends")
+    page.goto(f"/jobs/{job.pk}/")
+    rows = page.locator("#job-nodes tbody tr")
+    assert rows.count() == 2 and "gpu-host-1" in rows.nth(1).inner_text()
+    assert rows.nth(0).locator(".node-state").inner_text() == "finished"
+    assert fits_width(page)
+    shot(page, "job")
+    assert not page.js_errors

@@ -23,13 +23,21 @@ def cell_stack_line(model: Any, hardware: Any) -> dict[str, Any]:
     return {"stack": stack, "change_text": what}
 
 
-def _polyline(points: list[tuple[float, float]], width: int, height: int) -> str:
-    """SVG polyline points scaled into ``width`` x ``height`` (y grows downwards)."""
+def _polyline(points: list[tuple[float, float]], width: int, height: int, pad: float = 4.0) -> str:
+    """SVG polyline points scaled into ``width`` x ``height`` (y grows downwards), the values' range (min to
+    max) filling the height less ``pad`` on each side: a slow memory growth of a few MiB on GiB shows as a
+    slope, not a flat line along the top. A constant series is a line across the middle."""
     if not points:
         return ""
-    t_max = max(t for t, _ in points) or 1.0
-    v_max = max(v for _, v in points) or 1.0
-    return " ".join(f"{t / t_max * width:.1f},{height - v / v_max * height:.1f}" for t, v in points)
+    t_min, t_max = min(t for t, _ in points), max(t for t, _ in points)
+    v_min, v_max = min(v for _, v in points), max(v for _, v in points)
+    t_span, v_span = (t_max - t_min) or 1.0, v_max - v_min
+    inner = height - 2 * pad
+
+    def y(v: float) -> float:
+        return height / 2 if v_span == 0 else pad + inner - (v - v_min) / v_span * inner
+
+    return " ".join(f"{(t - t_min) / t_span * width:.1f},{y(v):.1f}" for t, v in points)
 
 
 @register.inclusion_tag("dashboards/_soak.html")
@@ -55,6 +63,9 @@ def cell_soak_card(model: Any, hardware: Any) -> dict[str, Any]:
     return {"soak": result.section, "result": result, "windows": windows,
             "tok_line": _polyline(series("output_tok_s"), 300, 60), "rss_line": _polyline(rss, 300, 60),
             "rss_max_mib": max(v for _, v in rss) / 2**20 if rss else None,
+            "rss_min_mib": min(v for _, v in rss) / 2**20 if rss else None,
+            "tok_min": min((v for _, v in series("output_tok_s")), default=None),
+            "device_min_mib": min(v for _, v in device) / 2**20 if device else None,
             "tok_max": max((v for _, v in series("output_tok_s")), default=None),
             "device_memory": block if isinstance(block, dict) else None,
             "device_line": _polyline(device, 300, 60) if device else "",

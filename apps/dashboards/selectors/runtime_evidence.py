@@ -87,15 +87,20 @@ def bench_extras(bench: dict[str, Any] | None) -> list[dict[str, Any]]:
     return out
 
 
+def _hits(cache: dict[str, Any], kind: str) -> str | None:
+    """"3 hits · 1 miss" of one compilation cache; None when the block has no cache counters."""
+    if not cache:
+        return None
+    hit, miss = cache.get(f"{kind}_hit", "–"), cache.get(f"{kind}_miss", "–")
+    return f"{hit} hit{'' if hit == 1 else 's'} · {miss} miss{'' if miss == 1 else 'es'}"
+
+
 def _compile_rows(block: dict[str, Any]) -> list[tuple[str, Any]]:
     cache = block.get("cache") if isinstance(block.get("cache"), dict) else {}
     rows = [("compile seconds", block.get("compile_seconds")), ("graphs", block.get("graphs")),
             ("graph breaks", block.get("graph_breaks")),
             ("recompiles after warm-up", block.get("recompiles_after_warmup")),
-            ("FX graph cache", f"{cache.get('fxgraph_hit', '–')} hits · {cache.get('fxgraph_miss', '–')} misses"
-             if cache else None),
-            ("AOT autograd cache", f"{cache.get('aot_autograd_hit', '–')} hits · "
-                                   f"{cache.get('aot_autograd_miss', '–')} misses" if cache else None)]
+            ("FX graph cache", _hits(cache, "fxgraph")), ("AOT autograd cache", _hits(cache, "aot_autograd"))]
     if block.get("ready_seconds") is not None:
         rows.append(("server ready", f"{block['ready_seconds']} s"))
     return [(label, value) for label, value in rows if value is not None]
