@@ -63,6 +63,8 @@ def _variants() -> dict[str, dict]:
         out[name] = {**llama, **change}
     out["deepseek-scoring"] = {**deepseek, "scoring_func": "tanh"}
     out["llava-gelu-decoder"] = {**llava, "text_config": {**llava["text_config"], "hidden_act": "gelu"}}
+    out["llava-qwen2-decoder"] = {**llava, "text_config": {**llava["text_config"], "model_type": "qwen2"}}
+    out["llava-mistral-decoder"] = {**llava, "text_config": {**llava["text_config"], "model_type": "mistral"}}
     return out
 
 
@@ -74,6 +76,9 @@ def test_the_config_only_decision_equals_the_runtimes() -> None:
         assert config_runtime_path(config) == runtime_path(config), name
         paths.add(runtime_path(config)[0])
     assert paths == {"native", "fallback"}
+    assert runtime_path(_variants()["llava-qwen2-decoder"]) == (
+        "fallback", "the native LlavaForConditionalGeneration does not implement: text_config.model_type 'qwen2' "
+                    "(the native decoder is llama or mistral)")
 
 
 def test_the_planner_and_the_decision_import_no_torch() -> None:

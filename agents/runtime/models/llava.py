@@ -18,6 +18,7 @@ import torch
 from agents.runtime.layers.weights import replicated
 from agents.runtime.models.llama import LlamaForCausalLM
 from agents.runtime.models.mapping import WeightMapping
+from agents.runtime.models.native import decoder_gap
 from agents.runtime.models.registry import register
 
 # Checkpoint prefix -> parameter prefix (the layout of LLaVA checkpoints on the hub and of transformers' save):
@@ -82,8 +83,9 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         from transformers.models.llava.modeling_llava import LlavaMultiModalProjector
 
         text = text_config(config)
-        if text.get("model_type", "llama") not in ("llama", "mistral"):
-            raise ValueError(f"text_config.model_type {text.get('model_type')!r}: the native LLaVA decoder is Llama")
+        gap = decoder_gap(config)  # registry.runtime_path sends such a model to the fallback
+        if gap:
+            raise ValueError(f"{gap}: the native LLaVA decoder is Llama")
         super().__init__(text)
         self.vlm_config = config
         hf = AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures",)})

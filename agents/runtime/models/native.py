@@ -27,6 +27,8 @@ NATIVE_ROPE: dict[str, tuple[str, ...]] = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": (),
 }
+# a vision-language family -> the decoder model types its native decoder is (``text_config.model_type``)
+NATIVE_DECODERS: dict[str, tuple[str, ...]] = {"LlavaForConditionalGeneration": ("llama", "mistral")}
 NATIVE_ACTIVATIONS = (None, "silu", "swish")  # the native SwiGLU MLP's (``layers/mlp.check_activation``)
 NATIVE_SCORING = (None, "sigmoid", "softmax")  # the native router's
 FALLBACK_LAYOUT = "the transformers fallback runs on one device only (tp, pp and ep 1)"
@@ -75,6 +77,16 @@ def config_gaps(config: dict[str, Any]) -> list[str]:
     return gaps
 
 
+def decoder_gap(config: dict[str, Any]) -> str | None:
+    """A vision-language family's decoder that its native code is not (LLaVA's is Llama), named; or None."""
+    arch = architecture_of(config)
+    text = config.get("text_config")
+    kind = (text.get("model_type") or "llama") if isinstance(text, dict) else "llama"
+    if arch in NATIVE_DECODERS and kind not in NATIVE_DECODERS[arch]:
+        return f"text_config.model_type {kind!r} (the native decoder is {' or '.join(NATIVE_DECODERS[arch])})"
+    return None
+
+
 def config_runtime_path(config: dict[str, Any]) -> tuple[str, str | None]:
     """("native", None), or ("fallback", why), from the config alone (see the module docstring)."""
     arch = architecture_of(config)
@@ -82,6 +94,9 @@ def config_runtime_path(config: dict[str, Any]) -> tuple[str, str | None]:
         return "fallback", f"architecture {arch!r} has no native implementation"
     text = config.get("text_config")
     gaps = config_gaps(text if isinstance(text, dict) else config)  # a vision-language model: its decoder's
+    decoder = decoder_gap(config)
+    if decoder:
+        gaps.insert(0, decoder)
     if gaps:
         return "fallback", f"the native {arch} does not implement: {'; '.join(gaps)}"
     return "native", None

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from agents.runtime.interface import RuntimeModel
-from agents.runtime.models.native import NATIVE_FAMILIES, architecture_of
+from agents.runtime.models.native import NATIVE_FAMILIES, architecture_of, decoder_gap
 
 _REGISTRY: dict[str, type] = {}
 _FAMILY_MODULES = NATIVE_FAMILIES  # architecture -> module (``native.py``: the planner reads it without torch)
@@ -81,6 +81,9 @@ def runtime_path(config: dict[str, Any]) -> tuple[str, str | None]:
         return "fallback", f"architecture {arch!r} has no native implementation"
     text = config.get("text_config")
     gaps = native_gaps(text if isinstance(text, dict) else config)  # a vision-language model: its decoder's
+    decoder = decoder_gap(config)  # a decoder the native family does not have (LLaVA on a Qwen2 decoder)
+    if decoder:
+        gaps.insert(0, decoder)
     if gaps:
         return "fallback", f"the native {arch} does not implement: {'; '.join(gaps)}"
     return "native", None
