@@ -66,6 +66,12 @@ def grouped_regressions(series: list[Series]) -> list[dict[str, Any]]:
     return rows
 
 
+# where a ratio's axis starts: 1.0 is no jitter / perfect balance, 0 % no time in collectives (a zoomed axis made
+# rounding noise of a flat 1.30 look like swings)
+AXIS_FLOORS = {"tpot_jitter": 1, "expert_max_over_mean": 1, "expert_ep_max_over_mean": 1, "comm_overhead_ratio": 0,
+               "comm_overhead_ratio_max": 0}
+
+
 def stack_marks(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The hardware's stack changes (``alerts.stacks.series_stack_changes``) as time-axis marks: when, and what
     changed to what."""
@@ -99,7 +105,7 @@ def trend_charts(series: list[Series], stat: str, stack_changes: list[dict[str, 
         flagged = sum(len(line["regressions"]) for line in lines)
         charts.append({"id": f"trend-{family}", "data_id": f"trend-{family}-data", "metric": metric, "title": title, "unit": unit,
                        "flagged": flagged, "absent": not lines and family in OPTIONAL_FAMILIES,
-                       "data": {"unit": unit, "series": lines, "stack_changes": marks}})
+                       "data": {"unit": unit, "series": lines, "stack_changes": marks, "floor": AXIS_FLOORS.get(family)}})
     return charts, shared
 
 

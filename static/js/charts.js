@@ -104,7 +104,8 @@
       grid: { left: 16, right: 24, top: 56, bottom: 48, containLabel: true },
       tooltip: { trigger: "axis", confine: true, valueFormatter: function (v) { return fmt(v) + " " + data.unit; } },
       xAxis: { type: "time", axisLabel: { hideOverlap: true } },  // a gap in the runs packs "May" and day ticks together
-      yAxis: { type: "value", name: data.unit, scale: true },
+      yAxis: data.floor === null || data.floor === undefined ? { type: "value", name: data.unit, scale: true }
+        : { type: "value", name: data.unit, min: data.floor },  // a ratio's axis from its ideal (1×, 0 %)
       dataZoom: [{ type: "inside", filterMode: "none" }, { type: "slider", filterMode: "none", height: 22, bottom: 8 }],
       toolbox: { right: 0, top: 0, itemSize: 13, feature: { dataZoom: { yAxisIndex: "none", title: { zoom: "zoom", back: "undo zoom" } }, restore: { title: "reset" } } },
       series: series

@@ -83,7 +83,7 @@ def test_the_trends_page_charts_them_beside_the_others_with_stack_changes_marked
     data = json.loads(re.search(r'<script id="trend-comm_overhead_ratio-data" type="application/json">(.*?)</script>',
                                 html, re.S).group(1))
     assert [line["label"] for line in data["series"]] == ["c=1", "c=4", "c=16"]
-    assert data["series"][0]["points"][0][1] == pytest.approx(5.0)  # percent of step time
+    assert data["series"][0]["points"][0][1] == pytest.approx(5.0) and data["floor"] == 0  # percent of step time
     assert len(data["series"][0]["regressions"]) == 1
     assert [m["label"] for m in data["stack_changes"]] == ["torch 2.13.0"]
     assert 'data-metric="comm_overhead_ratio" data-flagged="3"' in html
