@@ -83,7 +83,7 @@ def trend_charts(series: list[Series], stat: str, stack_changes: list[dict[str, 
                  ) -> tuple[list[dict[str, Any]], str]:
     """One chart per metric family; one line per configuration; regressions as marked points and the stack's
     changes as vertical marks. A family only some runs report (communication overhead, expert balance) has no
-    chart when none of these runs do (``absent``). Also returns the configuration every line shares (dtype,
+    chart when none of these runs do, or all report zero (``absent``). Also returns the configuration every line shares (dtype,
     lengths), shown once above the charts."""
     labels, shared = _short_labels(series)
     marks = stack_marks(stack_changes or [])
@@ -104,7 +104,9 @@ def trend_charts(series: list[Series], stat: str, stack_changes: list[dict[str, 
             })
         flagged = sum(len(line["regressions"]) for line in lines)
         charts.append({"id": f"trend-{family}", "data_id": f"trend-{family}-data", "metric": metric, "title": title, "unit": unit,
-                       "flagged": flagged, "absent": not lines and family in OPTIONAL_FAMILIES,
+                       "flagged": flagged,
+                       # one rank reports 0 % in collectives: a chart of zeros says nothing the note does not
+                       "absent": family in OPTIONAL_FAMILIES and not any(v for line in lines for _, v in line["points"]),
                        "data": {"unit": unit, "series": lines, "stack_changes": marks, "floor": AXIS_FLOORS.get(family)}})
     return charts, shared
 
