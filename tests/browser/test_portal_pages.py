@@ -247,7 +247,7 @@ def runtime_evidence(transactional_db):  # noqa: ANN001, ANN201
         "serve": {**passing("serve"), "compile": SERVE_COMPILE},
         "align": {**passing("align"), "compile": _align_compile(diverge=True)},
         "bench": {**_bench(moe=True), "compile": BENCH_COMPILE},
-        "soak": {**SOAK, "windows": windows, "device_memory": {"source": "cuda: torch.cuda.memory_allocated",
+        "soak": {**SOAK, "windows": windows, "device_memory": {"source": "torch.cuda",
                                                                 "memory_slope": 4000.0}}})
     agents = [Agent.objects.create(hardware=hardware, hostname=f"gpu-host-{i}") for i in range(2)]
     for rank, agent in enumerate(agents):

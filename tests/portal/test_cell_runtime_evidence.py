@@ -127,7 +127,7 @@ def test_the_soak_card_draws_device_memory_on_cuda_and_says_process_rss_on_cpu(c
                for t in (10.0, 20.0, 30.0)]
     job = JobFactory(spec={"stages": ["serve", "soak"], "dtype": "bfloat16"})
     do_record_stage_results(job, {"soak": {**SOAK, "windows": windows,
-                                           "device_memory": {"source": "cuda: torch.cuda.memory_allocated",
+                                           "device_memory": {"source": "torch.cuda",
                                                              "memory_slope": 1000.0}}})
     html = _page(client, job)
     assert html.count("<polyline") == 3 and 'id="soak-device-memory"' in html
