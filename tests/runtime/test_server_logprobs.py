@@ -153,6 +153,28 @@ def test_streamed_logprobs_and_echo_match_the_whole_response(url):
         assert mine[-1]["finish_reason"] == "length"
 
 
+def test_return_token_ids_gives_the_prompt_and_generated_ids_streamed_and_not(url, engine):
+    """vLLM's ``return_token_ids``: a benchmark compares two servers' greedy tokens by id, not by text."""
+    prompt = [1, 5, 9, 13, 17]
+    req = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    choice = post(url, "/v1/completions", req).json()["choices"][0]
+    assert choice["prompt_token_ids"] == prompt
+    assert len(choice["token_ids"]) == 6
+    assert engine.tokenizer.decode(choice["token_ids"]) == choice["text"]
+    with httpx.stream("POST", f"{url}/v1/completions", json={**req, "stream": True}, timeout=60) as resp:
+        chunks = [e["choices"][0] for e in events(resp)]
+    assert [c["prompt_token_ids"] for c in chunks if "prompt_token_ids" in c] == [prompt]  # once, first
+    assert [t for c in chunks for t in c["token_ids"]] == choice["token_ids"]
+    plain = post(url, "/v1/completions", {**req, "return_token_ids": False}).json()["choices"][0]
+    assert "token_ids" not in plain and plain["text"] == choice["text"]
+    chat = post(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
+                                             "temperature": 0, "ignore_eos": True, "return_token_ids": True})
+    ids = chat.json()["choices"][0]
+    assert len(ids["token_ids"]) == 3 and ids["prompt_token_ids"]
+    bad = post(url, "/v1/completions", {**req, "return_token_ids": "yes"})
+    assert bad.status_code == 400 and "return_token_ids" in bad.text
+
+
 def test_chat_logprobs_in_the_chat_format(url, engine, reference):
     messages = [{"role": "user", "content": "Say something"}]
     req = {"messages": messages, "logprobs": True, "top_logprobs": 2, "max_tokens": 4, "temperature": 0,

@@ -19,7 +19,7 @@ MAX_STOP_LEN = 512
 
 SAMPLING_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
-    "stop_token_ids", "seed", "ignore_eos", "user",
+    "stop_token_ids", "seed", "ignore_eos", "user", "return_token_ids",
 })
 # parameters accepted only at the value that means "off": anything else would be silently ignored
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -54,6 +54,7 @@ class Generation:
     include_usage: bool = False
     echo: bool = False
     logprobs: int | None = None  # completions: top alternatives (0..20); chat: top_logprobs when logprobs is on
+    return_token_ids: bool = False  # vLLM's extension: each choice carries its prompt's and its own token ids
 
     def choice_params(self, j: int) -> SamplingParams:
         """Choice ``j`` of ``n``: its own seed (the request's seed plus j), so seeded choices differ."""
@@ -154,7 +155,8 @@ def generation(
     except ValueError as exc:
         param = str(exc).split(" ", 1)[0]
         raise APIError(400, str(exc), param if param in body else None) from exc
-    return Generation(params, n=n, stream=stream, include_usage=include_usage)
+    return Generation(params, n=n, stream=stream, include_usage=include_usage,
+                      return_token_ids=get_bool(body, "return_token_ids"))
 
 
 def completion_generation(body: dict, *, max_model_len: int) -> Generation:

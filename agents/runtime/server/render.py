@@ -62,6 +62,7 @@ class Renderer:
         self.token_text = token_text
         self.visible_len = visible_len
         self._logprobs: dict[int, LegacyLogprobs] = {}  # per streamed choice: its text offsets continue
+        self._sent_ids: set[int] = set()  # streamed choices whose prompt_token_ids went out
 
     def body(self, kind: str, choices: list[dict[str, Any]], usage_: dict[str, int] | None = None) -> dict:
         out: dict[str, Any] = {
@@ -128,7 +129,8 @@ class Renderer:
         block = None
         if self.gen.logprobs is not None:
             block = self._stream_logprobs(choice.index).block(self.prompt_entries(choice, first.prompt_logprobs))
-        return [{"index": choice.index, "text": choice.prompt_text, "logprobs": block, "finish_reason": None}]
+        return [self._ids({"index": choice.index, "text": choice.prompt_text, "logprobs": block,
+                           "finish_reason": None}, choice, [])]
 
     def prompt_entries(
         self, choice: Choice, prompt_logprobs: list[TokenLogprob | None] | None
@@ -150,13 +152,29 @@ class Renderer:
                 prompt_lps = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
                 entries = self.prompt_entries(choice, prompt_lps) + entries
             block = LegacyLogprobs(self.token_text, self.visible_len).block(entries)
-        return {"index": choice.index, "text": text, "logprobs": block, "finish_reason": outs[-1].finish_reason}
+        return self._ids({"index": choice.index, "text": text, "logprobs": block,
+                          "finish_reason": outs[-1].finish_reason}, choice, _token_ids(outs))
 
     def delta_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
         block = None
         if self.gen.logprobs is not None:
             block = self._stream_logprobs(index).block(self.generated([out]))
-        return {"index": index, "text": out.new_text, "logprobs": block, "finish_reason": out.finish_reason}
+        chunk = {"index": index, "text": out.new_text, "logprobs": block, "finish_reason": out.finish_reason}
+        return self._ids(chunk, self.choices[index], list(out.new_token_ids), prompt=index not in self._sent_ids)
+
+    def _ids(self, choice_body: dict[str, Any], choice: Choice, ids: list[int], prompt: bool = True) -> dict:
+        """With ``return_token_ids``: the choice's generated ``token_ids`` (a stream: this chunk's) and its
+        ``prompt_token_ids`` (a stream: on the choice's first chunk that carries them)."""
+        if self.gen.return_token_ids:
+            if prompt:
+                choice_body["prompt_token_ids"] = list(choice.prompt_ids)
+                self._sent_ids.add(choice.index)
+            choice_body["token_ids"] = ids
+        return choice_body
+
+
+def _token_ids(outs: list[RequestOutput]) -> list[int]:
+    return [t for out in outs for t in out.new_token_ids]
 
 
 class LegacyLogprobs:
@@ -216,10 +234,12 @@ class ChatRenderer(Renderer):
 
     def whole_choice(self, choice: Choice, outs: list[RequestOutput]) -> dict[str, Any]:
         message = {"role": "assistant", "content": "".join(o.new_text for o in outs)}
-        return {"index": choice.index, "message": message, "logprobs": self.chat_logprobs(self.generated(outs)),
-                "finish_reason": outs[-1].finish_reason}
+        return self._ids({"index": choice.index, "message": message,
+                          "logprobs": self.chat_logprobs(self.generated(outs)),
+                          "finish_reason": outs[-1].finish_reason}, choice, _token_ids(outs))
 
     def delta_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
         delta = {"content": out.new_text} if out.new_text else {}
-        return {"index": index, "delta": delta, "logprobs": self.chat_logprobs(self.generated([out])),
-                "finish_reason": out.finish_reason}
+        chunk = {"index": index, "delta": delta, "logprobs": self.chat_logprobs(self.generated([out])),
+                 "finish_reason": out.finish_reason}
+        return self._ids(chunk, self.choices[index], list(out.new_token_ids), prompt=index not in self._sent_ids)
