@@ -163,3 +163,20 @@ def test_the_job_page_lists_a_multi_node_jobs_nodes_with_their_agents_and_states
     assert "gpu-host-0" in nodes and "gpu-host-1" in nodes
     one = JobFactory()
     assert 'id="job-nodes"' not in client.get(f"/jobs/{one.pk}/").content.decode()
+
+
+def test_the_comparison_of_two_runs_shows_comm_overhead_jitter_and_expert_imbalance_b_over_a(client) -> None:
+    a = JobFactory(spec={"stages": ["bench"], "dtype": "float32"})
+    b = JobFactory(model=a.model, hardware=a.hardware, spec={"stages": ["bench"], "dtype": "float32"})
+    do_record_stage_results(a, {"bench": _bench(moe=True)})
+    slower = _bench(moe=True)
+    for run in slower["runs"]:
+        run["comm_overhead_ratio"] *= 2
+    do_record_stage_results(b, {"bench": slower})
+    html = client.get(f"/compare/?a={a.pk}&b={b.pk}").content.decode()
+    rows = re.findall(r'<tr class="cmp-(\w*)"><td>([^<]+)</td>\s*<td class="num" data-label="A">([^<]+)</td>', html)
+    comm = [(verdict, value.strip()) for verdict, label, value in rows if label == "comm overhead (rank 0)"]
+    assert comm == [("worse", "4.00 %"), ("worse", "5.00 %"), ("worse", "6.00 %")], comm
+    assert [v for v, label, _ in rows if label == "TPOT jitter p99/p50"] == ["same"] * 3
+    assert [v for v, label, _ in rows if label == "expert max/mean"] == ["same"] * 3
+    assert "▲ ×2.00" in html

@@ -1,5 +1,6 @@
-"""Two runs side by side: benchmarks per concurrency (with the ratio b / a), alignment, environment lock, and
-what each stage concluded. Four queries whatever the runs hold."""
+"""Two runs side by side: benchmarks per concurrency (with the ratio b / a; issue 11 §4's communication overhead,
+TPOT jitter and expert imbalance from the bench sections' runs), alignment, environment lock, and what each stage
+concluded. Five queries whatever the runs hold."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from apps.accounts.access import Actor
 from apps.benchmarks.regressions import Direction, metric_direction
+from apps.benchmarks.run_metrics import run_values
 from apps.evidence.models import BenchmarkPoint, StageResult
 from apps.jobs.models import Job
 from apps.jobs.selectors import visible_jobs
@@ -16,6 +18,11 @@ COMPARED_METRICS = (("ttft_ms_p50", "TTFT p50", "ms"), ("ttft_ms_p99", "TTFT p99
                     ("tpot_ms_p50", "TPOT p50", "ms"), ("itl_ms_p50", "ITL p50", "ms"),
                     ("e2e_ms_p50", "E2E p50", "ms"), ("e2e_ms_p99", "E2E p99", "ms"),
                     ("output_tok_s", "output tok/s", "tok/s"), ("req_s", "req/s", "req/s"))
+# read from each run of the bench section (``benchmarks.run_metrics``), shown when either side reports them
+COMPARED_RUN_METRICS = (("comm_overhead_ratio", "comm overhead (rank 0)", "%"),
+                        ("comm_overhead_ratio_max", "comm overhead (slowest rank)", "%"),
+                        ("tpot_jitter", "TPOT jitter p99/p50", "×"), ("expert_max_over_mean", "expert max/mean", "×"),
+                        ("expert_ep_max_over_mean", "EP rank max/mean", "×"))
 ENV_FIELDS = ("runtime_commit", "torch", "python", "device", "device_count", "dispatch_key", "driver")
 ALIGN_FIELDS = (("passed", "passed"), ("token_match_rate", "token match rate"), ("perplexity_ref", "perplexity (ref)"),
                 ("perplexity_target", "perplexity (target)"), ("kv_passed", "KV cache consistent"),
@@ -78,6 +85,12 @@ def compare_jobs(actor: Actor, a_id: int, b_id: int) -> Comparison | None:
     ids = {run.pk: job for job, run in run_ids.items() if run is not None}
     for p in BenchmarkPoint.objects.filter(run_id__in=list(ids)):
         points[ids[p.run_id]][p.concurrency] = p
+    names = [m for m, _, _ in COMPARED_RUN_METRICS]
+    extras: dict[int, dict[int, dict[str, float | None]]] = {a_id: {}, b_id: {}}
+    bench_ids = {results[job]["bench"].pk: job for job in (a_id, b_id) if "bench" in results[job]}
+    for pk, runs in StageResult.objects.filter(pk__in=list(bench_ids)).values_list("pk", "section__runs"):
+        for conc, values in run_values(runs, names):
+            extras[bench_ids[pk]][conc] = dict(zip(names, values, strict=True))
     for conc in sorted(set(points[a_id]) | set(points[b_id])):
         pa, pb = points[a_id].get(conc), points[b_id].get(conc)
         row = []
@@ -85,6 +98,15 @@ def compare_jobs(actor: Actor, a_id: int, b_id: int) -> Comparison | None:
             va, vb = getattr(pa, metric, None), getattr(pb, metric, None)
             ratio, verdict = _ratio(metric, va, vb)
             row.append(Cmp(label, va, vb, unit, ratio, verdict))
+        ea, eb = extras[a_id].get(conc, {}), extras[b_id].get(conc, {})
+        for metric, label, unit in COMPARED_RUN_METRICS:
+            va, vb = ea.get(metric), eb.get(metric)
+            if va is None and vb is None:
+                continue
+            ratio, verdict = _ratio(metric, va, vb)
+            scale = 100 if unit == "%" else 1  # a fraction of step time shown as a percentage
+            row.append(Cmp(label, None if va is None else va * scale, None if vb is None else vb * scale, unit,
+                           ratio, verdict))
         out.bench.append((conc, row))
     aligns = [getattr(results[j].get("align"), "alignment", None) for j in (a_id, b_id)]
     if any(aligns):
