@@ -53,8 +53,10 @@ LATENCY_STATS = ("p50", "p90", "p99", "mean")
 
 
 def metric_unit(metric: str) -> str:
+    """The unit of a metric's values as the API and the exports carry them (raw: memory in bytes, a
+    communication overhead as a fraction of step time). Pages convert with ``display_value`` / ``display_unit``."""
     if metric == "peak_memory_bytes":
-        return "GiB"
+        return "bytes"
     if metric == "output_tok_s":
         return "tok/s"
     if metric == "req_s":
@@ -71,6 +73,15 @@ def display_value(metric: str, value: float) -> float:
     if metric in ("comm_overhead_ratio", "comm_overhead_ratio_max"):
         return value * 100  # percent of step time
     return value / GIB if metric == "peak_memory_bytes" else value
+
+
+def display_unit(metric: str) -> str:
+    """The unit of ``display_value(metric, ...)``: what a page prints beside a converted value."""
+    if metric == "peak_memory_bytes":
+        return "GiB"
+    if metric in ("comm_overhead_ratio", "comm_overhead_ratio_max"):
+        return "% of step"
+    return metric_unit(metric)
 
 
 class SeriesQueryError(ParameterError):

@@ -59,6 +59,26 @@ def test_csv_export_of_a_series(world, client):
     assert flagged and all(r["at"][:10] >= world.regression.at.date().isoformat() for r in flagged)
 
 
+def test_peak_memory_is_served_in_bytes_and_named_so(world, client):
+    from apps.benchmarks.selectors import display_unit, display_value
+    from apps.evidence.models import BenchmarkPoint
+
+    body = client.get(series_url(world, metric="peak_memory_bytes", concurrency="4")).json()
+    (series,) = body["series"]
+    assert series["unit"] == "bytes"  # the values are bytes, not GiB
+    stored = set(BenchmarkPoint.objects.filter(run__model=world.model, run__hardware=world.history_hardware,
+                                               concurrency=4).values_list("peak_memory_bytes", flat=True))
+    values = {p["value"] for p in series["points"]}
+    assert values <= stored and min(values) > 2**30  # whole bytes of a model's weights and cache
+    rows = list(csv.DictReader(io.StringIO(client.get(series_url(world, metric="peak_memory_bytes",
+                                                                 format="csv")).content.decode())))
+    assert rows and {r["unit"] for r in rows} == {"bytes"}
+    # pages convert: GiB beside GiB values, a percentage of step time beside percentages
+    assert display_unit("peak_memory_bytes") == "GiB" and display_value("peak_memory_bytes", 3 * 2**30) == 3
+    assert display_unit("comm_overhead_ratio") == "% of step" and display_value("comm_overhead_ratio", 0.25) == 25
+    assert display_unit("ttft_ms_p50") == "ms"
+
+
 def test_regressions_list_the_planted_step_in_latency_and_throughput(world, client):
     body = client.get(f"/api/v1/benchmarks/regressions/?model={world.model.slug}").json()
     assert body["rule"]["lookback"] == 14 and body["rule"]["latency_ratio"] == 1.2

@@ -14,7 +14,7 @@ from typing import Any
 
 from apps.accounts.access import Actor
 from apps.benchmarks.regressions import RegressionRule
-from apps.benchmarks.selectors import Series, SeriesQuery, display_value, load_series
+from apps.benchmarks.selectors import Series, SeriesQuery, display_unit, display_value, load_series
 
 # The metrics a manager reads first: median latencies, throughput and memory (one per family).
 HEADLINE_METRICS = ("ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "output_tok_s", "peak_memory_bytes")
@@ -61,7 +61,7 @@ def _rows_of(series: Series) -> list[RegressionRow]:
         previous[p.ref[0]] = last_good
         if p.ref[0] not in flagged:
             last_good = p.ref[1]
-    return [RegressionRow(series.model, series.hardware, series.config.label, series.metric, series.unit, r.at,
+    return [RegressionRow(series.model, series.hardware, series.config.label, series.metric, display_unit(series.metric), r.at,
                           r.value, r.baseline_median, r.ratio, r.z, r.ref[1], previous.get(r.ref[0]),
                           r.ref[0] == newest) for r in series.regressions]
 
