@@ -40,6 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="first rendezvous port on node 0 (load +0, serve +1, comm +2)")
     parser.add_argument("--rendezvous-timeout", type=float, default=300.0,
                         help="seconds for every node to join a stage's ranks; then the missing node is named")
+    parser.add_argument("--compile", action="store_true",
+                        help="take the compiled path (a job's bench.compile: true): align compares compiled and eager "
+                             "greedy tokens, serve starts `day0 serve --compile`, bench compares it with eager; a "
+                             "model that cannot take it runs eager and each section's compile key says why")
     parser.add_argument("--report", type=Path, default=None, metavar="FILE", help="write the report JSON here")
     parser.add_argument("--threshold", action="append", default=[], metavar="KEY=VALUE",
                         help="override a threshold, e.g. layer_cosine=0.995 (repeatable)")
@@ -197,7 +201,7 @@ def handle(args: argparse.Namespace) -> int:
 
     ctx = StageContext(model_dir=model_dir, config=config, hardware=hardware, dtype=args.dtype, device=args.device,
                        tp=args.tp, ep=args.ep, pp=args.pp, thresholds=thresholds, workdir=args.workdir, manifest=manifest,
-                       emit_fn=ConsoleEmitter(args.quiet), node=node)
+                       emit_fn=ConsoleEmitter(args.quiet), node=node, bench={"compile": True} if args.compile else {})
     if model_dir is None:  # a config alone: name the model after its file (deepseek-v3.json -> deepseek-v3)
         ctx.shared["model_name"] = args.model_dir.stem
     if args.threads:
