@@ -153,9 +153,18 @@ class _Nodes:
 
 
 def node_layout_problem(config: dict[str, Any], tp: int, pp: int, ep: int, node: NodeSpec) -> str | None:
-    """Why a TP × PP × EP layout cannot run over ``node.nnodes`` hosts, or None: its ``pp × max(tp, ep)`` ranks
-    split into whole nodes, and the planner's rules hold with a node of that many ranks (TP inside a node, PP
-    spanning whole nodes)."""
+    """Why a TP × PP × EP layout cannot run over ``node.nnodes`` hosts, or None: a model the runtime runs on the
+    transformers fallback (``models/native.config_runtime_path``, from the config alone) takes no degree above 1,
+    on one host too; its ``pp × max(tp, ep)`` ranks split into whole nodes, and the planner's rules hold with a
+    node of that many ranks (TP inside a node, PP spanning whole nodes). ValueError when the config names no
+    architecture."""
+    from agents.runtime.models.native import single_device_reason
+
+    single = single_device_reason(config)
+    if single:
+        for name, value in (("tp", tp), ("pp", pp), ("ep", ep)):
+            if value > 1:
+                return f"{name}={value} cannot run: {single}"
     world = pp * max(tp, ep)
     try:
         local = node.local_world(world)
@@ -166,5 +175,5 @@ def node_layout_problem(config: dict[str, Any], tp: int, pp: int, ep: int, node:
     from agents.runtime.planner.search import layout_problem
     from agents.runtime.spec import parse_config
 
-    problem = layout_problem(parse_config(config), _Nodes(local), tp, pp, ep)
+    problem = layout_problem(parse_config(config), _Nodes(local), tp, pp, ep, single_device=single)
     return None if problem is None else f"{problem} ({node.nnodes} nodes of {local} rank(s) each)"

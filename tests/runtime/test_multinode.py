@@ -109,6 +109,29 @@ def test_day0_serve_refuses_a_layout_that_breaks_the_node_rule(tmp_path):
     assert out.returncode == 2 and "tp=2 must stay inside a node" in out.stdout, out.stdout + out.stderr
 
 
+def test_a_fallback_model_takes_no_degree_above_one_on_one_host_or_several():
+    config = json.loads((cached_model("qwen2-vl") / "config.json").read_text())  # the transformers fallback
+    one, two = NodeSpec(), NodeSpec(nnodes=2)
+    assert node_layout_problem(config, 1, 1, 1, one) is None
+    for tp, pp, ep, flag in ((2, 1, 1, "tp=2"), (1, 2, 1, "pp=2"), (1, 1, 2, "ep=2")):
+        problem = node_layout_problem(config, tp, pp, ep, one)
+        assert problem.startswith(f"{flag} cannot run: ") and "runs on one device only" in problem, problem
+    assert "runs on one device only" in node_layout_problem(config, 1, 2, 1, two)  # before the node split
+    with pytest.raises(ValueError, match="architectures"):
+        node_layout_problem({"hidden_size": 8}, 2, 1, 1, one)
+
+
+def test_day0_serve_refuses_tp_2_on_a_fallback_model_before_loading_it(tmp_path):
+    model_dir = tmp_path / "config-only"  # no weights: a server that got past the check would fail loading
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((cached_model("qwen2-vl") / "config.json").read_text())
+    out = subprocess.run([sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--tp", "2"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "tp=2 cannot run: architecture" in out.stdout and "the transformers fallback runs on one device only" \
+        in out.stdout, out.stdout
+
+
 @pytest.mark.slow  # two nodes run load, serve and the comm sweep: ~95 s on a busy host
 def test_day0_adapt_over_two_nodes_runs_the_ranked_stages_and_node_0_reports_every_rank(tmp_path):
     model_dir, master = cached_model("llama"), free_port()
