@@ -14,6 +14,7 @@ from apps.evidence.services import do_record_stage_results
 from apps.jobs.models import JobNode, NodeState
 from tests.factories import JobFactory
 from tests.portal.reports import passing
+from tests.portal.test_schemathesis import api_schema, wsgi_app  # noqa: F401 - fixtures: the schema over WSGI
 
 pytestmark = pytest.mark.django_db
 
@@ -180,3 +181,65 @@ def test_the_comparison_of_two_runs_shows_comm_overhead_jitter_and_expert_imbala
     assert [v for v, label, _ in rows if label == "TPOT jitter p99/p50"] == ["same"] * 3
     assert [v for v, label, _ in rows if label == "expert max/mean"] == ["same"] * 3
     assert "▲ ×2.00" in html
+
+
+def test_the_cell_api_serves_the_runtime_evidence_the_page_shows_within_its_schema(client, api_schema) -> None:  # noqa: F811
+    from schemathesis.specs.openapi.checks import response_schema_conformance
+
+    from apps.accounts.access import Actor
+    from apps.dashboards.selectors.cell import cell_page
+
+    job = JobFactory(spec={"stages": ["serve", "align", "bench", "soak"], "dtype": "bfloat16",
+                           "bench": {"compile": True}})
+    windows = [{"t": t, "output_tok_s": 50.0, "rss_bytes": 900_000_000, "outage": False,
+                "device_allocated_bytes": 2_000_000_000 + 1000 * int(t), "device_max_allocated_bytes": 2_100_000_000}
+               for t in (10.0, 20.0, 30.0)]
+    do_record_stage_results(job, {
+        "serve": {**passing("serve"), "compile": SERVE_COMPILE},
+        "align": {**passing("align"), "compile": _align_compile(diverge=True)},
+        "bench": {**_bench(moe=True), "compile": BENCH_COMPILE},
+        "soak": {**SOAK, "windows": windows, "device_memory": {"source": "torch.cuda", "memory_slope": 1000.0}}})
+    bare = JobFactory()
+    # the answer conforms to the documented schema, with the evidence and without any (before the test client's
+    # first request: it reconnects the signal that closes the connection the WSGI calls share)
+    operation = api_schema["/api/v1/cells/{model}/{hardware}/"]["GET"]
+    for cell in (job, bare):
+        operation.Case(path_parameters={"model": cell.model.slug, "hardware": cell.hardware.slug}).call_and_validate(
+            checks=[response_schema_conformance])
+    url = f"/api/v1/cells/{job.model.slug}/{job.hardware.slug}/"
+    evidence = client.get(url).json()["runtime_evidence"]
+
+    compiled = evidence["compiled_path"]
+    assert compiled["jobs"] == {"serve": job.pk, "bench": job.pk, "align": job.pk}
+    serve_rows = {r["label"]: r["value"] for r in compiled["serve"]["rows"]}
+    assert serve_rows["compile seconds"] == 41.5 and serve_rows["FX graph cache"] == "3 hits · 1 miss"
+    assert serve_rows["server ready"] == "55.2 s" and compiled["serve"]["enabled"] is True
+    assert compiled["bench"]["compiled_tok_s"] == 420.0 and compiled["bench"]["speedup"] == 1.4
+    assert compiled["align"]["match_rate"] == 0.8 and compiled["align"]["equal"] is False
+    assert compiled["align"]["first"]["prompt"] == 1 and compiled["align"]["divergences"] == 1
+
+    runs = evidence["bench_runs"]
+    assert evidence["bench_job"] == job.pk and [r["concurrency"] for r in runs] == [1, 4, 16]
+    assert [r["comm_overhead_ratio"] for r in runs] == [0.04, 0.05, 0.06]
+    assert runs[0]["comm_overhead_ratio_per_rank"] == [0.04, 0.09] and runs[0]["comm_overhead_ratio_max"] == 0.09
+    assert {r["tpot_jitter"] for r in runs} == {1.58} and not any(r["long_context"] for r in runs)
+    balance = runs[0]["expert_balance"]
+    assert balance["max_over_mean"] == 1.37 and balance["tokens_per_ep_rank"] == [810, 790]
+    assert balance["tokens_per_expert"] == BALANCE["tokens_per_expert"] and "expert_bars" not in balance
+
+    memory = evidence["soak_device_memory"]
+    assert memory["source"] == "torch.cuda" and memory["memory_slope"] == 1000.0 and memory["job"] == job.pk
+    assert [w["allocated_bytes"] for w in memory["windows"]] == [2_000_010_000, 2_000_020_000, 2_000_030_000]
+    assert memory["min_bytes"] == 2_000_010_000 and memory["max_bytes"] == 2_000_030_000
+
+    # the page reads the same selectors: its compiled card and bench rows are the API's, less the SVG bars
+    page = cell_page(Actor(is_staff=True), job.model.slug, job.hardware.slug)
+    assert [{**r, "long_context": False,
+             "expert_balance": {k: v for k, v in r["expert_balance"].items() if k != "expert_bars"}}
+            for r in page.bench_extras] == runs
+    assert [list(row) for row in page.compiled["serve"]["rows"]] == [[r["label"], r["value"]]
+                                                                    for r in compiled["serve"]["rows"]]
+    html = _page(client, job)
+    assert "slope 1000 B/s" in _text(html, "soak-device-note") and "max 1907 MiB" in html
+    assert client.get(f"/api/v1/cells/{bare.model.slug}/{bare.hardware.slug}/").json()["runtime_evidence"] == {
+        "compiled_path": None, "bench_job": None, "bench_runs": [], "soak_device_memory": None}

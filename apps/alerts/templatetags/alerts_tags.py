@@ -43,6 +43,7 @@ def _polyline(points: list[tuple[float, float]], width: int, height: int, pad: f
 @register.inclusion_tag("dashboards/_soak.html")
 def cell_soak_card(model: Any, hardware: Any) -> dict[str, Any]:
     """The newest soak evidence of a cell: its verdict, throughput and memory over time, recovery."""
+    from apps.dashboards.selectors.runtime_evidence import soak_device_memory
     from apps.evidence.models import StageResult
 
     if model is None or hardware is None or model.pk is None or hardware.pk is None:
@@ -58,8 +59,9 @@ def cell_soak_card(model: Any, hardware: Any) -> dict[str, Any]:
                 if isinstance(w.get("t"), int | float) and isinstance(w.get(key), int | float)]
 
     rss = series("rss_bytes")
-    device = series("device_allocated_bytes")  # CUDA: torch's allocated bytes per window; none on CPU
-    block = result.section.get("device_memory")
+    # CUDA: torch's allocated bytes per window; none on CPU (the selector the cell API serves too)
+    memory = soak_device_memory(result.job_id, windows, result.section.get("device_memory"))
+    device = [(p["t"], float(p["allocated_bytes"])) for p in memory["windows"]] if memory else []
     return {"soak": result.section, "result": result, "windows": windows,
             "tok_line": _polyline(series("output_tok_s"), 300, 60), "rss_line": _polyline(rss, 300, 60),
             "rss_max_mib": max(v for _, v in rss) / 2**20 if rss else None,
@@ -67,6 +69,6 @@ def cell_soak_card(model: Any, hardware: Any) -> dict[str, Any]:
             "tok_min": min((v for _, v in series("output_tok_s")), default=None),
             "device_min_mib": min(v for _, v in device) / 2**20 if device else None,
             "tok_max": max((v for _, v in series("output_tok_s")), default=None),
-            "device_memory": block if isinstance(block, dict) else None,
+            "device_memory": memory if memory and memory["reported"] else None,
             "device_line": _polyline(device, 300, 60) if device else "",
             "device_max_mib": max(v for _, v in device) / 2**20 if device else None}

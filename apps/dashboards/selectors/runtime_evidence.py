@@ -1,12 +1,14 @@
 """The cell page's runtime evidence read from the newest sections' JSON (only the keys shown are fetched): each
 benchmark run's communication overhead (rank 0, per rank, the slowest rank), TPOT jitter and MoE expert balance,
-and the compiled path of the serve, bench and align sections (``compile`` blocks, shown only when present)."""
+the compiled path of the serve, bench and align sections (``compile`` blocks, shown only when present) and the
+soak's device memory. ``runtime_evidence`` serves the same to the cell API, so the page and the API agree."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from apps.evidence.models import StageResult
+from apps.evidence.selectors import newest_results
 
 MAX_EXPERTS_SHOWN = 512  # a bar per expert: wider sections are cut (the JSON export keeps them all)
 
@@ -139,3 +141,65 @@ def compiled_path(results: dict[str, StageResult], keys: dict[str, dict[str, Any
                         "prompts": align.get("prompts"), "first": divergences[0] if divergences else None,
                         "divergences": len(divergences), "rows": _compile_rows(align) if align.get("enabled") else []}
     return out
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def soak_device_memory(job_id: int | None, windows: Any, block: Any) -> dict[str, Any] | None:
+    """A soak section's device memory: per window the bytes allocated (and the peak) as the server reported them
+    (CUDA: torch's counters; none on CPU), with the section's ``device_memory`` block (source, slope, note).
+    ``reported`` says whether the block is there; None when neither is (a soak from before the keys)."""
+    block = block if isinstance(block, dict) else {}
+    points = []
+    for w in windows if isinstance(windows, list) else []:
+        if not isinstance(w, dict) or _number(w.get("t")) is None or _number(w.get("device_allocated_bytes")) is None:
+            continue
+        peak = _number(w.get("device_max_allocated_bytes"))
+        points.append({"t": float(w["t"]), "allocated_bytes": int(w["device_allocated_bytes"]),
+                       "max_allocated_bytes": None if peak is None else int(peak)})
+    if not block and not points:
+        return None
+    allocated = [p["allocated_bytes"] for p in points]
+    return {"job": job_id, "reported": bool(block), "source": _text(block.get("source")),
+            "memory_slope": _number(block.get("memory_slope")), "note": _text(block.get("note")),
+            "windows": points, "min_bytes": min(allocated, default=None), "max_bytes": max(allocated, default=None)}
+
+
+def _api_compiled(compiled: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``compiled_path`` for the API: each stage's rows as {label, value} objects."""
+    if compiled is None:
+        return None
+    out = dict(compiled)
+    for stage in ("serve", "align"):
+        if stage in out:
+            out[stage] = {**out[stage], "rows": [{"label": label, "value": value} for label, value in out[stage]["rows"]]}
+    return out
+
+
+def _api_run(run: dict[str, Any]) -> dict[str, Any]:
+    """One ``bench_extras`` entry for the API: without the page's SVG bars, ``long_context`` always present."""
+    balance = run["expert_balance"]
+    if balance is not None:
+        balance = {k: v for k, v in balance.items() if k != "expert_bars"}
+    return {**run, "long_context": bool(run.get("long_context")), "expert_balance": balance}
+
+
+def runtime_evidence(model_id: int, hardware_id: int) -> dict[str, Any]:
+    """The cell API's ``runtime_evidence``: what the cell page shows of the runtime (the same selectors): the
+    compiled path (``compiled_path``), every bench run's comm overhead, TPOT jitter and expert balance
+    (``bench_extras``) and the newest soak's device memory (``soak_device_memory``). Three queries."""
+    results = newest_results(model_id, hardware_id)
+    keys = section_keys(results)
+    soak = results.get("soak")
+    memory = None
+    if soak is not None:
+        windows, block = StageResult.objects.filter(pk=soak.pk).values_list(
+            "section__windows", "section__device_memory").first() or (None, None)
+        memory = soak_device_memory(soak.job_id, windows, block)
+    bench = results.get("bench")
+    return {"compiled_path": _api_compiled(compiled_path(results, keys)),
+            "bench_job": bench.job_id if bench is not None else None,
+            "bench_runs": [_api_run(r) for r in bench_extras(keys.get("bench"))],
+            "soak_device_memory": memory}

@@ -15,9 +15,11 @@ from apps.alerts.stacks import cell_stack
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.core.api.mixins import get_actor, get_or_404
+from apps.dashboards.selectors.runtime_evidence import runtime_evidence
 from apps.evidence.selectors import cell_evidence
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
+from apps.matrix.api.serializers import CellDetailSerializer
 from apps.matrix.models import Cell
 from apps.matrix.selectors import MatrixFilters, build_matrix, lead_hours
 
@@ -57,9 +59,9 @@ class MatrixView(APIView):
 
 class CellDetailView(APIView):
     """A cell's evidence: tier, fits estimate, the newest result of each stage, checklist, alignment,
-    benchmarks and jobs."""
+    benchmarks and jobs; ``runtime_evidence``: what the cell page shows of the runtime (the same selector)."""
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses=CellDetailSerializer)
     def get(self, request: Request, model: str, hardware: str) -> Response:
         actor = get_actor(request)
         model_row = get_or_404(visible_models(actor), "model", slug=model)
@@ -89,6 +91,7 @@ class CellDetailView(APIView):
             "fits": {"fits": cell.fits, "devices": cell.fits_devices, "plan": cell.fits_plan,
                      "error": cell.fits_error or None},
             "evidence": cell_evidence(model_row.pk, hardware_row.pk),
+            "runtime_evidence": runtime_evidence(model_row.pk, hardware_row.pk),
             "stack": cell_stack(model_row.pk, hardware_row.pk),  # evidence's stack, stale since a change
             "jobs": JobSerializer(jobs, many=True).data,
         })
