@@ -106,3 +106,12 @@ def test_a_dense_one_device_history_hides_the_charts_it_has_no_numbers_for(clien
     assert 'id="trend-comm_overhead_ratio-card"' not in html and 'id="trend-expert_max_over_mean-card"' not in html
     absent = re.search(r'id="trends-absent">(.*?)</p>', html, re.S).group(1)
     assert "Communication overhead (rank 0)" in absent and "Expert imbalance" in absent
+
+
+def test_the_regressions_page_shows_a_comm_overhead_jump_as_a_percentage_of_step_time(client) -> None:
+    model, _, _ = _history(moe=False)
+    html = client.get(f"/regressions/?model={model.slug}&metric=comm_overhead_ratio").content.decode()
+    cells = re.findall(r'data-label="value / baseline">([\d.]+) / ([\d.]+) ([^<(]+?)\s*(?:<|$)', html)
+    assert cells, html[-2000:]
+    for value, baseline, unit in cells:  # 0.1005 of step time against a median of about 0.05: in percent
+        assert unit == "% of step" and 9.5 < float(value) < 10.5 and 4.5 < float(baseline) < 5.5, cells
