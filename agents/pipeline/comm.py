@@ -178,9 +178,9 @@ class _Case:
             out.copy_(inp)
             dist.all_reduce(out)
         elif self.op == "all_gather":
-            dist.all_gather_into_tensor(out, inp)
+            _collective("all_gather_single", "all_gather_into_tensor")(out, inp)
         elif self.op == "reduce_scatter":
-            dist.reduce_scatter_tensor(out, inp)
+            _collective("reduce_scatter_single", "reduce_scatter_tensor")(out, inp)
         elif self.op == "all_to_all":
             dist.all_to_all_single(out, inp, self.recv, self.send)
         elif self.op == "broadcast":
@@ -463,3 +463,11 @@ def run(ctx: StageContext) -> dict[str, Any]:
         notes.append(f"no reduction in 8-bit or packed dtypes (the backends do not reduce them): {', '.join(skipped)}")
     section["notes"] = section.get("notes", []) + notes
     return section
+
+
+def _collective(*names: str) -> Callable[..., Any]:
+    """The first of torch.distributed's names for a collective that this torch has (2.13 names the tensor
+    forms ``*_single`` and warns on the old names)."""
+    import torch.distributed as dist
+
+    return next(getattr(dist, n) for n in names if hasattr(dist, n))

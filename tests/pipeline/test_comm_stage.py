@@ -42,6 +42,7 @@ def stall_everywhere(rank: int) -> None:
         time.sleep(3600)
 
     dist.all_gather_into_tensor = stuck
+    dist.all_gather_single = stuck  # torch 2.13's name for it
 
 
 def stall_rank_one(rank: int) -> None:
