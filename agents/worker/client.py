@@ -145,11 +145,13 @@ class PortalClient:
     def cancel_job(self, job_id: int) -> dict:
         return self.request("POST", f"/jobs/{job_id}/cancel/")
 
-    def job_events(self, job_id: int, after: int = 0) -> list[dict[str, Any]]:
-        """Stored events with seq > ``after``, in order (every page)."""
+    def job_events(self, job_id: int, after: int = 0, node: int = 0) -> list[dict[str, Any]]:
+        """Stored events of node ``node``'s sequence (0: the job's own) with seq > ``after``, in order (every
+        page)."""
         events: list[dict[str, Any]] = []
+        params = {"node": node} if node else {}
         while True:
-            page = self.request("GET", f"/jobs/{job_id}/events/", params={"after": after, "limit": 5000})
+            page = self.request("GET", f"/jobs/{job_id}/events/", params={"after": after, "limit": 5000, **params})
             events.extend(page["events"])
             after = int(page["next_after"])
             if not page.get("has_more"):

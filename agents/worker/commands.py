@@ -267,6 +267,7 @@ class ProgressView:
         self.out = out
         self.passed: dict[str, bool] = {}
         self.last_seq = 0
+        self.node_seq: dict[int, int] = {}  # a multi-node job's other nodes: the last seq shown of each
         self._live = False
         self._waiting_shown = False
 
@@ -303,6 +304,26 @@ class ProgressView:
             if kind == "stuck":
                 self._waiting_shown = True
 
+    def node_event(self, node: int, ev: dict[str, Any]) -> None:
+        """An event of node ``node`` > 0 (its own sequence): its stage starts, ends, warnings and errors, on
+        lines tagged with the node; its progress is left to node 0's bar, and its outcomes do not make the
+        tier (node 0's report does)."""
+        seq = int(ev.get("seq") or 0)
+        if seq <= self.node_seq.get(node, 0):
+            return
+        self.node_seq[node] = seq
+        kind, stage, data = ev.get("kind"), ev.get("stage") or "-", ev.get("data") or {}
+        tag = f"node {node}"
+        if kind == "stage_started":
+            self._line(f"{tag} {stage:<9} started", final=True)
+        elif kind == "stage_finished":
+            ok = bool(data.get("passed", True)) and ev.get("level") != "error"
+            self._line(f"{tag} {stage:<9} {'finished' if ok else 'FAILED'}: {ev.get('message') or kind}",
+                       final=True)
+        elif ev.get("level") in ("warning", "error"):
+            lines = str(ev.get("message") or "").strip().splitlines()
+            self._line(f"{tag} {stage:<9} {ev.get('level')}: {lines[-1] if lines else kind}", final=True)
+
     def waiting(self, reason: str | None) -> None:
         """Says once why a dispatched job is not claimed (the job's ``waiting_reason``), until it is."""
         if reason and not self._waiting_shown:
@@ -322,11 +343,15 @@ class ProgressView:
         return 0 if job.get("state") == "succeeded" else 1
 
 
-def _ws_url(portal: str, job_id: int, after: int, token: str | None) -> str:
+def _ws_url(portal: str, job_id: int, after: int, token: str | None,
+            nodes_after: dict[int, int] | None = None) -> str:
     from urllib.parse import urlencode
 
     base = portal.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1)
-    query = {"after": after, **({"token": token} if token else {})}
+    query: dict[str, Any] = {"after": after}
+    if nodes_after:
+        query["nodes_after"] = ",".join(f"{n}:{s}" for n, s in sorted(nodes_after.items()))
+    query.update({"token": token} if token else {})
     return f"{base}/ws/jobs/{job_id}/?{urlencode(query)}"
 
 
@@ -348,15 +373,22 @@ def run_watch(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 — no WebSocket (proxy, old portal): poll instead
             print(f"(websocket unavailable: {exc}; polling)", file=sys.stderr)
         while True:
-            for ev in client.job_events(args.job_id, after=view.last_seq):
-                view.event(ev)
+            _poll_events(client, args.job_id, view, int(job.get("nodes") or 1))
             job = client.get_job(args.job_id)
             view.waiting(job.get("waiting_reason"))
             if job.get("state") in TERMINAL_STATES:
-                for ev in client.job_events(args.job_id, after=view.last_seq):
-                    view.event(ev)
+                _poll_events(client, args.job_id, view, int(job.get("nodes") or 1))
                 return view.finish(job)
             time.sleep(1.0)
+
+
+def _poll_events(client: Any, job_id: int, view: ProgressView, nodes: int) -> None:
+    """The stored events after those shown: the job's own, then each other node's sequence."""
+    for ev in client.job_events(job_id, after=view.last_seq):
+        view.event(ev)
+    for node in range(1, min(max(nodes, 1), 1024)):
+        for ev in client.job_events(job_id, after=view.node_seq.get(node, 0), node=node):
+            view.node_event(node, ev)
 
 
 def _watch_ws(args: argparse.Namespace, view: ProgressView, client: Any) -> None:
@@ -366,7 +398,7 @@ def _watch_ws(args: argparse.Namespace, view: ProgressView, client: Any) -> None
 
     # the portal checks Origin against its allowed hosts, as it does for browsers
     origin = args.portal.rstrip("/")
-    with connect(_ws_url(args.portal, args.job_id, view.last_seq, args.token), open_timeout=10,
+    with connect(_ws_url(args.portal, args.job_id, view.last_seq, args.token, view.node_seq), open_timeout=10,
                  origin=origin) as ws:
         while True:
             try:
@@ -381,6 +413,9 @@ def _watch_ws(args: argparse.Namespace, view: ProgressView, client: Any) -> None
             if message.get("type") == "job.events":
                 for ev in message.get("events", []):
                     view.event(ev)
+            elif message.get("type") == "job.node_events":
+                for ev in message.get("node_events", []):
+                    view.node_event(int(message.get("node") or 0), ev)
             elif message.get("type") == "job.state" and message.get("state") in TERMINAL_STATES:
                 if message["state"] != "lost" or client.get_job(args.job_id).get("state") == "lost":
                     return

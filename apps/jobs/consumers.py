@@ -3,7 +3,9 @@
 ``/ws/jobs/<id>/?after=SEQ`` replays the stored events after SEQ, then streams live ones — each event exactly
 once and in seq order: the consumer joins the group *before* it reads the database, so nothing committed
 during the replay is missed, and it delivers only the next contiguous seq, holding back (and, if need be,
-reading from the database) anything that arrives ahead of a gap. ``/ws/matrix/`` forwards cell changes of the
+reading from the database) anything that arrives ahead of a gap. A multi-node job's other nodes have their own
+sequences (``job.node_events`` messages naming the node), replayed after ``&nodes_after=R:SEQ,…`` (every
+node from its start when not given) and delivered the same way, each on its own. ``/ws/matrix/`` forwards cell changes of the
 models the client may see. Both accept a session or ``?token=<api token>``.
 
 Refusals are close codes, never an HTTP 403 handshake (which a browser cannot read): the handshake is accepted
@@ -25,6 +27,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from apps.jobs.events import job_group
 
 REPLAY_PAGE = 1000
+MAX_NODE_CURSORS = 1024  # nodes_after entries (agents.runtime.nodes.MAX_NODES)
 TOKEN_RECHECK_S = 5.0
 CLOSE_UNAUTHENTICATED, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_BAD_REQUEST = 4401, 4403, 4404, 4400
 
@@ -110,11 +113,37 @@ def _job_visible(actor: Any, job_id: int) -> bool | None:
     return False if Job.objects.filter(pk=job_id).exists() else None
 
 
+def _node_cursors(raw: str) -> dict[int, int] | None:
+    """``"1:5,2:0"`` -> {node: last seq seen}; None when malformed (a node must be ≥ 1, a seq ≥ 0)."""
+    cursors: dict[int, int] = {}
+    items = [item for item in raw.split(",") if item.strip()]
+    if len(items) > MAX_NODE_CURSORS:
+        return None
+    for item in items:
+        node, sep, seq = item.partition(":")
+        try:
+            rank, after = int(node), int(seq)
+        except ValueError:
+            return None
+        if not sep or not 1 <= rank < MAX_NODE_CURSORS or after < 0 or rank in cursors:
+            return None
+        cursors[rank] = after
+    return cursors
+
+
 @database_sync_to_async
-def _events_after(job_id: int, after: int, limit: int, upto: int | None = None) -> list[dict[str, Any]]:
+def _event_nodes(job_id: int) -> list[int]:
+    from apps.jobs.selectors import job_event_nodes
+
+    return job_event_nodes(job_id)
+
+
+@database_sync_to_async
+def _events_after(job_id: int, after: int, limit: int, upto: int | None = None,
+                  node: int = 0) -> list[dict[str, Any]]:
     from apps.jobs.models import JobEvent
 
-    rows = JobEvent.objects.filter(job_id=job_id, seq__gt=after)
+    rows = JobEvent.objects.filter(job_id=job_id, node=node, seq__gt=after)
     if upto is not None:
         rows = rows.filter(seq__lt=upto)
     return [
@@ -143,6 +172,12 @@ class JobEventsConsumer(_GuardedConsumer):
         except ValueError:
             await self.refuse(CLOSE_BAD_REQUEST)
             return
+        cursors = _node_cursors(query.get("nodes_after") or "")
+        if cursors is None:
+            await self.refuse(CLOSE_BAD_REQUEST)
+            return
+        self.node_last: dict[int, int] = cursors  # another node's last seq delivered (absent: 0)
+        self.node_held: dict[int, dict[int, dict[str, Any]]] = {}
         self.held: dict[int, dict[str, Any]] = {}  # live events ahead of a gap, by seq
         actor = await _actor(self.scope, query.get("token"))
         if actor is None:
@@ -164,6 +199,14 @@ class JobEventsConsumer(_GuardedConsumer):
             await self._deliver(page)
             if len(page) < REPLAY_PAGE:
                 break
+        for node in await _event_nodes(self.job_id):
+            while True:
+                page = await _events_after(self.job_id, self.node_last.get(node, 0), REPLAY_PAGE, node=node)
+                if not page:
+                    break
+                await self._deliver_node(node, page)
+                if len(page) < REPLAY_PAGE:
+                    break
 
     async def _deliver(self, events: list[dict[str, Any]]) -> None:
         """Sends the next contiguous events after ``last_seq``; older ones are dropped, later ones held."""
@@ -183,6 +226,30 @@ class JobEventsConsumer(_GuardedConsumer):
         await self._deliver(message["events"])
         if self.held:  # a gap: the missing events may be stored already (a lost broadcast)
             await self._deliver(await _events_after(self.job_id, self.last_seq, REPLAY_PAGE, upto=min(self.held)))
+
+    async def _deliver_node(self, node: int, events: list[dict[str, Any]]) -> None:
+        """``_deliver`` for node ``node``'s own sequence."""
+        last, held = self.node_last.get(node, 0), self.node_held.setdefault(node, {})
+        for event in events:
+            if event["seq"] > last:
+                held[event["seq"]] = event
+        batch = []
+        while last + 1 in held:
+            last += 1
+            batch.append(held.pop(last))
+        self.node_last[node] = last
+        if batch:
+            await self.send_json({"type": "job.node_events", "job": self.job_id, "node": node, "node_events": batch})
+
+    async def job_node_events(self, message: dict[str, Any]) -> None:
+        if not await self.authorized():
+            return
+        node = int(message["node"])
+        await self._deliver_node(node, message["node_events"])
+        held = self.node_held.get(node)
+        if held:  # a gap (a lost broadcast): read what is stored up to the first held seq
+            await self._deliver_node(node, await _events_after(self.job_id, self.node_last.get(node, 0),
+                                                               REPLAY_PAGE, upto=min(held), node=node))
 
     async def job_state(self, message: dict[str, Any]) -> None:
         if await self.authorized():

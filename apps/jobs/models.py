@@ -48,10 +48,14 @@ class Job(models.Model):
 
 
 class JobEvent(models.Model):
-    """One event an agent reported, stored before it is broadcast. ``seq`` starts at 1 and orders a job's log;
-    storing is idempotent on (job, seq)."""
+    """One event an agent reported, stored before it is broadcast. A job's log is one sequence per node:
+    node 0's (the job's agent, and the portal's own events; what the job's ``events_acked`` counts) and, on a
+    multi-node job, one for each other node, numbered by the portal as the node's own events arrive in order
+    (``node_services``). ``seq`` starts at 1 and orders a node's sequence; storing is idempotent on
+    (job, node, seq)."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    node = models.PositiveSmallIntegerField(default=0, db_default=0, help_text="the node rank that reported it")
     seq = models.BigIntegerField()
     ts = models.DateTimeField()
     stage = models.CharField(max_length=32, blank=True)
@@ -61,11 +65,11 @@ class JobEvent(models.Model):
     data = models.JSONField(null=True, blank=True)
 
     class Meta:
-        ordering = ["job_id", "seq"]
-        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="uniq_job_event_seq")]
+        ordering = ["job_id", "node", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "node", "seq"], name="uniq_job_node_event_seq")]
 
     def __str__(self) -> str:
-        return f"{self.job_id}#{self.seq} {self.kind}"
+        return f"{self.job_id}#{self.seq} {self.kind}" + (f" (node {self.node})" if self.node else "")
 
 
 class NodeState(models.TextChoices):

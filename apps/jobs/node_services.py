@@ -4,16 +4,20 @@ reports its stage events and says how its ranks ended. Node 0 claims, reports an
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
+from apps.core.validators import as_utc
 from apps.jobs.choices import ACTIVE_STATES, JobState
-from apps.jobs.models import Job, JobNode, NodeState
+from apps.jobs.events import JobEventPayload, broadcast_job_node_events
+from apps.jobs.models import Job, JobEvent, JobNode, NodeState
 from apps.jobs.services import InvalidTransition, do_transition_job
 
 MAX_NODE_EVENTS = 2000  # per node and attempt: its stage events (a follower emits a few per ranked stage)
@@ -80,7 +84,8 @@ def check_agent_node_state(actor: Actor, job: Job, rank: int, to_state: str, *, 
 @transaction.atomic
 def check_store_node_events(actor: Actor, job: Job, rank: int, events: list[dict[str, Any]]) -> int:
     """Node ``rank``'s events (parsed by ``services.parse_event_batch``, its own seqs) kept on its row in seq
-    order, idempotent on seq; answers the highest contiguous seq stored (what its spool may forget)."""
+    order, idempotent on seq; answers the highest contiguous seq stored (what its spool may forget). The events
+    that extend that contiguous prefix join the job's log as node ``rank``'s sequence (``append_node_stream``)."""
     locked = Job.objects.select_for_update().get(pk=job.pk)
     node = _node_of(actor, locked, rank)
     if node.state not in (NodeState.RUNNING, NodeState.FINISHED, NodeState.FAILED) and not _released_after_claim(node):
@@ -94,6 +99,30 @@ def check_store_node_events(actor: Actor, job: Job, rank: int, events: list[dict
     if len(stored) > MAX_NODE_EVENTS:
         raise ValidationError({"events": f"node {rank} keeps at most {MAX_NODE_EVENTS} events"})
     node.events = [stored[seq] for seq in sorted(stored)]
+    newly_contiguous = [stored[seq] for seq in range(node.events_acked + 1, acked + 1)]
     node.events_acked = acked
     node.save(update_fields=["events", "events_acked"])
+    append_node_stream(locked.pk, rank, newly_contiguous)
     return acked
+
+
+def node_stream_seq(job_id: int, node: int) -> int:
+    """The highest seq of node ``node``'s sequence in ``job_id``'s log (0: none yet)."""
+    return JobEvent.objects.filter(job_id=job_id, node=node).aggregate(top=Max("seq"))["top"] or 0
+
+
+def append_node_stream(job_id: int, node: int, events: list[dict[str, Any]]) -> None:
+    """Adds node ``node``'s events (in its order, ``ts`` as ISO text) to the job's log after the highest seq of
+    that node's sequence, and broadcasts them after commit. The caller holds the job's row lock: the portal is
+    this sequence's one writer, so it stays contiguous across the node's attempts (each attempt's own seqs start
+    at 1 again on its new row), and node 0's sequence, which its agent numbers, is never touched."""
+    if not events:
+        return
+    first = node_stream_seq(job_id, node) + 1
+    rows = [JobEvent(job_id=job_id, node=node, seq=first + i, ts=as_utc(datetime.fromisoformat(e["ts"])),
+                     stage=e["stage"], kind=e["kind"], level=e["level"], message=e["message"], data=e["data"])
+            for i, e in enumerate(events)]
+    JobEvent.objects.bulk_create(rows)
+    payloads = [JobEventPayload(seq=r.seq, ts=r.ts.isoformat(), stage=r.stage, kind=r.kind, level=r.level,
+                                message=r.message, data=r.data) for r in rows]
+    transaction.on_commit(lambda: broadcast_job_node_events(job_id, node, payloads))

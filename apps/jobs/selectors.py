@@ -33,9 +33,16 @@ def visible_jobs(actor: Actor) -> QuerySet[Job]:
     )
 
 
-def job_events_after(job: Job, after: int, limit: int) -> list[JobEvent]:
-    """Up to ``limit`` events of ``job`` with seq > ``after``, in order."""
-    return list(JobEvent.objects.filter(job=job, seq__gt=after).order_by("seq")[:limit])
+def job_events_after(job: Job, after: int, limit: int, node: int = 0) -> list[JobEvent]:
+    """Up to ``limit`` events of ``job``'s node ``node`` (0: the job's own sequence) with seq > ``after``, in
+    order."""
+    return list(JobEvent.objects.filter(job=job, node=node, seq__gt=after).order_by("seq")[:limit])
+
+
+def job_event_nodes(job_id: int) -> list[int]:
+    """The nodes other than 0 that have events in ``job_id``'s log, in rank order."""
+    return sorted(set(JobEvent.objects.filter(job_id=job_id, node__gt=0).values_list("node", flat=True)
+                      .distinct()))
 
 
 def job_waiting_reason(job: Job, *, now: datetime | None = None) -> str | None:

@@ -309,13 +309,14 @@ INSERT INTO jobs_jobevent (job_id, seq, ts, stage, kind, level, message, data)
 SELECT %s, r.seq, r.ts, r.stage, r.kind, r.level, r.message, r.data
 FROM jsonb_to_recordset(%s::jsonb)
      AS r(seq bigint, ts timestamptz, stage text, kind text, level text, message text, data jsonb)
-ON CONFLICT (job_id, seq) DO NOTHING
+ON CONFLICT (job_id, node, seq) DO NOTHING
 RETURNING seq
 """
 
 
 def _insert_events(job_id: int, events: list[dict[str, Any]]) -> set[int]:
-    """Inserts the events not stored yet; returns the seqs it inserted.
+    """Inserts node 0's events not stored yet (``node`` takes its database default, 0); returns the seqs it
+    inserted.
 
     PostgreSQL: one statement, the batch passed as one JSON document and expanded by the server (no per-field
     work in Python). Other databases: look up the existing seqs, then ``bulk_create(ignore_conflicts=True)``;
@@ -327,7 +328,8 @@ def _insert_events(job_id: int, events: list[dict[str, Any]]) -> set[int]:
             return {seq for (seq,) in cursor.fetchall()}
     seqs = [e["seq"] for e in events]
     existing = set(
-        JobEvent.objects.filter(job_id=job_id, seq__gte=min(seqs), seq__lte=max(seqs)).values_list("seq", flat=True)
+        JobEvent.objects.filter(job_id=job_id, node=0, seq__gte=min(seqs), seq__lte=max(seqs))
+        .values_list("seq", flat=True)
     )
     fresh = [e for e in events if e["seq"] not in existing]
     JobEvent.objects.bulk_create([JobEvent(job_id=job_id, **e) for e in fresh], ignore_conflicts=True)
@@ -336,7 +338,7 @@ def _insert_events(job_id: int, events: list[dict[str, Any]]) -> set[int]:
 
 @transaction.atomic
 def do_store_job_events(job: Job, events: list[dict[str, Any]]) -> int:
-    """Stores events idempotently on (job, seq) and returns the highest contiguous seq stored.
+    """Stores node 0's events idempotently on (job, seq) and returns the highest contiguous seq stored.
 
     The job row is locked so concurrent batches of one job serialize; events new to the database are
     broadcast to ``job.<id>`` after commit, in seq order."""
@@ -350,7 +352,8 @@ def do_store_job_events(job: Job, events: list[dict[str, Any]]) -> int:
                 break
             acked = e["seq"]
         if max_seq > acked:  # a gap was (or still is) open: walk what is stored beyond the prefix
-            stored = JobEvent.objects.filter(job_id=job.pk, seq__gt=acked).order_by("seq").values_list("seq", flat=True)
+            stored = (JobEvent.objects.filter(job_id=job.pk, node=0, seq__gt=acked).order_by("seq")
+                      .values_list("seq", flat=True))
             for seq in stored.iterator(chunk_size=2000):
                 if seq != acked + 1:
                     break

@@ -192,3 +192,71 @@ def test_a_signed_in_member_follows_a_private_job_with_the_session_cookie() -> N
         await comm.disconnect()
 
     async_to_sync(scenario)()
+
+
+def store_node(job: Job, node: int, count: int) -> None:
+    """``count`` more events of node ``node``'s sequence, appended as the portal does on its node's report."""
+    from django.db import transaction
+
+    from apps.jobs.node_services import append_node_stream
+
+    with transaction.atomic():
+        Job.objects.select_for_update().get(pk=job.pk)
+        append_node_stream(job.pk, node, [{"ts": datetime.now(UTC).isoformat(), "stage": "load",
+                                           "kind": "stage_finished", "level": "info", "message": f"node {node}",
+                                           "data": None} for _ in range(count)])
+
+
+async def receive_all(comm: WebsocketCommunicator, count: int, timeout: float = 10) -> dict[int, list[int]]:
+    """{node: seqs} of the first ``count`` events received (node 0: ``job.events``), then nothing more."""
+    seqs: dict[int, list[int]] = {}
+    while sum(map(len, seqs.values())) < count:
+        message = await comm.receive_json_from(timeout=timeout)
+        if message["type"] == "job.events":
+            seqs.setdefault(0, []).extend(e["seq"] for e in message["events"])
+        elif message["type"] == "job.node_events":
+            seqs.setdefault(message["node"], []).extend(e["seq"] for e in message["node_events"])
+    assert await comm.receive_nothing(timeout=0.5)
+    return seqs
+
+
+def test_other_nodes_stream_their_own_sequences_beside_node_0s(job_and_token) -> None:  # noqa: ANN001
+    job, token = job_and_token
+    store(job, 1, 2, 3)
+    store_node(job, 1, 2)
+    store_node(job, 2, 1)
+
+    async def scenario() -> None:
+        url = f"/ws/jobs/{job.pk}/?after=1&nodes_after=1:1&token={token.secret}"
+        comm = WebsocketCommunicator(application(), url, headers=HEADERS)
+        connected, _ = await comm.connect()
+        assert connected
+        assert await receive_all(comm, 4) == {0: [2, 3], 1: [2], 2: [1]}  # node 2 from its start
+        await _in_thread(store_node, job, 1, 2)
+        await _in_thread(store, job, 4)
+        assert await receive_all(comm, 3) == {1: [3, 4], 0: [4]}
+        await comm.disconnect()
+        # a client that never asks for nodes_after gets every node's sequence replayed from its start
+        comm = WebsocketCommunicator(application(), f"/ws/jobs/{job.pk}/?after=4&token={token.secret}",
+                                     headers=HEADERS)
+        assert (await comm.connect())[0]
+        assert await receive_all(comm, 5) == {1: [1, 2, 3, 4], 2: [1]}
+        await comm.disconnect()
+
+    async_to_sync(scenario)()
+
+
+@pytest.mark.parametrize("cursors", ["1", "0:3", "1:-1", "x:1", "1:2,1:3",
+                                     ",".join(f"{n}:0" for n in range(1, 1100))])
+def test_a_malformed_nodes_after_is_refused_with_4400(job_and_token, cursors) -> None:  # noqa: ANN001
+    job, token = job_and_token
+
+    async def code() -> int | None:
+        comm = WebsocketCommunicator(application(), f"/ws/jobs/{job.pk}/?nodes_after={cursors}&token={token.secret}",
+                                     headers=HEADERS)
+        await comm.connect()
+        first = await comm.receive_output(timeout=5)
+        await comm.disconnect()
+        return first["code"] if first["type"] == "websocket.close" else None
+
+    assert async_to_sync(code)() == 4400

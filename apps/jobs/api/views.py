@@ -111,12 +111,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
     @extend_schema(methods=["GET"], responses=OpenApiTypes.OBJECT, parameters=[
         OpenApiParameter("after", int, description="events with seq greater than this"),
+        OpenApiParameter("node", int, description="the sequence of this node of a multi-node job (default 0: the "
+                                                  "job's own; another node's events are numbered apart)"),
         OpenApiParameter("limit", int, description=f"at most this many (default {EVENTS_PAGE_DEFAULT})")])
     @extend_schema(methods=["POST"], request=JobEventSerializer(many=True), responses=OpenApiTypes.OBJECT,
                    description="A batch of events; answers {\"acked\": highest contiguous seq stored}.")
     @action(detail=True, methods=["get", "post"])
     def events(self, request: Request, pk: str | None = None) -> Response:
-        """GET ``?after=SEQ&limit=N``: events in seq order. POST (agent): a batch, stored idempotently."""
+        """GET ``?after=SEQ&limit=N[&node=R]``: events of node R's sequence (0, the job's own, by default) in
+        seq order. POST (agent of node 0): a batch, stored idempotently."""
         job = self.get_object()
         if request.method == "POST":
             actor = get_actor(request)
@@ -127,11 +130,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             return Response({"acked": acked})
         after = _int_param(request, "after", 0)
         limit = _int_param(request, "limit", EVENTS_PAGE_DEFAULT, minimum=1, maximum=EVENTS_PAGE_MAX)
-        rows = job_events_after(job, after, limit + 1)
+        node = _int_param(request, "node", 0, maximum=max(job.nodes - 1, 0))
+        rows = job_events_after(job, after, limit + 1, node=node)
         has_more = len(rows) > limit
         rows = rows[:limit]
+        # another node's sequence is numbered by the portal in arrival order: contiguous, its highest is acked
+        acked = job.events_acked if node == 0 else node_services.node_stream_seq(job.pk, node)
         return Response({
-            "job": job.pk, "state": job.state, "acked": job.events_acked,
+            "job": job.pk, "node": node, "state": job.state, "acked": acked,
             "events": JobEventSerializer(rows, many=True).data,
             "next_after": rows[-1].seq if rows else after, "has_more": has_more,
         })
