@@ -18,8 +18,8 @@ class JobAdmin(admin.ModelAdmin):
 
 @admin.register(JobEvent)
 class JobEventAdmin(admin.ModelAdmin):
-    list_display = ["job", "seq", "ts", "stage", "kind", "level", "message"]
-    list_filter = ["level", "kind"]
+    list_display = ["job", "node", "seq", "ts", "stage", "kind", "level", "message"]
+    list_filter = ["level", "kind", "node"]
     raw_id_fields = ["job"]
 
 
