@@ -81,6 +81,22 @@ def test_job_page_shows_stages_log_and_cancel_only_for_allowed_users(world, clie
     assert 'id="cancel-job"' not in client_for(world.insider).get(f"/jobs/{job.pk}/").content.decode()
 
 
+def test_job_page_log_and_timeline_are_node_0s_sequence(world, client_for):
+    """Another node's events have their own seqs: they never mix into node 0's console or stage timeline."""
+    from django.utils import timezone
+
+    from apps.jobs.models import Job, JobEvent
+
+    job = Job.objects.filter(model=world.model, hardware=world.other_hardware).order_by("created_at").first()
+    JobEvent.objects.create(job=job, node=1, seq=1, ts=timezone.now(), stage="align", kind="stage_started", level="info",
+                            message="node 1 line that must stay off node 0's console")
+    JobEvent.objects.create(job=job, node=1, seq=2, ts=timezone.now(), stage="align", kind="stage_finished", level="info",
+                            message="node 1 align done", data={"passed": True, "seconds": 1.0})
+    html = client_for(world.viewer).get(f"/jobs/{job.pk}/").content.decode()
+    assert "node 1 line" not in html
+    assert 'data-stage="align" data-status="failed"' in html  # node 1's pass does not overwrite node 0's fail
+
+
 def test_cancel_button_follows_the_cancel_service_for_a_job_without_organization(world, client_for):
     from apps.accounts.access import Actor
     from apps.jobs.models import Job

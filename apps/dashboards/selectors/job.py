@@ -56,7 +56,7 @@ def job_page(actor: Actor, job_id: int) -> JobPage | None:
     # Up to the highest contiguous seq stored: the WebSocket replays from there, in order, so an event
     # after a gap is shown once, when the gap fills.
     last_seq = job.events_acked
-    events = JobEvent.objects.filter(job=job, seq__lte=last_seq)
+    events = JobEvent.objects.filter(job=job, node=0, seq__lte=last_seq)  # node 0: the job's own sequence
     lines = events.exclude(kind="progress").only("seq", "ts", "stage", "kind", "level", "message")
     shown = list(lines.order_by("-seq")[:CONSOLE_LINES])[::-1]
     for e in shown:  # a table (the benchmark's) keeps its columns: scrolled, not wrapped, on a phone
