@@ -48,3 +48,19 @@ def test_packed_model_refuses_a_reload(pack_small):
 def test_pack_weights_and_compile_exclude_each_other():
     with pytest.raises(ValueError, match="pack_weights and compile"):
         EngineConfig(pack_weights=True, compile=True)
+
+
+def test_day0_serve_packs_fp32_cpu_weights_unless_told_or_compiled():
+    import argparse
+
+    from agents.runtime.commands.serve import packs_by_default, register
+
+    assert packs_by_default("float32", "cpu", False)
+    assert not packs_by_default("float32", "cpu", True)  # the compiled path traces plain weights
+    assert not packs_by_default("bfloat16", "cpu", False)
+    assert not packs_by_default("float32", "cuda:0", False)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert parser.parse_args(["serve", "m"]).pack_weights is None  # auto
+    assert parser.parse_args(["serve", "m", "--pack-weights"]).pack_weights is True
+    assert parser.parse_args(["serve", "m", "--no-pack-weights"]).pack_weights is False

@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--memory-fraction", type=float, default=None, help="share of free memory for the KV cache")
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token budget of one step: decodes first, then prefill chunks (default 2048, as vLLM-CPU)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--api-key", default=None,
@@ -43,9 +44,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "evidence at /stats/compile")
     p.add_argument("--compile-cache", default=None,
                    help="Inductor's cache directory (default: $DAY0_COMPILE_CACHE_DIR, else var/compile-cache)")
-    p.add_argument("--pack-weights", action="store_true",
-                   help="pack the layers' fp32 CPU weights for oneDNN: batched decode faster, batch 1 slower")
+    p.add_argument("--pack-weights", action=argparse.BooleanOptionalAction, default=None,
+                   help="pack the layers' fp32 CPU weights once for oneDNN (in place): batched GEMMs 1.4-1.7x "
+                        "faster, batch 1 the same (default: on for fp32 on CPU unless --compile)")
     p.set_defaults(handler=handle)
+
+
+def packs_by_default(dtype: str, device: str, compile_: bool) -> bool:
+    """``--pack-weights`` unset: fp32 serving on a CPU packs (measured on this AVX-512 host, quiet: oneDNN's packed
+    layout is as fast as the plain one at one row and 1.4-1.7x faster at 2-64 rows); the compiled path traces
+    plain weights, and other dtypes and devices have nothing to pack."""
+    return dtype == "float32" and device.startswith("cpu") and not compile_
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -68,6 +77,8 @@ def handle(args: argparse.Namespace) -> int:
     if args.pack_weights and args.compile:
         print("day0 serve: --pack-weights and --compile exclude each other", flush=True)
         return 2
+    if args.pack_weights is None:
+        args.pack_weights = packs_by_default(args.dtype, args.device, args.compile)
     if args.compile:
         from agents.runtime.engine.compiled import CompileUnavailable, check_cpp_compiler
 
