@@ -309,7 +309,8 @@ def main() -> int:
     ap.add_argument("--day0-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment of day0's server (repeatable), e.g. OMP_WAIT_POLICY=passive on a busy host")
     ap.add_argument("--day0-args", default="", metavar="'FLAGS'",
-                    help="more flags for day0 serve, e.g. '--max-num-batched-tokens 2048' (default: its own defaults)")
+                    help="more flags for day0 serve, written with '=' since they start with a dash, e.g. "
+                         "--day0-args='--max-num-batched-tokens 4096' (default: its own defaults)")
     ap.add_argument("--json", type=Path, default=None, help="write every round's figures here")
     ap.add_argument("--logs", type=Path, default=None, help="server and client logs (default: a temporary dir)")
     args = ap.parse_args()
