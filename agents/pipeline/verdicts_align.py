@@ -203,7 +203,8 @@ def _vision(v: Verdict, vision: Any, t: Mapping[str, float]) -> None:
         if not isinstance(ref, list) or not isinstance(got, list) or not ref:
             v.missing(f"vision e2e prompt {i}: reference and target tokens missing")
         elif ref != got:
-            at = next((j for j, (a, b) in enumerate(zip(ref, got, strict=False)) if a != b), min(len(ref), len(got)))
+            at = _first_divergence(ref, got)
+            at = min(len(ref), len(got)) if at is None else at
             v.fail(f"vision e2e prompt {i}: greedy tokens differ from the reference at position {at}")
 
 
@@ -221,7 +222,7 @@ def _compiled(v: Verdict, block: Mapping[str, Any]) -> None:
         if not isinstance(eager, list) or not isinstance(got, list) or not eager:
             v.missing(f"compile prompt {i}: eager and compiled tokens missing")
             continue
-        at = next((j for j, (a, b) in enumerate(zip(eager, got, strict=False)) if a != b), None)
+        at = _first_divergence(eager, got)
         if at is None:
             if len(eager) != len(got):
                 v.fail(f"compile prompt {i}: {len(got)} compiled tokens against {len(eager)} eager ones")
@@ -231,3 +232,8 @@ def _compiled(v: Verdict, block: Mapping[str, Any]) -> None:
             v.note(f"compile prompt {i}: a near-tie at position {at} (each token within the other's top-k)")
         else:
             v.fail(f"compile prompt {i}: compiled greedy tokens differ from eager ones at position {at}")
+
+
+def _first_divergence(a: list, b: list) -> int | None:
+    """First position where two token lists differ within their common length; None when one is a prefix."""
+    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
