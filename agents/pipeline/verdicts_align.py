@@ -164,8 +164,10 @@ def _align(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Contex
     _kv(v, s.get("kv_cache"), t, ctx)
     if ctx.model.takes_images:
         _vision(v, s.get("vision"), t)
-    if isinstance(s.get("compile"), Mapping) and s["compile"].get("enabled"):
-        _compiled(v, s["compile"])
+    block = s.get("compile")
+    if isinstance(block, Mapping) and (block.get("enabled") is not False or any(
+            block.get(k) for k in ("rows", "equal"))):  # judged unless it ran eager and claims no comparison
+        _compiled(v, block)
     for part, error in (s.get("part_errors") or {}).items() if isinstance(s.get("part_errors"), Mapping) else ():
         v.fail(f"the {part} check could not run ({error})")
 

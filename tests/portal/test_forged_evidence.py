@@ -100,6 +100,14 @@ FORGED: list[tuple[str, str, dict[str, Any], str, str]] = [
      "task wikitext perplexity 20 is above reference 12 × (1 + 0.05)"),
     ("needle below the reference", "eval", _patched("eval", _set("needle.target", [[1, 1, 1], [0, 0, 0.5]])),
      "fail", "needle at length 1024: accuracy 0.167 is below the reference's 0.833"),
+    ("a fit claimed on a zero memory need", "plan", _patched("plan", _set("bytes_per_device", 0)), "fail",
+     "bytes_per_device 0 is not a memory need per device"),
+    ("compiled tokens that differ, claimed passed", "align", _patched("align", lambda s: s.__setitem__(
+        "compile", {"passed": True, "equal": True, "rows": [{"eager": [5, 6, 7, 8], "compiled": [5, 6, 9, 8]}]})),
+     "fail", "compile prompt 0: compiled greedy tokens differ from eager ones at position 2"),
+    ("a compile block without its token rows", "align",
+     _patched("align", lambda s: s.__setitem__("compile", {"passed": True, "equal": True})), "incomplete",
+     "compile rows missing"),
     ("eval without a needle", "eval", _patched("eval", lambda s: s.pop("needle")), "incomplete", "eval: needle missing"),
 ]
 
