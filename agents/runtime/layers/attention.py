@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agents.runtime import kernels
 from agents.runtime.context import ForwardContext
 
 SMALL_DECODE = 1 << 20  # multiply-adds of Q·K below which decode attention skips the fused kernel
@@ -167,6 +168,11 @@ class Attention(nn.Module):
 
     def _decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         ctx = meta.ctx
+        # fp32 CPU: keys and values read where they lie in the paged cache, by one fused kernel
+        out = kernels.paged_decode_attention(q, self.k_cache, self.v_cache, ctx.block_tables, ctx.seqlens_k,
+                                             self.scale, self.sliding_window)
+        if out is not None:
+            return out
         block_size = self.k_cache.shape[1]
         if meta.decode_blocks is None:  # first layer of this step: shared by all layers
             nb = min(-(-ctx.max_seqlen_k // block_size), ctx.block_tables.shape[1])

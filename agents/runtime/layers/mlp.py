@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agents.runtime import kernels
 from agents.runtime.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
 
@@ -15,6 +16,9 @@ def check_activation(name: str | None) -> None:
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    out = kernels.silu_and_mul(gate_up)  # fp32 CPU: one fused kernel
+    if out is not None:
+        return out
     gate, up = gate_up.chunk(2, dim=-1)  # gate, up: [T, I]
     return F.silu(gate) * up
 

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from agents.runtime import kernels
+
 
 def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:
     """Rope settings from either config format (``rope_parameters`` or ``rope_theta`` + ``rope_scaling``)."""
@@ -126,6 +128,13 @@ class RotaryEmbedding(nn.Module):
             halves = xr.unflatten(-1, (2, half))  # [T, H, 2, rot/2]
             out = torch.addcmul(halves * cos, halves.flip(-2), sin).flatten(-2)  # [T, H, rot]
         return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
+
+    def rotate_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``rotate``, in place where the fused fp32 CPU kernel covers the case (the caller owns ``x``);
+        otherwise a new tensor. Returns the rotated tensor either way."""
+        if not self.interleaved and kernels.rotary_(x, cos, sin, self.rotary_dim):
+            return x
+        return self.rotate(x, cos, sin)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                 max_position: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,5 +34,5 @@ class SelfAttention(nn.Module):
         v = qkv[:, (heads + kv_heads) * self.head_dim :].view(tokens, kv_heads, self.head_dim)  # v: [T, Hkv, D]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
-        qk = self.rotary[0].rotate(qk, meta.cos, meta.sin)  # q and k rotated together: [T, H + Hkv, D]
+        qk = self.rotary[0].rotate_(qk, meta.cos, meta.sin)  # q and k rotated together (qkv is ours): [T, H + Hkv, D]
         return self.o_proj(self.attn(qk[:, :heads], qk[:, heads:], v, meta))  # [T, hidden]

@@ -1,0 +1,208 @@
+"""The runtime's fused fp32 CPU kernels (``cpu_kernels.c``): RMSNorm, residual add + RMSNorm, SiLU-and-mul,
+in-place RoPE and decode attention read straight from the paged KV cache.
+
+The C file is compiled once per (source, compiler, CPU flags) with the system C compiler into
+``$DAY0_KERNEL_CACHE`` (default ``~/.cache/day0/kernels``) and loaded with ctypes, which releases the GIL
+for the call. Nothing else is needed: no torch headers, no build step at install. Where it cannot be built
+(no compiler, another OS or CPU architecture) or is turned off (``DAY0_NATIVE_KERNELS=0``), ``available()``
+is False and every layer runs its torch code, which is also the reference the kernels are tested against.
+Each wrapper takes tensors the layers already hold and says False/None when the case is not one it covers
+(dtype, device, layout), so the caller falls back."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+ABI_VERSION = 1
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno"]
+MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C file's fixed buffers
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_state = "unloaded"  # unloaded | loaded | unavailable
+_reason = ""
+
+_c_int64, _c_float, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_SIGNATURES = {
+    "day0_abi_version": ([], ctypes.c_int),
+    "day0_rms_norm": ([_ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_float], None),
+    "day0_add_rms_norm": ([_ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_float], None),
+    "day0_silu_and_mul": ([_ptr, _ptr, _c_int64, _c_int64], None),
+    "day0_rotary": ([_ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64], None),
+    "day0_paged_decode_attention": ([_ptr] * 6 + [_c_int64] * 7 + [_c_float, _c_int64], ctypes.c_int),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DAY0_KERNEL_CACHE") or Path.home() / ".cache" / "day0" / "kernels")
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_key() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _build(cc: str) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, " ".join(FLAGS), _cpu_key()]).encode())
+    target = cache_dir() / f"day0_cpu_kernels-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(cc).name} failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
+        os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _load() -> None:
+    global _lib, _state, _reason
+    if os.environ.get("DAY0_NATIVE_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+        _state, _reason = "unavailable", "turned off by DAY0_NATIVE_KERNELS"
+        return
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64", "aarch64"):
+        _state, _reason = "unavailable", f"not built for {platform.system()} {platform.machine()}"
+        return
+    cc = _compiler()
+    if cc is None:
+        _state, _reason = "unavailable", "no C compiler (cc, gcc or clang) on PATH"
+        return
+    try:
+        torch.get_num_threads()  # torch (and its OpenMP runtime, which the library then shares) is loaded
+        lib = ctypes.CDLL(str(_build(cc)))
+        for name, (args, res) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        if lib.day0_abi_version() != ABI_VERSION:
+            raise RuntimeError(f"ABI version {lib.day0_abi_version()} != {ABI_VERSION}")
+    except Exception as exc:  # any failure leaves the torch code in charge, said once
+        _state, _reason = "unavailable", f"{type(exc).__name__}: {exc}"
+        log.warning("native CPU kernels unavailable (%s); the layers run their torch code", _reason)
+        return
+    _lib, _state, _reason = lib, "loaded", ""
+    log.info("native CPU kernels loaded")
+
+
+def available() -> bool:
+    """True when the library is built and loaded (building it on first call)."""
+    if _state == "unloaded":
+        with _lock:
+            if _state == "unloaded":
+                _load()
+    return _state == "loaded"
+
+
+def status() -> dict[str, object]:
+    available()
+    return {"loaded": _state == "loaded", "reason": _reason or None}
+
+
+def _ok(*tensors: torch.Tensor) -> bool:
+    """The library is loaded and every tensor is an fp32 CPU tensor (cheap checks: this runs per layer call)."""
+    if _state != "loaded" and not available():
+        return False
+    f32 = torch.float32
+    return all(t.is_cpu and t.dtype is f32 for t in tensors)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """``x * rsqrt(mean(x^2, -1) + eps) * weight`` as a new contiguous tensor, for x of 2 or 3 dims whose last
+    dim is contiguous (a view of heads inside a row is fine); None when not covered."""
+    if not _ok(x, weight) or x.stride(-1) != 1:
+        return None
+    if x.dim() == 2:
+        outer, inner, so, si = x.shape[0], 1, x.stride(0), 0
+    elif x.dim() == 3:
+        outer, inner, so, si = x.shape[0], x.shape[1], x.stride(0), x.stride(1)
+    else:
+        return None
+    out = torch.empty(x.shape, dtype=torch.float32)
+    _lib.day0_rms_norm(out.data_ptr(), x.data_ptr(), weight.data_ptr(), outer, inner, x.shape[-1], so, si, eps)
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(h = x + delta, rms_norm(h) * weight), both new [T, N] tensors; None when not covered."""
+    if not _ok(x, delta, weight) or x.dim() != 2 or x.shape != delta.shape or not (x.is_contiguous() and
+                                                                          delta.is_contiguous()):
+        return None
+    h, normed = torch.empty_like(x), torch.empty_like(x)
+    _lib.day0_add_rms_norm(h.data_ptr(), normed.data_ptr(), x.data_ptr(), delta.data_ptr(), weight.data_ptr(),
+                           x.shape[0], x.shape[1], eps)
+    return h, normed
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
+    """``silu(x[:, :I]) * x[:, I:]`` for a contiguous [T, 2I] x; None when not covered."""
+    if not _ok(x) or x.dim() != 2 or not x.is_contiguous() or x.shape[1] % 2:
+        return None
+    rows, inter = x.shape[0], x.shape[1] // 2
+    out = torch.empty(rows, inter)
+    _lib.day0_silu_and_mul(out.data_ptr(), x.data_ptr(), rows, inter)
+    return out
+
+
+def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> bool:
+    """Rotate-half RoPE of ``x [T, heads, D]`` in place (heads contiguous in a row; rows strided), with the
+    rotary tables as ``RotaryEmbedding.cos_sin`` returns them ([T, 1, 2, rot/2], contiguous); False when not
+    covered."""
+    if not _ok(x, cos, sin) or x.dim() != 3 or x.stride(2) != 1 or x.stride(1) != x.shape[2] or rot % 2 or (
+            rot > x.shape[2] or cos.numel() != x.shape[0] * rot or sin.numel() != cos.numel()):
+        return False
+    _lib.day0_rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.shape[2], x.stride(0),
+                     rot)
+    return True
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                           seqlens: torch.Tensor, scale: float, window: int | None) -> torch.Tensor | None:
+    """Attention of one query token per sequence over its cached keys: ``q [B, H, D]`` (rows may be strided,
+    heads contiguous), caches ``[blocks, block_size, Hkv, D]``, block tables ``[B, width]`` and key counts
+    ``[B]`` (int32) -> ``[B, H * D]``; None when not covered."""
+    b, heads, d = q.shape
+    kv_heads = k_cache.shape[2]
+    if (not _ok(q, k_cache, v_cache) or q.stride(2) != 1 or q.stride(1) != d or not k_cache.is_contiguous()
+            or not v_cache.is_contiguous() or tables.dtype is not torch.int32 or seqlens.dtype is not torch.int32
+            or not tables.is_contiguous() or not seqlens.is_contiguous() or d > MAX_HEAD_DIM
+            or heads % kv_heads or heads // kv_heads > MAX_GROUP or not tables.is_cpu):
+        return None
+    out = torch.empty(b, heads * d)
+    rc = _lib.day0_paged_decode_attention(
+        out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), seqlens.data_ptr(),
+        b, heads, kv_heads, d,
+        k_cache.shape[1], tables.shape[1], q.stride(0), scale, window or 0)
+    return out if rc == 0 else None

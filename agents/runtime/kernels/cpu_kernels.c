@@ -1,0 +1,221 @@
+/* Fused fp32 CPU kernels of the runtime's decoder step (agents/runtime/kernels/__init__.py builds and loads this
+ * file once per source, compiler and CPU; the layers fall back to their torch code where it is not loaded).
+ *
+ * Each kernel replaces a chain of small torch ops with one call: at decode a layer's work is tiny and the step
+ * was spending more time dispatching ops (and copying whole KV blocks for attention) than computing. The loops
+ * are written so that gcc -O3 -march=native vectorises them; OpenMP is the same runtime torch uses (libgomp is
+ * already loaded by torch under the same soname), so torch.set_num_threads() governs both. */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define DAY0_MAX_HEAD_DIM 512
+#define DAY0_MAX_GROUP 32
+#define DAY0_CHUNK 32 /* keys scored at once by the decode attention (online softmax across chunks) */
+#define DAY0_PAR_MIN 32768 /* elements below which a kernel stays on the calling thread */
+
+int day0_abi_version(void) { return 1; }
+
+typedef float day0_v16f __attribute__((vector_size(64)));
+typedef int32_t day0_v16i __attribute__((vector_size(64)));
+
+/* e^x on 16 lanes for x <= ~88; below -87.3 it gives ~1.6e-38 instead of 0 (irrelevant after the sums it
+ * feeds). Cody-Waite range reduction and a degree-6 polynomial (Cephes' expf coefficients), ~1 ulp, written in
+ * GCC vector extensions: libm's expf is a scalar call that stops the loops around it from vectorising. */
+static inline day0_v16f day0_exp16(day0_v16f x) {
+    const day0_v16f hi = (day0_v16f){0} + 88.37f, lo = (day0_v16f){0} - 87.33f;
+    day0_v16i above = x > hi, below = x < lo; /* lanes of -1 where true (C has no vector ?:) */
+    x = (day0_v16f)(((day0_v16i)hi & above) | ((day0_v16i)x & ~above));
+    x = (day0_v16f)(((day0_v16i)lo & below) | ((day0_v16i)x & ~below));
+    const day0_v16f t = x * 1.44269504088896341f + 0.5f;
+    day0_v16f k = __builtin_convertvector(__builtin_convertvector(t, day0_v16i), day0_v16f); /* toward zero */
+    k += __builtin_convertvector(k > t, day0_v16f); /* floor: -1 where truncation rounded up */
+    const day0_v16f r = x - k * 0.693359375f - k * -2.12194440e-4f;
+    day0_v16f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const day0_v16f y = p * r * r + r + 1.0f;
+    const day0_v16i bits = (__builtin_convertvector(k, day0_v16i) + 127) << 23;
+    return y * (day0_v16f)bits;
+}
+
+/* e^x of n <= 16 floats in place */
+static inline void day0_exp_n(float *v, int64_t n) {
+    day0_v16f x = {0};
+    memcpy(&x, v, sizeof(float) * n);
+    x = day0_exp16(x);
+    memcpy(v, &x, sizeof(float) * n);
+}
+
+static inline float day0_exp1(float x) {
+    day0_v16f v = {0};
+    v[0] = x;
+    return day0_exp16(v)[0];
+}
+
+/* out[o, i, :] = x[o, i, :] * rsqrt(mean(x[o, i, :]^2) + eps) * w   (out contiguous [outer, inner, cols]) */
+void day0_rms_norm(float *out, const float *x, const float *w, int64_t outer, int64_t inner, int64_t cols,
+                   int64_t x_outer_stride, int64_t x_inner_stride, float eps) {
+    const int64_t rows = outer * inner;
+    const float inv_cols = 1.0f / (float)cols;
+#pragma omp parallel for schedule(static) if (rows * cols >= DAY0_PAR_MIN && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + (r / inner) * x_outer_stride + (r % inner) * x_inner_stride;
+        float *o = out + r * cols;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t c = 0; c < cols; ++c) ss += xr[c] * xr[c];
+        const float inv = 1.0f / sqrtf(ss * inv_cols + eps);
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) o[c] = xr[c] * inv * w[c];
+    }
+}
+
+/* h = x + d; normed = rms_norm(h) * w   (all [rows, cols] contiguous; h may alias x) */
+void day0_add_rms_norm(float *h, float *normed, const float *x, const float *d, const float *w, int64_t rows,
+                       int64_t cols, float eps) {
+    const float inv_cols = 1.0f / (float)cols;
+#pragma omp parallel for schedule(static) if (rows * cols >= DAY0_PAR_MIN && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * cols, *dr = d + r * cols;
+        float *hr = h + r * cols, *nr = normed + r * cols;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t c = 0; c < cols; ++c) {
+            const float v = xr[c] + dr[c];
+            hr[c] = v;
+            ss += v * v;
+        }
+        const float inv = 1.0f / sqrtf(ss * inv_cols + eps);
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) nr[c] = hr[c] * inv * w[c];
+    }
+}
+
+/* out[r, :] = silu(x[r, :inter]) * x[r, inter:]   (x [rows, 2 * inter], out [rows, inter], contiguous) */
+void day0_silu_and_mul(float *out, const float *x, int64_t rows, int64_t inter) {
+#pragma omp parallel for schedule(static) if (rows * inter >= DAY0_PAR_MIN && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *g = x + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        int64_t c = 0;
+        for (; c + 16 <= inter; c += 16) {
+            day0_v16f gv, uv;
+            memcpy(&gv, g + c, sizeof gv);
+            memcpy(&uv, u + c, sizeof uv);
+            const day0_v16f ov = gv / (1.0f + day0_exp16(-gv)) * uv;
+            memcpy(o + c, &ov, sizeof ov);
+        }
+        for (; c < inter; ++c) o[c] = g[c] / (1.0f + day0_exp1(-g[c])) * u[c];
+    }
+}
+
+/* RoPE in place, rotate-half pairing (i, i + rot/2) on the first `rot` channels of every head:
+ * x [tokens, heads, head_dim] with strides (row_stride, head_dim, 1); cos/sin [tokens, 2, rot/2] as the runtime's
+ * tables hold them (cos row: (cos, cos); sin row: (-sin, sin)). */
+void day0_rotary(float *x, const float *cos_t, const float *sin_t, int64_t tokens, int64_t heads, int64_t head_dim,
+                 int64_t row_stride, int64_t rot) {
+    const int64_t half = rot / 2;
+#pragma omp parallel for schedule(static) if (tokens * heads * rot >= DAY0_PAR_MIN && tokens > 1)
+    for (int64_t t = 0; t < tokens; ++t) {
+        const float *c = cos_t + t * rot, *s = sin_t + t * rot + half;
+        for (int64_t h = 0; h < heads; ++h) {
+            float *p = x + t * row_stride + h * head_dim;
+#pragma omp simd
+            for (int64_t i = 0; i < half; ++i) {
+                const float a = p[i], b = p[i + half];
+                p[i] = a * c[i] - b * s[i];
+                p[i + half] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/* Decode attention straight from the paged cache: one query token per sequence, its keys read where they lie
+ * (no gather of whole blocks), the query heads of a KV group scored together, an online softmax over chunks
+ * of keys. q [B, H, D] with row stride q_stride; caches [blocks, block_size, Hkv, D]; tables [B, width] int32;
+ * seqlens [B] int32 (keys of each sequence, its new token included); window > 0: only the last `window` keys.
+ * out [B, H, D] contiguous. Returns 0, or -1 when the shape is beyond the kernel's fixed buffers. */
+int day0_paged_decode_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                const int32_t *tables, const int32_t *seqlens, int64_t batch, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t width,
+                                int64_t q_stride, float scale, int64_t window) {
+    const int64_t group = heads / kv_heads;
+    if (head_dim > DAY0_MAX_HEAD_DIM || group > DAY0_MAX_GROUP || group * kv_heads != heads) return -1;
+    const int64_t token_stride = kv_heads * head_dim; /* between consecutive slots of the cache */
+    int64_t keys = 0;
+    for (int64_t b = 0; b < batch; ++b) keys += seqlens[b];
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (keys * heads * head_dim >= DAY0_PAR_MIN)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t kh = 0; kh < kv_heads; ++kh) {
+            float acc[DAY0_MAX_GROUP][DAY0_MAX_HEAD_DIM];
+            float score[DAY0_MAX_GROUP][DAY0_CHUNK];
+            float run_max[DAY0_MAX_GROUP], run_sum[DAY0_MAX_GROUP];
+            const float *qb = q + b * q_stride + kh * group * head_dim;
+            const int32_t *table = tables + b * width;
+            const int64_t len = seqlens[b];
+            const int64_t start = (window > 0 && len > window) ? len - window : 0;
+            for (int64_t g = 0; g < group; ++g) {
+                run_max[g] = -INFINITY;
+                run_sum[g] = 0.0f;
+                memset(acc[g], 0, sizeof(float) * head_dim);
+            }
+            for (int64_t t0 = start; t0 < len; t0 += DAY0_CHUNK) {
+                const int64_t n = (len - t0) < DAY0_CHUNK ? (len - t0) : DAY0_CHUNK;
+                const float *kp[DAY0_CHUNK], *vp[DAY0_CHUNK];
+                for (int64_t j = 0; j < n; ++j) {
+                    const int64_t t = t0 + j;
+                    const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
+                    kp[j] = k_cache + slot * token_stride + kh * head_dim;
+                    vp[j] = v_cache + slot * token_stride + kh * head_dim;
+                }
+                for (int64_t g = 0; g < group; ++g) {
+                    const float *qg = qb + g * head_dim;
+                    float chunk_max = -INFINITY;
+                    for (int64_t j = 0; j < n; ++j) {
+                        const float *kj = kp[j];
+                        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                        for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * kj[d];
+                        dot *= scale;
+                        score[g][j] = dot;
+                        chunk_max = dot > chunk_max ? dot : chunk_max;
+                    }
+                    const float new_max = chunk_max > run_max[g] ? chunk_max : run_max[g];
+                    const float correction = day0_exp1(run_max[g] - new_max); /* ~0 on the first chunk */
+                    float *sg = score[g];
+                    for (int64_t j = 0; j < n; ++j) sg[j] -= new_max;
+                    for (int64_t j = 0; j < n; j += 16) day0_exp_n(sg + j, n - j < 16 ? n - j : 16);
+                    float sum = 0.0f;
+                    for (int64_t j = 0; j < n; ++j) sum += sg[j];
+                    run_sum[g] = run_sum[g] * correction + sum;
+                    run_max[g] = new_max;
+                    float *ag = acc[g];
+                    if (correction != 1.0f) {
+#pragma omp simd
+                        for (int64_t d = 0; d < head_dim; ++d) ag[d] *= correction;
+                    }
+                }
+                for (int64_t j = 0; j < n; ++j) {
+                    const float *vj = vp[j];
+                    for (int64_t g = 0; g < group; ++g) {
+                        const float p = score[g][j];
+                        float *ag = acc[g];
+#pragma omp simd
+                        for (int64_t d = 0; d < head_dim; ++d) ag[d] += p * vj[d];
+                    }
+                }
+            }
+            for (int64_t g = 0; g < group; ++g) {
+                float *o = out + (b * heads + kh * group + g) * head_dim;
+                const float inv = run_sum[g] > 0.0f ? 1.0f / run_sum[g] : 0.0f;
+#pragma omp simd
+                for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[g][d] * inv;
+            }
+        }
+    }
+    return 0;
+}

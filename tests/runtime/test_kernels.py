@@ -1,0 +1,196 @@
+"""The fused fp32 CPU kernels (``agents/runtime/kernels``) against the torch code they replace: each kernel over
+shapes that stress its edges (tails that are not a multiple of the 16-lane vectors, strided views, GQA groups,
+sliding windows, scattered block tables), the engine's greedy tokens with the kernels on and off, and the
+fallbacks (turned off, a failing build, cases a kernel does not cover)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from agents.runtime import kernels
+from agents.runtime.engine import LLMEngine, SamplingParams
+from agents.runtime.layers.rotary import RotaryEmbedding
+from agents.runtime.testing.make_model import cached_model
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"kernels not built: {kernels.status()}")
+
+
+@pytest.fixture
+def kernels_off(monkeypatch):
+    """The layers' torch code, as on a host where the library is not built."""
+    monkeypatch.setattr(kernels, "_state", "unavailable")
+
+
+def ref_rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x64 = x.double()
+    return (x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + eps) * w.double()).float()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_the_library_builds_and_loads_where_a_compiler_is():
+    assert kernels.status() == {"loaded": True, "reason": None}
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows,cols", [(1, 768), (7, 33), (300, 200)])
+def test_rms_norm_and_the_fused_residual_add(rows, cols):
+    g = torch.Generator().manual_seed(rows * cols)
+    x, d = torch.randn(rows, cols, generator=g) * 3, torch.randn(rows, cols, generator=g)
+    w = torch.randn(cols, generator=g)
+    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-6), ref_rms(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+    h, normed = kernels.add_rms_norm(x, d, w, 1e-5)
+    torch.testing.assert_close(h, x + d, rtol=0, atol=0)
+    torch.testing.assert_close(normed, ref_rms(x + d, w, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_rms_norm_of_a_strided_view_of_heads():
+    qkv = torch.randn(5, 6 * 32)
+    heads = qkv.view(5, 6, 32)[:, 1:4]  # [5, 3, 32]: rows strided by 192, heads by 32
+    w = torch.randn(32)
+    out = kernels.rms_norm(heads, w, 1e-6)
+    assert out.is_contiguous() and out.shape == (5, 3, 32)
+    torch.testing.assert_close(out, ref_rms(heads, w, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("inter", [16, 37, 2048])
+def test_silu_and_mul_over_the_whole_float_range(inter):
+    x = torch.randn(9, 2 * inter) * 8
+    x[0, :6] = torch.tensor([-200.0, -88.0, -20.0, 0.0, 20.0, 90.0])  # saturated and tiny exponentials
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(kernels.silu_and_mul(x), F.silu(gate) * up, rtol=2e-6, atol=1e-6)
+
+
+@needs_kernels
+@pytest.mark.parametrize("head_dim,partial", [(64, 1.0), (80, 1.0), (64, 0.5)])
+def test_rotary_in_place_equals_the_reference(head_dim, partial):
+    config = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                  "partial_rotary_factor": partial}, "max_position_embeddings": 8192}
+    rope = RotaryEmbedding(head_dim, config)
+    tokens, heads, kv_heads = 6, 4, 2
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim)
+    qk = qkv[:, : (heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)  # a strided view
+    cos, sin = rope.cos_sin(torch.tensor([0, 1, 5, 100, 3000, 8000]), 8001, torch.float32)
+    want = rope.rotate(qk.clone(), cos, sin)
+    v_before = qkv[:, (heads + kv_heads) * head_dim :].clone()
+    assert rope.rotate_(qk, cos, sin) is qk  # in place
+    torch.testing.assert_close(qk, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(qkv[:, (heads + kv_heads) * head_dim :], v_before, rtol=0, atol=0)  # V untouched
+
+
+def paged_reference(q, k_cache, v_cache, tables, lengths, scale, window):
+    out = []
+    for i, n in enumerate(lengths):
+        blocks = torch.tensor(tables[i], dtype=torch.long)
+        k = k_cache.index_select(0, blocks).flatten(0, 1)[:n]
+        v = v_cache.index_select(0, blocks).flatten(0, 1)[:n]
+        if window:
+            k, v = k[-window:], v[-window:]
+        o = F.scaled_dot_product_attention(q[i : i + 1].transpose(0, 1)[None].double(), k.transpose(0, 1)[None].double(),
+                                           v.transpose(0, 1)[None].double(), scale=scale, enable_gqa=True)
+        out.append(o[0].transpose(0, 1).flatten().float())
+    return torch.stack(out)
+
+
+@needs_kernels
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window", [(12, 4, 64, None), (4, 4, 32, None), (8, 1, 80, 37),
+                                                            (16, 2, 128, None)])
+def test_paged_decode_attention_reads_scattered_blocks(heads, kv_heads, head_dim, window):
+    g = torch.Generator().manual_seed(heads * head_dim)
+    blocks, block_size = 96, 16
+    k_cache = torch.randn(blocks, block_size, kv_heads, head_dim, generator=g)
+    v_cache = torch.randn(blocks, block_size, kv_heads, head_dim, generator=g)
+    lengths = [1, 16, 17, 31, 33, 200, 64]
+    free = torch.randperm(blocks, generator=g).tolist()
+    tables = [[free.pop() for _ in range(-(-n // block_size))] for n in lengths]
+    width = max(map(len, tables)) + 2  # padded past the longest, as the runner pads
+    table_t = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32)
+    q = torch.randn(len(lengths), heads + 2 * kv_heads, head_dim, generator=g)[:, :heads] * 4  # rows strided
+    scale = head_dim**-0.5
+    got = kernels.paged_decode_attention(q, k_cache, v_cache, table_t, torch.tensor(lengths, dtype=torch.int32),
+                                         scale, window)
+    torch.testing.assert_close(got, paged_reference(q, k_cache, v_cache, tables, lengths, scale, window),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_cases_the_kernels_do_not_cover_fall_back():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    assert kernels.rms_norm(x, torch.ones(64, dtype=torch.bfloat16), 1e-6) is None
+    assert kernels.silu_and_mul(torch.randn(4, 64).t()) is None  # not contiguous
+    assert kernels.rms_norm(torch.randn(2, 3, 4, 8), torch.ones(8), 1e-6) is None  # 4 dims
+    q = torch.randn(2, 4, 1024)  # head_dim beyond the kernel's buffers
+    cache = torch.randn(4, 16, 4, 1024)
+    lens, tables = torch.tensor([3, 5], dtype=torch.int32), torch.zeros(2, 1, dtype=torch.int32)
+    assert kernels.paged_decode_attention(q, cache, cache, tables, lens, 0.1, None) is None
+    assert kernels.paged_decode_attention(q[..., :64], cache[..., :64].contiguous(), cache[..., :64].contiguous(),
+                                          tables.long(), lens, 0.1, None) is None  # int64 tables
+
+
+PROMPTS = [[5, 9, 11], list(range(20, 77)), [7] * 40, [3]]
+PARAMS = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "qwen3-moe", "mixtral"])
+def test_engine_greedy_tokens_equal_with_and_without_kernels(arch, monkeypatch):
+    path = cached_model(arch)
+    fused = [o.output_token_ids for o in LLMEngine(path, num_blocks=64, block_size=4).generate(PROMPTS, PARAMS)]
+    monkeypatch.setattr(kernels, "_state", "unavailable")
+    plain = [o.output_token_ids for o in LLMEngine(path, num_blocks=64, block_size=4).generate(PROMPTS, PARAMS)]
+    assert fused == plain
+
+
+@needs_kernels
+def test_engine_logits_close_with_and_without_kernels(monkeypatch):
+    """Beyond the argmax: the decode logits of a mixed batch agree to fp32 rounding."""
+    path = cached_model("llama")
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=5)
+
+    def logprobs() -> list[float]:
+        engine = LLMEngine(path, num_blocks=64, block_size=4)
+        ids = [engine.add_request(p, params) for p in PROMPTS]
+        got: dict[str, list[float]] = {i: [] for i in ids}
+        while engine.has_unfinished():
+            for out in engine.step():
+                got[out.request_id] += [v for lp in out.new_logprobs or [] for v in (lp.logprob, *dict(lp.top).values())]
+        return [v for i in ids for v in got[i]]
+
+    fused = logprobs()
+    assert len(fused) == len(PROMPTS) * 6 * 6  # each token: its logprob and the top 5
+    monkeypatch.setattr(kernels, "_state", "unavailable")
+    torch.testing.assert_close(torch.tensor(fused), torch.tensor(logprobs()), rtol=1e-4, atol=1e-4)
+
+
+def _reset(monkeypatch):
+    monkeypatch.setattr(kernels, "_state", "unloaded")
+    monkeypatch.setattr(kernels, "_lib", None)
+    monkeypatch.setattr(kernels, "_reason", "")
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    _reset(monkeypatch)
+    monkeypatch.setenv("DAY0_NATIVE_KERNELS", "0")
+    assert not kernels.available()
+    assert kernels.status() == {"loaded": False, "reason": "turned off by DAY0_NATIVE_KERNELS"}
+    assert kernels.silu_and_mul(torch.randn(2, 8)) is None
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_a_failing_build_is_said_once_and_the_torch_code_runs(monkeypatch, tmp_path, caplog):
+    _reset(monkeypatch)
+    broken = tmp_path / "broken.c"
+    broken.write_text("int day0_abi_version(void) { return 1 }\n")  # a syntax error
+    monkeypatch.setattr(kernels, "SOURCE", broken)
+    monkeypatch.setenv("DAY0_KERNEL_CACHE", str(tmp_path / "cache"))
+    assert not kernels.available()
+    reason = kernels.status()["reason"]
+    assert "failed" in reason and "broken.c" in reason
+    assert "native CPU kernels unavailable" in caplog.text
+    engine = LLMEngine(cached_model("llama"), num_blocks=32)
+    assert len(engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0))[0].output_token_ids) == 3
+    assert not list((tmp_path / "cache").glob("*.so"))  # nothing half-written left behind
