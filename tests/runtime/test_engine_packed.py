@@ -30,10 +30,21 @@ def test_packed_weights_give_the_same_greedy_tokens(pack_small, arch):
     names = [n for n, _ in plain.model.named_parameters()]
     assert [n for n, _ in packed.model.named_parameters()] == names  # the same parameters, no extra copy
     mkldnn = {n for n, p in packed.model.named_parameters() if p.is_mkldnn}
-    assert mkldnn and all(n.startswith("model.layers.") and n.endswith("_proj.weight") for n in mkldnn)
-    assert not any(n.endswith("experts.w13") or n == "lm_head.weight" for n in mkldnn)
+    assert mkldnn and all(n.startswith("model.layers.") and n.endswith("_proj.weight") or n == "lm_head.weight"
+                          for n in mkldnn)
+    assert "lm_head.weight" in mkldnn  # untied: the LM head is packed too
+    assert not any(n.endswith("experts.w13") for n in mkldnn)
     want = [o.output_token_ids for o in plain.generate(PROMPTS, PARAMS)]
     assert [o.output_token_ids for o in packed.generate(PROMPTS, PARAMS)] == want
+
+
+@pytest.mark.skipif(not linear._ONEDNN, reason="torch built without oneDNN")
+def test_a_tied_lm_head_stays_the_embedding_table(pack_small):
+    engine = LLMEngine(cached_model("qwen3"), num_blocks=32, pack_weights=True)  # tie_word_embeddings
+    model = engine.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight and not model.lm_head.weight.is_mkldnn
+    assert any(p.is_mkldnn for p in model.parameters())
+    assert len(engine.generate([[5, 6, 7]], PARAMS)[0].output_token_ids) == PARAMS.max_tokens
 
 
 @pytest.mark.skipif(not linear._ONEDNN, reason="torch built without oneDNN")
