@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.process_argv = argv is None  # parsed from this process's own command line (a re-exec may repeat it)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
