@@ -131,8 +131,10 @@ def status() -> dict[str, object]:
 
 
 def _ok(*tensors: torch.Tensor) -> bool:
-    """The library is loaded and every tensor is an fp32 CPU tensor (cheap checks: this runs per layer call)."""
-    if _state != "loaded" and not available():
+    """The library is loaded, nothing is being traced by torch.compile (the compiled path fuses these ops itself
+    and cannot trace a ctypes call) and every tensor is an fp32 CPU tensor (cheap checks: this runs per layer
+    call)."""
+    if _state != "loaded" and not available() or torch.compiler.is_compiling():
         return False
     f32 = torch.float32
     return all(t.is_cpu and t.dtype is f32 for t in tensors)
