@@ -118,6 +118,36 @@ def test_paged_decode_attention_reads_scattered_blocks(heads, kv_heads, head_dim
                                rtol=1e-5, atol=1e-5)
 
 
+@needs_kernels
+@pytest.mark.parametrize("rows,cols", [(1, 7), (16, 32000), (3, 33)])
+def test_argmax_rows_keeps_torchs_first_maximum(rows, cols):
+    x = torch.randn(rows, cols)
+    x[0, : min(3, cols)] = 1e4  # a tie: the first index wins, as in torch
+    if rows > 2:
+        x[1] = float("-inf")  # all -inf: index 0
+        x[2, -1] = float("inf")
+    assert kernels.argmax_rows(x) == x.argmax(-1).tolist()
+    x[rows - 1, cols // 2] = float("nan")
+    assert kernels.argmax_rows(x) is None  # a NaN row: torch decides (it picks the NaN)
+
+
+def test_greedy_sampling_is_the_argmax_with_or_without_the_kernel(monkeypatch):
+    from agents.runtime.engine.sampler import sample
+    from agents.runtime.engine.sequence import Sequence
+
+    logits = torch.randn(5, 300)
+    logits[1, 10] = logits[1, 20] = 99.0
+    seqs = [Sequence(f"r{i}", [1, 2], SamplingParams(temperature=0.0)) for i in range(5)]
+    want = logits.argmax(-1).tolist()
+    assert sample(logits, seqs) == want and want[1] == 10
+    monkeypatch.setattr(kernels, "_state", "unavailable")
+    assert sample(logits, seqs) == want
+    nan = logits.clone()
+    nan[2, 5] = float("nan")
+    monkeypatch.setattr(kernels, "_state", "loaded")
+    assert sample(nan, seqs)[2] == nan.argmax(-1).tolist()[2]
+
+
 def test_cases_the_kernels_do_not_cover_fall_back():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     assert kernels.rms_norm(x, torch.ones(64, dtype=torch.bfloat16), 1e-6) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from agents.runtime import kernels
 from agents.runtime.engine.sequence import Sequence
 
 
@@ -13,7 +14,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     on the logits' device."""
     logits = logits.float()  # logits: [N, V]
     dev = logits.device
-    greedy = logits.argmax(dim=-1).tolist()
+    greedy = kernels.argmax_rows(logits)  # fp32 CPU: one pass per row on every thread
+    if greedy is None:
+        greedy = logits.argmax(dim=-1).tolist()
     rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if not rows:
         return greedy

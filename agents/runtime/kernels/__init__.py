@@ -1,5 +1,5 @@
 """The runtime's fused fp32 CPU kernels (``cpu_kernels.c``): RMSNorm, residual add + RMSNorm, SiLU-and-mul,
-in-place RoPE and decode attention read straight from the paged KV cache.
+in-place RoPE, decode attention read straight from the paged KV cache, and the greedy argmax of the logits.
 
 The C file is compiled once per (source, compiler, CPU flags) with the system C compiler into
 ``$DAY0_KERNEL_CACHE`` (default ``~/.cache/day0/kernels``) and loaded with ctypes, which releases the GIL
@@ -44,6 +44,7 @@ _SIGNATURES = {
     "day0_silu_and_mul": ([_ptr, _ptr, _c_int64, _c_int64], None),
     "day0_rotary": ([_ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64], None),
     "day0_paged_decode_attention": ([_ptr] * 6 + [_c_int64] * 7 + [_c_float, _c_int64], ctypes.c_int),
+    "day0_argmax_rows": ([_ptr, _ptr, _c_int64, _c_int64], None),
 }
 
 
@@ -208,3 +209,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         b, heads, kv_heads, d,
         k_cache.shape[1], tables.shape[1], q.stride(0), scale, window or 0)
     return out if rc == 0 else None
+
+
+def argmax_rows(x: torch.Tensor) -> list[int] | None:
+    """``x.argmax(-1).tolist()`` for contiguous fp32 ``[N, V]`` logits (the first maximum of each row); None when
+    not covered, or when a row holds a NaN (torch's argmax then decides)."""
+    if not _ok(x) or x.dim() != 2 or not x.is_contiguous() or x.shape[1] == 0:
+        return None
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _lib.day0_argmax_rows(out.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1])
+    picks = out.tolist()
+    return None if -1 in picks else picks

@@ -219,3 +219,26 @@ int day0_paged_decode_attention(float *out, const float *q, const float *k_cache
     }
     return 0;
 }
+
+/* The first index of each row's maximum (torch.argmax's tie rule); -1 for a row that holds a NaN, which the
+ * caller hands to torch (whose argmax picks the NaN). x [rows, cols] contiguous, out [rows]. */
+void day0_argmax_rows(int64_t *out, const float *x, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols >= 4 * DAY0_PAR_MIN && rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *p = x + r * cols;
+        float m = -INFINITY;
+        int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+        for (int64_t c = 0; c < cols; ++c) {
+            m = p[c] > m ? p[c] : m;
+            nan |= p[c] != p[c];
+        }
+        if (nan || cols == 0) {
+            out[r] = -1;
+            continue;
+        }
+        int64_t i = 0;
+        while (p[i] != m) ++i;
+        out[r] = i;
+    }
+}
