@@ -188,8 +188,22 @@ def test_models_health_and_metrics(url):
         "day0_num_requests_waiting",
         "day0_generation_tokens_total",
         "day0_request_errors_total",
+        "day0_engine_step_seconds_bucket",
     ):
         assert name in text
+
+
+def test_engine_step_histogram_counts_the_steps(engine, url):
+    def steps() -> tuple[int, float]:
+        lines = dict(line.rsplit(" ", 1) for line in httpx.get(f"{url}/metrics").text.splitlines()
+                     if line.startswith("day0_engine_step_seconds_"))
+        return int(lines["day0_engine_step_seconds_count"]), float(lines["day0_engine_step_seconds_sum"])
+
+    before, seconds = steps()
+    body = {"prompt": "count the steps", "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+    after, later = steps()
+    assert after - before >= 5 and later > seconds  # one prefill and four decodes at least, each timed
 
 
 def test_32_simultaneous_streams_equal_each_prompt_alone(engine, url):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -74,11 +75,13 @@ class AsyncEngine:
             if not engine.has_unfinished():
                 self._wake.wait(0.5)
                 continue
+            started = time.perf_counter()
             try:
                 outputs = engine.step()
             except Exception as exc:  # a bug outside the forward pass: end what is in flight, keep the loop
                 log.exception("engine step failed; ending the requests in flight")
                 outputs = engine.fail_all(f"{type(exc).__name__}: {exc}")
+            self.metrics.observe_step(time.perf_counter() - started)
             if outputs:
                 self.metrics.observe(outputs)
                 self._loop.call_soon_threadsafe(self._dispatch, outputs)

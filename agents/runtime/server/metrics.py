@@ -57,6 +57,9 @@ class ServerMetrics:
         self.ttft = Histogram()
         self.tpot = Histogram()
         self.e2e = Histogram()
+        # one engine step (schedule, forward, sample, detokenise): beside the client's inter-token latency it
+        # says how much of that latency is the engine's and how much the HTTP side's
+        self.step = Histogram((0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5))
 
     def observe(self, outputs: list[RequestOutput]) -> None:
         with self._lock:
@@ -73,6 +76,10 @@ class ServerMetrics:
                         self.tpot.observe((out.finish_time - out.first_token_time) / (out.num_output_tokens - 1))
                 if out.finish_time is not None:
                     self.e2e.observe(out.finish_time - out.arrival_time)
+
+    def observe_step(self, seconds: float) -> None:
+        with self._lock:
+            self.step.observe(seconds)
 
     def count_error(self, status: int) -> None:
         with self._lock:
@@ -96,6 +103,7 @@ class ServerMetrics:
             lines += self.ttft.render("day0_time_to_first_token_seconds", "Time to first token.")
             lines += self.tpot.render("day0_time_per_output_token_seconds", "Time per output token after the first.")
             lines += self.e2e.render("day0_e2e_request_latency_seconds", "End-to-end request latency.")
+            lines += self.step.render("day0_engine_step_seconds", "One engine step: schedule, forward, sample.")
         gauges = {
             "day0_kv_blocks_used": ("KV-cache blocks in use.", stats.get("kv_blocks_used", 0)),
             "day0_kv_blocks_free": ("KV-cache blocks free.", stats.get("kv_blocks_free", 0)),
