@@ -224,3 +224,24 @@ def test_a_failing_build_is_said_once_and_the_torch_code_runs(monkeypatch, tmp_p
     engine = LLMEngine(cached_model("llama"), num_blocks=32)
     assert len(engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0))[0].output_token_ids) == 3
     assert not list((tmp_path / "cache").glob("*.so"))  # nothing half-written left behind
+
+
+@needs_kernels
+def test_a_dispatch_mode_sees_the_models_own_aten_ops():
+    """The operator inventory traces with a dispatch mode: under one, the kernels step aside."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: set[str] = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 64)
+    assert kernels.silu_and_mul(x) is not None  # no mode: the kernel
+    with Record():
+        assert kernels.silu_and_mul(x) is None
+        engine = LLMEngine(cached_model("llama"), num_blocks=32, block_size=4)
+        engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0))
+    assert {"aten.silu.default", "aten.rsqrt.default", "aten.argmax.default"} <= seen

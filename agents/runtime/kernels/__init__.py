@@ -37,6 +37,7 @@ _state = "unloaded"  # unloaded | loaded | unavailable
 _reason = ""
 
 _c_int64, _c_float, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+_dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is active (0.1 us a call)
 _SIGNATURES = {
     "day0_abi_version": ([], ctypes.c_int),
     "day0_rms_norm": ([_ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_float], None),
@@ -132,10 +133,10 @@ def status() -> dict[str, object]:
 
 
 def _ok(*tensors: torch.Tensor) -> bool:
-    """The library is loaded, nothing is being traced by torch.compile (the compiled path fuses these ops itself
-    and cannot trace a ctypes call) and every tensor is an fp32 CPU tensor (cheap checks: this runs per layer
-    call)."""
-    if _state != "loaded" and not available() or torch.compiler.is_compiling():
+    """The library is loaded, nothing traces the ops (torch.compile fuses these ops itself and cannot trace a
+    ctypes call; a dispatch mode, such as the pipeline's operator inventory, must see the model's own aten ops)
+    and every tensor is an fp32 CPU tensor (cheap checks: this runs per layer call)."""
+    if _state != "loaded" and not available() or torch.compiler.is_compiling() or _dispatch_modes():
         return False
     f32 = torch.float32
     return all(t.is_cpu and t.dtype is f32 for t in tensors)
