@@ -110,11 +110,14 @@ class HostReads(TorchFunctionMode):
 
 @pytest.mark.parametrize("ep_rank", [None, 1], ids=["all-experts", "ep2-rank1"])
 @pytest.mark.parametrize("tokens", [1, 12])
-def test_experts_forward_reads_nothing_back_to_the_host(ep_rank, tokens):
+def test_experts_forward_reads_nothing_back_to_the_host(ep_rank, tokens, monkeypatch):
     """The forward never waits on the routing's values: no ``.item()``, ``.tolist()``, ``bool(tensor)`` or
     data-dependent shape at the Python level (a torch function mode sees each), and no scalar read among
     the aten ops it issues (``aten::_local_scalar_dense``) outside the grouped GEMM kernel, whose CPU
-    fallback reads its int32 group ends from host memory (on CUDA the kernel takes them on the device)."""
+    fallback reads its int32 group ends from host memory (on CUDA the kernel takes them on the device).
+    The one-token CPU path (which reads the routing: nothing to wait for on a CPU) is held off here, as it is
+    on every other device and under torch.compile."""
+    monkeypatch.setattr(RoutedExperts, "one_token_cpu", False)
     w = full_weights()
     experts = experts_of(0, 1, 1, w) if ep_rank is None else experts_of(ep_rank, 1, 2, w)
     x, weights, ids = routing(tokens, 2, seed=5)
@@ -147,3 +150,22 @@ def test_grouped_experts_on_cuda_equal_the_cpu_reference(dtype, tp, ep):
                   for rank in range(max(tp, ep)))
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     torch.testing.assert_close(got.float().cpu(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_one_token_cpu_path_equals_the_reference_and_the_grouped_gemms(top_k, monkeypatch):
+    """A single CPU token takes its k experts as matrix-vector products, added in expert order: the per-expert
+    reference's sum, and the grouped path's (the same token twice, so that path runs)."""
+    w = full_weights()
+    experts = experts_of(0, 1, 1, w)
+    calls: list[int] = []
+    original = RoutedExperts._one_token_cpu
+    monkeypatch.setattr(RoutedExperts, "_one_token_cpu", lambda self, *a: calls.append(1) or original(self, *a))
+    for seed in range(4):
+        x, weights, ids = routing(1, top_k, seed=seed)
+        with torch.inference_mode():
+            fast = experts(x, weights, ids)
+            twice = experts(x.repeat(2, 1), weights.repeat(2, 1), ids.repeat(2, 1))  # grouped
+        torch.testing.assert_close(fast, reference(w, x, weights, ids), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(fast, twice[:1], rtol=1e-5, atol=1e-6)
+    assert len(calls) == 4  # every single token took the one-token path, no pair did

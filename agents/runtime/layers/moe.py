@@ -37,7 +37,10 @@ class RoutedExperts(nn.Module):
     (token, expert) pairs by expert once and runs two grouped GEMMs (``torch.nn.functional.grouped_mm``) over
     the rows of each local expert: no Python loop over experts and no host read of the routing, so a batch
     of one reads only its k experts' weights and a step stays capturable. Checkpoint shard ids are
-    ``(expert_id, "w1"|"w3"|"w2")``."""
+    ``(expert_id, "w1"|"w3"|"w2")``. One token on a CPU with every expert local takes ``_one_token_cpu``
+    instead (``one_token_cpu``): there, reading the routing waits for nothing."""
+
+    one_token_cpu = True
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
@@ -77,8 +80,24 @@ class RoutedExperts(nn.Module):
             ids = self._group_ids = torch.arange(self.num_local, dtype=torch.int64, device=device)
         return ids
 
+    def _one_token_cpu(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """One token on the CPU, every expert local: its k experts as plain matrix-vector products, added in
+        expert order like the grouped path (reading the routing costs nothing on a CPU; the grouped fallback's
+        sort, search and per-group dispatch cost 0.9 ms a step over 5 layers of the 100M Qwen3-MoE)."""
+        pairs = sorted(zip(ids[0].tolist(), weights[0].tolist(), strict=True))
+        out = torch.zeros_like(x)
+        for expert, weight in pairs:
+            h = F.linear(x, self.w13[expert])  # h: [1, 2I]
+            out += F.linear(silu_and_mul(h), self.w2[expert]) * weight  # [1, H]
+        return out
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, H], weights/ids: [T, k] -> this rank's partial sum [T, H]."""
+        if (self.one_token_cpu and x.shape[0] == 1 and x.is_cpu and self.num_local == self.num_experts
+                and self.tp_size == 1
+                and self.w13.dtype == x.dtype and not torch.compiler.is_compiling()
+                and not torch._C._len_torch_dispatch_stack()):  # a tracer (the operator inventory) sees the grouped ops
+            return self._one_token_cpu(x, weights, ids)
         top_k = ids.shape[1]
         keys = ids.flatten()  # [T * k] expert of each (token, choice) pair
         remote = None
