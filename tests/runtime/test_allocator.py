@@ -4,6 +4,7 @@ in-process call, and a clear refusal when it is insisted on and missing."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -59,7 +60,9 @@ def test_in_process_cli_call_never_re_executes(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(allocator.find_tcmalloc() is None, reason="no tcmalloc on this host")
 def test_day0_serve_runs_under_tcmalloc(tmp_path):
-    port = 18000 + os.getpid() % 2000
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator.MARK)}
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(cached_model("llama")), "--port",
@@ -69,17 +72,19 @@ def test_day0_serve_runs_under_tcmalloc(tmp_path):
         while time.monotonic() < deadline:
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:  # warmed up
                     break
             except httpx.HTTPError:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.3)
         maps = Path(f"/proc/{proc.pid}/maps").read_text()  # the same pid: execve keeps it
         assert "tcmalloc" in maps
         text = (tmp_path / "serve.log").read_text()
         assert "re-executing once to preload it" in text and "allocator: tcmalloc (preloaded)" in text
         body = {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0}
-        out = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60).json()
-        assert out["usage"]["completion_tokens"] == 3
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["usage"]["completion_tokens"] == 3
     finally:
         proc.terminate()
         proc.wait(timeout=30)
