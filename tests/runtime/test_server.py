@@ -52,7 +52,7 @@ def test_ready_is_503_until_weights_load_and_warm_up():
         gate.wait(30)
         return LLMEngine(cached_model("llama"), num_blocks=32)
 
-    with ServerThread(create_app(factory, "tiny-llama")) as base:
+    with ServerThread(create_app(factory, "tiny-llama"), wait_ready=False) as base:
         assert httpx.get(f"{base}/health").status_code == 200
         r = httpx.get(f"{base}/ready")
         assert r.status_code == 503 and r.json()["status"] == "loading"

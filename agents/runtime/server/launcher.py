@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,9 +89,13 @@ def serve(model_dir: str | Path, **kwargs: Any) -> int:
 
 
 class ServerThread:
-    """A uvicorn server on a background thread (tests and benchmarks): ``with ServerThread(app) as url:``."""
+    """A uvicorn server on a background thread (tests and benchmarks): ``with ServerThread(app) as url:``.
+    ``wait_ready`` (default): the block starts once ``/ready`` answers (the engine has warmed up, or failed, or
+    the app has no such route), so the first request never races the warm-up step."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, *, wait_ready: bool = True,
+                 ready_timeout: float = 120.0) -> None:
+        self.wait_ready, self.ready_timeout = wait_ready, ready_timeout
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", timeout_graceful_shutdown=2)
@@ -103,7 +108,23 @@ class ServerThread:
             if not self.thread.is_alive():
                 raise RuntimeError("server thread died during startup")
             threading.Event().wait(0.02)
+        if self.wait_ready:
+            self._await_ready()
         return self.url
+
+    def _await_ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(f"{self.url}/ready", timeout=5)
+                if r.status_code != 503 or r.json().get("status") == "failed":
+                    return  # ready, failed (the requests will say so), or an app without /ready
+            except (httpx.HTTPError, ValueError):
+                pass
+            threading.Event().wait(0.05)
+        raise RuntimeError(f"{self.url}/ready not ready after {self.ready_timeout:.0f} s")
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
