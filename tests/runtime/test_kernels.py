@@ -161,6 +161,53 @@ def test_cases_the_kernels_do_not_cover_fall_back():
                                           tables.long(), lens, 0.1, None) is None  # int64 tables
 
 
+def ref_moe(x, w13, w2, ids, weights):
+    """Token by token, its experts in ascending order, in float64."""
+    inter = w13.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in sorted(range(ids.shape[1]), key=lambda j: int(ids[t, j])):
+            e = int(ids[t, j])
+            h = w13[e].double() @ x[t].double()
+            act = F.silu(h[:inter]) * h[inter:]
+            out[t] += float(weights[t, j]) * (w2[e].double() @ act)
+    return out.float()
+
+
+@needs_kernels
+@pytest.mark.parametrize("tokens,experts,top_k,hidden,inter", [
+    (1, 8, 2, 768, 512),  # the 100M Qwen3-MoE's shapes
+    (5, 4, 4, 33, 17),  # every expert for every token; tails everywhere (not a multiple of 16 or of 4 rows)
+    (70, 3, 1, 48, 40),  # more than 64 rows for one expert (the kernel's row chunks)
+    (9, 16, 2, 64, 96),  # most experts idle
+])
+def test_moe_experts_equals_the_per_token_reference(tokens, experts, top_k, hidden, inter):
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, hidden, generator=g)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5
+    w2 = torch.randn(experts, hidden, inter, generator=g) / inter ** 0.5
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    if tokens == 70:
+        ids[:] = 1  # one expert takes every row
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=g), -1)
+    got = kernels.moe_experts(x, w13, w2, ids, weights)
+    torch.testing.assert_close(got, ref_moe(x, w13, w2, ids, weights), rtol=1e-5, atol=2e-5)
+
+
+@needs_kernels
+def test_moe_experts_refuses_what_it_does_not_cover():
+    x, w13, w2 = torch.randn(2, 16), torch.randn(4, 8, 16), torch.randn(4, 16, 4)
+    weights = torch.full((2, 2), 0.5)
+    ok = torch.tensor([[0, 1], [2, 3]])
+    assert kernels.moe_experts(x, w13, w2, ok, weights) is not None
+    assert kernels.moe_experts(x, w13, w2, torch.tensor([[0, 4], [2, 3]]), weights) is None  # id out of range
+    assert kernels.moe_experts(x, w13, w2, torch.tensor([[0, -1], [2, 3]]), weights) is None
+    assert kernels.moe_experts(x, w13, w2, ok.int(), weights) is None  # int32 ids
+    assert kernels.moe_experts(x.double(), w13.double(), w2.double(), ok, weights) is None
+    assert kernels.moe_experts(x, w13, torch.randn(4, 16, 5), ok, weights) is None  # w2 of another width
+    assert kernels.moe_experts(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, ok, weights) is None
+
+
 PROMPTS = [[5, 9, 11], list(range(20, 77)), [7] * 40, [3]]
 PARAMS = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 

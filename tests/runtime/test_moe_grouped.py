@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
+from agents.runtime import kernels
 from agents.runtime.distributed import set_parallel_state
 from agents.runtime.layers.moe import RoutedExperts
 
@@ -115,9 +116,10 @@ def test_experts_forward_reads_nothing_back_to_the_host(ep_rank, tokens, monkeyp
     data-dependent shape at the Python level (a torch function mode sees each), and no scalar read among
     the aten ops it issues (``aten::_local_scalar_dense``) outside the grouped GEMM kernel, whose CPU
     fallback reads its int32 group ends from host memory (on CUDA the kernel takes them on the device).
-    The one-token CPU path (which reads the routing: nothing to wait for on a CPU) is held off here, as it is
-    on every other device and under torch.compile."""
+    The CPU paths (the fused kernel and the one-token loop, which read the routing: nothing to wait for on a
+    CPU) are held off here, as they are on every other device and under torch.compile."""
     monkeypatch.setattr(RoutedExperts, "one_token_cpu", False)
+    monkeypatch.setattr(RoutedExperts, "fused_cpu", False)
     w = full_weights()
     experts = experts_of(0, 1, 1, w) if ep_rank is None else experts_of(ep_rank, 1, 2, w)
     x, weights, ids = routing(tokens, 2, seed=5)
@@ -155,7 +157,9 @@ def test_grouped_experts_on_cuda_equal_the_cpu_reference(dtype, tp, ep):
 @pytest.mark.parametrize("top_k", [1, 2, 3])
 def test_one_token_cpu_path_equals_the_reference_and_the_grouped_gemms(top_k, monkeypatch):
     """A single CPU token takes its k experts as matrix-vector products, added in expert order: the per-expert
-    reference's sum, and the grouped path's (the same token twice, so that path runs)."""
+    reference's sum, and the grouped path's (the same token twice, so that path runs). This is the path of a
+    host without the native kernel."""
+    monkeypatch.setattr(RoutedExperts, "fused_cpu", False)
     w = full_weights()
     experts = experts_of(0, 1, 1, w)
     calls: list[int] = []
@@ -169,3 +173,39 @@ def test_one_token_cpu_path_equals_the_reference_and_the_grouped_gemms(top_k, mo
         torch.testing.assert_close(fast, reference(w, x, weights, ids), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(fast, twice[:1], rtol=1e-5, atol=1e-6)
     assert len(calls) == 4  # every single token took the one-token path, no pair did
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"kernels not built: {kernels.status()}")
+@pytest.mark.parametrize("tokens,top_k", [(1, 2), (3, 1), (16, 2), (40, 3), (256, 1)])
+def test_fused_cpu_kernel_equals_the_reference_and_the_grouped_gemms(tokens, top_k, monkeypatch):
+    """On a CPU with every expert local the native kernel computes the experts (up to FUSED_MAX_ROWS rows per
+    expert on average): the per-expert reference's sum, and the grouped GEMMs' to fp32 rounding."""
+    w = full_weights(seed=tokens)
+    experts = experts_of(0, 1, 1, w)
+    x, weights, ids = routing(tokens, top_k, seed=tokens + top_k)
+    calls: list[int] = []
+    original = kernels.moe_experts
+    monkeypatch.setattr(kernels, "moe_experts", lambda *a: calls.append(1) or original(*a))
+    with torch.inference_mode():
+        fused = experts(x, weights, ids)
+        monkeypatch.setattr(RoutedExperts, "fused_cpu", False)
+        monkeypatch.setattr(RoutedExperts, "one_token_cpu", False)
+        grouped = experts(x, weights, ids)
+    assert calls == [1]
+    torch.testing.assert_close(fused, reference(w, x, weights, ids), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused, grouped, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"kernels not built: {kernels.status()}")
+def test_fused_cpu_kernel_steps_aside_for_long_prefills_splits_and_other_dtypes(monkeypatch):
+    calls: list[int] = []  # the kernel's answers (a bfloat16 call reaches it and is refused: None)
+    original = kernels.moe_experts
+    monkeypatch.setattr(kernels, "moe_experts", lambda *a: (out := original(*a)) is not None and calls.append(1) or out)
+    w = full_weights()
+    x, weights, ids = routing(RoutedExperts.FUSED_MAX_ROWS * E // 2 + 1, 2, seed=1)  # one row over the bound
+    with torch.inference_mode():
+        experts_of(0, 1, 1, w)(x, weights, ids)
+        sum(experts_of(rank, 1, 2, w)(x[:4], weights[:4], ids[:4]) for rank in range(2))  # EP halves
+        sum(experts_of(rank, 2, 1, w)(x[:4], weights[:4], ids[:4]) for rank in range(2))  # intermediate split
+        experts_of(0, 1, 1, w).to(torch.bfloat16)(x[:4].bfloat16(), weights[:4], ids[:4])
+    assert calls == []

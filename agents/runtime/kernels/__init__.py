@@ -1,5 +1,6 @@
 """The runtime's fused fp32 CPU kernels (``cpu_kernels.c``): RMSNorm, residual add + RMSNorm, SiLU-and-mul,
-in-place RoPE, decode attention read straight from the paged KV cache, and the greedy argmax of the logits.
+in-place RoPE, decode attention read straight from the paged KV cache, the greedy argmax of the logits, and the
+routed SwiGLU experts of a MoE layer in one call.
 
 The C file is compiled once per (source, compiler, CPU flags) with the system C compiler into
 ``$DAY0_KERNEL_CACHE`` (default ``~/.cache/day0/kernels``) and loaded with ctypes, which releases the GIL
@@ -46,6 +47,7 @@ _SIGNATURES = {
     "day0_rotary": ([_ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64], None),
     "day0_paged_decode_attention": ([_ptr] * 6 + [_c_int64] * 7 + [_c_float, _c_int64], ctypes.c_int),
     "day0_argmax_rows": ([_ptr, _ptr, _c_int64, _c_int64], None),
+    "day0_moe_experts": ([_ptr] * 6 + [_c_int64] * 5 + [_ptr, _ptr], ctypes.c_int),
 }
 
 
@@ -221,3 +223,26 @@ def argmax_rows(x: torch.Tensor) -> list[int] | None:
     _lib.day0_argmax_rows(out.data_ptr(), x.data_ptr(), x.shape[0], x.shape[1])
     picks = out.tolist()
     return None if -1 in picks else picks
+
+
+def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor | None:
+    """Routed SwiGLU experts with every expert local and whole: ``x [T, H]``, ``w13 [E, 2I, H]`` (gate rows, then
+    up rows), ``w2 [E, H, I]``, routing ``ids [T, k]`` and ``weights [T, k]`` -> ``[T, H]``, each token's expert
+    terms added in ascending expert order (as the grouped path adds them); None when not covered."""
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3 or ids.dim() != 2 or ids.shape != weights.shape:
+        return None
+    t, h = x.shape
+    e, two_i, h13 = w13.shape
+    inter = two_i // 2
+    if (h13 != h or two_i % 2 or tuple(w2.shape) != (e, h, inter) or ids.shape[0] != t or ids.dtype is not torch.int64
+            or not _ok(x, w13, w2, weights) or not ids.is_cpu
+            or not all(z.is_contiguous() for z in (x, w13, w2, ids, weights))):
+        return None
+    pairs = ids.numel()
+    out = torch.empty(t, h)
+    scratch = torch.empty(pairs * (inter + h))
+    work = torch.empty(2 * e + 1 + 2 * pairs, dtype=torch.int64)
+    rc = _lib.day0_moe_experts(out.data_ptr(), x.data_ptr(), w13.data_ptr(), w2.data_ptr(), ids.data_ptr(),
+                               weights.data_ptr(), t, ids.shape[1], e, h, inter, scratch.data_ptr(), work.data_ptr())
+    return out if rc == 0 else None

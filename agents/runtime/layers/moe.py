@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agents.runtime import kernels
 from agents.runtime.distributed import all_reduce, get_parallel_state
 from agents.runtime.layers.mlp import silu_and_mul
 from agents.runtime.layers.weights import bind_loader, check_shape, make_param, quantizable, replicated, split
@@ -37,10 +38,19 @@ class RoutedExperts(nn.Module):
     (token, expert) pairs by expert once and runs two grouped GEMMs (``torch.nn.functional.grouped_mm``) over
     the rows of each local expert: no Python loop over experts and no host read of the routing, so a batch
     of one reads only its k experts' weights and a step stays capturable. Checkpoint shard ids are
-    ``(expert_id, "w1"|"w3"|"w2")``. One token on a CPU with every expert local takes ``_one_token_cpu``
-    instead (``one_token_cpu``): there, reading the routing waits for nothing."""
+    ``(expert_id, "w1"|"w3"|"w2")``.
+
+    On a CPU with every expert local and whole (fp32, not traced), reading the routing waits for nothing, and
+    two faster paths take over: ``fused_cpu`` runs the native kernel (``kernels.moe_experts``: each expert's
+    weights read once, in their own layout, for all of its rows; gate, up, SiLU, down and the weighted sum in
+    one call) while the experts average at most ``FUSED_MAX_ROWS`` rows (decode and short prefills: torch's CPU
+    grouped GEMM is a per-group loop over unpacked weights, 2-3x slower there); without the kernel, one token
+    takes ``_one_token_cpu`` (``one_token_cpu``)."""
 
     one_token_cpu = True
+    fused_cpu = True
+    FUSED_MAX_ROWS = 32  # average rows per expert up to which the kernel beats the grouped GEMMs (8 experts,
+    # H 768, I 512, 2 threads: 2.6-3.1x at 16 tokens, 1.3x at 128, 0.8x at 512)
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
@@ -93,11 +103,15 @@ class RoutedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, H], weights/ids: [T, k] -> this rank's partial sum [T, H]."""
-        if (self.one_token_cpu and x.shape[0] == 1 and x.is_cpu and self.num_local == self.num_experts
-                and self.tp_size == 1
-                and self.w13.dtype == x.dtype and not torch.compiler.is_compiling()
+        if (x.is_cpu and self.num_local == self.num_experts and self.tp_size == 1 and self.w13.dtype == x.dtype
+                and not torch.compiler.is_compiling()
                 and not torch._C._len_torch_dispatch_stack()):  # a tracer (the operator inventory) sees the grouped ops
-            return self._one_token_cpu(x, weights, ids)
+            if self.fused_cpu and ids.numel() <= self.FUSED_MAX_ROWS * self.num_experts:
+                out = kernels.moe_experts(x.contiguous(), self.w13, self.w2, ids.contiguous(), weights.contiguous())
+                if out is not None:
+                    return out
+            if self.one_token_cpu and x.shape[0] == 1:
+                return self._one_token_cpu(x, weights, ids)
         top_k = ids.shape[1]
         keys = ids.flatten()  # [T * k] expert of each (token, choice) pair
         remote = None
