@@ -98,8 +98,11 @@ def paged_reference(q, k_cache, v_cache, tables, lengths, scale, window):
 
 
 @needs_kernels
-@pytest.mark.parametrize("heads,kv_heads,head_dim,window", [(12, 4, 64, None), (4, 4, 32, None), (8, 1, 80, 37),
-                                                            (16, 2, 128, None)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,window", [
+    (12, 4, 64, None), (4, 4, 32, None), (8, 1, 80, 37), (16, 2, 128, None),
+    (16, 2, 64, 5),  # two blocks of 4 query heads, a window inside one chunk
+    (8, 2, 256, None), (6, 2, 40, None),  # one head per block; a partial last vector
+])
 def test_paged_decode_attention_reads_scattered_blocks(heads, kv_heads, head_dim, window):
     g = torch.Generator().manual_seed(heads * head_dim)
     blocks, block_size = 96, 16

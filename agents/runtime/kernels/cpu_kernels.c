@@ -134,11 +134,106 @@ void day0_rotary(float *x, const float *cos_t, const float *sin_t, int64_t token
     }
 }
 
+static inline float day0_hsum16(day0_v16f v) {
+    typedef float v8f __attribute__((vector_size(32)));
+    typedef float v4f __attribute__((vector_size(16)));
+    v8f a, b;
+    memcpy(&a, &v, sizeof a);
+    memcpy(&b, (const char *)&v + sizeof a, sizeof b);
+    a += b;
+    v4f c, d;
+    memcpy(&c, &a, sizeof c);
+    memcpy(&d, (const char *)&a + sizeof c, sizeof d);
+    c += d;
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+
+/* 16 floats from p, of which only the first n (1..16) are read; the rest are 0 */
+static inline day0_v16f day0_load_n(const float *p, int64_t n) {
+    day0_v16f v = {0};
+    if (n == 16)
+        memcpy(&v, p, sizeof v);
+    else
+        memcpy(&v, p, sizeof(float) * n);
+    return v;
+}
+
+/* One chunk of decode attention for GB query heads of a KV group whose head_dim is NV full vectors (the common
+ * 64, 128, 256): scores s[g][j] = q_g . k_j * scale with the queries held in registers, then (after the online
+ * softmax of the caller) acc[g] += s[g][j] * v_j with every accumulator in a register, so each key and value
+ * vector is loaded once and feeds GB independent multiply-adds. */
+#define DAY0_ATTN_BLOCK(NV, GB)                                                                                  \
+    __attribute__((optimize("fp-contract=fast"))) static void day0_qk_##NV##_##GB(                             \
+        float (*score)[DAY0_CHUNK], const float *q, const float *const *kp, int64_t n, int64_t gb, int64_t D, \
+        float scale) {                                                                                         \
+        day0_v16f qv[GB][NV];                                                                                  \
+        for (int64_t g = 0; g < GB; ++g)                                                                       \
+            for (int64_t t = 0; t < NV; ++t) memcpy(&qv[g][t], q + (g < gb ? g : 0) * D + t * 16, 64);         \
+        for (int64_t j = 0; j < n; ++j) {                                                                      \
+            day0_v16f d[GB];                                                                                   \
+            for (int64_t g = 0; g < GB; ++g) d[g] = (day0_v16f){0};                                            \
+            for (int64_t t = 0; t < NV; ++t) {                                                                 \
+                day0_v16f k;                                                                                   \
+                memcpy(&k, kp[j] + t * 16, 64);                                                                \
+                for (int64_t g = 0; g < GB; ++g) d[g] += qv[g][t] * k;                                         \
+            }                                                                                                  \
+            for (int64_t g = 0; g < GB && g < gb; ++g) score[g][j] = day0_hsum16(d[g]) * scale;               \
+        }                                                                                                      \
+    }                                                                                                          \
+    __attribute__((optimize("fp-contract=fast"))) static void day0_pv_##NV##_##GB(                             \
+        day0_v16f (*acc)[DAY0_MAX_HEAD_DIM / 16], const float (*score)[DAY0_CHUNK], const float *const *vp,    \
+        int64_t n, int64_t gb) {                                                                               \
+        day0_v16f a[GB][NV];                                                                                   \
+        for (int64_t g = 0; g < GB; ++g)                                                                       \
+            for (int64_t t = 0; t < NV; ++t) a[g][t] = acc[g < gb ? g : 0][t];                                 \
+        for (int64_t j = 0; j < n; ++j) {                                                                      \
+            float p[GB];                                                                                       \
+            for (int64_t g = 0; g < GB; ++g) p[g] = g < gb ? score[g][j] : 0.0f;                               \
+            for (int64_t t = 0; t < NV; ++t) {                                                                 \
+                day0_v16f v;                                                                                   \
+                memcpy(&v, vp[j] + t * 16, 64);                                                                \
+                for (int64_t g = 0; g < GB; ++g) a[g][t] += p[g] * v;                                          \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int64_t g = 0; g < GB && g < gb; ++g)                                                             \
+            for (int64_t t = 0; t < NV; ++t) acc[g][t] = a[g][t];                                              \
+    }
+DAY0_ATTN_BLOCK(4, 4)
+DAY0_ATTN_BLOCK(8, 2)
+DAY0_ATTN_BLOCK(16, 1)
+
+/* the same for any head_dim: vectors walked at run time, the last one partial */
+static void day0_qk_any(float (*score)[DAY0_CHUNK], const float *q, const float *const *kp, int64_t n, int64_t gb,
+                        int64_t D, float scale) {
+    const int64_t nvec = (D + 15) / 16, last = D - (nvec - 1) * 16;
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t g = 0; g < gb; ++g) {
+            day0_v16f d = {0};
+            for (int64_t t = 0; t < nvec; ++t)
+                d += day0_load_n(q + g * D + t * 16, t + 1 < nvec ? 16 : last) *
+                     day0_load_n(kp[j] + t * 16, t + 1 < nvec ? 16 : last);
+            score[g][j] = day0_hsum16(d) * scale;
+        }
+    }
+}
+
+static void day0_pv_any(day0_v16f (*acc)[DAY0_MAX_HEAD_DIM / 16], const float (*score)[DAY0_CHUNK],
+                        const float *const *vp, int64_t n, int64_t gb, int64_t D) {
+    const int64_t nvec = (D + 15) / 16, last = D - (nvec - 1) * 16;
+    for (int64_t g = 0; g < gb; ++g)
+        for (int64_t t = 0; t < nvec; ++t) {
+            day0_v16f a = acc[g][t];
+            for (int64_t j = 0; j < n; ++j) a += score[g][j] * day0_load_n(vp[j] + t * 16, t + 1 < nvec ? 16 : last);
+            acc[g][t] = a;
+        }
+}
+
 /* Decode attention straight from the paged cache: one query token per sequence, its keys read where they lie
  * (no gather of whole blocks), the query heads of a KV group scored together, an online softmax over chunks
  * of keys. q [B, H, D] with row stride q_stride; caches [blocks, block_size, Hkv, D]; tables [B, width] int32;
  * seqlens [B] int32 (keys of each sequence, its new token included); window > 0: only the last `window` keys.
- * out [B, H, D] contiguous. Returns 0, or -1 when the shape is beyond the kernel's fixed buffers. */
+ * out [B, H, D] contiguous. Returns 0, or -1 when the shape is beyond the kernel's fixed buffers.
+ * The head dimension is walked in 16-lane vectors, blocks of query heads at once (day0_qk_* / day0_pv_*). */
 int day0_paged_decode_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                                 const int32_t *tables, const int32_t *seqlens, int64_t batch, int64_t heads,
                                 int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t width,
@@ -146,12 +241,14 @@ int day0_paged_decode_attention(float *out, const float *q, const float *k_cache
     const int64_t group = heads / kv_heads;
     if (head_dim > DAY0_MAX_HEAD_DIM || group > DAY0_MAX_GROUP || group * kv_heads != heads) return -1;
     const int64_t token_stride = kv_heads * head_dim; /* between consecutive slots of the cache */
+    const int64_t nvec = (head_dim + 15) / 16;
+    const int64_t gblock = head_dim == 64 ? 4 : head_dim == 128 ? 2 : head_dim == 256 ? 1 : group;
     int64_t keys = 0;
     for (int64_t b = 0; b < batch; ++b) keys += seqlens[b];
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (keys * heads * head_dim >= DAY0_PAR_MIN)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
-            float acc[DAY0_MAX_GROUP][DAY0_MAX_HEAD_DIM];
+            day0_v16f acc[DAY0_MAX_GROUP][DAY0_MAX_HEAD_DIM / 16];
             float score[DAY0_MAX_GROUP][DAY0_CHUNK];
             float run_max[DAY0_MAX_GROUP], run_sum[DAY0_MAX_GROUP];
             const float *qb = q + b * q_stride + kh * group * head_dim;
@@ -161,59 +258,66 @@ int day0_paged_decode_attention(float *out, const float *q, const float *k_cache
             for (int64_t g = 0; g < group; ++g) {
                 run_max[g] = -INFINITY;
                 run_sum[g] = 0.0f;
-                memset(acc[g], 0, sizeof(float) * head_dim);
+                for (int64_t t = 0; t < nvec; ++t) acc[g][t] = (day0_v16f){0};
             }
             for (int64_t t0 = start; t0 < len; t0 += DAY0_CHUNK) {
                 const int64_t n = (len - t0) < DAY0_CHUNK ? (len - t0) : DAY0_CHUNK;
                 const float *kp[DAY0_CHUNK], *vp[DAY0_CHUNK];
+                int64_t blk = t0 / block_size, off = t0 % block_size; /* walked, not divided, per key */
                 for (int64_t j = 0; j < n; ++j) {
-                    const int64_t t = t0 + j;
-                    const int64_t slot = (int64_t)table[t / block_size] * block_size + t % block_size;
+                    const int64_t slot = (int64_t)table[blk] * block_size + off;
                     kp[j] = k_cache + slot * token_stride + kh * head_dim;
                     vp[j] = v_cache + slot * token_stride + kh * head_dim;
-                }
-                for (int64_t g = 0; g < group; ++g) {
-                    const float *qg = qb + g * head_dim;
-                    float chunk_max = -INFINITY;
-                    for (int64_t j = 0; j < n; ++j) {
-                        const float *kj = kp[j];
-                        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                        for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * kj[d];
-                        dot *= scale;
-                        score[g][j] = dot;
-                        chunk_max = dot > chunk_max ? dot : chunk_max;
+                    if (++off == block_size) {
+                        off = 0;
+                        ++blk;
                     }
+                }
+                for (int64_t g0 = 0; g0 < group; g0 += gblock) {
+                    const int64_t gb = (group - g0) < gblock ? (group - g0) : gblock;
+                    const float *qg = qb + g0 * head_dim;
+                    if (head_dim == 64) day0_qk_4_4(score + g0, qg, kp, n, gb, head_dim, scale);
+                    else if (head_dim == 128) day0_qk_8_2(score + g0, qg, kp, n, gb, head_dim, scale);
+                    else if (head_dim == 256) day0_qk_16_1(score + g0, qg, kp, n, gb, head_dim, scale);
+                    else day0_qk_any(score + g0, qg, kp, n, gb, head_dim, scale);
+                }
+                for (int64_t g = 0; g < group; ++g) { /* the chunk's softmax terms, two vectors of 16 keys */
+                    float *sg = score[g];
+                    for (int64_t j = n; j < DAY0_CHUNK; ++j) sg[j] = -INFINITY;
+                    day0_v16f lo, hi;
+                    memcpy(&lo, sg, sizeof lo);
+                    memcpy(&hi, sg + 16, sizeof hi);
+                    const day0_v16f m = (day0_v16f)(((day0_v16i)lo & (lo > hi)) | ((day0_v16i)hi & ~(lo > hi)));
+                    float chunk_max = m[0];
+                    for (int i = 1; i < 16; ++i) chunk_max = m[i] > chunk_max ? m[i] : chunk_max;
                     const float new_max = chunk_max > run_max[g] ? chunk_max : run_max[g];
                     const float correction = day0_exp1(run_max[g] - new_max); /* ~0 on the first chunk */
-                    float *sg = score[g];
-                    for (int64_t j = 0; j < n; ++j) sg[j] -= new_max;
-                    for (int64_t j = 0; j < n; j += 16) day0_exp_n(sg + j, n - j < 16 ? n - j : 16);
-                    float sum = 0.0f;
-                    for (int64_t j = 0; j < n; ++j) sum += sg[j];
+                    const day0_v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+                    lo = (day0_v16f)((day0_v16i)day0_exp16(lo - new_max) & (lane < (int32_t)n)); /* exactly 0 past n */
+                    hi = (day0_v16f)((day0_v16i)day0_exp16(hi - new_max) & (lane + 16 < (int32_t)n));
+                    memcpy(sg, &lo, sizeof lo);
+                    memcpy(sg + 16, &hi, sizeof hi);
+                    const float sum = day0_hsum16(lo + hi);
                     run_sum[g] = run_sum[g] * correction + sum;
                     run_max[g] = new_max;
-                    float *ag = acc[g];
-                    if (correction != 1.0f) {
-#pragma omp simd
-                        for (int64_t d = 0; d < head_dim; ++d) ag[d] *= correction;
-                    }
+                    if (correction != 1.0f)
+                        for (int64_t t = 0; t < nvec; ++t) acc[g][t] *= correction;
                 }
-                for (int64_t j = 0; j < n; ++j) {
-                    const float *vj = vp[j];
-                    for (int64_t g = 0; g < group; ++g) {
-                        const float p = score[g][j];
-                        float *ag = acc[g];
-#pragma omp simd
-                        for (int64_t d = 0; d < head_dim; ++d) ag[d] += p * vj[d];
-                    }
+                for (int64_t g0 = 0; g0 < group; g0 += gblock) {
+                    const int64_t gb = (group - g0) < gblock ? (group - g0) : gblock;
+                    if (head_dim == 64) day0_pv_4_4(acc + g0, (const float (*)[DAY0_CHUNK])(score + g0), vp, n, gb);
+                    else if (head_dim == 128) day0_pv_8_2(acc + g0, (const float (*)[DAY0_CHUNK])(score + g0), vp, n, gb);
+                    else if (head_dim == 256) day0_pv_16_1(acc + g0, (const float (*)[DAY0_CHUNK])(score + g0), vp, n, gb);
+                    else day0_pv_any(acc + g0, (const float (*)[DAY0_CHUNK])(score + g0), vp, n, gb, head_dim);
                 }
             }
             for (int64_t g = 0; g < group; ++g) {
                 float *o = out + (b * heads + kh * group + g) * head_dim;
                 const float inv = run_sum[g] > 0.0f ? 1.0f / run_sum[g] : 0.0f;
-#pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[g][d] * inv;
+                for (int64_t t = 0; t < nvec; ++t) {
+                    const day0_v16f v = acc[g][t] * inv;
+                    memcpy(o + t * 16, &v, sizeof(float) * (t + 1 < nvec ? 16 : head_dim - t * 16));
+                }
             }
         }
     }
@@ -253,11 +357,6 @@ void day0_argmax_rows(int64_t *out, const float *x, int64_t rows, int64_t cols) 
 #define DAY0_MR 4
 #define DAY0_NR 4
 
-static inline float day0_hsum16(day0_v16f v) {
-    float s = 0.0f;
-    for (int i = 0; i < 16; ++i) s += v[i];
-    return s;
-}
 
 /* rows x[0..m) (pointers), weight rows w[n0..n1) (row stride ldw), K columns; y[r][n - y_off] for each row r.
  * Multiply-adds are fused here (one rounding per term, like the GEMM libraries), and only here. */
