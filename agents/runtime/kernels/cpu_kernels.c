@@ -376,8 +376,16 @@ __attribute__((optimize("fp-contract=fast"))) static void day0_dot_block(float *
                 for (int64_t j = 0; j < DAY0_NR; ++j) acc[i][j] = (day0_v16f){0};
             for (int64_t k = 0; k < kv; k += 16) {
                 day0_v16f wv[DAY0_NR], xv[DAY0_MR];
+                if (r0 == 0 && n + 2 * DAY0_NR < n1) /* weight rows two blocks ahead: they come from memory */
+                    for (int64_t j = 0; j < DAY0_NR; ++j) __builtin_prefetch(wr[j] + 2 * DAY0_NR * ldw + k, 0, 3);
                 for (int64_t j = 0; j < DAY0_NR; ++j) memcpy(&wv[j], wr[j] + k, sizeof(day0_v16f));
                 for (int64_t i = 0; i < DAY0_MR; ++i) memcpy(&xv[i], xr[i] + k, sizeof(day0_v16f));
+#if defined(__x86_64__) && defined(__AVX512F__)
+                /* each loaded once into a register: gcc otherwise folds the loads into every multiply-add, 5
+                 * loads per 4 of them, and the loop then runs at the load ports' pace */
+                for (int64_t i = 0; i < DAY0_MR; ++i) __asm__("" : "+v"(xv[i]));
+                for (int64_t j = 0; j < DAY0_NR; ++j) __asm__("" : "+v"(wv[j]));
+#endif
                 for (int64_t i = 0; i < DAY0_MR; ++i)
                     for (int64_t j = 0; j < DAY0_NR; ++j) acc[i][j] += xv[i] * wv[j];
             }
