@@ -5,7 +5,9 @@ fallbacks (turned off, a failing build, cases a kernel does not cover)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 
 import pytest
 import torch
@@ -295,3 +297,22 @@ def test_a_dispatch_mode_sees_the_models_own_aten_ops():
         engine = LLMEngine(cached_model("llama"), num_blocks=32, block_size=4)
         engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0))
     assert {"aten.silu.default", "aten.rsqrt.default", "aten.argmax.default"} <= seen
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
+def test_a_new_build_prunes_libraries_unused_for_a_month(monkeypatch, tmp_path):
+    _reset(monkeypatch)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("DAY0_KERNEL_CACHE", str(cache))
+    stale, recent, other = (cache / "day0_cpu_kernels-stale.so", cache / "day0_cpu_kernels-recent.so",
+                            cache / "notes.txt")
+    for path in (stale, recent, other):
+        path.write_bytes(b"x")
+    month_ago = time.time() - (kernels.PRUNE_DAYS + 1) * 86400
+    os.utime(stale, (month_ago, month_ago))
+    os.utime(other, (month_ago, month_ago))
+    assert kernels.available()
+    left = sorted(p.name for p in cache.iterdir())
+    assert "day0_cpu_kernels-stale.so" not in left and {"day0_cpu_kernels-recent.so", "notes.txt"} <= set(left)
+    assert len([n for n in left if n.endswith(".so")]) == 2  # the new library and the recent one

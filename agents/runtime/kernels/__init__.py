@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 ABI_VERSION = 1
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno"]
 MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C file's fixed buffers
+PRUNE_DAYS = 30  # libraries of other sources unused this long are removed when a new one is built
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -77,6 +79,7 @@ def _build(cc: str) -> Path:
     key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, " ".join(FLAGS), _cpu_key()]).encode())
     target = cache_dir() / f"day0_cpu_kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
+        _touch(target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
@@ -89,7 +92,28 @@ def _build(cc: str) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    _prune(target)
     return target
+
+
+def _touch(path: Path) -> None:
+    """A library's mtime is its last use (the cache may be read-only: then it is left as it is)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _prune(keep: Path) -> None:
+    """Each edit of the source, compiler or CPU leaves a library behind: those unused for PRUNE_DAYS go when a
+    new one is built (one still loaded by a running process stays mapped; it is only unlinked)."""
+    horizon = time.time() - PRUNE_DAYS * 86400
+    for old in keep.parent.glob("day0_cpu_kernels-*.so"):
+        try:
+            if old != keep and old.stat().st_mtime < horizon:
+                old.unlink()
+        except OSError:
+            pass
 
 
 def _load() -> None:
