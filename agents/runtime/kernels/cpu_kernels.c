@@ -42,14 +42,6 @@ static inline day0_v16f day0_exp16(day0_v16f x) {
     return y * (day0_v16f)bits;
 }
 
-/* e^x of n <= 16 floats in place */
-static inline void day0_exp_n(float *v, int64_t n) {
-    day0_v16f x = {0};
-    memcpy(&x, v, sizeof(float) * n);
-    x = day0_exp16(x);
-    memcpy(v, &x, sizeof(float) * n);
-}
-
 static inline float day0_exp1(float x) {
     day0_v16f v = {0};
     v[0] = x;
@@ -357,11 +349,12 @@ void day0_argmax_rows(int64_t *out, const float *x, int64_t rows, int64_t cols) 
 #define DAY0_MR 4
 #define DAY0_NR 4
 
-
 /* rows x[0..m) (pointers), weight rows w[n0..n1) (row stride ldw), K columns; y[r][n - y_off] for each row r.
  * Multiply-adds are fused here (one rounding per term, like the GEMM libraries), and only here. */
-__attribute__((optimize("fp-contract=fast"))) static void day0_dot_block(float *const *y, int64_t y_off, const float *const *x, int64_t m, const float *w,
-                           int64_t ldw, int64_t n0, int64_t n1, int64_t K) {
+__attribute__((optimize("fp-contract=fast"))) static void day0_dot_block(float *const *y, int64_t y_off,
+                                                                       const float *const *x, int64_t m,
+                                                                       const float *w, int64_t ldw, int64_t n0,
+                                                                       int64_t n1, int64_t K) {
     const int64_t kv = K & ~(int64_t)15;
     for (int64_t n = n0; n < n1; n += DAY0_NR) {
         const int64_t nr = (n1 - n) < DAY0_NR ? (n1 - n) : DAY0_NR;
@@ -437,7 +430,7 @@ int day0_moe_experts(float *out, const float *x, const float *w13, const float *
     const int64_t gate_blocks = (I + DAY0_NB - 1) / DAY0_NB, down_blocks = (H + DAY0_NB - 1) / DAY0_NB;
 #pragma omp parallel
     {
-#pragma omp for collapse(2) schedule(dynamic, 1) nowait
+#pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t a = 0; a < n_active; ++a) {
             for (int64_t b = 0; b < gate_blocks; ++b) {
                 const int64_t e = active[a], r0 = offs[e], m = offs[e + 1] - r0;
@@ -469,7 +462,6 @@ int day0_moe_experts(float *out, const float *x, const float *w13, const float *
                 }
             }
         }
-#pragma omp barrier
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int64_t a = 0; a < n_active; ++a) {
             for (int64_t b = 0; b < down_blocks; ++b) {

@@ -12,7 +12,7 @@ from torch import nn
 from agents.runtime import kernels
 from agents.runtime.context import ForwardContext
 
-SMALL_DECODE = 1 << 20  # multiply-adds of Q·K below which decode attention skips the fused kernel
+SMALL_DECODE = 1 << 20  # multiply-adds of Q·K below which the torch decode path skips SDPA's fused kernel
 
 
 @dataclass
@@ -194,8 +194,9 @@ class Attention(nn.Module):
         # Query heads of one KV group ride the "query length" axis, so no K/V repeat is needed.
         qg = q.view(b, self.num_kv_heads, self.group, self.head_dim)  # qg: [B, Hkv, G, D]
         if q.dtype == torch.float32 and b * self.num_heads * keys * self.head_dim <= SMALL_DECODE:
-            # Small fp32 problems: plain matmuls and a softmax stay on the calling thread, where the fused
-            # kernel would open a parallel region per call (costly when the cores are busy).
+            # Small fp32 problems (where the native kernel is not loaded): plain matmuls and a softmax stay on
+            # the calling thread, where SDPA's fused kernel would open a parallel region per call (costly when
+            # the cores are busy).
             scores = torch.add(meta.decode_bias, torch.matmul(qg, k.permute(0, 2, 3, 1)), alpha=self.scale)
             o = torch.matmul(torch.softmax(scores, dim=-1), v.transpose(1, 2))  # o: [B, Hkv, G, D]
         else:
