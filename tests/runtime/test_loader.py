@@ -319,3 +319,114 @@ def test_every_shard_is_hashed_once_whatever_the_number_of_hashing_threads(model
     digests = hasher.result()
     assert digests == {f.name: (hashlib.sha256(f.read_bytes()).hexdigest(), "computed") for f in files}
     assert hasher.computed_bytes == sum(f.stat().st_size for f in files) and hasher.seconds > 0
+
+
+GATE = "model.layers.0.mlp.gate_proj.weight"
+UP = "model.layers.0.mlp.up_proj.weight"
+
+
+def _mapped(param: torch.Tensor, path: Path) -> bool:
+    """True when ``param``'s bytes lie in a mapping of ``path`` (this process's /proc/self/maps)."""
+    start = param.data_ptr()
+    end = start + param.numel() * param.element_size()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= start and end <= hi and len(fields) == 6 and fields[5].strip() == str(path):
+            return True
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+def test_gate_and_up_stored_back_to_back_become_one_mapped_parameter_without_a_copy(model_dir):
+    shard = _shard_of(model_dir, GATE)
+    names = [n for n, _ in sorted(_header_names(shard), key=lambda t: t[1])]
+    assert names.index(UP) == names.index(GATE) + 1  # safetensors orders a file's tensors by name
+    result = load_model(model_dir)
+    merged = result.model.model.layers[0].mlp.gate_up_proj.weight
+    tensors = load_file(shard)
+    torch.testing.assert_close(merged, torch.cat([tensors[GATE], tensors[UP]]), rtol=0, atol=0)
+    assert _mapped(merged, shard.resolve())
+    copied = load_model(model_dir, zero_copy=False)
+    assert not _mapped(copied.model.model.layers[0].mlp.gate_up_proj.weight, shard.resolve())
+    assert result.report["zero_copy_bytes"] - copied.report["zero_copy_bytes"] >= merged.numel() * 4
+    assert GATE in result.report["stats"] and UP in result.report["stats"]  # statistics per checkpoint tensor
+    assert result.report["stats"][UP]["absmax"] == pytest.approx(tensors[UP].abs().max().item())
+    x = torch.randn(3, merged.shape[1], generator=torch.Generator().manual_seed(0))
+    mlp, mlp_copied = result.model.model.layers[0].mlp, copied.model.model.layers[0].mlp
+    torch.testing.assert_close(mlp(x), mlp_copied(x), rtol=0, atol=0)
+
+
+def _write_in_order(path: Path, tensors: dict[str, torch.Tensor], order: list[str]) -> None:
+    """A safetensors file whose data lies in ``order`` (``save_file`` would sort it by name)."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name in order:
+        raw = tensors[name].contiguous().view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
+@pytest.mark.parametrize("where", ["up first", "another tensor between"])
+def test_gate_and_up_not_stored_in_the_parameters_order_are_copied_into_place(model_dir, where):
+    shard = _shard_of(model_dir, GATE)
+    tensors = {k: v.clone() for k, v in load_file(shard).items()}  # load_file's tensors may map the file
+    rest = [n for n in sorted(tensors) if n not in (GATE, UP)]
+    order = [UP, GATE, *rest] if where == "up first" else [GATE, rest[0], UP, *rest[1:]]
+    _write_in_order(shard, tensors, order)
+    result = load_model(model_dir)
+    assert result.report["ok"]
+    merged = result.model.model.layers[0].mlp.gate_up_proj.weight
+    torch.testing.assert_close(merged, torch.cat([tensors[GATE], tensors[UP]]), rtol=0, atol=0)
+    assert not _mapped(merged, shard.resolve())
+    other = _shard_of(model_dir, "model.layers.1.mlp.gate_proj.weight")
+    if other != shard:  # an untouched shard still gives its merged parameter without a copy
+        assert _mapped(result.model.model.layers[1].mlp.gate_up_proj.weight, other.resolve())
+
+
+def test_the_load_copies_on_one_thread_only_while_shards_are_hashed(monkeypatch):
+    from agents.runtime.loader import _one_thread_while
+
+    class Hasher:
+        busy = True
+
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    with pytest.raises(RuntimeError, match="a failed load"), _one_thread_while(Hasher()):
+        assert calls == [1]
+        raise RuntimeError("a failed load")
+    assert calls == [1, 2]  # given back, even after a failure
+    Hasher.busy = False
+    calls.clear()
+    with _one_thread_while(Hasher()):
+        pass
+    with _one_thread_while(None):
+        pass
+    assert calls == []
+
+
+def test_threads_are_the_same_after_a_verifying_load_and_a_refused_one(model_dir, monkeypatch):
+    monkeypatch.setenv("DAY0_CHECKSUM_CACHE", "off")
+    before = torch.get_num_threads()
+    assert load_model(model_dir).report["ok"]
+    assert torch.get_num_threads() == before
+    _replace_tensors(_shard_of(model_dir, K_PROJ), lambda t: t.update({K_PROJ: t[K_PROJ].T.contiguous()}))
+    with pytest.raises(LoadError):
+        load_model(model_dir)
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 65535, 65536, 65537, 3 * 65536 + 7])
+def test_sha256_from_the_mapping_equals_hashlib_at_every_piece_boundary(tmp_path, monkeypatch, size):
+    import agents.runtime.loader.hashing as hashing
+
+    monkeypatch.setattr(hashing, "CHUNK", 65536)
+    data = bytes((i * 131 + 7) % 256 for i in range(size))
+    path = tmp_path / "shard.bin"
+    path.write_bytes(data)
+    assert hashing.sha256_file(path) == hashlib.sha256(data).hexdigest()

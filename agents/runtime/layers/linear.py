@@ -120,7 +120,19 @@ class ColumnParallelLinear(nn.Module):
                 return
             p.data.narrow(0, offset, rows).copy_(loaded.narrow(0, self.source_start(shard_id), rows))
 
+        param.concatenates_shards = self.concatenates_shards
         return bind_loader(param, load, self.shard_ids(), shape_of)
+
+    def concatenates_shards(self) -> bool:
+        """True when the parameter is exactly its checkpoint shards stacked whole, in ``shard_ids`` order (no TP
+        slice): the loader may then adopt one run of the file holding them back to back (``loader/__init__``)."""
+        offset = 0
+        for shard_id in self.shard_ids():
+            rows, at, taken = self.shard_layout(shard_id)
+            if rows != taken or at != offset or self.source_start(shard_id) != 0:
+                return False
+            offset += taken
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dense_linear(x, self.weight, self.bias)

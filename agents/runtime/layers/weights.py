@@ -53,6 +53,12 @@ def check_shape(loaded: torch.Tensor, expected: Sequence[int]) -> None:
         raise WeightShapeError(f"expected shape {tuple(expected)}, got {tuple(loaded.shape)}")
 
 
+def mapped_tensor(t: torch.Tensor) -> torch.Tensor:
+    """Mark a zero-copy view of a mapped checkpoint (``loader``): ``adopt_or_copy`` may make it the parameter."""
+    t._day0_mapped = True
+    return t
+
+
 def adopt_or_copy(param: nn.Parameter, loaded: torch.Tensor) -> None:
     """Fill a whole parameter. A memory-mapped checkpoint tensor (marked ``_day0_mapped`` by the loader) of the
     same dtype, shape and device becomes the parameter's storage: no copy at all, the pages stay shared with

@@ -3,7 +3,9 @@
 Headers are validated before mapping; every checkpoint tensor is checked (name, shape, dtype) against what the
 model expects before any byte is copied; tensors then stream one at a time from the mapping into the
 already-allocated parameters (each rank copies only its slice) and their pages are dropped from the process
-right after, so no second copy of the model is ever resident. A block-scaled FP8 weight streams together with its
+right after, so no second copy of the model is ever resident. On the CPU a tensor that is already what its
+parameter needs is not copied at all: the parameter adopts the mapped bytes (``zero_copy``), and so does a merged
+parameter (gate/up) whose shards the file stores back to back in its order. A block-scaled FP8 weight streams together with its
 ``_scale_inv`` as one ``BlockFp8Tensor``; the parameter's weight loader dequantises it (``layers/quant.py``), and
 its statistics are those of the dequantised values.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +24,12 @@ import torch
 
 from agents.runtime.distributed import get_ep_rank, get_tp_rank
 from agents.runtime.layers.quant import BlockFp8Tensor
+from agents.runtime.layers.weights import adopt_or_copy, mapped_tensor
 from agents.runtime.loader.checkpoint import Checkpoint
 from agents.runtime.loader.hashing import ShardHasher
 from agents.runtime.loader.manifest import compare_manifest, parse_manifest
 from agents.runtime.loader.memory import advise_huge_pages
-from agents.runtime.loader.safetensors_file import LoadError, MappedFile, TensorEntry
+from agents.runtime.loader.safetensors_file import DTYPES, LoadError, MappedFile, TensorEntry
 from agents.runtime.loader.stats import current_rss, peak_rss, reset_peak_rss, tensor_stats
 from agents.runtime.loader.validate import declared_tensors, torch_dtype, validate
 from agents.runtime.models.registry import build_model
@@ -105,18 +109,43 @@ def load_model(
     # FP8 scales travel with their weights, not on their own.
     scale_names = {e.name for e in scales.values()}
     elsewhere = getattr(model, "other_stage", lambda name: False)  # pipeline parallel: another rank's tensors
-    entries = sorted((e for e in ckpt.tensors.values() if e.name not in scale_names and not elsewhere(e.name)),
+    ignored = getattr(model, "is_ignored", elsewhere)
+    runs = _stored_runs(model, ckpt, set(scales) | scale_names, ignored) if zero_copy and device_is_cpu(device) else []
+    in_runs = {e.name for _, group in runs for e in group}
+    entries = sorted((e for e in ckpt.tensors.values()
+                      if e.name not in scale_names and e.name not in in_runs and not elsewhere(e.name)),
                      key=lambda e: (-e.nbytes, e.file.name, e.start))
     state = {"current": None, "bytes": 0, "adopted": 0}
+    total_entries = len(entries) + len(in_runs)
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         mapped = {path: MappedFile(path) for path in ckpt.files}
         try:
-            for done, entry in enumerate(entries, 1):
+            done = 0
+            for param, group in runs:  # merged parameters stored back to back: adopted whole, nothing copied
+                state["current"] = group[0]
+                source = mapped[group[0].file]
+                whole = mapped_tensor(source.view(group[0].start, group[-1].end, param.dtype, tuple(param.shape)))
+                adopt_or_copy(param, whole)
+                adopted = getattr(whole, "_day0_adopted", False)
+                source.keep |= adopted
+                for entry in group:
+                    if stats and lead:
+                        _record(entry, tensor_stats(source.tensor(entry)), report, fail_on_nonfinite)
+                    if not adopted:
+                        source.release(entry.start, entry.end)
+                    state["adopted"] += entry.nbytes if adopted else 0
+                    state["bytes"] += entry.nbytes
+                    done += 1
+                    if progress is not None:
+                        progress(done, total_entries)
+            for entry in entries:
+                done += 1
                 state["current"] = entry
                 source = mapped[entry.file]
                 tensor = source.tensor(entry)
-                tensor._day0_mapped = zero_copy  # weight loaders may adopt it as the parameter itself
+                if zero_copy:
+                    mapped_tensor(tensor)  # weight loaders may adopt it as the parameter itself
                 scale = scales.get(entry.name)
                 item: torch.Tensor | BlockFp8Tensor = tensor
                 if scale is not None:
@@ -139,13 +168,14 @@ def load_model(
                 del tensor
                 state["bytes"] += entry.nbytes
                 if progress is not None:
-                    progress(done, len(entries))
+                    progress(done, total_entries)
         finally:
             for source in mapped.values():
                 source.close()
 
     try:
-        model.load_weights(stream())
+        with _one_thread_while(hasher):
+            model.load_weights(stream())
     except LoadError:
         raise
     except Exception as exc:
@@ -166,6 +196,53 @@ def load_model(
         if hasher is not None else None,
     )
     return LoadResult(model=model, report=report, config=config)
+
+
+@contextmanager
+def _one_thread_while(hasher: ShardHasher | None) -> Iterator[None]:
+    """Copy on one thread while shards are being hashed: the hash threads already hold every core, and a second
+    OpenMP team beside them only contends (its barrier waits spin on cores the hash needs)."""
+    threads = torch.get_num_threads()
+    fewer = hasher is not None and hasher.busy and threads > 1
+    if fewer:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if fewer:
+            torch.set_num_threads(threads)
+
+
+def device_is_cpu(device: str | torch.device) -> bool:
+    return torch.device(device).type == "cpu"
+
+
+def _stored_runs(model: Any, ckpt: Checkpoint, skip: set[str],
+                 ignored: Callable[[str], bool]) -> list[tuple[torch.nn.Parameter, list[TensorEntry]]]:
+    """Merged parameters (q/k/v, gate/up) that the checkpoint already stores as they are laid out: every shard
+    whole (no TP slice), in the parameter's dtype, back to back in one file and in the parameter's shard order.
+    safetensors writers order a file's tensors by name, so ``gate_proj`` is followed by ``up_proj`` in most
+    checkpoints (q/k/v have ``o_proj`` between them). Each such parameter is adopted as one mapped range instead
+    of being copied shard by shard. FP8-scaled, ignored and other ranks' tensors are left to the stream."""
+    name_of = getattr(getattr(model, "mapping", None), "checkpoint_name", None)
+    if name_of is None:
+        return []
+    runs = []
+    for param_name, param in model.named_parameters():
+        whole = getattr(param, "concatenates_shards", None)
+        shards = getattr(param, "shards", [])
+        if whole is None or len(shards) < 2 or param.device.type != "cpu" or not whole():
+            continue
+        group = [ckpt.tensors.get(name_of(param_name, shard)) for shard in shards]
+        if any(e is None or e.name in skip or ignored(e.name) or e.file != group[0].file
+               or DTYPES[e.dtype] != param.dtype or tuple(e.shape[1:]) != tuple(param.shape[1:]) for e in group):
+            continue
+        if any(b.start != a.end for a, b in zip(group, group[1:], strict=False)):
+            continue
+        if sum(e.shape[0] for e in group) != param.shape[0]:
+            continue
+        runs.append((param, group))
+    return runs
 
 
 def _record(entry: TensorEntry, st: dict[str, Any], report: dict[str, Any], fatal: bool) -> None:

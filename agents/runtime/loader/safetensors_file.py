@@ -113,12 +113,15 @@ class MappedFile:
         self.keep = False  # some tensors became parameters: the mapping must outlive this object
 
     def tensor(self, entry: TensorEntry) -> torch.Tensor:
-        dtype = DTYPES[entry.dtype]
-        if entry.nbytes == 0:
-            return torch.empty(entry.shape, dtype=dtype)
-        populate(self._mm, entry.start, entry.end)
-        count = entry.nbytes // torch.empty((), dtype=dtype).element_size()
-        return torch.frombuffer(self._mm, dtype=dtype, count=count, offset=entry.start).view(entry.shape)
+        return self.view(entry.start, entry.end, DTYPES[entry.dtype], entry.shape)
+
+    def view(self, start: int, end: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """Bytes ``[start, end)`` of the file as a zero-copy tensor of ``shape`` (pages mapped in one call)."""
+        if end == start:
+            return torch.empty(shape, dtype=dtype)
+        populate(self._mm, start, end)
+        count = (end - start) // torch.empty((), dtype=dtype).element_size()
+        return torch.frombuffer(self._mm, dtype=dtype, count=count, offset=start).view(shape)
 
     def release(self, start: int, end: int) -> None:
         """Drop the mapped pages of a byte range from this process (they stay in the page cache)."""
