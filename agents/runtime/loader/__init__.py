@@ -4,10 +4,10 @@ Headers are validated before mapping; every checkpoint tensor is checked (name, 
 model expects before any byte is copied; tensors then stream one at a time from the mapping into the
 already-allocated parameters (each rank copies only its slice) and their pages are dropped from the process
 right after, so no second copy of the model is ever resident. On the CPU a tensor that is already what its
-parameter needs is not copied at all: the parameter adopts the mapped bytes (``zero_copy``), and so does a merged
-parameter (gate/up) whose shards the file stores back to back in its order. A block-scaled FP8 weight streams together with its
-``_scale_inv`` as one ``BlockFp8Tensor``; the parameter's weight loader dequantises it (``layers/quant.py``), and
-its statistics are those of the dequantised values.
+parameter needs is not copied at all: the parameter adopts the mapped bytes (``zero_copy``), and so does a
+merged parameter (gate/up) whose shards the file stores back to back in its order. A block-scaled FP8 weight
+streams together with its ``_scale_inv`` as one ``BlockFp8Tensor``; the parameter's weight loader dequantises it
+(``layers/quant.py``), and its statistics are those of the dequantised values.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def load_model(
     scale_names = {e.name for e in scales.values()}
     elsewhere = getattr(model, "other_stage", lambda name: False)  # pipeline parallel: another rank's tensors
     ignored = getattr(model, "is_ignored", elsewhere)
-    runs = _stored_runs(model, ckpt, set(scales) | scale_names, ignored) if zero_copy and device_is_cpu(device) else []
+    runs = _stored_runs(model, ckpt, set(scales) | scale_names, ignored) if zero_copy and _is_cpu(device) else []
     in_runs = {e.name for _, group in runs for e in group}
     entries = sorted((e for e in ckpt.tensors.values()
                       if e.name not in scale_names and e.name not in in_runs and not elsewhere(e.name)),
@@ -213,7 +213,7 @@ def _one_thread_while(hasher: ShardHasher | None) -> Iterator[None]:
             torch.set_num_threads(threads)
 
 
-def device_is_cpu(device: str | torch.device) -> bool:
+def _is_cpu(device: str | torch.device) -> bool:
     return torch.device(device).type == "cpu"
 
 
