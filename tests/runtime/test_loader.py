@@ -410,15 +410,29 @@ def test_the_load_copies_on_one_thread_only_while_shards_are_hashed(monkeypatch)
     assert calls == []
 
 
-def test_threads_are_the_same_after_a_verifying_load_and_a_refused_one(model_dir, monkeypatch):
-    monkeypatch.setenv("DAY0_CHECKSUM_CACHE", "off")
+def test_a_verifying_load_copies_on_one_thread_and_gives_the_threads_back_even_when_refused(model_dir, monkeypatch):
+    import time
+
+    import agents.runtime.loader as loader
+    import agents.runtime.loader.hashing as hashing
+
+    monkeypatch.setenv("DAY0_CHECKSUM_CACHE", "off")  # every shard hashed
+    real_hash, real_adopt = hashing.sha256_file, loader.adopt_or_copy
+    monkeypatch.setattr(hashing, "sha256_file", lambda path: (time.sleep(0.3), real_hash(path))[1])  # still busy
+    seen: list[int] = []
+    monkeypatch.setattr(loader, "adopt_or_copy", lambda p, t: (seen.append(torch.get_num_threads()), real_adopt(p, t)))
     before = torch.get_num_threads()
-    assert load_model(model_dir).report["ok"]
-    assert torch.get_num_threads() == before
-    _replace_tensors(_shard_of(model_dir, K_PROJ), lambda t: t.update({K_PROJ: t[K_PROJ].T.contiguous()}))
-    with pytest.raises(LoadError):
-        load_model(model_dir)
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(2)
+    try:
+        assert load_model(model_dir).report["ok"]
+        assert seen and set(seen) == {1}  # the merged gate/up parameters, adopted while the shards hashed
+        assert torch.get_num_threads() == 2
+        _replace_tensors(_shard_of(model_dir, K_PROJ), lambda t: t.update({K_PROJ: t[K_PROJ] * float("nan")}))
+        with pytest.raises(LoadError, match="NaN"):
+            load_model(model_dir, fail_on_nonfinite=True)  # refused inside the stream
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 65535, 65536, 65537, 3 * 65536 + 7])

@@ -110,7 +110,7 @@ def load_model(
     scale_names = {e.name for e in scales.values()}
     elsewhere = getattr(model, "other_stage", lambda name: False)  # pipeline parallel: another rank's tensors
     ignored = getattr(model, "is_ignored", elsewhere)
-    runs = _stored_runs(model, ckpt, set(scales) | scale_names, ignored) if zero_copy and _is_cpu(device) else []
+    runs = _stored_runs(model, ckpt, set(scales) | scale_names, ignored) if zero_copy else []  # CPU params only
     in_runs = {e.name for _, group in runs for e in group}
     entries = sorted((e for e in ckpt.tensors.values()
                       if e.name not in scale_names and e.name not in in_runs and not elsewhere(e.name)),
@@ -211,10 +211,6 @@ def _one_thread_while(hasher: ShardHasher | None) -> Iterator[None]:
     finally:
         if fewer:
             torch.set_num_threads(threads)
-
-
-def _is_cpu(device: str | torch.device) -> bool:
-    return torch.device(device).type == "cpu"
 
 
 def _stored_runs(model: Any, ckpt: Checkpoint, skip: set[str],

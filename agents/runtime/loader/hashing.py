@@ -2,7 +2,7 @@
 may run on, each hashing a different shard (largest first, handed out as threads free up, so the cores finish
 together). Each shard is hashed straight from a read-only mapping in ``CHUNK`` pieces (no copy into a buffer
 first: ~20 % faster than ``read()``), the next piece asked for before the current one is hashed (a cold file's
-I/O overlaps the hash) and each hashed piece unmapped at once, so a thread stays two pieces resident. hashlib
+I/O overlaps the hash) and each hashed piece unmapped at once, so a thread keeps one piece mapped. hashlib
 releases the GIL while it hashes. A load that verifies every shard is then bound by the hash (~1 GB/s per core),
 not by the loader.
 
@@ -31,7 +31,7 @@ def sha256_file(path: Path) -> str:
     """The file's sha256, hashed straight from a read-only mapping in ``CHUNK`` pieces: no copy into a buffer
     (``read()`` would move every byte once more; hashing the mapped pages runs ~20 % faster), the next piece
     asked for before the current one is hashed (a cold file's I/O overlaps the hash), and each hashed piece
-    unmapped at once, so the file adds at most two pieces to the resident memory. A file that cannot be mapped
+    unmapped at once, so the file adds at most one piece to the resident memory. A file that cannot be mapped
     (empty, or a pipe or special file) is read instead."""
     digest = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
