@@ -1,11 +1,13 @@
-"""Weights packed for oneDNN (``EngineConfig.pack_weights``): the same greedy tokens as the plain layout, the
-packed tensors in place of the originals (never a second copy), and a packed model refuses a reload."""
+"""Packed weights (``EngineConfig.pack_weights``), in either layout (the native kernels' panels, oneDNN's blocks):
+the same greedy tokens as the plain layout, the packed tensors in place of the originals (never a second copy),
+and a packed model refuses a reload."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from agents.runtime import kernels
 from agents.runtime.engine import LLMEngine, SamplingParams
 from agents.runtime.engine.config import EngineConfig
 from agents.runtime.layers import linear
@@ -15,44 +17,82 @@ PROMPTS = [[5, 9, 11], list(range(20, 57)), [7] * 12]
 PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture
-def pack_small(monkeypatch):
-    """The tiny models' weights are below the size worth packing; pack them all here."""
+LAYOUTS = [pytest.param("panels", marks=pytest.mark.skipif(not kernels.available(), reason="no native kernels")),
+           pytest.param("onednn", marks=pytest.mark.skipif(not linear._ONEDNN, reason="torch without oneDNN"))]
+
+
+@pytest.fixture(params=LAYOUTS)
+def layout(request, monkeypatch):
+    """Each layout in turn; the tiny models' weights are below the size worth packing, so all are packed here."""
+    monkeypatch.setenv("DAY0_PACK_LAYOUT", request.param)
     monkeypatch.setattr(linear, "ONEDNN_MIN_WEIGHT", 0)
+    return request.param
 
 
-@pytest.mark.skipif(not linear._ONEDNN, reason="torch built without oneDNN")
+def _packed_as(param: torch.Tensor, layout: str) -> bool:
+    return param.is_mkldnn if layout == "onednn" else getattr(param, "panel_rows", 0) > 0
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3-moe"])
-def test_packed_weights_give_the_same_greedy_tokens(pack_small, arch):
+def test_packed_weights_give_the_same_greedy_tokens(layout, arch):
     path = cached_model(arch)
     plain = LLMEngine(path, num_blocks=64)
     packed = LLMEngine(path, num_blocks=64, pack_weights=True)
     names = [n for n, _ in plain.model.named_parameters()]
     assert [n for n, _ in packed.model.named_parameters()] == names  # the same parameters, no extra copy
-    mkldnn = {n for n, p in packed.model.named_parameters() if p.is_mkldnn}
-    assert mkldnn and all(n.startswith("model.layers.") and n.endswith("_proj.weight") or n == "lm_head.weight"
-                          for n in mkldnn)
-    assert "lm_head.weight" in mkldnn  # untied: the LM head is packed too
-    assert not any(n.endswith("experts.w13") for n in mkldnn)
+    done = {n for n, p in packed.model.named_parameters() if linear.is_packed(p)}
+    assert done and all(_packed_as(p, layout) for n, p in packed.model.named_parameters() if n in done)
+    assert all(n.startswith("model.layers.") and n.endswith("_proj.weight") or n == "lm_head.weight" for n in done)
+    assert "lm_head.weight" in done  # untied: the LM head is packed too
+    assert not any(n.endswith("experts.w13") for n in done)
     want = [o.output_token_ids for o in plain.generate(PROMPTS, PARAMS)]
     assert [o.output_token_ids for o in packed.generate(PROMPTS, PARAMS)] == want
 
 
-@pytest.mark.skipif(not linear._ONEDNN, reason="torch built without oneDNN")
-def test_a_tied_lm_head_stays_the_embedding_table(pack_small):
+@pytest.mark.skipif(not kernels.available(), reason="no native kernels")
+def test_panels_hold_the_weight_once_and_match_the_plain_product(monkeypatch):
+    """Each panel-packed weight holds exactly the plain weight's values (zero rows past ``out``), the plain
+    storage is gone from the module, and a packed layer computes what the plain one does, bias included."""
+    monkeypatch.setattr(linear, "ONEDNN_MIN_WEIGHT", 0)
+    monkeypatch.delenv("DAY0_PACK_LAYOUT", raising=False)
+    torch.manual_seed(0)
+    for out, bias in ((40, True), (48, False), (1, True)):
+        layer = linear.ColumnParallelLinear(24, [out], bias=bias)
+        with torch.no_grad():
+            layer.weight.normal_()
+            if bias:
+                layer.bias.normal_()
+        plain_w = layer.weight.detach().clone()
+        x = torch.randn(5, 24)
+        want = torch.nn.functional.linear(x, plain_w, layer.bias)
+        assert linear.pack_weight(layer)
+        w = layer.weight
+        assert w.panel_rows == out and w.shape == (-(-out // 16), 24, 16)
+        assert torch.equal(w.permute(0, 2, 1).reshape(-1, 24)[:out], plain_w)
+        assert not w.permute(0, 2, 1).reshape(-1, 24)[out:].any()
+        assert torch.allclose(layer(x), want, atol=1e-5)
+        assert not linear.pack_weight(layer)  # packed once
+
+
+def test_an_unknown_pack_layout_is_refused(monkeypatch):
+    monkeypatch.setenv("DAY0_PACK_LAYOUT", "blocked")
+    with pytest.raises(ValueError, match="DAY0_PACK_LAYOUT='blocked'"):
+        linear.pack_layout()
+
+
+def test_a_tied_lm_head_stays_the_embedding_table(layout):
     engine = LLMEngine(cached_model("qwen3"), num_blocks=32, pack_weights=True)  # tie_word_embeddings
     model = engine.model
-    assert model.lm_head.weight is model.model.embed_tokens.weight and not model.lm_head.weight.is_mkldnn
-    assert any(p.is_mkldnn for p in model.parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight and not linear.is_packed(model.lm_head.weight)
+    assert any(_packed_as(p, layout) for p in model.parameters())
     assert len(engine.generate([[5, 6, 7]], PARAMS)[0].output_token_ids) == PARAMS.max_tokens
 
 
-@pytest.mark.skipif(not linear._ONEDNN, reason="torch built without oneDNN")
-def test_packed_model_refuses_a_reload(pack_small):
+def test_packed_model_refuses_a_reload(layout):
     engine = LLMEngine(cached_model("llama"), num_blocks=16, pack_weights=True)
-    name, param = next((n, p) for n, p in engine.model.named_parameters() if p.is_mkldnn)
+    name, param = next((n, p) for n, p in engine.model.named_parameters() if linear.is_packed(p))
     checkpoint = engine.model.mapping.checkpoint_name(name, param.shards[0])
-    with pytest.raises(RuntimeError, match="packed for oneDNN"):
+    with pytest.raises(RuntimeError, match="is packed"):
         engine.model.load_weights([(checkpoint, torch.zeros(param.checkpoint_shape(param.shards[0])))])
 
 

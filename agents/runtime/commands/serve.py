@@ -45,8 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compile-cache", default=None,
                    help="Inductor's cache directory (default: $DAY0_COMPILE_CACHE_DIR, else var/compile-cache)")
     p.add_argument("--pack-weights", action=argparse.BooleanOptionalAction, default=None,
-                   help="pack the layers' fp32 CPU weights once for oneDNN (in place): batched GEMMs 1.4-1.7x "
-                        "faster, batch 1 the same (default: on for fp32 on CPU unless --compile)")
+                   help="pack the layers' fp32 CPU weights once, in place: into the native kernels' panels "
+                        "(batch-1 decode ~1.4x faster, batched products at oneDNN's rate), or oneDNN's blocked "
+                        "layout where the kernels are not built (DAY0_PACK_LAYOUT=onednn asks for it) (default: on "
+                        "for fp32 on CPU unless --compile)")
     p.add_argument("--allocator", default="auto", choices=["auto", "tcmalloc", "system"],
                    help="CPU serving: 'auto' re-executes once with tcmalloc preloaded when the host has it "
                         "(5x fewer page faults per decode step than glibc malloc) and huge pages for torch's large "
@@ -55,9 +57,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def packs_by_default(dtype: str, device: str, compile_: bool) -> bool:
-    """``--pack-weights`` unset: fp32 serving on a CPU packs (measured on this AVX-512 host, quiet: oneDNN's packed
-    layout is as fast as the plain one at one row and 1.4-1.7x faster at 2-64 rows); the compiled path traces
-    plain weights, and other dtypes and devices have nothing to pack."""
+    """``--pack-weights`` unset: fp32 serving on a CPU packs (measured on 2-core AVX-512 hosts: the native panels
+    decode at one row 1.3-1.5x faster than the plain or oneDNN layout and match oneDNN's batched GEMMs, which
+    are 1.4-1.7x the plain layout's at 2-64 rows); the compiled path traces plain weights, and other dtypes and
+    devices have nothing to pack."""
     return dtype == "float32" and device.startswith("cpu") and not compile_
 
 

@@ -21,7 +21,7 @@ class EngineConfig:
     max_pending: int = 1024  # requests waiting or running before add_request refuses more
     compile: bool = False  # the decoder layers compiled with torch.compile (engine/compiled.py)
     compile_cache_dir: str | None = None  # Inductor's caches; None: engine.compiled.default_cache_dir()
-    pack_weights: bool = False  # dense fp32 CPU weights packed for oneDNN (day0 serve's default on CPU fp32)
+    pack_weights: bool = False  # dense fp32 CPU weights packed (panels or oneDNN; day0 serve's default on CPU fp32)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -25,6 +25,7 @@ from agents.runtime.engine.sequence import Sequence
 from agents.runtime.engine.stopping import check_stop, emit_text
 from agents.runtime.engine.tokenizer import Tokenizer
 from agents.runtime.interface import RuntimeModel
+from agents.runtime.layers.linear import pack_layout
 
 log = logging.getLogger(__name__)
 MAX_FAILURES = 3  # forward-pass failures a request may be part of before it is ended with an error
@@ -53,7 +54,8 @@ class LLMEngine:
         if config is None:
             raise ValueError("LLMEngine needs the model's config when given a built model")
         if self.config.pack_weights and hasattr(model, "pack_weights"):
-            log.info("packed %d weights for oneDNN", model.pack_weights())  # before the KV pool takes the memory
+            packed = model.pack_weights()  # before the KV pool takes the memory
+            log.info("packed %d weights (layout: %s)", packed, pack_layout())
         self.model = model
         self.model_config = config
         self.tokenizer = tokenizer or Tokenizer(self.model_dir)

@@ -29,7 +29,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-ABI_VERSION = 1
+ABI_VERSION = 2
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno"]
 MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C file's fixed buffers
 PRUNE_DAYS = 30  # libraries of other sources unused this long are removed when a new one is built
@@ -50,7 +50,10 @@ _SIGNATURES = {
     "day0_paged_decode_attention": ([_ptr] * 6 + [_c_int64] * 7 + [_c_float, _c_int64], ctypes.c_int),
     "day0_argmax_rows": ([_ptr, _ptr, _c_int64, _c_int64], None),
     "day0_moe_experts": ([_ptr] * 6 + [_c_int64] * 5 + [_ptr, _ptr], ctypes.c_int),
+    "day0_pack_panels": ([_ptr, _ptr, _c_int64, _c_int64, _c_int64], None),
+    "day0_panel_linear": ([_ptr] * 4 + [_c_int64] * 5 + [_ptr], None),
 }
+PANEL = 16  # outputs per weight panel (``pack_panels``)
 
 
 def cache_dir() -> Path:
@@ -270,3 +273,42 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch
     rc = _lib.day0_moe_experts(out.data_ptr(), x.data_ptr(), w13.data_ptr(), w2.data_ptr(), ids.data_ptr(),
                                weights.data_ptr(), t, ids.shape[1], e, h, inter, scratch.data_ptr(), work.data_ptr())
     return out if rc == 0 else None
+
+
+def pack_panels(w: torch.Tensor) -> torch.Tensor | None:
+    """A 2-D fp32 weight ``[N, K]`` (rows contiguous) as panels ``[ceil(N / 16), K, 16]``: ``wp[p, k, c] =
+    w[16 p + c, k]``, the rows past N zero; the layout ``panel_linear`` streams. None when not covered."""
+    if not _ok(w) or w.dim() != 2 or w.stride(1) != 1 or w.shape[0] == 0:
+        return None
+    n, k = w.shape
+    wp = torch.empty((-(-n // PANEL), k, PANEL), dtype=torch.float32)
+    _lib.day0_pack_panels(wp.data_ptr(), w.data_ptr(), n, k, w.stride(0))
+    return wp
+
+
+_scratch = threading.local()  # each calling thread's buffer for the re-laid rows of x (the server calls from one)
+
+
+def _rows_scratch(elements: int) -> torch.Tensor:
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < elements:
+        buf = _scratch.buf = torch.empty(max(elements, 1 << 16), dtype=torch.float32)
+    return buf
+
+
+def panel_linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``x W^T (+ bias)`` for ``x [M, K]`` (rows contiguous) and ``W [n, K]`` packed by ``pack_panels`` ->
+    ``[M, n]``; every output one multiply-add chain over k in order, the same whatever M or the thread count.
+    None when not covered."""
+    if not (_ok(x, wp) if bias is None else _ok(x, wp, bias)) or x.dim() != 2 or x.stride(1) != 1 or (
+            wp.dim() != 3 or wp.shape[1] != x.shape[1] or wp.shape[2] != PANEL or not wp.is_contiguous()
+            or not 0 < n <= wp.shape[0] * PANEL or n <= (wp.shape[0] - 1) * PANEL):
+        return None
+    if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
+        return None
+    m, k = x.shape
+    y = torch.empty((m, n), dtype=torch.float32)
+    xp = _rows_scratch(-(-m // PANEL) * PANEL * k) if m > 1 else y
+    _lib.day0_panel_linear(y.data_ptr(), x.data_ptr(), wp.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n,
+                           k, x.stride(0), n, xp.data_ptr())
+    return y

@@ -3,12 +3,14 @@ gate/up and packed QKV. Weights are ``[out_local, in_local]`` like ``nn.Linear``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agents.runtime import kernels
 from agents.runtime.distributed import all_reduce, get_tp_rank, get_tp_world_size
 from agents.runtime.layers.weights import (
     adopt_or_copy,
@@ -28,18 +30,27 @@ from agents.runtime.layers.weights import (
 # Small weights (tiny models, routers) stay with MKL: a parallel region per call costs more than it saves there.
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 GEMM_MIN_ROWS = 4
-ONEDNN_MIN_WEIGHT = 1 << 18  # elements (1 MiB of fp32)
+ONEDNN_MIN_WEIGHT = 1 << 18  # elements (1 MiB of fp32); also the smallest weight ``pack_weight`` packs
 
 
-# rows oneDNN lays a packed weight out for. Quiet 2-core AVX-512 host, 2 threads, 576x1536 to 1536x576 weights:
-# packed 1.4-2.3x faster than the plain layout at 2-16 rows, 1.2-1.3x at 64, equal at one row (0.85x measured on
-# a loaded host, where the parallel region costs more).
+# rows oneDNN lays a packed weight out for (its layout where the native kernels are not loaded). Quiet 2-core
+# AVX-512 host, 2 threads, 576x1536 to 1536x576 weights: packed 1.4-2.3x faster than the plain layout at 2-16
+# rows, 1.2-1.3x at 64, equal at one row.
 PACK_BATCH_HINT = 16
+
+
+def is_packed(weight: torch.Tensor) -> bool:
+    """True for a weight ``pack_weight`` re-laid (oneDNN's blocked layout or the native kernels' panels)."""
+    return weight.is_mkldnn or getattr(weight, "panel_rows", 0) > 0
 
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x W^T + b`` for ``x: [T, in]``, ``weight: [out, in]`` (either memory layout, or packed by
     ``pack_weight``)."""
+    rows = getattr(weight, "panel_rows", 0)
+    if rows:
+        y = kernels.panel_linear(x, weight, rows, bias)
+        return y if y is not None else _panels_torch(x, weight, rows, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # [T, out]
     if _ONEDNN and weight.numel() >= ONEDNN_MIN_WEIGHT and x.dim() == 2 and x.dtype == torch.float32 and (
@@ -49,20 +60,54 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(x, weight, bias)
 
 
+def _panels_torch(x: torch.Tensor, panels: torch.Tensor, rows: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``dense_linear`` over a panel-packed weight in torch ops (where the native kernel does not run: under a
+    dispatch mode, which must see aten ops, or for inputs it does not cover)."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch.matmul(x2, panels)  # [P, T, 16]
+    y = y.transpose(0, 1).reshape(x2.shape[0], -1)[:, :rows]  # [T, out]
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*lead, rows)
+
+
+def pack_layout() -> str:
+    """The layout ``pack_weight`` uses: ``DAY0_PACK_LAYOUT`` (``panels`` or ``onednn``; for side-by-side
+    measurements), else the native kernels' panels where they load and oneDNN's blocks otherwise."""
+    asked = os.environ.get("DAY0_PACK_LAYOUT", "").strip().lower()
+    if asked not in ("", "panels", "onednn"):
+        raise ValueError(f"DAY0_PACK_LAYOUT={asked!r}: expected 'panels' or 'onednn'")
+    if asked == "onednn" or not kernels.available():
+        return "onednn"
+    return "panels"
+
+
 def pack_weight(module: nn.Module, name: str = "weight") -> bool:
-    """Replace ``module.<name>`` (an fp32 ``[out, in]`` CPU weight) by the same values in oneDNN's blocked
-    layout, so batched GEMMs skip the per-call weight reorder and run its fastest kernel (``PACK_BATCH_HINT``).
-    The packed tensor takes the original's place (its storage freed, file-backed pages dropped), so the model is
-    never held twice; the parameter keeps its loading attributes, but a packed weight is not reloaded: load
-    first, then pack. True when packed."""
+    """Replace ``module.<name>`` (an fp32 ``[out, in]`` CPU weight) by the same values in a layout batched and
+    unbatched products read fastest, never holding the model twice: the original's storage is freed and its
+    file-backed pages dropped. Where the native kernels are loaded that is their panels (``kernels.pack_panels``,
+    ``panel_rows`` = out on the parameter): each 16 outputs one contiguous stream, 1.5-2x the read rate of a
+    matrix-vector product on the plain or oneDNN layout at 1-2 rows and oneDNN's own rate at 16 and more, every
+    row's result independent of the batch. Otherwise oneDNN's blocked layout (``PACK_BATCH_HINT``), which skips
+    its per-call weight reorder. The parameter keeps its loading attributes, but a packed weight is not
+    reloaded: load first, then pack. True when packed."""
     param = getattr(module, name)
     w = param.data
-    if (not _ONEDNN or w.is_mkldnn or w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu"
+    if (is_packed(w) or is_packed(param) or w.dim() != 2 or w.dtype != torch.float32 or w.device.type != "cpu"
             or w.numel() < ONEDNN_MIN_WEIGHT):
         return False
     with torch.inference_mode(False), torch.no_grad():
-        packed = nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT), requires_grad=False)
+        panels = kernels.pack_panels(w if w.stride(1) == 1 else w.contiguous()) if pack_layout() == "panels" else None
+        if panels is not None:
+            packed = nn.Parameter(panels, requires_grad=False)
+        elif _ONEDNN:
+            packed = nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT), requires_grad=False)
+        else:
+            return False
     packed.__dict__.update({k: v for k, v in param.__dict__.items() if k != "file_backed"})
+    if panels is not None:
+        packed.panel_rows = w.shape[0]
     setattr(module, name, packed)
     if getattr(param, "file_backed", False) and w.is_contiguous():
         release_pages(w)

@@ -21,7 +21,7 @@ from agents.runtime.distributed import broadcast, get_parallel_state, recv, send
 from agents.runtime.interface import ForwardOutput, KVCacheSpec
 from agents.runtime.layers.attention import AttentionMetadata
 from agents.runtime.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from agents.runtime.layers.linear import pack_weight
+from agents.runtime.layers.linear import is_packed, pack_weight
 from agents.runtime.layers.mlp import SwiGLUMLP
 from agents.runtime.layers.norm import RMSNorm
 from agents.runtime.layers.quant import TensorSpec, declare_checkpoint
@@ -133,11 +133,11 @@ class DecoderCausalLM(nn.Module):
         self._decode_layout = True
 
     def pack_weights(self) -> int:
-        """Pack the layers' dense fp32 CPU weights for oneDNN in place (``pack_weight``): the attention and
-        MLP projections, shared experts included, and the LM head unless it is the embedding table (tied).
-        Batched steps run those GEMMs 1.2-2x faster; at one row packed and plain read equally fast (quiet
-        Xeon host, 2 threads: the 32000x768 head 2.2-2.5 ms either way at one row, 5.7-7.0 against 7.8-8.3 ms
-        at 16). Routed experts keep their stacked layout. Call after loading; returns the number of weights
+        """Pack the layers' dense fp32 CPU weights in place (``pack_weight``: the native kernels' panels, else
+        oneDNN's blocks): the attention and MLP projections, shared experts included, and the LM head unless it
+        is the embedding table (tied). Panels stream 1.5-2x faster than a plain or oneDNN weight at 1-2 rows and
+        run batched products at oneDNN's rate; oneDNN's blocks run batched steps 1.2-2x faster than the plain
+        layout. Routed experts keep their stacked layout. Call after loading; returns the number of weights
         packed."""
         modules: list[nn.Module] = []
         for layer in self.stage_layers:
@@ -270,8 +270,8 @@ class DecoderCausalLM(nn.Module):
                 param = params.get(param_name)
                 if param is None:
                     raise KeyError(f"unexpected tensor {name!r}: {type(self).__name__} has no parameter for it")
-                if param.is_mkldnn:
-                    raise RuntimeError(f"{param_name} is packed for oneDNN (pack_weights): load before packing")
+                if is_packed(param):
+                    raise RuntimeError(f"{param_name} is packed (pack_weights): load before packing")
                 param.weight_loader(param, tensor, shard)
                 loaded.add(name)
         return loaded
