@@ -145,7 +145,11 @@ def compare(arch: str, size: str, tokens: int, rounds: int = 3, device: str = "c
     from agents.runtime.engine import LLMEngine
 
     path = cached_model(arch, size)
-    engine = LLMEngine(path, device=device, max_num_seqs=1, max_model_len=256 + tokens)
+    from agents.runtime.commands.serve import packs_by_default
+
+    # the weights as `day0 serve` lays them out on this device (packed on a CPU in fp32)
+    engine = LLMEngine(path, device=device, max_num_seqs=1, max_model_len=256 + tokens,
+                       pack_weights=packs_by_default("float32", device, False))
     model = engine.model
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().to(device)
     ref_tok = AutoTokenizer.from_pretrained(path)
@@ -180,7 +184,11 @@ def main() -> None:
     for name, gbs in probes.items():
         print(f"  probe {name:<22} {gbs:7.2f} GB/s")
     print(f"  best read bandwidth        {best:7.2f} GB/s")
-    print(f"device: {args.device}")
+    from agents.runtime.commands.serve import packs_by_default
+    from agents.runtime.layers.linear import pack_layout
+
+    packed = packs_by_default("float32", args.device, False)
+    print(f"device: {args.device}; engine weights: {pack_layout() + ' packed' if packed else 'plain'} (as day0 serve)")
     rows = [compare("llama", "100m", args.tokens, device=args.device)]
     if not args.skip_mixtral:
         rows.append(compare("mixtral", "tiny", args.tokens * 4, device=args.device))
