@@ -299,8 +299,10 @@ def seed_evidence(*, models: list[ModelRelease] | None = None, hardware: list[Ha
             if job.state == JobState.SUCCEEDED and "bench" in job.stages:
                 baselined.append((model, hw, clock.now))
     for i, (model, hw, finished) in enumerate(baselined[:history_cells]):
-        start = max(finished + timedelta(days=1), now - timedelta(days=days))
-        start = start.replace(hour=2, minute=0, second=0, microsecond=0)
+        earliest = max(finished + timedelta(days=1), now - timedelta(days=days))
+        start = earliest.replace(hour=2, minute=0, second=0, microsecond=0)  # the daily runs start at 02:00
+        if start > earliest:  # seeded before 02:00: that day's run is the day before, else one day is lost
+            start -= timedelta(days=1)
         count = max((now - start).days, 0)
         regression_day = count - regression_days_ago if i == 0 and count > regression_days_ago + 15 else None
         jobs = run_benchmark_history(model, hw, clock, rng, start=start, days=count,

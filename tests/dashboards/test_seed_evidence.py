@@ -48,3 +48,18 @@ def test_seeds_jobs_lead_times_history_and_a_detectable_regression():
         call_command("seed_evidence", "--days", "5")
     call_command("seed_evidence", "--days", "3", "--reset", "--history-cells", "1", stdout=StringIO())
     assert Job.objects.filter(spec__seeded=True).count() < 41
+
+
+@pytest.mark.parametrize("hour", [0, 1, 3, 23])
+def test_the_history_has_as_many_daily_runs_as_days_at_any_hour_of_seeding(hour):
+    """The daily runs start at 02:00: seeded before 02:00 the first run is the day before, not one day lost."""
+    from datetime import UTC, datetime, timedelta
+
+    from apps.benchmarks.seeding import seed_evidence
+
+    now = datetime(2026, 12, 2, hour, 30, tzinfo=UTC)
+    ModelReleaseFactory(slug="seed-hour-1b", released_at=now - timedelta(days=90))
+    HardwareFactory(slug="seed-h")
+    summary = seed_evidence(days=20, history_cells=1, hardware_per_model=1, seed=1, now=now,
+                            outcomes=["baselined"])
+    assert [runs for _m, _h, runs in summary.history] == [20]
