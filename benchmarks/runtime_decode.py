@@ -21,7 +21,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from agents.runtime.commands.serve import packs_by_default  # noqa: E402
 from agents.runtime.context import ForwardContext  # noqa: E402
+from agents.runtime.layers.linear import pack_layout  # noqa: E402
 from agents.runtime.testing.make_model import cached_model  # noqa: E402
 
 
@@ -145,8 +147,6 @@ def compare(arch: str, size: str, tokens: int, rounds: int = 3, device: str = "c
     from agents.runtime.engine import LLMEngine
 
     path = cached_model(arch, size)
-    from agents.runtime.commands.serve import packs_by_default
-
     # the weights as `day0 serve` lays them out on this device (packed on a CPU in fp32)
     engine = LLMEngine(path, device=device, max_num_seqs=1, max_model_len=256 + tokens,
                        pack_weights=packs_by_default("float32", device, False))
@@ -184,9 +184,6 @@ def main() -> None:
     for name, gbs in probes.items():
         print(f"  probe {name:<22} {gbs:7.2f} GB/s")
     print(f"  best read bandwidth        {best:7.2f} GB/s")
-    from agents.runtime.commands.serve import packs_by_default
-    from agents.runtime.layers.linear import pack_layout
-
     packed = packs_by_default("float32", args.device, False)
     print(f"device: {args.device}; engine weights: {pack_layout() + ' packed' if packed else 'plain'} (as day0 serve)")
     rows = [compare("llama", "100m", args.tokens, device=args.device)]

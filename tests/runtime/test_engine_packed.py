@@ -50,9 +50,9 @@ def test_packed_weights_give_the_same_greedy_tokens(layout, arch):
 
 
 @pytest.mark.skipif(not kernels.available(), reason="no native kernels")
-def test_panels_hold_the_weight_once_and_match_the_plain_product(monkeypatch):
-    """Each panel-packed weight holds exactly the plain weight's values (zero rows past ``out``), the plain
-    storage is gone from the module, and a packed layer computes what the plain one does, bias included."""
+def test_panels_hold_the_weight_and_match_the_plain_product(monkeypatch):
+    """Each panel-packed weight holds exactly the plain weight's values (zero rows past ``out``), a packed layer
+    computes what the plain one does, bias included, and a packed weight is not packed again."""
     monkeypatch.setattr(linear, "ONEDNN_MIN_WEIGHT", 0)
     monkeypatch.delenv("DAY0_PACK_LAYOUT", raising=False)
     torch.manual_seed(0)

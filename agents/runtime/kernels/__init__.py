@@ -300,15 +300,15 @@ def panel_linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor |
     """``x W^T (+ bias)`` for ``x [M, K]`` (rows contiguous) and ``W [n, K]`` packed by ``pack_panels`` ->
     ``[M, n]``; every output one multiply-add chain over k in order, the same whatever M or the thread count.
     None when not covered."""
-    if not (_ok(x, wp) if bias is None else _ok(x, wp, bias)) or x.dim() != 2 or x.stride(1) != 1 or (
-            wp.dim() != 3 or wp.shape[1] != x.shape[1] or wp.shape[2] != PANEL or not wp.is_contiguous()
-            or not 0 < n <= wp.shape[0] * PANEL or n <= (wp.shape[0] - 1) * PANEL):
-        return None
+    extra = () if bias is None else (bias,)
+    if not _ok(x, wp, *extra) or x.dim() != 2 or x.stride(1) != 1 or wp.dim() != 3 or (
+            wp.shape[1:] != (x.shape[1], PANEL) or not wp.is_contiguous() or n < 1 or -(-n // PANEL) != wp.shape[0]):
+        return None  # n must need exactly these panels: the last one holds 1..16 of the outputs
     if bias is not None and (bias.shape != (n,) or not bias.is_contiguous()):
         return None
     m, k = x.shape
     y = torch.empty((m, n), dtype=torch.float32)
-    xp = _rows_scratch(-(-m // PANEL) * PANEL * k) if m > 1 else y
+    xp = _rows_scratch(-(-m // PANEL) * PANEL * k).data_ptr() if m > 1 else 0  # one row is read in place
     _lib.day0_panel_linear(y.data_ptr(), x.data_ptr(), wp.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n,
-                           k, x.stride(0), n, xp.data_ptr())
+                           k, x.stride(0), n, xp)
     return y

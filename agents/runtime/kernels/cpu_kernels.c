@@ -583,8 +583,8 @@ void day0_panel_linear(float *y, const float *x, const float *wp, const float *b
         const int64_t fit = (DAY0_X_BLOCK_BYTES / (int64_t)sizeof(float) / (K > 0 ? K : 1)) / DAY0_PANEL * DAY0_PANEL;
         const int64_t block = M <= DAY0_PANEL ? DAY0_PANEL : (fit > DAY0_PANEL ? fit : DAY0_PANEL);
         for (int64_t m0 = 0; m0 < M; m0 += block) {
-            const int64_t t0 = m0 / DAY0_PANEL, t1 = (m0 + block < M ? m0 + block : M + DAY0_PANEL - 1) / DAY0_PANEL;
             const int64_t m1 = m0 + block < M ? m0 + block : M;
+            const int64_t t0 = m0 / DAY0_PANEL, t1 = (m1 + DAY0_PANEL - 1) / DAY0_PANEL;
             /* the same static split of the panels in every block: a thread's panels are one contiguous run of the
              * weight, and its blocks need no barrier between them */
 #pragma omp for schedule(static) nowait
