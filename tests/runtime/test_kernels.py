@@ -1,13 +1,18 @@
 """The fused fp32 CPU kernels (``agents/runtime/kernels``) against the torch code they replace: each kernel over
-shapes that stress its edges (tails that are not a multiple of the 16-lane vectors, strided views, GQA groups,
+shapes that stress its edges (tails that are not a multiple of the vectors, strided views, GQA groups,
 sliding windows, scattered block tables), the engine's greedy tokens with the kernels on and off, and the
-fallbacks (turned off, a failing build, cases a kernel does not cover)."""
+fallbacks (turned off, a failing build, cases a kernel does not cover). The whole file runs again for every
+narrower vector width the host can build (AVX2 and SSE code on an AVX-512 host)."""
 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,7 +39,42 @@ def ref_rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler")
 def test_the_library_builds_and_loads_where_a_compiler_is():
-    assert kernels.status() == {"loaded": True, "reason": None}
+    status = kernels.status()
+    assert status["loaded"] and status["reason"] is None and status["vector_width"] in (4, 8, 16)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        return {f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+                for f in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
+
+
+NARROWER = {  # compiler flags -> the width they build, where the host has a wider one
+    8: "-mno-avx512f",
+    4: "-mno-avx512f -mno-avx2 -mno-fma -mno-avx",
+}
+
+
+@needs_kernels
+@pytest.mark.skipif(os.environ.get("DAY0_KERNEL_CFLAGS") is not None, reason="already a narrower build")
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 widths")
+@pytest.mark.parametrize("width", sorted(NARROWER))
+def test_every_kernel_at_a_narrower_vector_width(width, tmp_path):
+    """A hypervisor or an older core can hide AVX-512 (or AVX2): the same source built for that width passes
+    this whole file. Built into its own cache here, from the host's flags minus the wider units."""
+    have = kernels.status()["vector_width"]
+    if width >= have or (width == 8 and "avx2" not in _cpu_flags()):
+        pytest.skip(f"the host's own build is {have} lanes")
+    env = {**os.environ, "DAY0_KERNEL_CFLAGS": NARROWER[width], "DAY0_KERNEL_CACHE": str(tmp_path / "cache")}
+    probe = subprocess.run([sys.executable, "-c", "from agents.runtime import kernels; print(kernels.status())"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert f"'vector_width': {width}" in probe.stdout, probe.stdout + probe.stderr
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", __file__],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
 
 
 @needs_kernels
@@ -104,6 +144,7 @@ def paged_reference(q, k_cache, v_cache, tables, lengths, scale, window):
     (12, 4, 64, None), (4, 4, 32, None), (8, 1, 80, 37), (16, 2, 128, None),
     (16, 2, 64, 5),  # two blocks of 4 query heads, a window inside one chunk
     (8, 2, 256, None), (6, 2, 40, None),  # one head per block; a partial last vector
+    (4, 2, 36, None), (2, 1, 18, 3),  # partial last vectors at 16, 8 and 4 lanes
 ])
 def test_paged_decode_attention_reads_scattered_blocks(heads, kv_heads, head_dim, window):
     g = torch.Generator().manual_seed(heads * head_dim)
@@ -326,7 +367,7 @@ def test_turned_off_by_the_environment(monkeypatch):
     _reset(monkeypatch)
     monkeypatch.setenv("DAY0_NATIVE_KERNELS", "0")
     assert not kernels.available()
-    assert kernels.status() == {"loaded": False, "reason": "turned off by DAY0_NATIVE_KERNELS"}
+    assert kernels.status() == {"loaded": False, "reason": "turned off by DAY0_NATIVE_KERNELS", "vector_width": None}
     assert kernels.silu_and_mul(torch.randn(2, 8)) is None
 
 

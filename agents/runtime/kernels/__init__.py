@@ -7,6 +7,8 @@ The C file is compiled once per (source, compiler, CPU flags) with the system C 
 for the call. Nothing else is needed: no torch headers, no build step at install. Where it cannot be built
 (no compiler, another OS or CPU architecture) or is turned off (``DAY0_NATIVE_KERNELS=0``), ``available()``
 is False and every layer runs its torch code, which is also the reference the kernels are tested against.
+The vectors are the CPU's own width (16 lanes with AVX-512, 8 with AVX2, 4 otherwise; ``status()`` says which);
+``DAY0_KERNEL_CFLAGS`` adds compiler flags (``-mno-avx512f`` builds the AVX2 code on an AVX-512 host).
 Each wrapper takes tensors the layers already hold and says False/None when the case is not one it covers
 (dtype, device, layout), so the caller falls back."""
 
@@ -17,6 +19,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -29,7 +32,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-ABI_VERSION = 2
+ABI_VERSION = 3
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno"]
 MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C file's fixed buffers
 PRUNE_DAYS = 30  # libraries of other sources unused this long are removed when a new one is built
@@ -43,6 +46,7 @@ _c_int64, _c_float, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatchMode is active (0.1 us a call)
 _SIGNATURES = {
     "day0_abi_version": ([], ctypes.c_int),
+    "day0_vector_width": ([], ctypes.c_int),
     "day0_rms_norm": ([_ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_float], None),
     "day0_add_rms_norm": ([_ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_float], None),
     "day0_silu_and_mul": ([_ptr, _ptr, _c_int64, _c_int64], None),
@@ -77,9 +81,14 @@ def _cpu_key() -> str:
     return platform.processor() or platform.machine()
 
 
+def _flags() -> list[str]:
+    return [*FLAGS, *shlex.split(os.environ.get("DAY0_KERNEL_CFLAGS", ""))]
+
+
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, " ".join(FLAGS), _cpu_key()]).encode())
+    flags = _flags()
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), cc, version, " ".join(flags), _cpu_key()]).encode())
     target = cache_dir() / f"day0_cpu_kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         _touch(target)
@@ -88,7 +97,7 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{Path(cc).name} failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
         os.replace(tmp, target)  # atomic: a concurrent build of the same key writes the same bytes
@@ -157,8 +166,10 @@ def available() -> bool:
 
 
 def status() -> dict[str, object]:
+    """loaded, the reason it is not, and the vector lanes of the build (None when not loaded)."""
     available()
-    return {"loaded": _state == "loaded", "reason": _reason or None}
+    return {"loaded": _state == "loaded", "reason": _reason or None,
+            "vector_width": _lib.day0_vector_width() if _state == "loaded" else None}
 
 
 def _ok(*tensors: torch.Tensor) -> bool:

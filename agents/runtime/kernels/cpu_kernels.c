@@ -15,37 +15,58 @@
 #define DAY0_CHUNK 32 /* keys scored at once by the decode attention (online softmax across chunks) */
 #define DAY0_PAR_MIN 32768 /* elements below which a kernel stays on the calling thread */
 
-int day0_abi_version(void) { return 2; }
+int day0_abi_version(void) { return 3; }
 
-typedef float day0_v16f __attribute__((vector_size(64)));
-typedef int32_t day0_v16i __attribute__((vector_size(64)));
+/* The vectors are the machine's own width: gcc lowers a wider generic vector into halves that it keeps in
+ * memory, so a 64-byte accumulator on an AVX2-only host (AVX-512 hidden by a hypervisor, older or smaller
+ * cores) went through the stack on every multiply-add and the kernels ran 5-10x slower than torch there.
+ * DAY0_NREGS, the vector registers, sizes the register tiles. */
+#if defined(__AVX512F__)
+#define DAY0_VL 16
+#define DAY0_NREGS 32
+#elif defined(__AVX2__)
+#define DAY0_VL 8
+#define DAY0_NREGS 16
+#elif defined(__aarch64__)
+#define DAY0_VL 4
+#define DAY0_NREGS 32
+#else
+#define DAY0_VL 4
+#define DAY0_NREGS 16
+#endif
+typedef float day0_vf __attribute__((vector_size(DAY0_VL * 4)));
+typedef int32_t day0_vi __attribute__((vector_size(DAY0_VL * 4)));
+typedef float day0_v8f __attribute__((vector_size(32)));
+typedef float day0_v4f __attribute__((vector_size(16)));
 
-/* e^x on 16 lanes for x <= ~88; below -87.3 it gives ~1.6e-38 instead of 0 (irrelevant after the sums it
+int day0_vector_width(void) { return DAY0_VL; }
+
+/* e^x on a vector for x <= ~88; below -87.3 it gives ~1.6e-38 instead of 0 (irrelevant after the sums it
  * feeds). Cody-Waite range reduction and a degree-6 polynomial (Cephes' expf coefficients), ~1 ulp, written in
  * GCC vector extensions: libm's expf is a scalar call that stops the loops around it from vectorising. */
-static inline day0_v16f day0_exp16(day0_v16f x) {
-    const day0_v16f hi = (day0_v16f){0} + 88.37f, lo = (day0_v16f){0} - 87.33f;
-    day0_v16i above = x > hi, below = x < lo; /* lanes of -1 where true (C has no vector ?:) */
-    x = (day0_v16f)(((day0_v16i)hi & above) | ((day0_v16i)x & ~above));
-    x = (day0_v16f)(((day0_v16i)lo & below) | ((day0_v16i)x & ~below));
-    const day0_v16f t = x * 1.44269504088896341f + 0.5f;
-    day0_v16f k = __builtin_convertvector(__builtin_convertvector(t, day0_v16i), day0_v16f); /* toward zero */
-    k += __builtin_convertvector(k > t, day0_v16f); /* floor: -1 where truncation rounded up */
-    const day0_v16f r = x - k * 0.693359375f - k * -2.12194440e-4f;
-    day0_v16f p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+static inline day0_vf day0_expv(day0_vf x) {
+    const day0_vf hi = (day0_vf){0} + 88.37f, lo = (day0_vf){0} - 87.33f;
+    day0_vi above = x > hi, below = x < lo; /* lanes of -1 where true (C has no vector ?:) */
+    x = (day0_vf)(((day0_vi)hi & above) | ((day0_vi)x & ~above));
+    x = (day0_vf)(((day0_vi)lo & below) | ((day0_vi)x & ~below));
+    const day0_vf t = x * 1.44269504088896341f + 0.5f;
+    day0_vf k = __builtin_convertvector(__builtin_convertvector(t, day0_vi), day0_vf); /* toward zero */
+    k += __builtin_convertvector(k > t, day0_vf); /* floor: -1 where truncation rounded up */
+    const day0_vf r = x - k * 0.693359375f - k * -2.12194440e-4f;
+    day0_vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    const day0_v16f y = p * r * r + r + 1.0f;
-    const day0_v16i bits = (__builtin_convertvector(k, day0_v16i) + 127) << 23;
-    return y * (day0_v16f)bits;
+    const day0_vf y = p * r * r + r + 1.0f;
+    const day0_vi bits = (__builtin_convertvector(k, day0_vi) + 127) << 23;
+    return y * (day0_vf)bits;
 }
 
 static inline float day0_exp1(float x) {
-    day0_v16f v = {0};
+    day0_vf v = {0};
     v[0] = x;
-    return day0_exp16(v)[0];
+    return day0_expv(v)[0];
 }
 
 /* out[o, i, :] = x[o, i, :] * rsqrt(mean(x[o, i, :]^2) + eps) * w   (out contiguous [outer, inner, cols]) */
@@ -94,11 +115,11 @@ void day0_silu_and_mul(float *out, const float *x, int64_t rows, int64_t inter) 
         const float *g = x + r * 2 * inter, *u = g + inter;
         float *o = out + r * inter;
         int64_t c = 0;
-        for (; c + 16 <= inter; c += 16) {
-            day0_v16f gv, uv;
+        for (; c + DAY0_VL <= inter; c += DAY0_VL) {
+            day0_vf gv, uv;
             memcpy(&gv, g + c, sizeof gv);
             memcpy(&uv, u + c, sizeof uv);
-            const day0_v16f ov = gv / (1.0f + day0_exp16(-gv)) * uv;
+            const day0_vf ov = gv / (1.0f + day0_expv(-gv)) * uv;
             memcpy(o + c, &ov, sizeof ov);
         }
         for (; c < inter; ++c) o[c] = g[c] / (1.0f + day0_exp1(-g[c])) * u[c];
@@ -126,63 +147,75 @@ void day0_rotary(float *x, const float *cos_t, const float *sin_t, int64_t token
     }
 }
 
-static inline float day0_hsum16(day0_v16f v) {
-    typedef float v8f __attribute__((vector_size(32)));
-    typedef float v4f __attribute__((vector_size(16)));
-    v8f a, b;
-    memcpy(&a, &v, sizeof a);
-    memcpy(&b, (const char *)&v + sizeof a, sizeof b);
-    a += b;
-    v4f c, d;
+/* the lanes' sum, halves added pairwise */
+static inline float day0_hsum4(day0_v4f c) { return (c[0] + c[2]) + (c[1] + c[3]); }
+
+static inline float day0_hsum8(day0_v8f a) {
+    day0_v4f c, d;
     memcpy(&c, &a, sizeof c);
     memcpy(&d, (const char *)&a + sizeof c, sizeof d);
-    c += d;
-    return (c[0] + c[2]) + (c[1] + c[3]);
+    return day0_hsum4(c + d);
 }
 
-/* 16 floats from p, of which only the first n (1..16) are read; the rest are 0 */
-static inline day0_v16f day0_load_n(const float *p, int64_t n) {
-    day0_v16f v = {0};
-    if (n == 16)
+static inline float day0_hsum(day0_vf v) {
+#if DAY0_VL == 16
+    day0_v8f a, b;
+    memcpy(&a, &v, sizeof a);
+    memcpy(&b, (const char *)&v + sizeof a, sizeof b);
+    return day0_hsum8(a + b);
+#elif DAY0_VL == 8
+    return day0_hsum8(v);
+#else
+    return day0_hsum4(v);
+#endif
+}
+
+/* DAY0_VL floats from p, of which only the first n (1..DAY0_VL) are read; the rest are 0 */
+static inline day0_vf day0_load_n(const float *p, int64_t n) {
+    day0_vf v = {0};
+    if (n == DAY0_VL)
         memcpy(&v, p, sizeof v);
     else
         memcpy(&v, p, sizeof(float) * n);
     return v;
 }
 
+#define DAY0_ACC_VECS (DAY0_MAX_HEAD_DIM / DAY0_VL) /* accumulator vectors of one query head */
+
+#if DAY0_VL == 16
 /* One chunk of decode attention for GB query heads of a KV group whose head_dim is NV full vectors (the common
- * 64, 128, 256): scores s[g][j] = q_g . k_j * scale with the queries held in registers, then (after the online
- * softmax of the caller) acc[g] += s[g][j] * v_j with every accumulator in a register, so each key and value
- * vector is loaded once and feeds GB independent multiply-adds. */
+ * 64, 128, 256 with 32 registers of 16 lanes): scores s[g][j] = q_g . k_j * scale with the queries held in
+ * registers, then (after the online softmax of the caller) acc[g] += s[g][j] * v_j with every accumulator in a
+ * register, so each key and value vector is loaded once and feeds GB independent multiply-adds. */
 #define DAY0_ATTN_BLOCK(NV, GB)                                                                                  \
     __attribute__((optimize("fp-contract=fast"))) static void day0_qk_##NV##_##GB(                             \
         float (*score)[DAY0_CHUNK], const float *q, const float *const *kp, int64_t n, int64_t gb, int64_t D, \
         float scale) {                                                                                         \
-        day0_v16f qv[GB][NV];                                                                                  \
+        day0_vf qv[GB][NV];                                                                                    \
         for (int64_t g = 0; g < GB; ++g)                                                                       \
             for (int64_t t = 0; t < NV; ++t) memcpy(&qv[g][t], q + (g < gb ? g : 0) * D + t * 16, 64);         \
         for (int64_t j = 0; j < n; ++j) {                                                                      \
-            day0_v16f d[GB];                                                                                   \
-            for (int64_t g = 0; g < GB; ++g) d[g] = (day0_v16f){0};                                            \
+            day0_vf d[GB];                                                                                     \
+            for (int64_t g = 0; g < GB; ++g) d[g] = (day0_vf){0};                                              \
             for (int64_t t = 0; t < NV; ++t) {                                                                 \
-                day0_v16f k;                                                                                   \
+                day0_vf k;                                                                                     \
                 memcpy(&k, kp[j] + t * 16, 64);                                                                \
                 for (int64_t g = 0; g < GB; ++g) d[g] += qv[g][t] * k;                                         \
             }                                                                                                  \
-            for (int64_t g = 0; g < GB && g < gb; ++g) score[g][j] = day0_hsum16(d[g]) * scale;               \
+            for (int64_t g = 0; g < GB && g < gb; ++g) score[g][j] = day0_hsum(d[g]) * scale;                 \
         }                                                                                                      \
     }                                                                                                          \
     __attribute__((optimize("fp-contract=fast"))) static void day0_pv_##NV##_##GB(                             \
-        day0_v16f (*acc)[DAY0_MAX_HEAD_DIM / 16], const float (*score)[DAY0_CHUNK], const float *const *vp,    \
-        int64_t n, int64_t gb) {                                                                               \
-        day0_v16f a[GB][NV];                                                                                   \
+        day0_vf (*acc)[DAY0_ACC_VECS], const float (*score)[DAY0_CHUNK], const float *const *vp, int64_t n,   \
+        int64_t gb) {                                                                                          \
+        day0_vf a[GB][NV];                                                                                     \
         for (int64_t g = 0; g < GB; ++g)                                                                       \
             for (int64_t t = 0; t < NV; ++t) a[g][t] = acc[g < gb ? g : 0][t];                                 \
         for (int64_t j = 0; j < n; ++j) {                                                                      \
             float p[GB];                                                                                       \
             for (int64_t g = 0; g < GB; ++g) p[g] = g < gb ? score[g][j] : 0.0f;                               \
             for (int64_t t = 0; t < NV; ++t) {                                                                 \
-                day0_v16f v;                                                                                   \
+                day0_vf v;                                                                                     \
                 memcpy(&v, vp[j] + t * 16, 64);                                                                \
                 for (int64_t g = 0; g < GB; ++g) a[g][t] += p[g] * v;                                          \
             }                                                                                                  \
@@ -193,31 +226,84 @@ static inline day0_v16f day0_load_n(const float *p, int64_t n) {
 DAY0_ATTN_BLOCK(4, 4)
 DAY0_ATTN_BLOCK(8, 2)
 DAY0_ATTN_BLOCK(16, 1)
+#endif
 
-/* the same for any head_dim: vectors walked at run time, the last one partial */
-static void day0_qk_any(float (*score)[DAY0_CHUNK], const float *q, const float *const *kp, int64_t n, int64_t gb,
-                        int64_t D, float scale) {
-    const int64_t nvec = (D + 15) / 16, last = D - (nvec - 1) * 16;
-    for (int64_t j = 0; j < n; ++j) {
+/* The same for any head_dim and vector width: four keys scored at once against each query head (its vectors
+ * read from L1), the value vectors added four at a time into independent accumulators; the last vector of a
+ * head may be partial. */
+__attribute__((optimize("fp-contract=fast"))) static void day0_qk_any(float (*score)[DAY0_CHUNK], const float *q,
+                                                                    const float *const *kp, int64_t n, int64_t gb,
+                                                                    int64_t D, float scale) {
+    const int64_t nvec = (D + DAY0_VL - 1) / DAY0_VL, last = D - (nvec - 1) * DAY0_VL;
+    const int64_t full = last == DAY0_VL ? nvec : nvec - 1;
+    for (int64_t j0 = 0; j0 < n; j0 += 4) {
+        const int64_t jn = (n - j0) < 4 ? (n - j0) : 4;
+        const float *k0 = kp[j0], *k1 = kp[j0 + (jn > 1)], *k2 = kp[j0 + (jn > 2 ? 2 : 0)],
+                    *k3 = kp[j0 + (jn > 3 ? 3 : 0)];
         for (int64_t g = 0; g < gb; ++g) {
-            day0_v16f d = {0};
-            for (int64_t t = 0; t < nvec; ++t)
-                d += day0_load_n(q + g * D + t * 16, t + 1 < nvec ? 16 : last) *
-                     day0_load_n(kp[j] + t * 16, t + 1 < nvec ? 16 : last);
-            score[g][j] = day0_hsum16(d) * scale;
+            const float *qg = q + g * D;
+            day0_vf d0 = {0}, d1 = {0}, d2 = {0}, d3 = {0};
+            for (int64_t t = 0; t < full; ++t) {
+                day0_vf qv, a, b, c, e;
+                memcpy(&qv, qg + t * DAY0_VL, sizeof qv);
+                memcpy(&a, k0 + t * DAY0_VL, sizeof a);
+                memcpy(&b, k1 + t * DAY0_VL, sizeof b);
+                memcpy(&c, k2 + t * DAY0_VL, sizeof c);
+                memcpy(&e, k3 + t * DAY0_VL, sizeof e);
+                d0 += qv * a;
+                d1 += qv * b;
+                d2 += qv * c;
+                d3 += qv * e;
+            }
+            if (full < nvec) {
+                const int64_t o = full * DAY0_VL;
+                const day0_vf qv = day0_load_n(qg + o, last);
+                d0 += qv * day0_load_n(k0 + o, last);
+                d1 += qv * day0_load_n(k1 + o, last);
+                d2 += qv * day0_load_n(k2 + o, last);
+                d3 += qv * day0_load_n(k3 + o, last);
+            }
+            const float s[4] = {day0_hsum(d0), day0_hsum(d1), day0_hsum(d2), day0_hsum(d3)};
+            for (int64_t j = 0; j < jn; ++j) score[g][j0 + j] = s[j] * scale;
         }
     }
 }
 
-static void day0_pv_any(day0_v16f (*acc)[DAY0_MAX_HEAD_DIM / 16], const float (*score)[DAY0_CHUNK],
-                        const float *const *vp, int64_t n, int64_t gb, int64_t D) {
-    const int64_t nvec = (D + 15) / 16, last = D - (nvec - 1) * 16;
-    for (int64_t g = 0; g < gb; ++g)
-        for (int64_t t = 0; t < nvec; ++t) {
-            day0_v16f a = acc[g][t];
-            for (int64_t j = 0; j < n; ++j) a += score[g][j] * day0_load_n(vp[j] + t * 16, t + 1 < nvec ? 16 : last);
+__attribute__((optimize("fp-contract=fast"))) static void day0_pv_any(day0_vf (*acc)[DAY0_ACC_VECS],
+                                                                    const float (*score)[DAY0_CHUNK],
+                                                                    const float *const *vp, int64_t n, int64_t gb,
+                                                                    int64_t D) {
+    const int64_t nvec = (D + DAY0_VL - 1) / DAY0_VL, last = D - (nvec - 1) * DAY0_VL;
+    const int64_t full = last == DAY0_VL ? nvec : nvec - 1;
+    for (int64_t g = 0; g < gb; ++g) {
+        int64_t t = 0;
+        for (; t + 4 <= full; t += 4) {
+            day0_vf a0 = acc[g][t], a1 = acc[g][t + 1], a2 = acc[g][t + 2], a3 = acc[g][t + 3];
+            for (int64_t j = 0; j < n; ++j) {
+                const float p = score[g][j];
+                const float *v = vp[j] + t * DAY0_VL;
+                day0_vf b0, b1, b2, b3;
+                memcpy(&b0, v, sizeof b0);
+                memcpy(&b1, v + DAY0_VL, sizeof b1);
+                memcpy(&b2, v + 2 * DAY0_VL, sizeof b2);
+                memcpy(&b3, v + 3 * DAY0_VL, sizeof b3);
+                a0 += p * b0;
+                a1 += p * b1;
+                a2 += p * b2;
+                a3 += p * b3;
+            }
+            acc[g][t] = a0;
+            acc[g][t + 1] = a1;
+            acc[g][t + 2] = a2;
+            acc[g][t + 3] = a3;
+        }
+        for (; t < nvec; ++t) {
+            const int64_t w = t < full ? DAY0_VL : last;
+            day0_vf a = acc[g][t];
+            for (int64_t j = 0; j < n; ++j) a += score[g][j] * day0_load_n(vp[j] + t * DAY0_VL, w);
             acc[g][t] = a;
         }
+    }
 }
 
 /* Decode attention straight from the paged cache: one query token per sequence, its keys read where they lie
@@ -225,7 +311,7 @@ static void day0_pv_any(day0_v16f (*acc)[DAY0_MAX_HEAD_DIM / 16], const float (*
  * of keys. q [B, H, D] with row stride q_stride; caches [blocks, block_size, Hkv, D]; tables [B, width] int32;
  * seqlens [B] int32 (keys of each sequence, its new token included); window > 0: only the last `window` keys.
  * out [B, H, D] contiguous. Returns 0, or -1 when the shape is beyond the kernel's fixed buffers.
- * The head dimension is walked in 16-lane vectors, blocks of query heads at once (day0_qk_* / day0_pv_*). */
+ * The head dimension is walked in vectors, blocks of query heads at once (day0_qk_* / day0_pv_*). */
 int day0_paged_decode_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
                                 const int32_t *tables, const int32_t *seqlens, int64_t batch, int64_t heads,
                                 int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t width,
@@ -233,14 +319,18 @@ int day0_paged_decode_attention(float *out, const float *q, const float *k_cache
     const int64_t group = heads / kv_heads;
     if (head_dim > DAY0_MAX_HEAD_DIM || group > DAY0_MAX_GROUP || group * kv_heads != heads) return -1;
     const int64_t token_stride = kv_heads * head_dim; /* between consecutive slots of the cache */
-    const int64_t nvec = (head_dim + 15) / 16;
+    const int64_t nvec = (head_dim + DAY0_VL - 1) / DAY0_VL;
+#if DAY0_VL == 16
     const int64_t gblock = head_dim == 64 ? 4 : head_dim == 128 ? 2 : head_dim == 256 ? 1 : group;
+#else
+    const int64_t gblock = group;
+#endif
     int64_t keys = 0;
     for (int64_t b = 0; b < batch; ++b) keys += seqlens[b];
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (keys * heads * head_dim >= DAY0_PAR_MIN)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
-            day0_v16f acc[DAY0_MAX_GROUP][DAY0_MAX_HEAD_DIM / 16];
+            day0_vf acc[DAY0_MAX_GROUP][DAY0_ACC_VECS];
             float score[DAY0_MAX_GROUP][DAY0_CHUNK];
             float run_max[DAY0_MAX_GROUP], run_sum[DAY0_MAX_GROUP];
             const float *qb = q + b * q_stride + kh * group * head_dim;
@@ -250,7 +340,7 @@ int day0_paged_decode_attention(float *out, const float *q, const float *k_cache
             for (int64_t g = 0; g < group; ++g) {
                 run_max[g] = -INFINITY;
                 run_sum[g] = 0.0f;
-                for (int64_t t = 0; t < nvec; ++t) acc[g][t] = (day0_v16f){0};
+                for (int64_t t = 0; t < nvec; ++t) acc[g][t] = (day0_vf){0};
             }
             for (int64_t t0 = start; t0 < len; t0 += DAY0_CHUNK) {
                 const int64_t n = (len - t0) < DAY0_CHUNK ? (len - t0) : DAY0_CHUNK;
@@ -268,28 +358,35 @@ int day0_paged_decode_attention(float *out, const float *q, const float *k_cache
                 for (int64_t g0 = 0; g0 < group; g0 += gblock) {
                     const int64_t gb = (group - g0) < gblock ? (group - g0) : gblock;
                     const float *qg = qb + g0 * head_dim;
+#if DAY0_VL == 16
                     if (head_dim == 64) day0_qk_4_4(score + g0, qg, kp, n, gb, head_dim, scale);
                     else if (head_dim == 128) day0_qk_8_2(score + g0, qg, kp, n, gb, head_dim, scale);
                     else if (head_dim == 256) day0_qk_16_1(score + g0, qg, kp, n, gb, head_dim, scale);
-                    else day0_qk_any(score + g0, qg, kp, n, gb, head_dim, scale);
+                    else
+#endif
+                        day0_qk_any(score + g0, qg, kp, n, gb, head_dim, scale);
                 }
-                for (int64_t g = 0; g < group; ++g) { /* the chunk's softmax terms, two vectors of 16 keys */
+                for (int64_t g = 0; g < group; ++g) { /* the chunk's softmax terms, DAY0_CHUNK / DAY0_VL vectors */
                     float *sg = score[g];
                     for (int64_t j = n; j < DAY0_CHUNK; ++j) sg[j] = -INFINITY;
-                    day0_v16f lo, hi;
-                    memcpy(&lo, sg, sizeof lo);
-                    memcpy(&hi, sg + 16, sizeof hi);
-                    const day0_v16f m = (day0_v16f)(((day0_v16i)lo & (lo > hi)) | ((day0_v16i)hi & ~(lo > hi)));
+                    day0_vf s[DAY0_CHUNK / DAY0_VL];
+                    memcpy(s, sg, sizeof s);
+                    day0_vf m = s[0];
+                    for (int i = 1; i < DAY0_CHUNK / DAY0_VL; ++i)
+                        m = (day0_vf)(((day0_vi)m & (m > s[i])) | ((day0_vi)s[i] & ~(m > s[i])));
                     float chunk_max = m[0];
-                    for (int i = 1; i < 16; ++i) chunk_max = m[i] > chunk_max ? m[i] : chunk_max;
+                    for (int i = 1; i < DAY0_VL; ++i) chunk_max = m[i] > chunk_max ? m[i] : chunk_max;
                     const float new_max = chunk_max > run_max[g] ? chunk_max : run_max[g];
                     const float correction = day0_exp1(run_max[g] - new_max); /* ~0 on the first chunk */
-                    const day0_v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-                    lo = (day0_v16f)((day0_v16i)day0_exp16(lo - new_max) & (lane < (int32_t)n)); /* exactly 0 past n */
-                    hi = (day0_v16f)((day0_v16i)day0_exp16(hi - new_max) & (lane + 16 < (int32_t)n));
-                    memcpy(sg, &lo, sizeof lo);
-                    memcpy(sg + 16, &hi, sizeof hi);
-                    const float sum = day0_hsum16(lo + hi);
+                    day0_vi lane;
+                    for (int i = 0; i < DAY0_VL; ++i) lane[i] = i;
+                    day0_vf total = {0};
+                    for (int i = 0; i < DAY0_CHUNK / DAY0_VL; ++i) { /* exactly 0 past n */
+                        s[i] = (day0_vf)((day0_vi)day0_expv(s[i] - new_max) & (lane + i * DAY0_VL < (int32_t)n));
+                        total += s[i];
+                    }
+                    memcpy(sg, s, sizeof s);
+                    const float sum = day0_hsum(total);
                     run_sum[g] = run_sum[g] * correction + sum;
                     run_max[g] = new_max;
                     if (correction != 1.0f)
@@ -297,18 +394,22 @@ int day0_paged_decode_attention(float *out, const float *q, const float *k_cache
                 }
                 for (int64_t g0 = 0; g0 < group; g0 += gblock) {
                     const int64_t gb = (group - g0) < gblock ? (group - g0) : gblock;
-                    if (head_dim == 64) day0_pv_4_4(acc + g0, (const float (*)[DAY0_CHUNK])(score + g0), vp, n, gb);
-                    else if (head_dim == 128) day0_pv_8_2(acc + g0, (const float (*)[DAY0_CHUNK])(score + g0), vp, n, gb);
-                    else if (head_dim == 256) day0_pv_16_1(acc + g0, (const float (*)[DAY0_CHUNK])(score + g0), vp, n, gb);
-                    else day0_pv_any(acc + g0, (const float (*)[DAY0_CHUNK])(score + g0), vp, n, gb, head_dim);
+                    const float (*sc)[DAY0_CHUNK] = (const float (*)[DAY0_CHUNK])(score + g0);
+#if DAY0_VL == 16
+                    if (head_dim == 64) day0_pv_4_4(acc + g0, sc, vp, n, gb);
+                    else if (head_dim == 128) day0_pv_8_2(acc + g0, sc, vp, n, gb);
+                    else if (head_dim == 256) day0_pv_16_1(acc + g0, sc, vp, n, gb);
+                    else
+#endif
+                        day0_pv_any(acc + g0, sc, vp, n, gb, head_dim);
                 }
             }
             for (int64_t g = 0; g < group; ++g) {
                 float *o = out + (b * heads + kh * group + g) * head_dim;
                 const float inv = run_sum[g] > 0.0f ? 1.0f / run_sum[g] : 0.0f;
                 for (int64_t t = 0; t < nvec; ++t) {
-                    const day0_v16f v = acc[g][t] * inv;
-                    memcpy(o + t * 16, &v, sizeof(float) * (t + 1 < nvec ? 16 : head_dim - t * 16));
+                    const day0_vf v = acc[g][t] * inv;
+                    memcpy(o + t * DAY0_VL, &v, sizeof(float) * (t + 1 < nvec ? DAY0_VL : head_dim - t * DAY0_VL));
                 }
             }
         }
@@ -346,7 +447,11 @@ void day0_argmax_rows(int64_t *out, const float *x, int64_t rows, int64_t cols) 
  * handful of rows: torch's CPU grouped GEMM runs one unpacked matrix product per expert there at a fraction of
  * the machine's rate (dense layers have oneDNN's packed weights instead, which this does not beat). */
 
-#define DAY0_MR 4
+#if DAY0_NREGS >= 32
+#define DAY0_MR 4 /* 16 accumulators, 8 operands */
+#else
+#define DAY0_MR 2 /* 8 accumulators, 6 operands: 16 registers */
+#endif
 #define DAY0_NR 4
 
 /* rows x[0..m) (pointers), weight rows w[n0..n1) (row stride ldw), K columns; y[r][n - y_off] for each row r.
@@ -355,36 +460,51 @@ __attribute__((optimize("fp-contract=fast"))) static void day0_dot_block(float *
                                                                        const float *const *x, int64_t m,
                                                                        const float *w, int64_t ldw, int64_t n0,
                                                                        int64_t n1, int64_t K) {
-    const int64_t kv = K & ~(int64_t)15;
+    const int64_t kv = K - K % DAY0_VL;
     for (int64_t n = n0; n < n1; n += DAY0_NR) {
         const int64_t nr = (n1 - n) < DAY0_NR ? (n1 - n) : DAY0_NR;
         const float *wr[DAY0_NR];
+        #pragma GCC unroll 8
         for (int64_t j = 0; j < DAY0_NR; ++j) wr[j] = w + (n + (j < nr ? j : 0)) * ldw;
         for (int64_t r0 = 0; r0 < m; r0 += DAY0_MR) {
             const int64_t mr = (m - r0) < DAY0_MR ? (m - r0) : DAY0_MR;
             const float *xr[DAY0_MR];
+            #pragma GCC unroll 8
             for (int64_t i = 0; i < DAY0_MR; ++i) xr[i] = x[r0 + (i < mr ? i : 0)];
-            day0_v16f acc[DAY0_MR][DAY0_NR];
+            day0_vf acc[DAY0_MR][DAY0_NR];
+            #pragma GCC unroll 8
             for (int64_t i = 0; i < DAY0_MR; ++i)
-                for (int64_t j = 0; j < DAY0_NR; ++j) acc[i][j] = (day0_v16f){0};
-            for (int64_t k = 0; k < kv; k += 16) {
-                day0_v16f wv[DAY0_NR], xv[DAY0_MR];
-                if (r0 == 0 && n + 2 * DAY0_NR < n1) /* weight rows two blocks ahead: they come from memory */
+                for (int64_t j = 0; j < DAY0_NR; ++j) acc[i][j] = (day0_vf){0};
+            for (int64_t k = 0; k < kv; k += DAY0_VL) {
+                day0_vf wv[DAY0_NR], xv[DAY0_MR];
+                /* weight rows two blocks ahead, a line at a time: they come from memory */
+                if (r0 == 0 && n + 2 * DAY0_NR < n1 && (k * (int64_t)sizeof(float)) % 64 == 0)
+                    #pragma GCC unroll 8
                     for (int64_t j = 0; j < DAY0_NR; ++j) __builtin_prefetch(wr[j] + 2 * DAY0_NR * ldw + k, 0, 3);
-                for (int64_t j = 0; j < DAY0_NR; ++j) memcpy(&wv[j], wr[j] + k, sizeof(day0_v16f));
-                for (int64_t i = 0; i < DAY0_MR; ++i) memcpy(&xv[i], xr[i] + k, sizeof(day0_v16f));
+                #pragma GCC unroll 8
+                for (int64_t j = 0; j < DAY0_NR; ++j) memcpy(&wv[j], wr[j] + k, sizeof(day0_vf));
+                #pragma GCC unroll 8
+                for (int64_t i = 0; i < DAY0_MR; ++i) memcpy(&xv[i], xr[i] + k, sizeof(day0_vf));
 #if defined(__x86_64__) && defined(__AVX512F__)
                 /* each loaded once into a register: gcc otherwise folds the loads into every multiply-add, 5
                  * loads per 4 of them, and the loop then runs at the load ports' pace */
+                #pragma GCC unroll 8
                 for (int64_t i = 0; i < DAY0_MR; ++i) __asm__("" : "+v"(xv[i]));
+                #pragma GCC unroll 8
                 for (int64_t j = 0; j < DAY0_NR; ++j) __asm__("" : "+v"(wv[j]));
+#elif defined(__x86_64__) && defined(__AVX__)
+                #pragma GCC unroll 8
+                for (int64_t i = 0; i < DAY0_MR; ++i) __asm__("" : "+x"(xv[i]));
+                #pragma GCC unroll 8
+                for (int64_t j = 0; j < DAY0_NR; ++j) __asm__("" : "+x"(wv[j]));
 #endif
+                #pragma GCC unroll 8
                 for (int64_t i = 0; i < DAY0_MR; ++i)
                     for (int64_t j = 0; j < DAY0_NR; ++j) acc[i][j] += xv[i] * wv[j];
             }
             for (int64_t i = 0; i < mr; ++i) {
                 for (int64_t j = 0; j < nr; ++j) {
-                    float s = day0_hsum16(acc[i][j]);
+                    float s = day0_hsum(acc[i][j]);
                     for (int64_t k = kv; k < K; ++k) s += xr[i][k] * wr[j][k];
                     y[r0 + i][n + j - y_off] = s;
                 }
@@ -450,12 +570,12 @@ int day0_moe_experts(float *out, const float *x, const float *w13, const float *
                     day0_dot_block(upp, I + n0, xp, mc, we, H, I + n0, I + n1, H);
                     for (int64_t i = 0; i < mc; ++i) {
                         float *o = act + (r0 + c + i) * I + n0;
-                        for (int64_t j = 0; j < nb; j += 16) {
-                            const int64_t n = (nb - j) < 16 ? (nb - j) : 16;
-                            day0_v16f g = {0}, u = {0};
+                        for (int64_t j = 0; j < nb; j += DAY0_VL) {
+                            const int64_t n = (nb - j) < DAY0_VL ? (nb - j) : DAY0_VL;
+                            day0_vf g = {0}, u = {0};
                             memcpy(&g, gate[i] + j, sizeof(float) * n);
                             memcpy(&u, up[i] + j, sizeof(float) * n);
-                            const day0_v16f v = g / (1.0f + day0_exp16(-g)) * u;
+                            const day0_vf v = g / (1.0f + day0_expv(-g)) * u;
                             memcpy(o + j, &v, sizeof(float) * n);
                         }
                     }
@@ -508,7 +628,8 @@ int day0_moe_experts(float *out, const float *x, const float *w13, const float *
 /* ---- dense linears over panel-packed weights -------------------------------------------------------------------
  * y[m, n] = x[m, :] . W[n, :] (+ bias[n]) with W [N, K] stored as panels: wp[p][k][c] = W[16 p + c][k] (N padded
  * to a multiple of 16 with zero rows), so one panel is a single contiguous stream of K vectors of 16 outputs.
- * A tile of up to 16 rows keeps one accumulator vector per row and adds x[m, k] * wp[p][k][:] for k = 0, 1, ...
+ * A tile of up to DAY0_TILE_ROWS rows (16 with AVX-512, 6 with AVX2) keeps a panel row's worth of accumulator
+ * vectors per row (one of 16 lanes, two of 8) and adds x[m, k] * wp[p][k][:] for k = 0, 1, ...
  * in order: each output is one fused multiply-add chain over k, whatever the row count, tile or thread count
  * (so a row's result never depends on what it is batched with). At decode a thread streams its panels once at
  * the machine's read rate (a row-major or oneDNN-blocked weight is read 1.5-2x slower at 1-2 rows on these
@@ -519,19 +640,32 @@ int day0_moe_experts(float *out, const float *x, const float *w13, const float *
 
 #define DAY0_PANEL 16
 #define DAY0_X_BLOCK_BYTES (512 * 1024) /* re-laid rows of x per block: half a Zen 4 / Xeon core's L2 */
+/* vectors of one panel row, and the rows a tile can hold in registers with a panel row beside them: 16 with
+ * AVX-512 (16 + 1 of 32 registers), 6 with AVX2 (12 + 2 of 16) */
+#define DAY0_PV (DAY0_PANEL / DAY0_VL)
+#define DAY0_TILE_FIT ((DAY0_NREGS - DAY0_PV - 1) / DAY0_PV)
+#define DAY0_TILE_ROWS (DAY0_TILE_FIT < DAY0_PANEL ? DAY0_TILE_FIT : DAY0_PANEL)
 #define DAY0_PANEL_TILE(MR)                                                                                    \
     __attribute__((optimize("fp-contract=fast"))) static void day0_panel_tile_##MR(                          \
         float *y, int64_t ldy, const float *x, int64_t xk, const float *wp, int64_t K, int64_t cols) {        \
-        day0_v16f acc[MR];                                                                                     \
-        for (int i = 0; i < MR; ++i) acc[i] = (day0_v16f){0};                                                  \
+        day0_vf acc[MR][DAY0_PV];                                                                              \
+        for (int i = 0; i < MR; ++i)                                                                           \
+            for (int v = 0; v < DAY0_PV; ++v) acc[i][v] = (day0_vf){0};                                        \
         for (int64_t k = 0; k < K; ++k) {                                                                      \
-            day0_v16f w;                                                                                       \
-            memcpy(&w, wp + k * DAY0_PANEL, sizeof w);                                                         \
-            for (int i = 0; i < MR; ++i) acc[i] += x[k * xk + i] * w;                                          \
+            day0_vf w[DAY0_PV];                                                                                \
+            for (int v = 0; v < DAY0_PV; ++v) memcpy(&w[v], wp + k * DAY0_PANEL + v * DAY0_VL, sizeof w[v]);   \
+            for (int i = 0; i < MR; ++i) {                                                                     \
+                const float xi = x[k * xk + i];                                                                \
+                for (int v = 0; v < DAY0_PV; ++v) acc[i][v] += xi * w[v];                                      \
+            }                                                                                                  \
         }                                                                                                      \
-        for (int i = 0; i < MR; ++i) /* a whole vector's store inlined: a sized call per row cost ~10 % */    \
-            if (cols == DAY0_PANEL) memcpy(y + i * ldy, &acc[i], sizeof acc[i]);                              \
-            else memcpy(y + i * ldy, &acc[i], sizeof(float) * cols);                                           \
+        for (int i = 0; i < MR; ++i) /* whole vectors' stores inlined: a sized call per row cost ~10 % */     \
+            for (int v = 0; v < DAY0_PV; ++v) {                                                                \
+                const int64_t left = cols - v * DAY0_VL;                                                       \
+                const day0_vf a = acc[i][v];                                                                   \
+                if (left >= DAY0_VL) memcpy(y + i * ldy + v * DAY0_VL, &a, sizeof a);                          \
+                else if (left > 0) memcpy(y + i * ldy + v * DAY0_VL, &a, sizeof(float) * left);                \
+            }                                                                                                  \
     }
 DAY0_PANEL_TILE(1) DAY0_PANEL_TILE(2) DAY0_PANEL_TILE(3) DAY0_PANEL_TILE(4) DAY0_PANEL_TILE(5) DAY0_PANEL_TILE(6)
 DAY0_PANEL_TILE(7) DAY0_PANEL_TILE(8) DAY0_PANEL_TILE(9) DAY0_PANEL_TILE(10) DAY0_PANEL_TILE(11)
@@ -593,7 +727,11 @@ void day0_panel_linear(float *y, const float *x, const float *wp, const float *b
                 const float *w = wp + p * K * DAY0_PANEL;
                 for (int64_t t = t0; t < t1; ++t) {
                     const int64_t mr = M - t * DAY0_PANEL < DAY0_PANEL ? M - t * DAY0_PANEL : DAY0_PANEL;
-                    day0_panel_tiles[mr](y + t * DAY0_PANEL * ldy + n0, ldy, xs + t * xt, xk, w, K, cols);
+                    for (int64_t i0 = 0; i0 < mr; i0 += DAY0_TILE_ROWS) { /* the panel again from L1/L2 */
+                        const int64_t r = mr - i0 < DAY0_TILE_ROWS ? mr - i0 : DAY0_TILE_ROWS;
+                        day0_panel_tiles[r](y + (t * DAY0_PANEL + i0) * ldy + n0, ldy, xs + t * xt + i0, xk, w, K,
+                                            cols);
+                    }
                 }
                 if (bias)
                     for (int64_t m = m0; m < m1; ++m)
