@@ -42,9 +42,12 @@ def test_packed_weights_give_the_same_greedy_tokens(layout, arch):
     assert [n for n, _ in packed.model.named_parameters()] == names  # the same parameters, no extra copy
     done = {n for n, p in packed.model.named_parameters() if linear.is_packed(p)}
     assert done and all(_packed_as(p, layout) for n, p in packed.model.named_parameters() if n in done)
-    assert all(n.startswith("model.layers.") and n.endswith("_proj.weight") or n == "lm_head.weight" for n in done)
+    experts = {n for n in names if n.endswith(("experts.w13", "experts.w2"))}
+    assert all(n.startswith("model.layers.") and n.endswith("_proj.weight") or n == "lm_head.weight"
+               or n in experts for n in done)
     assert "lm_head.weight" in done  # untied: the LM head is packed too
-    assert not any(n.endswith("experts.w13") for n in done)
+    # routed experts: panels with the native kernels, their stacked layout otherwise
+    assert (experts <= done) if layout == "panels" else not (experts & done)
     want = [o.output_token_ids for o in plain.generate(PROMPTS, PARAMS)]
     assert [o.output_token_ids for o in packed.generate(PROMPTS, PARAMS)] == want
 
@@ -94,6 +97,45 @@ def test_packed_model_refuses_a_reload(layout):
     checkpoint = engine.model.mapping.checkpoint_name(name, param.shards[0])
     with pytest.raises(RuntimeError, match="is packed"):
         engine.model.load_weights([(checkpoint, torch.zeros(param.checkpoint_shape(param.shards[0])))])
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no native kernels")
+def test_packed_experts_refuse_a_reload_and_give_tracers_the_stacked_ops(monkeypatch):
+    """Routed experts packed as panels: a reload of an expert's weight is refused, and under a dispatch mode (the
+    operator inventory) the layer runs its grouped GEMMs over the stacks rebuilt from the panels, computing what
+    the kernel does."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from agents.runtime.layers.moe import RoutedExperts
+
+    monkeypatch.delenv("DAY0_PACK_LAYOUT", raising=False)
+    engine = LLMEngine(cached_model("qwen3-moe"), num_blocks=16, pack_weights=True)
+    experts = next(m for m in engine.model.modules() if isinstance(m, RoutedExperts))
+    assert experts.panels and linear.is_packed(experts.w13) and linear.is_packed(experts.w2)
+    name, param = next((n, p) for n, p in engine.model.named_parameters() if n.endswith("experts.w2"))
+    checkpoint = engine.model.mapping.checkpoint_name(name, param.shards[0])
+    with pytest.raises(RuntimeError, match="is packed"):
+        engine.model.load_weights([(checkpoint, torch.zeros(param.checkpoint_shape(param.shards[0])))])
+
+    seen: set[str] = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    x = torch.randn(7, experts.hidden)
+    ids = torch.stack([torch.randperm(experts.num_experts)[:2] for _ in range(7)])
+    weights = torch.softmax(torch.randn(7, 2), -1)
+    fast = experts(x, weights, ids)
+    with Record():
+        traced = experts(x, weights, ids)
+    assert any("grouped_mm" in op for op in seen)
+    torch.testing.assert_close(traced, fast, rtol=1e-5, atol=1e-5)
+    one = experts(x[:1], weights[:1], ids[:1])
+    monkeypatch.setattr(kernels, "_state", "unavailable")  # no kernel: one token takes its plain path
+    torch.testing.assert_close(experts(x[:1], weights[:1], ids[:1]), one, rtol=1e-5, atol=1e-5)
 
 
 def test_pack_weights_and_compile_exclude_each_other():

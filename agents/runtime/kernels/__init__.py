@@ -56,6 +56,7 @@ _SIGNATURES = {
     "day0_moe_experts": ([_ptr] * 6 + [_c_int64] * 5 + [_ptr, _ptr], ctypes.c_int),
     "day0_pack_panels": ([_ptr, _ptr, _c_int64, _c_int64, _c_int64], None),
     "day0_panel_linear": ([_ptr] * 4 + [_c_int64] * 5 + [_ptr], None),
+    "day0_moe_panels": ([_ptr] * 6 + [_c_int64] * 5 + [_ptr, _ptr], ctypes.c_int),
 }
 PANEL = 16  # outputs per weight panel (``pack_panels``)
 
@@ -297,14 +298,76 @@ def pack_panels(w: torch.Tensor) -> torch.Tensor | None:
     return wp
 
 
+def pack_expert_panels(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Stacked SwiGLU experts ``w13 [E, 2I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]`` as the panels
+    ``moe_panels`` streams: ``[E, 2 ceil(I/16), H, 16]`` (each expert's gate panels, then its up panels, each
+    half padded with zero rows) and ``[E, ceil(H/16), I, 16]``. None when not covered."""
+    if not _ok(w13, w2) or w13.dim() != 3 or w2.dim() != 3 or not (w13.is_contiguous() and w2.is_contiguous()):
+        return None
+    e, two_i, h = w13.shape
+    inter = two_i // 2
+    if two_i % 2 or inter == 0 or h == 0 or tuple(w2.shape) != (e, h, inter):
+        return None
+    gp, hp = -(-inter // PANEL), -(-h // PANEL)
+    w13p = torch.empty((e, 2 * gp, h, PANEL), dtype=torch.float32)
+    w2p = torch.empty((e, hp, inter, PANEL), dtype=torch.float32)
+    for i in range(e):
+        _lib.day0_pack_panels(w13p[i, :gp].data_ptr(), w13[i, :inter].data_ptr(), inter, h, h)
+        _lib.day0_pack_panels(w13p[i, gp:].data_ptr(), w13[i, inter:].data_ptr(), inter, h, h)
+        _lib.day0_pack_panels(w2p[i].data_ptr(), w2[i].data_ptr(), h, inter, inter)
+    return w13p, w2p
+
+
+def unpack_expert_panels(w13p: torch.Tensor, w2p: torch.Tensor, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stacked ``(w13 [E, 2I, H], w2 [E, H, I])`` back from ``pack_expert_panels``' panels, in torch ops (new
+    tensors): for the code paths that read the plain layout (a tracer, other dtypes)."""
+    e, two_gp, h, _ = w13p.shape
+    gp = two_gp // 2
+    rows = w13p.reshape(e, 2, gp, h, PANEL).permute(0, 1, 2, 4, 3).reshape(e, 2, gp * PANEL, h)[:, :, :inter]
+    down = w2p.permute(0, 1, 3, 2).reshape(e, -1, inter)[:, :h]
+    return rows.reshape(e, 2 * inter, h), down.contiguous()
+
+
+def moe_panels(x: torch.Tensor, w13p: torch.Tensor, w2p: torch.Tensor, inter: int, ids: torch.Tensor,
+               weights: torch.Tensor) -> torch.Tensor | None:
+    """``moe_experts`` over the panels of ``pack_expert_panels`` (``inter`` = I): ``x [T, H]``, routing ``ids
+    [T, k]`` and ``weights [T, k]`` -> ``[T, H]``, each token's expert terms added in ascending expert order and
+    every product one multiply-add chain over k (a token's result is the same whatever it is batched with); any
+    number of rows per expert. None when not covered."""
+    if x.dim() != 2 or w13p.dim() != 4 or w2p.dim() != 4 or ids.dim() != 2 or ids.shape != weights.shape:
+        return None
+    t, h = x.shape
+    e, two_gp, h13, lanes = w13p.shape
+    gp, hp = -(-inter // PANEL), -(-h // PANEL)
+    if (inter < 1 or h13 != h or lanes != PANEL or two_gp != 2 * gp or tuple(w2p.shape) != (e, hp, inter, PANEL)
+            or ids.shape[0] != t or ids.dtype is not torch.int64 or not _ok(x, w13p, w2p, weights) or not ids.is_cpu
+            or not all(z.is_contiguous() for z in (x, w13p, w2p, ids, weights))):
+        return None
+    pairs = ids.numel()
+    rows = pairs + (PANEL - 1) * e  # each expert's rows padded to whole tiles
+    out = torch.empty(t, h)
+    # kept per thread: a fresh 30+ MB buffer per prefill layer was mmapped and faulted in on every call
+    scratch = _thread_buffer("moe", rows * (h + inter) + pairs * h, torch.float32)
+    work = _thread_buffer("moe_work", 10 * e + 9 * pairs + 3, torch.int64)
+    rc = _lib.day0_moe_panels(out.data_ptr(), x.data_ptr(), w13p.data_ptr(), w2p.data_ptr(), ids.data_ptr(),
+                              weights.data_ptr(), t, ids.shape[1], e, h, inter, scratch.data_ptr(), work.data_ptr())
+    return out if rc == 0 else None
+
+
 _scratch = threading.local()  # each calling thread's buffer for the re-laid rows of x (the server calls from one)
 
 
-def _rows_scratch(elements: int) -> torch.Tensor:
-    buf = getattr(_scratch, "buf", None)
+def _thread_buffer(name: str, elements: int, dtype: torch.dtype) -> torch.Tensor:
+    """The calling thread's buffer ``name`` of at least ``elements`` (grown, never shrunk)."""
+    buf = getattr(_scratch, name, None)
     if buf is None or buf.numel() < elements:
-        buf = _scratch.buf = torch.empty(max(elements, 1 << 16), dtype=torch.float32)
+        buf = torch.empty(max(elements, 1 << 16), dtype=dtype)
+        setattr(_scratch, name, buf)
     return buf
+
+
+def _rows_scratch(elements: int) -> torch.Tensor:
+    return _thread_buffer("buf", elements, torch.float32)
 
 
 def panel_linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor | None:

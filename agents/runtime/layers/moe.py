@@ -12,8 +12,17 @@ from torch import nn
 
 from agents.runtime import kernels
 from agents.runtime.distributed import all_reduce, get_parallel_state
+from agents.runtime.layers.linear import pack_layout
 from agents.runtime.layers.mlp import silu_and_mul
-from agents.runtime.layers.weights import bind_loader, check_shape, make_param, quantizable, replicated, split
+from agents.runtime.layers.weights import (
+    bind_loader,
+    check_shape,
+    make_param,
+    quantizable,
+    release_pages,
+    replicated,
+    split,
+)
 
 
 class TopKRouter(nn.Module):
@@ -45,7 +54,12 @@ class RoutedExperts(nn.Module):
     weights read once, in their own layout, for all of its rows; gate, up, SiLU, down and the weighted sum in
     one call) while the experts average at most ``FUSED_MAX_ROWS`` rows (decode and prefill chunks: torch's
     CPU grouped GEMM is a per-group loop over unpacked weights, 2-3x slower at decode); without the kernel,
-    one token takes ``_one_token_cpu`` (``one_token_cpu``)."""
+    one token takes ``_one_token_cpu`` (``one_token_cpu``).
+
+    ``pack_panels`` (``pack_weights`` on a CPU, fp32, every expert local and whole) re-lays both stacks, in place
+    of the originals, as the native kernels' panels (``kernels.pack_expert_panels``); ``kernels.moe_panels`` then
+    computes every row count (decode and whole prefills) with each token's result independent of its batch, and
+    the paths that read the stacked layout (a tracer, inputs the kernel does not cover) get it back per call."""
 
     one_token_cpu = True
     fused_cpu = True
@@ -68,6 +82,7 @@ class RoutedExperts(nn.Module):
         self.w2 = quantizable(bind_loader(make_param((self.num_local, hidden, self.inter_local)), self._load,
                                           [(e, "w2") for e in ids], self._shape))
         self.hidden = hidden
+        self.panels = False  # w13/w2 hold kernels.pack_expert_panels' layout (pack_panels)
         self._group_ids: torch.Tensor | None = None  # [E_local] 0..E_local-1 on the weights' device
 
     def _shape(self, shard_id: Hashable) -> tuple[int, int]:
@@ -91,15 +106,43 @@ class RoutedExperts(nn.Module):
             ids = self._group_ids = torch.arange(self.num_local, dtype=torch.int64, device=device)
         return ids
 
+    def pack_panels(self) -> bool:
+        """Re-lay w13 and w2 as panels (see the class), freeing the stacked originals; True when packed. Only where
+        the native kernels run (fp32 CPU weights, every expert local and whole, the panel layout chosen)."""
+        w13, w2 = self.w13, self.w2
+        if (self.panels or self.num_local != self.num_experts or self.tp_size != 1 or w13.dtype != torch.float32
+                or w13.device.type != "cpu" or pack_layout() != "panels"):
+            return False
+        with torch.inference_mode(False), torch.no_grad():
+            packed = kernels.pack_expert_panels(w13.data.contiguous(), w2.data.contiguous())
+        if packed is None:
+            return False
+        for name, old, new in (("w13", w13, packed[0]), ("w2", w2, packed[1])):
+            param = nn.Parameter(new, requires_grad=False)
+            param.__dict__.update({k: v for k, v in old.__dict__.items() if k != "file_backed"})
+            param.panel_rows = old.shape[1]  # is_packed(): a packed stack refuses a reload
+            setattr(self, name, param)
+            if getattr(old, "file_backed", False) and old.data.is_contiguous():
+                release_pages(old.data)
+        self.panels = True
+        return True
+
+    def _stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w13 [E, 2I, H], w2 [E, H, I]): the parameters, or rebuilt from their panels (a new copy per call)."""
+        if self.panels:
+            return kernels.unpack_expert_panels(self.w13, self.w2, self.inter_local)
+        return self.w13, self.w2
+
     def _one_token_cpu(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """One token on the CPU, every expert local: its k experts as plain matrix-vector products, added in
         expert order like the grouped path (reading the routing costs nothing on a CPU; the grouped fallback's
         sort, search and per-group dispatch cost 0.9 ms a step over 5 layers of the 100M Qwen3-MoE)."""
         pairs = sorted(zip(ids[0].tolist(), weights[0].tolist(), strict=True))
         out = torch.zeros_like(x)
+        w13, w2 = self._stacked()
         for expert, weight in pairs:
-            h = F.linear(x, self.w13[expert])  # h: [1, 2I]
-            out += F.linear(silu_and_mul(h), self.w2[expert]) * weight  # [1, H]
+            h = F.linear(x, w13[expert])  # h: [1, 2I]
+            out += F.linear(silu_and_mul(h), w2[expert]) * weight  # [1, H]
         return out
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -107,7 +150,12 @@ class RoutedExperts(nn.Module):
         if (x.is_cpu and self.num_local == self.num_experts and self.tp_size == 1 and self.w13.dtype == x.dtype
                 and not torch.compiler.is_compiling()
                 and not torch._C._len_torch_dispatch_stack()):  # a tracer (the operator inventory) sees the grouped ops
-            if self.fused_cpu and ids.numel() <= self.FUSED_MAX_ROWS * self.num_experts:
+            if self.panels:
+                out = kernels.moe_panels(x.contiguous(), self.w13, self.w2, self.inter_local, ids.contiguous(),
+                                         weights.contiguous())
+                if out is not None:
+                    return out
+            elif self.fused_cpu and ids.numel() <= self.FUSED_MAX_ROWS * self.num_experts:
                 out = kernels.moe_experts(x.contiguous(), self.w13, self.w2, ids.contiguous(), weights.contiguous())
                 if out is not None:
                     return out
@@ -124,8 +172,9 @@ class RoutedExperts(nn.Module):
         # ends[e]: one past the last sorted row of local expert e (rows past ends[-1] are other ranks')
         ends = torch.searchsorted(keys, self._groups(keys.device), right=True).to(torch.int32)  # [E_local]
         tok = order // top_k  # [T * k] token of each sorted row
-        h = F.grouped_mm(x.index_select(0, tok), self.w13.transpose(1, 2), offs=ends)  # h: [T * k, 2I]
-        y = F.grouped_mm(silu_and_mul(h), self.w2.transpose(1, 2), offs=ends)  # y: [T * k, H]
+        w13, w2 = self._stacked()
+        h = F.grouped_mm(x.index_select(0, tok), w13.transpose(1, 2), offs=ends)  # h: [T * k, 2I]
+        y = F.grouped_mm(silu_and_mul(h), w2.transpose(1, 2), offs=ends)  # y: [T * k, H]
         y = y * weights.flatten().index_select(0, order)[:, None]
         if remote is not None:  # their rows were never computed (uninitialised): exactly zero instead
             y = y.masked_fill(remote.index_select(0, order)[:, None], 0.0)

@@ -23,6 +23,7 @@ from agents.runtime.layers.attention import AttentionMetadata
 from agents.runtime.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from agents.runtime.layers.linear import is_packed, pack_weight
 from agents.runtime.layers.mlp import SwiGLUMLP
+from agents.runtime.layers.moe import RoutedExperts
 from agents.runtime.layers.norm import RMSNorm
 from agents.runtime.layers.quant import TensorSpec, declare_checkpoint
 from agents.runtime.layers.rotary import RotaryEmbedding
@@ -137,8 +138,8 @@ class DecoderCausalLM(nn.Module):
         oneDNN's blocks): the attention and MLP projections, shared experts included, and the LM head unless it
         is the embedding table (tied). Panels stream 1.5-2x faster than a plain or oneDNN weight at 1-2 rows and
         run batched products at oneDNN's rate; oneDNN's blocks run batched steps 1.2-2x faster than the plain
-        layout. Routed experts keep their stacked layout. Call after loading; returns the number of weights
-        packed."""
+        layout. Routed experts' stacks become panels too (``RoutedExperts.pack_panels``; with oneDNN's layout they
+        stay stacked). Call after loading; returns the number of weights packed."""
         modules: list[nn.Module] = []
         for layer in self.stage_layers:
             if isinstance(layer.self_attn, SelfAttention):
@@ -149,6 +150,10 @@ class DecoderCausalLM(nn.Module):
         if head is not None and (self.model.embed_tokens is None or head.weight is not self.model.embed_tokens.weight):
             modules.append(head)
         packed = sum(pack_weight(module) for module in modules)
+        for layer in self.stage_layers:  # routed experts: both stacks as panels where the kernels run
+            experts = getattr(layer.mlp, "experts", None)
+            if isinstance(experts, RoutedExperts) and experts.pack_panels():
+                packed += 2
         self.use_decode_layout()  # what is left plain (``column_major`` leaves packed weights alone)
         return packed
 
