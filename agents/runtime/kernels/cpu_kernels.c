@@ -694,52 +694,52 @@ void day0_pack_panels(float *wp, const float *w, int64_t N, int64_t K, int64_t l
     }
 }
 
+/* Rows of x go in tiles of DAY0_XR, as many as a tile holds in registers; for more than one row x is re-laid as
+ * [tile][k][DAY0_XR], so a tile's broadcasts at one k are DAY0_XR contiguous floats and nothing else (6-row
+ * tiles over 16-row groups, with AVX2, read 2.7x the bytes they used: 85-107 -> 113-164 GF at 128 rows). */
+#define DAY0_XR DAY0_TILE_ROWS
+
 /* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) times the panels wp (see above), plus bias [N] unless
- * NULL. xp: scratch of ceil(M / 16) * 16 * K floats (unused for one row) that holds x re-laid as [tile][k][16],
- * so a tile's 16 broadcasts at one k come from one cache line. */
+ * NULL. xp: scratch of ceil(M / DAY0_XR) * DAY0_XR * K floats (at most (M + 15) K; unused for one row). */
 void day0_panel_linear(float *y, const float *x, const float *wp, const float *bias, int64_t M, int64_t N,
                        int64_t K, int64_t ldx, int64_t ldy, float *xp) {
-    const int64_t panels = (N + DAY0_PANEL - 1) / DAY0_PANEL, tiles = (M + DAY0_PANEL - 1) / DAY0_PANEL;
+    const int64_t panels = (N + DAY0_PANEL - 1) / DAY0_PANEL, tiles = (M + DAY0_XR - 1) / DAY0_XR;
 #pragma omp parallel if (M * N * K >= 8 * DAY0_PAR_MIN && panels > 1)
     {
         if (M > 1) {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < tiles; ++t) {
-                const int64_t mr = M - t * DAY0_PANEL < DAY0_PANEL ? M - t * DAY0_PANEL : DAY0_PANEL;
-                float *dst = xp + t * DAY0_PANEL * K;
-                const float *src = x + t * DAY0_PANEL * ldx;
+                const int64_t mr = M - t * DAY0_XR < DAY0_XR ? M - t * DAY0_XR : DAY0_XR;
+                float *dst = xp + t * DAY0_XR * K;
+                const float *src = x + t * DAY0_XR * ldx;
                 for (int64_t k = 0; k < K; ++k) /* written in order, read from mr rows at once */
-                    for (int64_t i = 0; i < mr; ++i) dst[k * DAY0_PANEL + i] = src[i * ldx + k];
+                    for (int64_t i = 0; i < mr; ++i) dst[k * DAY0_XR + i] = src[i * ldx + k];
             }
         }
         const float *xs = M > 1 ? xp : x;
-        const int64_t xk = M > 1 ? DAY0_PANEL : 1, xt = M > 1 ? DAY0_PANEL * K : 0;
+        const int64_t xk = M > 1 ? DAY0_XR : 1, xt = M > 1 ? DAY0_XR * K : 0;
         /* rows in blocks whose re-laid x (rows * K floats) stays in L2 while the thread's panels go over it: x is
          * then fetched from L3 once, and each panel once per block (a 2048 x 2048 activation re-read for every
          * panel of a down projection cost 20 %) */
-        const int64_t fit = (DAY0_X_BLOCK_BYTES / (int64_t)sizeof(float) / (K > 0 ? K : 1)) / DAY0_PANEL * DAY0_PANEL;
-        const int64_t block = M <= DAY0_PANEL ? DAY0_PANEL : (fit > DAY0_PANEL ? fit : DAY0_PANEL);
+        const int64_t fit = (DAY0_X_BLOCK_BYTES / (int64_t)sizeof(float) / (K > 0 ? K : 1)) / DAY0_XR * DAY0_XR;
+        const int64_t block = M <= DAY0_XR ? DAY0_XR : (fit > DAY0_XR ? fit : DAY0_XR);
         for (int64_t m0 = 0; m0 < M; m0 += block) {
             const int64_t m1 = m0 + block < M ? m0 + block : M;
-            const int64_t t0 = m0 / DAY0_PANEL, t1 = (m1 + DAY0_PANEL - 1) / DAY0_PANEL;
+            const int64_t t0 = m0 / DAY0_XR, t1 = (m1 + DAY0_XR - 1) / DAY0_XR;
             /* the same static split of the panels in every block: a thread's panels are one contiguous run of the
              * weight, and its blocks need no barrier between them */
 #pragma omp for schedule(static) nowait
             for (int64_t p = 0; p < panels; ++p) {
                 const int64_t n0 = p * DAY0_PANEL, cols = N - n0 < DAY0_PANEL ? N - n0 : DAY0_PANEL;
                 const float *w = wp + p * K * DAY0_PANEL;
-                /* the next panel is fetched while this one is worked on from L1/L2 (its first tile's passes; at
-                 * one row the stream alone is the work): 2-16 rows ran 1.2-2x faster on a 2-core Zen 4, whose
+                /* the next panel is fetched while the first tile works this one (the later tiles find it in L1/L2;
+                 * at one row the stream alone is the work): 2-16 rows ran 1.2-2x faster on a 2-core Zen 4, whose
                  * hardware prefetch did not keep up with one stream per core at ~12 multiply-adds per line */
                 const float *next = M > 1 && p + 1 < panels ? w + K * DAY0_PANEL : 0;
                 for (int64_t t = t0; t < t1; ++t) {
-                    const int64_t mr = M - t * DAY0_PANEL < DAY0_PANEL ? M - t * DAY0_PANEL : DAY0_PANEL;
-                    for (int64_t i0 = 0; i0 < mr; i0 += DAY0_TILE_ROWS) { /* the panel again from L1/L2 */
-                        const int64_t r = mr - i0 < DAY0_TILE_ROWS ? mr - i0 : DAY0_TILE_ROWS;
-                        const float *pf = t == t0 ? next : 0;
-                        day0_panel_tiles[r](y + (t * DAY0_PANEL + i0) * ldy + n0, ldy, xs + t * xt + i0, xk, w, K,
-                                            cols, pf);
-                    }
+                    const int64_t mr = M - t * DAY0_XR < DAY0_XR ? M - t * DAY0_XR : DAY0_XR;
+                    day0_panel_tiles[mr](y + t * DAY0_XR * ldy + n0, ldy, xs + t * xt, xk, w, K, cols,
+                                         t == t0 ? next : 0);
                 }
                 if (bias)
                     for (int64_t m = m0; m < m1; ++m)
