@@ -513,6 +513,56 @@ __attribute__((optimize("fp-contract=fast"))) static void day0_dot_block(float *
     }
 }
 
+/* The routing of P (token, choice) pairs over E experts: offs [E + 1] each expert's first sorted row, order [P]
+ * the pair of each sorted row and row_of [P] its inverse (a stable counting sort: each expert's rows in token
+ * order), active the experts with rows. Returns how many are active, or -1 for an id out of range. */
+static int64_t day0_moe_route(const int64_t *ids, int64_t P, int64_t E, int64_t *offs, int64_t *order,
+                              int64_t *row_of, int64_t *active) {
+    for (int64_t e = 0; e <= E; ++e) offs[e] = 0;
+    for (int64_t p = 0; p < P; ++p) {
+        if (ids[p] < 0 || ids[p] >= E) return -1;
+        offs[ids[p] + 1] += 1;
+    }
+    for (int64_t e = 0; e < E; ++e) offs[e + 1] += offs[e];
+    int64_t n_active = 0;
+    for (int64_t e = 0; e < E; ++e)
+        if (offs[e + 1] > offs[e]) active[n_active++] = e;
+    int64_t fill[E > 0 ? E : 1];
+    for (int64_t e = 0; e < E; ++e) fill[e] = offs[e];
+    for (int64_t p = 0; p < P; ++p) {
+        const int64_t r = fill[ids[p]]++;
+        order[r] = p;
+        row_of[p] = r;
+    }
+    return n_active;
+}
+
+/* out[t] = the sum over token t's k choices, in ascending sorted row (= expert) order, of topw * ys[row]; a
+ * worksharing loop of the enclosing parallel region */
+static void day0_moe_combine(float *out, const float *ys, const int64_t *row_of, const float *topw, int64_t T,
+                             int64_t k, int64_t H) {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        float *o = out + t * H;
+        for (int64_t c = 0; c < H; ++c) o[c] = 0.0f;
+        int64_t done = 0, last = -1; /* choices added so far */
+        while (done < k) {
+            int64_t best = -1;
+            for (int64_t j = 0; j < k; ++j) {
+                const int64_t r = row_of[t * k + j];
+                if (r > last && (best < 0 || r < row_of[t * k + best])) best = j;
+            }
+            const int64_t r = row_of[t * k + best];
+            const float wgt = topw[t * k + best];
+            const float *yr = ys + r * H;
+#pragma omp simd
+            for (int64_t c = 0; c < H; ++c) o[c] += yr[c] * wgt;
+            last = r;
+            ++done;
+        }
+    }
+}
+
 #define DAY0_NB 32 /* weight rows per work item: 96 KiB of a 768-wide fp32 matrix, a few microseconds */
 
 /* Routed SwiGLU experts of T tokens, every expert local and whole:
@@ -528,24 +578,8 @@ int day0_moe_experts(float *out, const float *x, const float *w13, const float *
     const int64_t P = T * k; /* (token, choice) pairs */
     /* work: counts/offsets [E + 1], pair order [P], active experts [E], row of each pair [P] */
     int64_t *offs = work, *order = work + E + 1, *active = order + P, *row_of = active + E;
-    for (int64_t e = 0; e <= E; ++e) offs[e] = 0;
-    for (int64_t p = 0; p < P; ++p) {
-        if (ids[p] < 0 || ids[p] >= E) return -1;
-        offs[ids[p] + 1] += 1;
-    }
-    for (int64_t e = 0; e < E; ++e) offs[e + 1] += offs[e];
-    int64_t n_active = 0;
-    for (int64_t e = 0; e < E; ++e)
-        if (offs[e + 1] > offs[e]) active[n_active++] = e;
-    { /* stable counting sort of the pairs by expert: each expert's rows in token order */
-        int64_t fill[E > 0 ? E : 1];
-        for (int64_t e = 0; e < E; ++e) fill[e] = offs[e];
-        for (int64_t p = 0; p < P; ++p) {
-            const int64_t r = fill[ids[p]]++;
-            order[r] = p;
-            row_of[p] = r;
-        }
-    }
+    const int64_t n_active = day0_moe_route(ids, P, E, offs, order, row_of, active);
+    if (n_active < 0) return -1;
     float *act = scratch, *ys = scratch + P * I; /* act [P, I], ys [P, H], rows in sorted order */
     const int64_t gate_blocks = (I + DAY0_NB - 1) / DAY0_NB, down_blocks = (H + DAY0_NB - 1) / DAY0_NB;
 #pragma omp parallel
@@ -600,27 +634,7 @@ int day0_moe_experts(float *out, const float *x, const float *w13, const float *
                 }
             }
         }
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; ++t) {
-            float *o = out + t * H;
-            for (int64_t c = 0; c < H; ++c) o[c] = 0.0f;
-            int64_t done = 0; /* choices added so far, taken in ascending expert (= sorted row) order */
-            int64_t last = -1;
-            while (done < k) {
-                int64_t best = -1;
-                for (int64_t j = 0; j < k; ++j) {
-                    const int64_t r = row_of[t * k + j];
-                    if (r > last && (best < 0 || r < row_of[t * k + best])) best = j;
-                }
-                const int64_t r = row_of[t * k + best];
-                const float wgt = topw[t * k + best];
-                const float *yr = ys + r * H;
-#pragma omp simd
-                for (int64_t c = 0; c < H; ++c) o[c] += yr[c] * wgt;
-                last = r;
-                ++done;
-            }
-        }
+        day0_moe_combine(out, ys, row_of, topw, T, k, H);
     }
     return 0;
 }
@@ -772,17 +786,11 @@ int day0_moe_panels(float *out, const float *x, const float *w13p, const float *
      * per projection, [3 (P + E)] each */
     int64_t *offs = work, *order = offs + E + 1, *active = order + P, *row_of = active + E, *tile0 = row_of + P,
             *tile_e = tile0 + E + 1, *segs13 = tile_e + P + E, *segs2 = segs13 + 3 * (P + E);
-    for (int64_t e = 0; e <= E; ++e) offs[e] = 0;
-    for (int64_t p = 0; p < P; ++p) {
-        if (ids[p] < 0 || ids[p] >= E) return -1;
-        offs[ids[p] + 1] += 1;
-    }
-    for (int64_t e = 0; e < E; ++e) offs[e + 1] += offs[e];
-    int64_t n_active = 0;
+    const int64_t n_active = day0_moe_route(ids, P, E, offs, order, row_of, active);
+    if (n_active < 0) return -1;
     tile0[0] = 0;
     for (int64_t e = 0; e < E; ++e) {
         const int64_t m = offs[e + 1] - offs[e], tiles = (m + DAY0_PANEL - 1) / DAY0_PANEL;
-        if (m > 0) active[n_active++] = e;
         for (int64_t t = 0; t < tiles; ++t) tile_e[tile0[e] + t] = e;
         tile0[e + 1] = tile0[e] + tiles;
     }
@@ -805,15 +813,6 @@ int day0_moe_panels(float *out, const float *x, const float *w13p, const float *
             segs2[3 * n2] = e;
             segs2[3 * n2 + 1] = s0;
             segs2[3 * n2 + 2] = s0 + step2 < end ? s0 + step2 : end;
-        }
-    }
-    { /* stable counting sort of the pairs by expert: each expert's rows in token order */
-        int64_t fill[E > 0 ? E : 1];
-        for (int64_t e = 0; e < E; ++e) fill[e] = offs[e];
-        for (int64_t p = 0; p < P; ++p) {
-            const int64_t r = fill[ids[p]]++;
-            order[r] = p;
-            row_of[p] = r;
         }
     }
     /* xs [tiles][H][16]: each expert's rows re-laid; acts [tiles][I][16]: their SiLU(gate) * up, re-laid the same
@@ -888,26 +887,7 @@ int day0_moe_panels(float *out, const float *x, const float *w13p, const float *
                 }
             }
         }
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; ++t) {
-            float *o = out + t * H;
-            for (int64_t c = 0; c < H; ++c) o[c] = 0.0f;
-            int64_t done = 0, last = -1; /* choices added so far, in ascending expert (= sorted row) order */
-            while (done < k) {
-                int64_t best = -1;
-                for (int64_t j = 0; j < k; ++j) {
-                    const int64_t r = row_of[t * k + j];
-                    if (r > last && (best < 0 || r < row_of[t * k + best])) best = j;
-                }
-                const int64_t r = row_of[t * k + best];
-                const float wgt = topw[t * k + best];
-                const float *yr = ys + r * H;
-#pragma omp simd
-                for (int64_t c = 0; c < H; ++c) o[c] += yr[c] * wgt;
-                last = r;
-                ++done;
-            }
-        }
+        day0_moe_combine(out, ys, row_of, topw, T, k, H);
     }
     return 0;
 }
