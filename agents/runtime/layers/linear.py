@@ -105,13 +105,20 @@ def pack_weight(module: nn.Module, name: str = "weight") -> bool:
             packed = nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT), requires_grad=False)
         else:
             return False
-    packed.__dict__.update({k: v for k, v in param.__dict__.items() if k != "file_backed"})
-    if panels is not None:
-        packed.panel_rows = w.shape[0]
-    setattr(module, name, packed)
-    if getattr(param, "file_backed", False) and w.is_contiguous():
-        release_pages(w)
+    replace_packed(module, name, packed, w.shape[0] if panels is not None else 0)
     return True
+
+
+def replace_packed(module: nn.Module, name: str, packed: nn.Parameter, panel_rows: int = 0) -> None:
+    """Put ``packed`` (a re-laid copy of ``module.<name>``) in its place: the loading attributes carried over,
+    ``panel_rows`` set for panels (``is_packed``: a reload is refused), the original's file pages dropped."""
+    param = getattr(module, name)
+    packed.__dict__.update({k: v for k, v in param.__dict__.items() if k != "file_backed"})
+    if panel_rows:
+        packed.panel_rows = panel_rows
+    setattr(module, name, packed)
+    if getattr(param, "file_backed", False) and param.data.is_contiguous():
+        release_pages(param.data)
 
 
 class ReplicatedLinear(nn.Module):

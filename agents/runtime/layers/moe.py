@@ -12,17 +12,9 @@ from torch import nn
 
 from agents.runtime import kernels
 from agents.runtime.distributed import all_reduce, get_parallel_state
-from agents.runtime.layers.linear import pack_layout
+from agents.runtime.layers.linear import pack_layout, replace_packed
 from agents.runtime.layers.mlp import silu_and_mul
-from agents.runtime.layers.weights import (
-    bind_loader,
-    check_shape,
-    make_param,
-    quantizable,
-    release_pages,
-    replicated,
-    split,
-)
+from agents.runtime.layers.weights import bind_loader, check_shape, make_param, quantizable, replicated, split
 
 
 class TopKRouter(nn.Module):
@@ -118,12 +110,7 @@ class RoutedExperts(nn.Module):
         if packed is None:
             return False
         for name, old, new in (("w13", w13, packed[0]), ("w2", w2, packed[1])):
-            param = nn.Parameter(new, requires_grad=False)
-            param.__dict__.update({k: v for k, v in old.__dict__.items() if k != "file_backed"})
-            param.panel_rows = old.shape[1]  # is_packed(): a packed stack refuses a reload
-            setattr(self, name, param)
-            if getattr(old, "file_backed", False) and old.data.is_contiguous():
-                release_pages(old.data)
+            replace_packed(self, name, nn.Parameter(new, requires_grad=False), old.shape[1])
         self.panels = True
         return True
 
