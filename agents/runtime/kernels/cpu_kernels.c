@@ -763,6 +763,22 @@ void day0_panel_linear(float *y, const float *x, const float *wp, const float *b
     }
 }
 
+/* Each active expert's tiles tile0[e]..tile0[e + 1] cut into segments of at most `step` tiles, written as
+ * (expert, first tile, end tile) triples; returns how many. */
+static int64_t day0_moe_segments(int64_t *segs, const int64_t *active, int64_t n_active, const int64_t *tile0,
+                                 int64_t step) {
+    int64_t n = 0;
+    for (int64_t a = 0; a < n_active; ++a) {
+        const int64_t e = active[a], end = tile0[e + 1];
+        for (int64_t s0 = tile0[e]; s0 < end; s0 += step, ++n) {
+            segs[3 * n] = e;
+            segs[3 * n + 1] = s0;
+            segs[3 * n + 2] = s0 + step < end ? s0 + step : end;
+        }
+    }
+    return n;
+}
+
 /* W [N, K] as panels in place of the experts' stacked weights (day0_moe_panels): each expert's gate rows, then
  * its up rows, each padded to whole panels, and its down projection:
  *   w13p [E][2 GP][H][16] (GP = ceil(I / 16); panels 0..GP-1 the gate rows, GP..2GP-1 the up rows)
@@ -800,21 +816,8 @@ int day0_moe_panels(float *out, const float *x, const float *w13p, const float *
      * every panel) */
     const int64_t fit13 = DAY0_X_BLOCK_BYTES / (DAY0_PANEL * (int64_t)sizeof(float) * H),
                   fit2 = DAY0_X_BLOCK_BYTES / (DAY0_PANEL * (int64_t)sizeof(float) * (I > 0 ? I : 1));
-    const int64_t step13 = fit13 > 1 ? fit13 : 1, step2 = fit2 > 1 ? fit2 : 1;
-    int64_t n13 = 0, n2 = 0;
-    for (int64_t a = 0; a < n_active; ++a) {
-        const int64_t e = active[a], end = tile0[e + 1];
-        for (int64_t s0 = tile0[e]; s0 < end; s0 += step13, ++n13) {
-            segs13[3 * n13] = e;
-            segs13[3 * n13 + 1] = s0;
-            segs13[3 * n13 + 2] = s0 + step13 < end ? s0 + step13 : end;
-        }
-        for (int64_t s0 = tile0[e]; s0 < end; s0 += step2, ++n2) {
-            segs2[3 * n2] = e;
-            segs2[3 * n2 + 1] = s0;
-            segs2[3 * n2 + 2] = s0 + step2 < end ? s0 + step2 : end;
-        }
-    }
+    const int64_t n13 = day0_moe_segments(segs13, active, n_active, tile0, fit13 > 1 ? fit13 : 1);
+    const int64_t n2 = day0_moe_segments(segs2, active, n_active, tile0, fit2 > 1 ? fit2 : 1);
     /* xs [tiles][H][16]: each expert's rows re-laid; acts [tiles][I][16]: their SiLU(gate) * up, re-laid the same
      * way; ys [P][H]: each sorted row's down projection */
     float *xs = scratch, *acts = xs + n_tiles * DAY0_PANEL * H, *ys = acts + n_tiles * DAY0_PANEL * I;
