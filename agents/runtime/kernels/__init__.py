@@ -32,7 +32,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-ABI_VERSION = 3
+ABI_VERSION = 4
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno"]
 MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C file's fixed buffers
 PRUNE_DAYS = 30  # libraries of other sources unused this long are removed when a new one is built
@@ -47,6 +47,7 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack  # > 0 while a TorchDispatc
 _SIGNATURES = {
     "day0_abi_version": ([], ctypes.c_int),
     "day0_vector_width": ([], ctypes.c_int),
+    "day0_bind_threads": ([_ptr, ctypes.c_int], ctypes.c_int),
     "day0_rms_norm": ([_ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_float], None),
     "day0_add_rms_norm": ([_ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_float], None),
     "day0_silu_and_mul": ([_ptr, _ptr, _c_int64, _c_int64], None),
@@ -251,6 +252,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         b, heads, kv_heads, d,
         k_cache.shape[1], tables.shape[1], q.stride(0), scale, window or 0)
     return out if rc == 0 else None
+
+
+def bind_threads(cpus: list[int]) -> bool:
+    """Pin the calling thread's OpenMP team (``len(cpus)`` threads, the caller first) one thread to a CPU, for
+    every later parallel region of this thread, torch's included; True when every thread was pinned. False when
+    the library is not loaded (nothing is pinned then)."""
+    if not cpus or not available():
+        return False
+    ids = torch.tensor(cpus, dtype=torch.int32)
+    return _lib.day0_bind_threads(ids.data_ptr(), len(cpus)) == len(cpus)
 
 
 def argmax_rows(x: torch.Tensor) -> list[int] | None:

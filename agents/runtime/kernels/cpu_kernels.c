@@ -6,7 +6,10 @@
  * are written so that gcc -O3 -march=native vectorises them; OpenMP is the same runtime torch uses (libgomp is
  * already loaded by torch under the same soname), so torch.set_num_threads() governs both. */
 
+#define _GNU_SOURCE /* sched_setaffinity, CPU_SET */
 #include <math.h>
+#include <omp.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -15,7 +18,23 @@
 #define DAY0_CHUNK 32 /* keys scored at once by the decode attention (online softmax across chunks) */
 #define DAY0_PAR_MIN 32768 /* elements below which a kernel stays on the calling thread */
 
-int day0_abi_version(void) { return 3; }
+int day0_abi_version(void) { return 4; }
+
+/* Pins the calling thread's OpenMP team, n threads, one to a CPU: thread i (the caller is thread 0) to cpus[i].
+ * libgomp keeps a master's team for its later parallel regions, torch's included (one runtime, one pool), so the
+ * pinning lasts. Returns the threads pinned (n when all were; fewer when a CPU was refused or the team smaller). */
+int day0_bind_threads(const int *cpus, int n) {
+    int bound = 0;
+#pragma omp parallel num_threads(n) reduction(+ : bound)
+    {
+        const int i = omp_get_thread_num();
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpus[i], &set);
+        bound += omp_get_num_threads() == n && sched_setaffinity(0, sizeof set, &set) == 0;
+    }
+    return bound;
+}
 
 /* The vectors are the machine's own width: gcc lowers a wider generic vector into halves that it keeps in
  * memory, so a 64-byte accumulator on an AVX2-only host (AVX-512 hidden by a hypervisor, older or smaller

@@ -38,11 +38,13 @@ def build_server(
     allowed_origins: Sequence[str] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     image_limits: Any = None,
+    bind_threads: bool | None = False,
     **engine_settings: Any,
 ) -> uvicorn.Server:
     """A uvicorn server whose app loads ``model_dir`` in its engine thread; a failed load stops the server.
     ``on_engine`` runs on the built engine before it serves (tensor parallelism attaches its ranks there).
-    ``api_key`` None: ``DAY0_API_KEY`` from the environment, if set."""
+    ``api_key`` None: ``DAY0_API_KEY`` from the environment, if set. ``bind_threads`` (CPU only; None is auto,
+    see ``threads.plan_binding``) pins the engine thread's compute threads to cores before the weights load."""
     from agents.runtime.engine import LLMEngine
 
     model_dir = Path(model_dir)
@@ -55,6 +57,10 @@ def build_server(
         holder["server"].should_exit = True
 
     def factory() -> LLMEngine:
+        if bind_threads is not False and str(engine_settings.get("device", "cpu")).startswith("cpu"):
+            from agents.runtime.threads import bind_engine_threads
+
+            bind_engine_threads(bind_threads)  # this is the engine thread: its team runs every step
         engine = LLMEngine(model_dir, **engine_settings)
         if on_engine is not None:
             on_engine(engine)
