@@ -175,10 +175,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--skip-mixtral", action="store_true")
     ap.add_argument("--device", default="cpu", help="torch device of both sides (cpu, cuda); the probes stay on CPU")
+    ap.add_argument("--bind-threads", action="store_true",
+                    help="pin this process's compute threads one to a core first, as day0 serve does when its "
+                         "threads are the host's CPUs (the probes and both sides run on the same pinned team)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"threads: {torch.get_num_threads()}")
+    said = "not pinned"
+    if args.bind_threads:
+        from agents.runtime.threads import bind_engine_threads
+
+        said = bind_engine_threads(True)
+    print(f"threads: {torch.get_num_threads()} ({said})")
     probes = bandwidth_probes()
     best = max(probes.values())
     for name, gbs in probes.items():
