@@ -44,7 +44,7 @@ def bind_engine_threads(choice: bool | None) -> str:
 
     from agents.runtime import kernels
 
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    allowed = list(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # plan_binding sorts
     cpus, said = plan_binding(choice, torch.get_num_threads(), allowed)
     if cpus is not None and not kernels.bind_threads(cpus):
         said = f"not pinned: the native kernels could not pin the threads ({kernels.status()['reason'] or 'refused'})"

@@ -50,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "layout where the kernels are not built (DAY0_PACK_LAYOUT=onednn asks for it) (default: on "
                         "for fp32 on CPU unless --compile)")
     p.add_argument("--bind-threads", action=argparse.BooleanOptionalAction, default=None,
-                   help="CPU serving: pin each compute thread to one core (batch-1 decode ~12 %% faster on a busy "
-                        "2-core host); default: pinned when the threads (OMP_NUM_THREADS, DAY0_TORCH_THREADS) "
+                   help="CPU serving: pin each compute thread to one core (16 requests at once ~8 %% faster beside "
+                        "a benchmark client on a 2-core host; batch 1 within the noise); default: pinned when the threads (OMP_NUM_THREADS, DAY0_TORCH_THREADS) "
                         "are exactly the CPUs this process may use; one process only (--tp, --pp, --ep 1)")
     p.add_argument("--allocator", default="auto", choices=["auto", "tcmalloc", "system"],
                    help="CPU serving: 'auto' re-executes once with tcmalloc preloaded when the host has it "
