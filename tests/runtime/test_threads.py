@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agents.runtime import kernels
-from agents.runtime.threads import plan_binding
+from agents.runtime.threads import plan_binding, plan_rank_threads
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,15 +63,28 @@ def test_bind_threads_pins_the_callers_team_one_thread_a_cpu_in_a_fresh_process(
     assert kernels.bind_threads([]) is False
 
 
-def test_day0_serve_takes_bind_threads_and_refuses_it_for_several_ranks(tmp_path, capsys):
-    from agents.runtime.commands.serve import handle, register
+def test_day0_serve_takes_bind_threads():
+    from agents.runtime.commands.serve import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     assert parser.parse_args(["serve", "m"]).bind_threads is None  # auto
     assert parser.parse_args(["serve", "m", "--bind-threads"]).bind_threads is True
     assert parser.parse_args(["serve", "m", "--no-bind-threads"]).bind_threads is False
-    (tmp_path / "config.json").write_text("{}")
-    args = parser.parse_args(["serve", str(tmp_path), "--bind-threads", "--tp", "2", "--allocator", "system"])
-    assert handle(args) == 2
-    assert "--bind-threads pins one process's threads" in capsys.readouterr().out
+    assert parser.parse_args(["serve", "m", "--tp", "2", "--bind-threads"]).bind_threads is True  # per rank
+
+
+def test_the_ranks_on_a_host_split_its_cpus_into_contiguous_shares_of_their_own():
+    assert [plan_rank_threads([1, 0], None, 2, r) for r in (0, 1)] == [([0], 1, True), ([1], 1, True)]
+    five = [plan_rank_threads([4, 3, 2, 1, 0], None, 2, r) for r in (0, 1)]  # the first share one longer
+    assert five == [([0, 1, 2], 3, True), ([3, 4], 2, True)]
+    # OMP_NUM_THREADS is the whole server's: its first CPUs, cut between the ranks
+    assert [plan_rank_threads(list(range(8)), 4, 2, r)[0] for r in (0, 1)] == [[0, 1], [2, 3]]
+    assert [plan_rank_threads(list(range(8)), 4, 4, r)[0] for r in range(4)] == [[0], [1], [2], [3]]
+    assert plan_rank_threads([0, 1, 2], 9, 3, 2) == ([2], 1, True)  # more asked than there are: all of them
+    # fewer CPUs than ranks: shared by all, one thread each, never pinned (not own)
+    assert plan_rank_threads([0, 1], None, 3, 2) == ([0, 1], 1, False)
+    assert plan_rank_threads([0, 1], 1, 2, 0) == ([0], 1, False)
+    assert plan_rank_threads([0, 1], None, 1, 0) == ([0, 1], 2, True)
+    with pytest.raises(ValueError, match="local rank 2 is not one of the 2 ranks"):
+        plan_rank_threads([0, 1], None, 2, 2)

@@ -52,7 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bind-threads", action=argparse.BooleanOptionalAction, default=None,
                    help="CPU serving: pin each compute thread to one core (16 requests at once ~8 %% faster beside "
                         "a benchmark client on a 2-core host; batch 1 within the noise); default: pinned when the threads (OMP_NUM_THREADS, DAY0_TORCH_THREADS) "
-                        "are exactly the CPUs this process may use; one process only (--tp, --pp, --ep 1)")
+                        "are exactly the CPUs this process may use; with --tp/--pp/--ep the ranks on a host split its CPUs "
+                        "(one thread per CPU of a rank's own share) and each is pinned to its share")
     p.add_argument("--allocator", default="auto", choices=["auto", "tcmalloc", "system"],
                    help="CPU serving: 'auto' re-executes once with tcmalloc preloaded when the host has it "
                         "(5x fewer page faults per decode step than glibc malloc) and huge pages for torch's large "
@@ -102,9 +103,6 @@ def handle(args: argparse.Namespace) -> int:
         return 2
     if args.pack_weights and args.compile:
         print("day0 serve: --pack-weights and --compile exclude each other", flush=True)
-        return 2
-    if args.bind_threads and (args.tp > 1 or args.pp > 1 or args.ep > 1):
-        print("day0 serve: --bind-threads pins one process's threads for now (--tp, --pp and --ep 1)", flush=True)
         return 2
     if args.pack_weights is None:
         args.pack_weights = packs_by_default(args.dtype, args.device, args.compile)
@@ -160,5 +158,5 @@ def handle(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         **({"compile": True, "compile_cache_dir": args.compile_cache} if args.compile else {}),
         **({"pack_weights": True} if args.pack_weights else {}),
-        **({"bind_threads": args.bind_threads} if run is serve else {}),
+        bind_threads=args.bind_threads,
     )

@@ -136,13 +136,22 @@ def attach(engine: Any) -> None:
             engine.expert_load.counts = _all_stage_counts(engine, stats)
 
 
-def worker(model_dir: str, dtype: str, device: str) -> None:
-    """Ranks > 0: load this rank's shard, size the cache as rank 0 says, run every step rank 0 sends."""
+def worker(model_dir: str, dtype: str, device: str, bind_threads: bool | None = False,
+           pack_weights: bool = False) -> None:
+    """Ranks > 0: load this rank's shard, size the cache as rank 0 says, run every step rank 0 sends (this
+    thread's compute threads pinned first, as ``bind_threads`` says, on a CPU; its weights packed as rank 0's
+    engine packs its own when ``pack_weights``: a rank on the unpacked path made every step wait for it)."""
     from agents.runtime.engine.model_runner import ModelRunner
     from agents.runtime.engine.rank_failure import fail_worker, inject_fault
     from agents.runtime.loader import load_model
 
+    if bind_threads is not False and str(device).startswith("cpu"):
+        from agents.runtime.threads import bind_engine_threads
+
+        bind_engine_threads(bind_threads)  # this thread runs every step
     model = load_model(model_dir, dtype=dtype, device=device).model
+    if pack_weights and hasattr(model, "pack_weights"):
+        log.info("packed %d weights", model.pack_weights())  # before the KV pool takes the memory, as rank 0
     num_blocks, block_size = broadcast_from_rank0(None)
     runner = ModelRunner(model, device, block_size, num_blocks)
     rank, step = dist.get_rank(), 0
@@ -177,6 +186,12 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
     # the backend follows the serving device, not whether a GPU exists: a CPU run on a GPU host stays on gloo
     backend = "nccl" if str(serve_kwargs.get("device", "cpu")).startswith("cuda") else "gloo"
     tp, ep, pp = layout or (world, 1, 1)
+    if str(serve_kwargs.get("device", "cpu")).startswith("cpu"):  # the host's CPUs split between its ranks
+        from agents.runtime.threads import setup_rank_threads
+
+        local = list(node.global_ranks(world)) if node is not None else list(range(world))
+        serve_kwargs = {**serve_kwargs, "bind_threads": setup_rank_threads(
+            serve_kwargs.get("bind_threads"), len(local), local.index(rank))}
     try:
         init_distributed(rank, world, tp_size=tp, ep_size=ep, pp_size=pp, backend=backend,
                          timeout=float(os.environ.get("DAY0_TP_TIMEOUT_S", 300)), node=node)
@@ -195,7 +210,8 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
 
             code = serve(model_dir, on_engine=attach, **serve_kwargs)  # the other ranks follow every step
             sys.exit(1 if failure() else code)
-        worker(model_dir, serve_kwargs.get("dtype", "float32"), serve_kwargs.get("device", "cpu"))
+        worker(model_dir, serve_kwargs.get("dtype", "float32"), serve_kwargs.get("device", "cpu"),
+               serve_kwargs.get("bind_threads", False), bool(serve_kwargs.get("pack_weights")))
     finally:
         destroy_distributed()
 
