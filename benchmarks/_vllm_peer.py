@@ -182,6 +182,7 @@ class Server:
     started: float = 0.0
     ready_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    ready_path: str = "/v1/models"  # answers 200 once requests are served (day0's /v1/models answers while loading)
 
     @property
     def url(self) -> str:
@@ -208,13 +209,13 @@ class Server:
                          f"({self.log_path}):\n{text[-3000:]}")
 
     def wait_ready(self, timeout: float = 900.0) -> float:
-        """Seconds from start until ``/v1/models`` answers; a PeerError naming the cause if it dies first."""
+        """Seconds from start until ``ready_path`` answers; a PeerError naming the cause if it dies first."""
         deadline = self.started + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise self._died()
             try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}{self.ready_path}", timeout=2).status_code == 200:
                     self.ready_s = time.monotonic() - self.started
                     return self.ready_s
             except httpx.HTTPError:
@@ -248,7 +249,8 @@ def day0_server(model_dir: Path, threads: int, max_model_len: int, kv_gib: float
     cmd = [sys.executable, "-c", "import sys; from day0portal.cli import main; sys.exit(main())",
            "serve", str(model_dir), "--port", str(port), "--dtype", "float32", "--max-model-len", str(max_model_len),
            "--num-blocks", str(kv_blocks_for(model_dir, kv_gib)), "--served-model-name", SERVED_NAME]
-    return Server("day0", cmd, {**_base_env(threads), "PYTHONPATH": str(ROOT)}, logs / "day0-server.log", port)
+    return Server("day0", cmd, {**_base_env(threads), "PYTHONPATH": str(ROOT)}, logs / "day0-server.log", port,
+                  ready_path="/ready")
 
 
 def vllm_server(model_dir: Path, threads: int, max_model_len: int, kv_gib: float, logs: Path,
