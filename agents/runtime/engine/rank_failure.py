@@ -4,7 +4,8 @@ A rank's collective can only be matched by its peers, so a step that failed on a
 retried: the step is abandoned everywhere and the server exits non-zero with the failing rank's error.
 
 - A worker (rank > 0) whose step raises writes its error to the job's error directory and exits at once: its
-  sockets close, so rank 0's pending collective raises instead of waiting (NCCL: the group's timeout ends it).
+  sockets close, so rank 0's pending collective raises instead of waiting (NCCL: the group's timeout ends it; a
+  shared-memory all-reduce: the abort it sets, or its process found gone).
 - Rank 0's ``StepGuard`` turns the failed step into an error naming the rank at fault (the request gets it),
   fails every later step at once, stops broadcasting, and shuts the server down (SIGTERM to itself after the
   responses are out); ``_rank_main`` then exits 1.
@@ -129,9 +130,13 @@ def failure() -> str | None:
 
 def fail_worker(rank: int, exc: BaseException) -> None:
     """A worker's step failed: record why and exit now (peers blocked on us see the connection close)."""
+    from agents.runtime.distributed import CollectiveAbandoned, abandon_collectives
+
     message = f"rank {rank}: {type(exc).__name__}: {exc}"
     log.error("step failed on %s\n%s", message, "".join(traceback.format_exception(exc)))
-    record_error(rank, message)
+    if not isinstance(exc, CollectiveAbandoned):  # a rank that only saw a peer give up is not the cause
+        record_error(rank, message)
+    abandon_collectives()  # after the error is written: a peer that stops waiting finds it
     os._exit(1)
 
 
@@ -152,6 +157,9 @@ class StepGuard:
             inject_fault(0, self.steps)
             return self.execute(inputs)
         except Exception as exc:
+            from agents.runtime.distributed import abandon_collectives
+
+            abandon_collectives()  # peers waiting in a shared-memory all-reduce of this step stop waiting
             peers = read_errors(wait_s=2.0)
             own = f"rank 0: {type(exc).__name__}: {exc}"
             cause = next((msg for r, msg in peers.items() if r != 0), own)

@@ -32,7 +32,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-ABI_VERSION = 4
+ABI_VERSION = 5
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno"]
 MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C file's fixed buffers
 PRUNE_DAYS = 30  # libraries of other sources unused this long are removed when a new one is built
@@ -58,6 +58,8 @@ _SIGNATURES = {
     "day0_pack_panels": ([_ptr, _ptr, _c_int64, _c_int64, _c_int64], None),
     "day0_panel_linear": ([_ptr] * 4 + [_c_int64] * 5 + [_ptr], None),
     "day0_moe_panels": ([_ptr] * 6 + [_c_int64] * 5 + [_ptr, _ptr], ctypes.c_int),
+    "day0_shm_allreduce": ([_ptr, _c_int64, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, ctypes.c_double],
+                           ctypes.c_int),
 }
 PANEL = 16  # outputs per weight panel (``pack_panels``)
 
@@ -262,6 +264,14 @@ def bind_threads(cpus: list[int]) -> bool:
         return False
     ids = torch.tensor(cpus, dtype=torch.int32)
     return _lib.day0_bind_threads(ids.data_ptr(), len(cpus)) == len(cpus)
+
+
+def shm_allreduce(x: torch.Tensor, segment: int, rank: int, world: int, slot: int, seq: int, budget_s: float) -> int:
+    """One call of the shared-memory all-reduce (``day0_shm_allreduce``) on contiguous fp32 CPU ``x`` of at most
+    ``slot`` elements, over the segment at address ``segment``: 0 done, -1 a rank still missing after
+    ``budget_s`` (call again with the same ``seq``), -2 a rank abandoned. The caller (``distributed``) owns the
+    segment and the sequence; the library must be loaded."""
+    return _lib.day0_shm_allreduce(x.data_ptr(), x.numel(), segment, rank, world, slot, seq, budget_s)
 
 
 def argmax_rows(x: torch.Tensor) -> list[int] | None:
