@@ -244,27 +244,34 @@ def _base_env(threads: int) -> dict[str, str]:
     return env
 
 
-def day0_server(model_dir: Path, threads: int, max_model_len: int, kv_gib: float, logs: Path) -> Server:
+def day0_server(model_dir: Path, threads: int, max_model_len: int, kv_gib: float, logs: Path, tp: int = 1) -> Server:
+    """``tp`` > 1: that many ranks, which split the ``threads`` CPUs between them (``threads.plan_rank_threads``)."""
     port = free_port()
     cmd = [sys.executable, "-c", "import sys; from day0portal.cli import main; sys.exit(main())",
            "serve", str(model_dir), "--port", str(port), "--dtype", "float32", "--max-model-len", str(max_model_len),
-           "--num-blocks", str(kv_blocks_for(model_dir, kv_gib)), "--served-model-name", SERVED_NAME]
+           "--num-blocks", str(kv_blocks_for(model_dir, kv_gib)), "--served-model-name", SERVED_NAME,
+           *(["--tp", str(tp)] if tp > 1 else [])]
     return Server("day0", cmd, {**_base_env(threads), "PYTHONPATH": str(ROOT)}, logs / "day0-server.log", port,
                   ready_path="/ready")
 
 
 def vllm_server(model_dir: Path, threads: int, max_model_len: int, kv_gib: float, logs: Path,
-                venv: Path = VENV) -> Server:
+                venv: Path = VENV, tp: int = 1) -> Server:
+    """``tp`` > 1: ``--tensor-parallel-size``, each rank bound to the same share of the cores as day0's rank
+    (``VLLM_CPU_OMP_THREADS_BIND`` takes one list per rank, separated by ``|``)."""
+    from agents.runtime.threads import plan_rank_threads
+
     cores = sorted(os.sched_getaffinity(0))[:threads]
+    shares = [plan_rank_threads(cores, None, tp, r)[0] for r in range(tp)]
     libs, notes = preloads(venv)
     env = {**_base_env(threads), "VLLM_CPU_KVCACHE_SPACE": f"{kv_gib:g}",
-           "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores)}
+           "VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(str(c) for c in share) for share in shares)}
     if libs:
         env["LD_PRELOAD"] = ":".join(libs)
     port = free_port()
     cmd = [str(venv / "bin" / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--max-model-len", str(max_model_len), "--served-model-name", SERVED_NAME,
-           "--no-enable-prefix-caching", "--disable-log-stats"]
+           "--no-enable-prefix-caching", "--disable-log-stats", *(["--tensor-parallel-size", str(tp)] if tp > 1 else [])]
     server = Server("vllm", cmd, env, logs / "vllm-server.log", port)
     server.notes = notes + [f"LD_PRELOAD={env.get('LD_PRELOAD', '')}",
                             f"VLLM_CPU_OMP_THREADS_BIND={env['VLLM_CPU_OMP_THREADS_BIND']}"]

