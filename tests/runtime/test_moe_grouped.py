@@ -197,6 +197,26 @@ def test_fused_cpu_kernel_equals_the_reference_and_the_grouped_gemms(tokens, top
 
 
 @pytest.mark.skipif(not kernels.available(), reason=f"kernels not built: {kernels.status()}")
+@pytest.mark.parametrize("packed", [False, True])
+def test_an_intermediate_split_runs_the_cpu_kernels_and_its_partial_sums_add_up_to_the_whole(monkeypatch, packed):
+    """TP over the experts' intermediate size (every expert local): each rank's kernel computes its partial sum
+    (its slice of gate/up and the matching columns of down), as the grouped path does; the ranks' sum is the
+    whole layer's output."""
+    name = "moe_panels" if packed else "moe_experts"
+    calls: list[int] = []
+    original = getattr(kernels, name)
+    monkeypatch.setattr(kernels, name, lambda *a: (out := original(*a)) is not None and calls.append(1) or out)
+    w = full_weights()
+    x, weights, ids = routing(12, 2, seed=4)
+    halves = [experts_of(rank, 2, 1, w) for rank in range(2)]
+    if packed:
+        assert all(h.pack_panels() for h in halves)
+    with torch.inference_mode():
+        total = sum(h(x, weights, ids) for h in halves)
+    assert calls == [1, 1]
+    torch.testing.assert_close(total, reference(w, x, weights, ids), rtol=1e-4, atol=1e-5)
+
+
 def test_fused_cpu_kernel_steps_aside_for_long_prefills_splits_and_other_dtypes(monkeypatch):
     calls: list[int] = []  # the kernel's answers (a bfloat16 call reaches it and is refused: None)
     original = kernels.moe_experts
@@ -206,6 +226,5 @@ def test_fused_cpu_kernel_steps_aside_for_long_prefills_splits_and_other_dtypes(
     with torch.inference_mode():
         experts_of(0, 1, 1, w)(x, weights, ids)
         sum(experts_of(rank, 1, 2, w)(x[:4], weights[:4], ids[:4]) for rank in range(2))  # EP halves
-        sum(experts_of(rank, 2, 1, w)(x[:4], weights[:4], ids[:4]) for rank in range(2))  # intermediate split
         experts_of(0, 1, 1, w).to(torch.bfloat16)(x[:4].bfloat16(), weights[:4], ids[:4])
     assert calls == []

@@ -41,14 +41,14 @@ class RoutedExperts(nn.Module):
     of one reads only its k experts' weights and a step stays capturable. Checkpoint shard ids are
     ``(expert_id, "w1"|"w3"|"w2")``.
 
-    On a CPU with every expert local and whole (fp32, not traced), reading the routing waits for nothing, and
+    On a CPU with every expert local (whole, or this rank's TP slice of the intermediate size) (fp32, not traced), reading the routing waits for nothing, and
     two faster paths take over: ``fused_cpu`` runs the native kernel (``kernels.moe_experts``: each expert's
     weights read once, in their own layout, for all of its rows; gate, up, SiLU, down and the weighted sum in
     one call) while the experts average at most ``FUSED_MAX_ROWS`` rows (decode and prefill chunks: torch's
     CPU grouped GEMM is a per-group loop over unpacked weights, 2-3x slower at decode); without the kernel,
     one token takes ``_one_token_cpu`` (``one_token_cpu``).
 
-    ``pack_panels`` (``pack_weights`` on a CPU, fp32, every expert local and whole) re-lays both stacks, in place
+    ``pack_panels`` (``pack_weights`` on a CPU, fp32, every expert local (whole, or this rank's TP slice of the intermediate size)) re-lays both stacks, in place
     of the originals, as the native kernels' panels (``kernels.pack_expert_panels``); ``kernels.moe_panels`` then
     computes every row count (decode and whole prefills) with each token's result independent of its batch, and
     the paths that read the stacked layout (a tracer, inputs the kernel does not cover) get it back per call."""
@@ -100,9 +100,9 @@ class RoutedExperts(nn.Module):
 
     def pack_panels(self) -> bool:
         """Re-lay w13 and w2 as panels (see the class), freeing the stacked originals; True when packed. Only where
-        the native kernels run (fp32 CPU weights, every expert local and whole, the panel layout chosen)."""
+        the native kernels run (fp32 CPU weights, every expert local (whole, or this rank's TP slice of the intermediate size), the panel layout chosen)."""
         w13, w2 = self.w13, self.w2
-        if (self.panels or self.num_local != self.num_experts or self.tp_size != 1 or w13.dtype != torch.float32
+        if (self.panels or self.num_local != self.num_experts or w13.dtype != torch.float32
                 or w13.device.type != "cpu" or pack_layout() != "panels"):
             return False
         with torch.inference_mode(False), torch.no_grad():
@@ -134,7 +134,7 @@ class RoutedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, H], weights/ids: [T, k] -> this rank's partial sum [T, H]."""
-        if (x.is_cpu and self.num_local == self.num_experts and self.tp_size == 1 and self.w13.dtype == x.dtype
+        if (x.is_cpu and self.num_local == self.num_experts and self.w13.dtype == x.dtype
                 and not torch.compiler.is_compiling()
                 and not torch._C._len_torch_dispatch_stack()):  # a tracer (the operator inventory) sees the grouped ops
             if self.panels:
