@@ -11,6 +11,7 @@ process never touches ``torch.distributed``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -200,6 +201,7 @@ class ShmAllReduce:
     POLL_S = 0.05  # the native wait returns this often so the peers' liveness is checked
 
     def __init__(self, rank: int, world: int, timeout: float | None) -> None:
+        import ctypes
         import mmap
         import secrets
 
@@ -218,7 +220,8 @@ class ShmAllReduce:
                 token[0] = name
             except OSError as exc:
                 log.warning("shared-memory all-reduce unavailable (%s): gloo sums every collective", exc)
-                _unlink(name)
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
         dist.broadcast_object_list(token, src=0)
         path = token[0]
         if path is None:
@@ -234,14 +237,13 @@ class ShmAllReduce:
             log.warning("shared-memory all-reduce: rank %d cannot map %s (%s)", rank, path, exc)
         mapped: list[Any] = [None] * world
         dist.all_gather_object(mapped, self._map is not None)  # every rank or none takes it
-        if rank == 0:
-            _unlink(path)  # every rank has it mapped: the name can go (nothing is left behind by a crash)
+        if rank == 0:  # every rank has it mapped: the name can go (nothing is left behind by a crash)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         if not all(mapped):
             if self._map is not None:
                 self._map.close()
             raise ShmUnavailable("a rank could not map the segment")
-        import ctypes
-
         self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
         self._abort = ctypes.c_int64.from_address(self._address + world * 64)
         pids: list[Any] = [None] * world
@@ -281,13 +283,6 @@ class ShmAllReduce:
 
 class ShmUnavailable(RuntimeError):
     """The segment could not be made or mapped on some rank: every rank sums through gloo instead."""
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def _alive(pid: int) -> bool:

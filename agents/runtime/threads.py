@@ -98,8 +98,8 @@ def setup_rank_threads(choice: bool | None, local_world: int, local_rank: int) -
     share (``plan_rank_threads``; ``DAY0_TORCH_THREADS`` sets the count per rank instead), and that share kept
     for ``bind_engine_threads``, which pins the compute team to it. Only the team: confining the whole process
     to its share (gloo's I/O threads and rank 0's HTTP loop with it) made a --tp 2 decode step on 2 cores 48 ms
-    against 34 unpinned. Returns the ``--bind-threads`` choice the rank's compute thread then applies (False where the CPUs are
-    shared: pinning would stack the ranks on the same cores)."""
+    against 34 unpinned. Returns the ``--bind-threads`` choice the rank's compute thread then applies (False
+    where the CPUs are shared: pinning would stack the ranks on the same cores)."""
     import torch
 
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

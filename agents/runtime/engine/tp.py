@@ -184,9 +184,10 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
     _STORE_AT.append((node.master_addr, node.master_port) if node is not None else ("127.0.0.1", port))
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     # the backend follows the serving device, not whether a GPU exists: a CPU run on a GPU host stays on gloo
-    backend = "nccl" if str(serve_kwargs.get("device", "cpu")).startswith("cuda") else "gloo"
+    device = str(serve_kwargs.get("device", "cpu"))
+    backend = "nccl" if device.startswith("cuda") else "gloo"
     tp, ep, pp = layout or (world, 1, 1)
-    if str(serve_kwargs.get("device", "cpu")).startswith("cpu"):  # the host's CPUs split between its ranks
+    if device.startswith("cpu"):  # the host's CPUs split between its ranks
         from agents.runtime.threads import setup_rank_threads
 
         local = list(node.global_ranks(world)) if node is not None else list(range(world))
@@ -210,8 +211,8 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
 
             code = serve(model_dir, on_engine=attach, **serve_kwargs)  # the other ranks follow every step
             sys.exit(1 if failure() else code)
-        worker(model_dir, serve_kwargs.get("dtype", "float32"), serve_kwargs.get("device", "cpu"),
-               serve_kwargs.get("bind_threads", False), bool(serve_kwargs.get("pack_weights")))
+        worker(model_dir, serve_kwargs.get("dtype", "float32"), device, serve_kwargs.get("bind_threads", False),
+               bool(serve_kwargs.get("pack_weights")))
     finally:
         destroy_distributed()
 
