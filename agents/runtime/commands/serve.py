@@ -95,13 +95,6 @@ def handle(args: argparse.Namespace) -> int:
         if value < 1:
             print(f"day0 serve: {flag} must be >= 1, got {value}", flush=True)
             return 2
-    from agents.runtime.server.launcher import switch_interval_from_env
-
-    try:
-        switch_interval_from_env()
-    except ValueError as exc:
-        print(f"day0 serve: {exc}", flush=True)
-        return 2
     if not 0.001 <= args.max_body_mb <= 1024:
         print(f"day0 serve: --max-body-mb must be in [0.001, 1024], got {args.max_body_mb}", flush=True)
         return 2

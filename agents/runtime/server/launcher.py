@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -82,38 +81,8 @@ def build_server(
     return server
 
 
-DEFAULT_SWITCH_INTERVAL_S = 0.0005
-
-
-def switch_interval_from_env() -> float | None:
-    """The interpreter's thread switch interval a serving process runs with: ``DAY0_SWITCH_INTERVAL_S`` seconds
-    (empty: 0.5 ms; ``default``: Python's own 5 ms, left alone). One process holds the HTTP loop and the
-    engine thread; each step the engine thread comes back from kernels that release the GIL and waits for it,
-    and with 5 ms the event loop, busy parsing and streaming for many clients, keeps it that long: prefill
-    steps stall behind it. Measured on 2 cores, 100M Qwen3-MoE, 16 at once under ``vllm bench serve``, three
-    alternated rounds: 441-534 tok/s and a p99 TTFT of 1.1-1.2 s in two rounds at 5 ms, 494-560 tok/s and p99
-    TTFT 0.6 s at 0.5 ms. ValueError names a bad value."""
-    raw = os.environ.get("DAY0_SWITCH_INTERVAL_S", "").strip()
-    if not raw:
-        return DEFAULT_SWITCH_INTERVAL_S
-    if raw.lower() == "default":
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 1e-5 <= value <= 0.1:  # also false for nan
-        raise ValueError(f"DAY0_SWITCH_INTERVAL_S must be seconds in [0.00001, 0.1] or 'default', got {raw!r}")
-    return value
-
-
 def serve(model_dir: str | Path, **kwargs: Any) -> int:
-    """Run until interrupted; exit code 1 when the model could not be loaded. The process's thread switch
-    interval is set first (``switch_interval_from_env``)."""
-    interval = switch_interval_from_env()
-    if interval is not None:
-        sys.setswitchinterval(interval)
-        log.info("thread switch interval %.2g ms (DAY0_SWITCH_INTERVAL_S)", interval * 1e3)
+    """Run until interrupted; exit code 1 when the model could not be loaded."""
     torch_threads = os.environ.get("DAY0_TORCH_THREADS")
     if torch_threads:
         import torch
