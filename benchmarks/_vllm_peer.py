@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / "var" / "vllm-venv"
@@ -235,6 +236,41 @@ class Server:
             self.proc.wait(timeout=10)
         except ProcessLookupError:
             pass
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process ``pid`` and every live descendant have used so far."""
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def settle(servers: list[Server], quiet_cores: float = 0.05, window_s: float = 0.2, timeout_s: float = 10.0) -> float:
+    """Wait until the machine is quiet: every server's process tree used less than ``quiet_cores`` cores over one
+    ``window_s`` window; the seconds waited (``timeout_s`` at most). A run must not start while the last one's
+    server still works: measured on 2 cores, vLLM-CPU's engine kept one core busy for ~0.9 s after
+    ``vllm bench serve`` had returned (day0's server went quiet at once), and the side measured right after it
+    lost half the machine for the first second of its run (p99 TTFT 1.2 s against 0.5 s)."""
+    live = [s for s in servers if s.proc is not None and s.proc.poll() is None]
+    start = time.monotonic()
+    before = [tree_cpu_s(s.proc.pid) for s in live]
+    while time.monotonic() - start < timeout_s:
+        time.sleep(window_s)
+        now = [tree_cpu_s(s.proc.pid) for s in live]
+        if all(b - a < quiet_cores * window_s for a, b in zip(before, now, strict=True)):
+            break
+        before = now
+    return time.monotonic() - start - window_s
 
 
 def _base_env(threads: int) -> dict[str, str]:

