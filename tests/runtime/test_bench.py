@@ -211,3 +211,34 @@ def test_vllms_own_benchmark_client_is_answered_by_our_server(tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["completed"] == 4 and result["failed"] == 0
     assert result["total_output_tokens"] == 16
+
+
+def test_serving_vllm_waits_for_a_server_that_still_works_after_its_run():
+    """``_vllm_peer.settle``: a run starts only once every server's process tree is quiet; a child that spins for
+    0.6 s after the last run is waited for, and idle servers cost one quiet window."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import _vllm_peer as peer
+
+    spin = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time\\nt = time.monotonic()\\nwhile time.monotonic() - t < 0.6: pass\\ntime.sleep(30)']); "
+            "time.sleep(30)")
+    busy = peer.Server("vllm", [], {}, Path("/dev/null"), 0, proc=subprocess.Popen([sys.executable, "-c", spin]))
+    idle = peer.Server("day0", [], {}, Path("/dev/null"), 0, proc=subprocess.Popen([sys.executable, "-c",
+                                                                                   "import time; time.sleep(30)"]))
+    try:
+        time.sleep(0.3)  # both interpreters up; the grandchild of the busy one spinning
+        assert peer.tree_cpu_s(busy.proc.pid) > 0.05
+        waited = peer.settle([busy, idle], timeout_s=5.0)
+        assert 0.1 <= waited < 2.0
+        assert peer.settle([busy, idle], timeout_s=5.0) < 0.15  # quiet now: one window
+    finally:
+        for server in (busy, idle):
+            for child in __import__("psutil").Process(server.proc.pid).children(recursive=True):
+                child.kill()
+            server.proc.kill()
+            server.proc.wait()
