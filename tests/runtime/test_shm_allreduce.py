@@ -85,3 +85,48 @@ def test_a_peer_that_is_gone_or_abandoned_ends_the_wait_with_an_error():
     assert left.startswith("all-reduce: rank 1 is gone"), left
     assert float(left.split(" after ")[1].split()[0]) < 10
     assert launch(peer_abandons, 2, timeout=60)[0] == "all-reduce: another rank abandoned the step (it failed)"
+
+
+def shm_fails(where: str) -> dict:
+    """The segment made again under a fault: ``reserve`` (rank 0's posix_fallocate fails, as on a full /dev/shm)
+    or ``map`` (rank 1 cannot map it). Every rank must fall back to gloo together, the segment's name must not
+    be left in /dev/shm, and the sums must still be right."""
+    import errno
+    import glob
+    import mmap
+    import os
+    from unittest import mock
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    distributed._SHM.close()
+    distributed._SHM = None
+    before = set(glob.glob("/dev/shm/day0-allreduce-*"))
+
+    def no_space(*_a):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    patches = []
+    if where == "reserve" and rank == 0:
+        patches.append(mock.patch.object(os, "posix_fallocate", no_space))
+    if where == "map" and rank == 1:
+        patches.append(mock.patch.object(mmap, "mmap", no_space))
+    for p in patches:
+        p.start()
+    try:
+        distributed._start_shm(rank, world, "gloo", 30.0, None)
+    finally:
+        for p in patches:
+            p.stop()
+    dist.barrier()
+    left = sorted(set(glob.glob("/dev/shm/day0-allreduce-*")) - before)
+    expected = _part(0, 768) + _part(1, 768)
+    got = distributed.all_reduce(_part(rank, 768), group="tp")
+    return {"shm": distributed._SHM is not None, "left": left, "sum": torch.equal(got, expected)}
+
+
+@pytest.mark.parametrize("where", ["reserve", "map"])
+def test_a_segment_that_cannot_be_made_or_mapped_falls_back_to_gloo_on_every_rank(where):
+    per_rank = launch(shm_fails, 2, where, timeout=120)
+    assert [r["shm"] for r in per_rank] == [False, False]
+    assert all(r["left"] == [] for r in per_rank)  # nothing left behind in /dev/shm
+    assert all(r["sum"] for r in per_rank)
