@@ -221,6 +221,8 @@ def test_serving_vllm_waits_for_a_server_that_still_works_after_its_run():
     import time
     from pathlib import Path
 
+    import psutil
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import _vllm_peer as peer
 
@@ -238,7 +240,7 @@ def test_serving_vllm_waits_for_a_server_that_still_works_after_its_run():
         assert peer.settle([busy, idle], timeout_s=5.0) < 0.15  # quiet now: one window
     finally:
         for server in (busy, idle):
-            for child in __import__("psutil").Process(server.proc.pid).children(recursive=True):
+            for child in psutil.Process(server.proc.pid).children(recursive=True):
                 child.kill()
             server.proc.kill()
             server.proc.wait()
