@@ -215,7 +215,7 @@ def test_vllms_own_benchmark_client_is_answered_by_our_server(tmp_path):
 
 def test_serving_vllm_waits_for_a_server_that_still_works_after_its_run():
     """``_vllm_peer.settle``: a run starts only once every server's process tree is quiet; a child that spins for
-    0.6 s after the last run is waited for, and idle servers cost one quiet window."""
+    0.6 s after the last run is waited for (a child: the tree counts), and idle servers cost one quiet window."""
     import subprocess
     import sys
     import time
@@ -233,8 +233,10 @@ def test_serving_vllm_waits_for_a_server_that_still_works_after_its_run():
     idle = peer.Server("day0", [], {}, Path("/dev/null"), 0, proc=subprocess.Popen([sys.executable, "-c",
                                                                                    "import time; time.sleep(30)"]))
     try:
-        time.sleep(0.3)  # both interpreters up; the grandchild of the busy one spinning
-        assert peer.tree_cpu_s(busy.proc.pid) > 0.05
+        deadline = time.monotonic() + 30
+        while not psutil.Process(busy.proc.pid).children():  # the busy server's child: up and spinning
+            assert time.monotonic() < deadline, "the spinning child never started"
+            time.sleep(0.01)
         waited = peer.settle([busy, idle], timeout_s=5.0)
         assert 0.1 <= waited < 2.0
         assert peer.settle([busy, idle], timeout_s=5.0) < 0.15  # quiet now: one window

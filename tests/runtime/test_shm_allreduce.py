@@ -91,6 +91,7 @@ def shm_fails(where: str) -> dict:
     """The segment made again under a fault: ``reserve`` (rank 0's posix_fallocate fails, as on a full /dev/shm)
     or ``map`` (rank 1 cannot map it). Every rank must fall back to gloo together, the segment's name must not
     be left in /dev/shm, and the sums must still be right."""
+    import contextlib
     import errno
     import glob
     import mmap
@@ -105,18 +106,9 @@ def shm_fails(where: str) -> dict:
     def no_space(*_a):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    patches = []
-    if where == "reserve" and rank == 0:
-        patches.append(mock.patch.object(os, "posix_fallocate", no_space))
-    if where == "map" and rank == 1:
-        patches.append(mock.patch.object(mmap, "mmap", no_space))
-    for p in patches:
-        p.start()
-    try:
+    fault = {("reserve", 0): (os, "posix_fallocate"), ("map", 1): (mmap, "mmap")}.get((where, rank))
+    with mock.patch.object(*fault, no_space) if fault else contextlib.nullcontext():
         distributed._start_shm(rank, world, "gloo", 30.0, None)
-    finally:
-        for p in patches:
-            p.stop()
     dist.barrier()
     left = sorted(set(glob.glob("/dev/shm/day0-allreduce-*")) - before)
     expected = _part(0, 768) + _part(1, 768)
