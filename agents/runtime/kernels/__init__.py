@@ -32,7 +32,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-ABI_VERSION = 5
+ABI_VERSION = 6
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno"]
 MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C file's fixed buffers
 PRUNE_DAYS = 30  # libraries of other sources unused this long are removed when a new one is built
@@ -40,6 +40,8 @@ PRUNE_DAYS = 30  # libraries of other sources unused this long are removed when 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _state = "unloaded"  # unloaded | loaded | unavailable
+_lanes = 0  # floats per vector of the loaded build
+_key_chunk = 0  # keys per chunk of the prefill attention (its transposed keys are kept in chunks of this many)
 _reason = ""
 
 _c_int64, _c_float, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -53,6 +55,9 @@ _SIGNATURES = {
     "day0_silu_and_mul": ([_ptr, _ptr, _c_int64, _c_int64], None),
     "day0_rotary": ([_ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64], None),
     "day0_paged_decode_attention": ([_ptr] * 6 + [_c_int64] * 7 + [_c_float, _c_int64], ctypes.c_int),
+    "day0_paged_prefill_attention": ([_ptr] * 8 + [_c_int64] * 7 + [_c_float, _c_int64, _ptr, _c_int64],
+                                     ctypes.c_int),
+    "day0_prefill_key_chunk": ([], ctypes.c_int),
     "day0_argmax_rows": ([_ptr, _ptr, _c_int64, _c_int64], None),
     "day0_moe_experts": ([_ptr] * 6 + [_c_int64] * 5 + [_ptr, _ptr], ctypes.c_int),
     "day0_pack_panels": ([_ptr, _ptr, _c_int64, _c_int64, _c_int64], None),
@@ -133,7 +138,7 @@ def _prune(keep: Path) -> None:
 
 
 def _load() -> None:
-    global _lib, _state, _reason
+    global _key_chunk, _lanes, _lib, _state, _reason
     if os.environ.get("DAY0_NATIVE_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
         _state, _reason = "unavailable", "turned off by DAY0_NATIVE_KERNELS"
         return
@@ -156,7 +161,7 @@ def _load() -> None:
         _state, _reason = "unavailable", f"{type(exc).__name__}: {exc}"
         log.warning("native CPU kernels unavailable (%s); the layers run their torch code", _reason)
         return
-    _lib, _state, _reason = lib, "loaded", ""
+    _lib, _state, _reason, _lanes, _key_chunk = lib, "loaded", "", lib.day0_vector_width(), lib.day0_prefill_key_chunk()
     log.info("native CPU kernels loaded")
 
 
@@ -253,6 +258,34 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), seqlens.data_ptr(),
         b, heads, kv_heads, d,
         k_cache.shape[1], tables.shape[1], q.stride(0), scale, window or 0)
+    return out if rc == 0 else None
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
+                            bounds: torch.Tensor, scale: float, window: int | None) -> torch.Tensor | None:
+    """Causal attention of every sequence's new queries over its cached keys (stored before the call): ``q [T, H,
+    D]`` (rows may be strided, heads contiguous), caches ``[blocks, block_size, Hkv, D]``, block tables ``[B,
+    width]`` and ``bounds [3, B]`` (int32: each sequence's first row of q, its new queries, the last positions of
+    its ``k_len`` keys; 0 new queries: the sequence is skipped) -> ``[T, H * D]``, the skipped rows unset. None
+    when not covered (the head dimension must be a whole number of vectors)."""
+    t, heads, d = q.shape
+    kv_heads = k_cache.shape[2]
+    if (not _ok(q, k_cache, v_cache) or q.stride(2) != 1 or q.stride(1) != d or not k_cache.is_contiguous()
+            or not v_cache.is_contiguous() or tables.dtype is not torch.int32 or bounds.dtype is not torch.int32
+            or not tables.is_contiguous() or not bounds.is_contiguous() or not tables.is_cpu or not bounds.is_cpu
+            or bounds.dim() != 2 or bounds.shape != (3, tables.shape[0]) or d > MAX_HEAD_DIM or d % _lanes
+            or heads % kv_heads or heads // kv_heads > MAX_GROUP):
+        return None
+    out = torch.empty(t, heads * d)
+    n = bounds.shape[1]
+    # every key of the sequences with new queries transposed once, in whole chunks: at most one partial a sequence
+    floats = (int(bounds[2].sum()) + n * _key_chunk) * kv_heads * d
+    keys_t = _thread_buffer("attn_keys", floats, torch.float32)
+    base = bounds.data_ptr()
+    rc = _lib.day0_paged_prefill_attention(
+        out.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), base, base + 4 * n,
+        base + 8 * n, n, heads, kv_heads, d, k_cache.shape[1], tables.shape[1], q.stride(0), scale, window or 0,
+        keys_t.data_ptr(), keys_t.numel())
     return out if rc == 0 else None
 
 

@@ -33,6 +33,7 @@ class AttentionMetadata:
     decode_meta: AttentionMetadata | None = None  # a decode-only view of those sequences
     decode_seqs: frozenset[int] = frozenset()  # their indices, skipped by the per-sequence prefill loop
     uniform_len: int = 0  # > 0: every sequence is a whole prompt of this length (one batched attention call)
+    prefill_bounds: torch.Tensor | None = None  # [3, B] int32 for the native prefill kernel (made on first use)
 
     @classmethod
     def build(cls, ctx: ForwardContext) -> AttentionMetadata:
@@ -55,6 +56,16 @@ class AttentionMetadata:
             if ctx.uses_cache:
                 meta._split_decodes(starts, k_lens)
         return meta
+
+    def native_bounds(self) -> torch.Tensor:
+        """Each sequence's first row, new queries (0 for the one-token ones the decode path takes) and keys, as
+        ``kernels.paged_prefill_attention`` reads them; made once per forward, for all layers."""
+        if self.prefill_bounds is None:
+            rows = [[s for s, _n, _k in self.q_bounds],
+                    [0 if i in self.decode_seqs else n for i, (_s, n, _k) in enumerate(self.q_bounds)],
+                    [k for _s, _n, k in self.q_bounds]]
+            self.prefill_bounds = torch.tensor(rows, dtype=torch.int32)
+        return self.prefill_bounds
 
     def _split_decodes(self, starts: list[int], k_lens: list[int]) -> None:
         single = [i for i, (_s, n, _k) in enumerate(self.q_bounds) if n == 1]
@@ -112,9 +123,15 @@ class Attention(nn.Module):
         self._store(k, v, meta)
         if ctx.is_decode:
             return self._decode(q, meta)
+        out = None
+        if meta.slot_rows is None and q.is_cpu:
+            # fp32 CPU: every sequence's queries over its keys where they lie in the paged cache, in one call
+            out = kernels.paged_prefill_attention(q, self.k_cache, self.v_cache, ctx.block_tables,
+                                                  meta.native_bounds(), self.scale, self.sliding_window)
         # a sequence with no cached prefix attends to exactly its new keys: no gather from the cache
-        out = self._prefill(q, lambda i, s, n, k_len: (k[s : s + n], v[s : s + n]) if n == k_len else
-                            self._gather_sequence(ctx, i, k_len), meta)
+        if out is None:
+            out = self._prefill(q, lambda i, s, n, k_len: (k[s : s + n], v[s : s + n]) if n == k_len else
+                                self._gather_sequence(ctx, i, k_len), meta)
         if meta.decode_rows is not None:
             decoded = self._decode(q.index_select(0, meta.decode_rows), meta.decode_meta)  # [Bd, H * D]
             out.index_copy_(0, meta.decode_rows, decoded)
