@@ -1,5 +1,6 @@
 """The runtime's fused fp32 CPU kernels (``cpu_kernels.c``): RMSNorm, residual add + RMSNorm, SiLU-and-mul,
-in-place RoPE, decode attention read straight from the paged KV cache, the greedy argmax of the logits, and the
+in-place RoPE, decode attention read straight from the paged KV cache, prefill attention of every prompt
+(or chunk) of a step over that cache in one call, the greedy argmax of the logits, and the
 routed SwiGLU experts of a MoE layer in one call.
 
 The C file is compiled once per (source, compiler, CPU flags) with the system C compiler into

@@ -1,5 +1,5 @@
-"""Attention over a ``ForwardContext``: no cache, paged prefill (chunked, with a cached prefix) and a
-vectorised paged decode. K/V caches are ``[num_blocks, block_size, kv_heads_local, head_dim]``."""
+"""Attention over a ``ForwardContext``: no cache, paged prefill (chunked, with a cached prefix; fp32 CPU: one native
+call for the whole step) and a vectorised paged decode. K/V caches are ``[num_blocks, block_size, kv_heads_local, head_dim]``."""
 
 from __future__ import annotations
 
