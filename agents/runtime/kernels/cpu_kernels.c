@@ -288,9 +288,10 @@ DAY0_ATTN_BLOCK(8, 2)
 DAY0_ATTN_BLOCK(16, 1)
 #endif
 
-/* The same for any head_dim and vector width: four keys scored at once against each query head (its vectors
- * read from L1), the value vectors added four at a time into independent accumulators; the last vector of a
- * head may be partial. */
+/* The same for any head_dim and vector width: four keys scored at once against three query heads (twelve
+ * independent multiply-add chains, the key vectors read from L1 by each head: four chains of one head waited on
+ * the multiply-add latency, at a third of the cores' rate), the value vectors added eight at a time into
+ * independent accumulators; the last vector of a head may be partial. */
 __attribute__((optimize("fp-contract=fast"))) static void day0_qk_any(float (*score)[DAY0_CHUNK], const float *q,
                                                                     const float *const *kp, int64_t n, int64_t gb,
                                                                     int64_t D, float scale) {
@@ -298,33 +299,31 @@ __attribute__((optimize("fp-contract=fast"))) static void day0_qk_any(float (*sc
     const int64_t full = last == DAY0_VL ? nvec : nvec - 1;
     for (int64_t j0 = 0; j0 < n; j0 += 4) {
         const int64_t jn = (n - j0) < 4 ? (n - j0) : 4;
-        const float *k0 = kp[j0], *k1 = kp[j0 + (jn > 1)], *k2 = kp[j0 + (jn > 2 ? 2 : 0)],
-                    *k3 = kp[j0 + (jn > 3 ? 3 : 0)];
-        for (int64_t g = 0; g < gb; ++g) {
-            const float *qg = q + g * D;
-            day0_vf d0 = {0}, d1 = {0}, d2 = {0}, d3 = {0};
-            for (int64_t t = 0; t < full; ++t) {
-                day0_vf qv, a, b, c, e;
-                memcpy(&qv, qg + t * DAY0_VL, sizeof qv);
-                memcpy(&a, k0 + t * DAY0_VL, sizeof a);
-                memcpy(&b, k1 + t * DAY0_VL, sizeof b);
-                memcpy(&c, k2 + t * DAY0_VL, sizeof c);
-                memcpy(&e, k3 + t * DAY0_VL, sizeof e);
-                d0 += qv * a;
-                d1 += qv * b;
-                d2 += qv * c;
-                d3 += qv * e;
-            }
+        const float *k[4] = {kp[j0], kp[j0 + (jn > 1)], kp[j0 + (jn > 2 ? 2 : 0)], kp[j0 + (jn > 3 ? 3 : 0)]};
+        for (int64_t g0 = 0; g0 < gb; g0 += 3) {
+            const float *qg[3] = {q + g0 * D, q + (g0 + 1 < gb ? g0 + 1 : g0) * D, q + (g0 + 2 < gb ? g0 + 2 : g0) * D};
+            day0_vf d[3][4];
+            for (int g = 0; g < 3; ++g)
+                for (int i = 0; i < 4; ++i) d[g][i] = (day0_vf){0};
+            for (int64_t t = 0; t < full; ++t)
+                for (int g = 0; g < 3; ++g) {
+                    day0_vf qv;
+                    memcpy(&qv, qg[g] + t * DAY0_VL, sizeof qv);
+                    for (int i = 0; i < 4; ++i) {
+                        day0_vf kv;
+                        memcpy(&kv, k[i] + t * DAY0_VL, sizeof kv);
+                        d[g][i] += qv * kv;
+                    }
+                }
             if (full < nvec) {
                 const int64_t o = full * DAY0_VL;
-                const day0_vf qv = day0_load_n(qg + o, last);
-                d0 += qv * day0_load_n(k0 + o, last);
-                d1 += qv * day0_load_n(k1 + o, last);
-                d2 += qv * day0_load_n(k2 + o, last);
-                d3 += qv * day0_load_n(k3 + o, last);
+                for (int g = 0; g < 3; ++g) {
+                    const day0_vf qv = day0_load_n(qg[g] + o, last);
+                    for (int i = 0; i < 4; ++i) d[g][i] += qv * day0_load_n(k[i] + o, last);
+                }
             }
-            const float s[4] = {day0_hsum(d0), day0_hsum(d1), day0_hsum(d2), day0_hsum(d3)};
-            for (int64_t j = 0; j < jn; ++j) score[g][j0 + j] = s[j] * scale;
+            for (int g = 0; g < 3 && g0 + g < gb; ++g)
+                for (int64_t j = 0; j < jn; ++j) score[g0 + g][j0 + j] = day0_hsum(d[g][j]) * scale;
         }
     }
 }
@@ -337,25 +336,33 @@ __attribute__((optimize("fp-contract=fast"))) static void day0_pv_any(day0_vf (*
     const int64_t full = last == DAY0_VL ? nvec : nvec - 1;
     for (int64_t g = 0; g < gb; ++g) {
         int64_t t = 0;
-        for (; t + 4 <= full; t += 4) {
-            day0_vf a0 = acc[g][t], a1 = acc[g][t + 1], a2 = acc[g][t + 2], a3 = acc[g][t + 3];
+        for (; t + 8 <= full; t += 8) {
+            day0_vf a[8];
+            for (int v = 0; v < 8; ++v) a[v] = acc[g][t + v];
             for (int64_t j = 0; j < n; ++j) {
                 const float p = score[g][j];
-                const float *v = vp[j] + t * DAY0_VL;
-                day0_vf b0, b1, b2, b3;
-                memcpy(&b0, v, sizeof b0);
-                memcpy(&b1, v + DAY0_VL, sizeof b1);
-                memcpy(&b2, v + 2 * DAY0_VL, sizeof b2);
-                memcpy(&b3, v + 3 * DAY0_VL, sizeof b3);
-                a0 += p * b0;
-                a1 += p * b1;
-                a2 += p * b2;
-                a3 += p * b3;
+                const float *vj = vp[j] + t * DAY0_VL;
+                for (int v = 0; v < 8; ++v) {
+                    day0_vf b;
+                    memcpy(&b, vj + v * DAY0_VL, sizeof b);
+                    a[v] += p * b;
+                }
             }
-            acc[g][t] = a0;
-            acc[g][t + 1] = a1;
-            acc[g][t + 2] = a2;
-            acc[g][t + 3] = a3;
+            for (int v = 0; v < 8; ++v) acc[g][t + v] = a[v];
+        }
+        for (; t + 4 <= full; t += 4) {
+            day0_vf a[4];
+            for (int v = 0; v < 4; ++v) a[v] = acc[g][t + v];
+            for (int64_t j = 0; j < n; ++j) {
+                const float p = score[g][j];
+                const float *vj = vp[j] + t * DAY0_VL;
+                for (int v = 0; v < 4; ++v) {
+                    day0_vf b;
+                    memcpy(&b, vj + v * DAY0_VL, sizeof b);
+                    a[v] += p * b;
+                }
+            }
+            for (int v = 0; v < 4; ++v) acc[g][t + v] = a[v];
         }
         for (; t < nvec; ++t) {
             const int64_t w = t < full ? DAY0_VL : last;
