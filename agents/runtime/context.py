@@ -34,6 +34,10 @@ class ForwardContext:
     slot_mapping: torch.Tensor | None = None  # [T] int64 cache slots of the new tokens; None: no cache
     block_tables: torch.Tensor | None = None  # [B, max_blocks] int32, -1 padded; None: no cache
     is_decode: bool = False  # every sequence contributes exactly one new token
+    # [N] int64, ascending: the only rows whose final hidden states the caller reads (each sampling sequence's
+    # last token). A model may then run its last layer's output projection and MLP on these rows alone and
+    # return just them (``ForwardOutput.rows``); the layer's keys and values are still cached for every row.
+    sample_rows: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

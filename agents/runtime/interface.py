@@ -33,6 +33,8 @@ class KVCacheSpec:
 class ForwardOutput:
     hidden: torch.Tensor  # [T, hidden] final hidden states (after the final norm)
     layer_hidden: list[torch.Tensor] | None = None  # per block output [T, hidden], when asked
+    # set when the model honoured ``ctx.sample_rows``: ``hidden`` is then [N, hidden], those rows only
+    rows: torch.Tensor | None = None
 
 
 @runtime_checkable

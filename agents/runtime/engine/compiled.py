@@ -364,6 +364,7 @@ class CompiledModel:
         for layer in self.layers:
             self._install(layer)
         self._wrap_model_forward()
+        model.prune_last_layer = False  # the last layer runs the compiled region on every row, as the others
 
     def _install(self, layer: nn.Module) -> None:
         if hasattr(layer, _ORIGINAL):
@@ -434,3 +435,4 @@ class CompiledModel:
                 if module is not layer and module is not attn:
                     _EXPERTS.pop(module.w13.data_ptr(), None)
         self.model.__dict__.pop("forward", None)
+        self.model.prune_last_layer = True

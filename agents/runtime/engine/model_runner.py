@@ -58,6 +58,10 @@ def size_kv_pool(
     return max(1, min(by_memory, by_need))
 
 
+class _Picked:
+    """Stands for ``last`` when the model's hidden states are already the sampling rows (``ForwardOutput.rows``)."""
+
+
 class ModelRunner:
     """Owns the KV-cache tensors. ``paged`` False: the model has no cache spec and every step recomputes each
     scheduled sequence from its first token (the transformers fallback)."""
@@ -208,9 +212,11 @@ class ModelRunner:
                 prompt += token_logprobs(chunk, inputs["prompt_targets"][lo:hi], inputs["prompt_top"][lo:hi])
         if last is None:
             return None, prompt
+        if isinstance(last, _Picked):  # the model returned the sampling rows only
+            return self.model.compute_logits(hidden), prompt
         return self.model.compute_logits(hidden.index_select(0, last)), prompt
 
-    def _forward_paged(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward_paged(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | _Picked | None]:
         dev = self.device
         ctx = ForwardContext(
             cu_seqlens_q=torch.tensor(inputs["cu"], dtype=torch.int32, device=dev),  # [B + 1]
@@ -223,14 +229,17 @@ class ModelRunner:
         )
         input_ids = torch.tensor(inputs["ids"], dtype=torch.int64, device=dev)  # [T]
         pos = torch.tensor(inputs["positions"], dtype=torch.int64, device=dev)  # [T]
+        last = torch.tensor(inputs["last"], dtype=torch.long, device=dev) if inputs["last"] else None  # [N]
+        if last is not None and last.numel() < input_ids.numel() and not inputs.get("prompt_rows"):
+            ctx.sample_rows = last  # a prefill step: only these rows' final hidden states are read
         extra: dict[str, Any] = {}
         if "embeds" in inputs:  # image features: rows [K] of the step's tokens, their vectors [K, D]
             rows = torch.tensor(inputs["embed_rows"], dtype=torch.long, device=dev)
             extra["input_embeds"] = (rows, inputs["embeds"].to(dev))
-        hidden = self.model.forward(input_ids, pos, ctx, **extra).hidden  # hidden: [T, D]
-        if not inputs["last"]:
-            return hidden, None
-        return hidden, torch.tensor(inputs["last"], dtype=torch.long, device=dev)  # last: [N]
+        out = self.model.forward(input_ids, pos, ctx, **extra)  # out.hidden: [T, D], or [N, D] with out.rows
+        if out.rows is not None:
+            return out.hidden, _Picked()
+        return out.hidden, last
 
     def _forward_recompute(self, inputs: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         lengths = inputs["lengths"]

@@ -88,7 +88,8 @@ class MLAttention(nn.Module):
     def latent_dim(self) -> int:
         return self.kv_lora_rank + self.rope_dim
 
-    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden], or [N, hidden] for ``rows`` [N] only (every token's latent is cached)."""
         ctx, t = meta.ctx, hidden.shape[0]
         if self.q_lora_rank is None:
             q = self.q_proj(hidden)  # q: [T, H * qk]
@@ -105,13 +106,14 @@ class MLAttention(nn.Module):
             if self.cache is None:
                 raise RuntimeError("MLA layer has no bound latent cache but the context uses the paged cache")
             flat = self.cache.view(-1, self.latent_dim)  # [slots, C + R]
-            rows = fresh if meta.slot_rows is None else fresh[meta.slot_rows]  # padding slots (-1) not stored
-            flat.index_copy_(0, meta.slots, rows.to(flat.dtype))
+            stored = fresh if meta.slot_rows is None else fresh[meta.slot_rows]  # padding slots (-1) not stored
+            flat.index_copy_(0, meta.slots, stored.to(flat.dtype))
         if ctx.uses_cache and ctx.is_decode:
             out = self._decode_absorbed(q_nope, q_pe, ctx)  # [T, H, V]
         else:
             out = self._prefill(q_nope, q_pe, fresh, meta)  # [T, H, V]
-        return self.o_proj(out.reshape(t, self.num_heads * self.v_dim))  # [T, hidden]
+        out = out.reshape(t, self.num_heads * self.v_dim)  # [T, H * V]
+        return self.o_proj(out if rows is None else out.index_select(0, rows))  # [T | N, hidden]
 
     def _expand(self, lat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Latents [K, C + R] -> keys [K, H, qk], values [K, H, V]."""

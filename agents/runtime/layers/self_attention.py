@@ -27,7 +27,8 @@ class SelfAttention(nn.Module):
         self.rotary = [rotary]  # shared across layers; a list keeps it out of this module's children
         self.attn = Attention(self.heads, self.kv_heads, head_dim, head_dim**-0.5, sliding_window)
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden], or [N, hidden] for ``rows`` [N] only (every token's K/V is cached)."""
         tokens, heads, kv_heads = x.shape[0], self.heads, self.kv_heads
         qkv = self.qkv_proj(x)  # qkv: [T, (H + 2 Hkv) * D]
         qk = qkv[:, : (heads + kv_heads) * self.head_dim].view(tokens, heads + kv_heads, self.head_dim)
@@ -35,4 +36,5 @@ class SelfAttention(nn.Module):
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
         qk = self.rotary[0].rotate_(qk, meta.cos, meta.sin)  # q and k rotated together (qkv is ours): [T, H + Hkv, D]
-        return self.o_proj(self.attn(qk[:, :heads], qk[:, heads:], v, meta))  # [T, hidden]
+        out = self.attn(qk[:, :heads], qk[:, heads:], v, meta)  # [T, H * D]
+        return self.o_proj(out if rows is None else out.index_select(0, rows))  # [T | N, hidden]

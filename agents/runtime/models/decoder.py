@@ -59,6 +59,13 @@ class DecoderLayer(nn.Module):
         h, normed = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), meta))
         return h + self.mlp(normed)  # h, normed: [T, hidden]
 
+    def forward_rows(self, x: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
+        """The layer's output for ``rows`` [N] of the step's tokens only: attention runs over every token (their
+        keys and values are cached), the output projection, residual and MLP over those rows."""
+        attended = self.self_attn(self.input_layernorm(x), meta, rows=rows)  # [N, hidden]
+        h, normed = self.post_attention_layernorm.add_forward(x.index_select(0, rows), attended)
+        return h + self.mlp(normed)  # [N, hidden]
+
 
 class StageSkip(nn.Module):
     """A layer another pipeline stage runs (no parameters here)."""
@@ -116,6 +123,9 @@ class DecoderCausalLM(nn.Module):
             ignored.append(r"^lm_head\.weight$")
         self.mapping = WeightMapping(self.weight_mapping, ignored)
         self._decode_layout = False  # set once the dense linears have their decode-friendly layout
+        # honour ``ctx.sample_rows`` (the last layer on the rows that sample only); the compiled path, whose
+        # region is the whole layer, turns it off while installed
+        self.prune_last_layer = True
 
     def use_decode_layout(self) -> None:
         """Column-major storage for the linears whose batch-1 matrix-vector product streams faster so (see
@@ -194,13 +204,17 @@ class DecoderCausalLM(nn.Module):
                 x = recv(torch.empty((input_ids.shape[0], self.hidden), dtype=self.dtype, device=input_ids.device),
                          stage_peer(-1))
             layer_hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
-            for layer in self.stage_layers:
+            rows = ctx.sample_rows if self.is_last and self.prune_last_layer and not output_hidden_states else None
+            layers = self.stage_layers
+            for layer in layers[:-1] if rows is not None else layers:
                 x = layer(x, meta)
                 if layer_hidden is not None:
                     layer_hidden.append(x)
             if not self.is_last:
                 send(x, stage_peer(1))
                 return ForwardOutput(x, layer_hidden)  # x: [T, hidden], this stage's output (not normed)
+            if rows is not None:  # the rows nobody reads skip the last layer's projection and MLP
+                return ForwardOutput(self.model.norm(layers[-1].forward_rows(x, meta, rows)), rows=rows)  # [N, hidden]
             return ForwardOutput(self.model.norm(x), layer_hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
