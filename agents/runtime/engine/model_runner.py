@@ -58,10 +58,6 @@ def size_kv_pool(
     return max(1, min(by_memory, by_need))
 
 
-class _Picked:
-    """Stands for ``last`` when the model's hidden states are already the sampling rows (``ForwardOutput.rows``)."""
-
-
 class ModelRunner:
     """Owns the KV-cache tensors. ``paged`` False: the model has no cache spec and every step recomputes each
     scheduled sequence from its first token (the transformers fallback)."""
@@ -200,9 +196,9 @@ class ModelRunner:
         tensor-parallel model gathers across ranks)."""
         dev = self.device
         if not self.paged:
-            hidden, last = self._forward_recompute(inputs)
+            hidden, sampled = self._forward_recompute(inputs)
         else:
-            hidden, last = self._forward_paged(inputs)
+            hidden, sampled = self._forward_paged(inputs)
         prompt: list[TokenLogprob] = []
         if inputs.get("prompt_rows"):
             rows = torch.tensor(inputs["prompt_rows"], dtype=torch.long, device=dev)  # rows: [P]
@@ -210,13 +206,13 @@ class ModelRunner:
                 chunk = self.model.compute_logits(hidden.index_select(0, rows[lo : lo + ROW_CHUNK]))
                 hi = lo + chunk.shape[0]
                 prompt += token_logprobs(chunk, inputs["prompt_targets"][lo:hi], inputs["prompt_top"][lo:hi])
-        if last is None:
+        if sampled is None:
             return None, prompt
-        if isinstance(last, _Picked):  # the model returned the sampling rows only
-            return self.model.compute_logits(hidden), prompt
-        return self.model.compute_logits(hidden.index_select(0, last)), prompt
+        return self.model.compute_logits(sampled), prompt
 
-    def _forward_paged(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | _Picked | None]:
+    def _forward_paged(self, inputs: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The step's hidden states [T, D] (None when the model computed the sampling rows only) and those of
+        the rows that sample [N, D] (None when none does)."""
         dev = self.device
         ctx = ForwardContext(
             cu_seqlens_q=torch.tensor(inputs["cu"], dtype=torch.int32, device=dev),  # [B + 1]
@@ -238,8 +234,8 @@ class ModelRunner:
             extra["input_embeds"] = (rows, inputs["embeds"].to(dev))
         out = self.model.forward(input_ids, pos, ctx, **extra)  # out.hidden: [T, D], or [N, D] with out.rows
         if out.rows is not None:
-            return out.hidden, _Picked()
-        return out.hidden, last
+            return None, out.hidden
+        return out.hidden, None if last is None else out.hidden.index_select(0, last)
 
     def _forward_recompute(self, inputs: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         lengths = inputs["lengths"]
@@ -251,4 +247,4 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [T]
         extra = {"images": inputs["images"]} if "images" in inputs else {}
         hidden = self.model.forward(input_ids, pos, ctx, **extra).hidden  # hidden: [T, D]
-        return hidden, (ctx.cu_seqlens_q[1:] - 1).long()  # last: [B]
+        return hidden, hidden.index_select(0, (ctx.cu_seqlens_q[1:] - 1).long())  # each sequence's last: [B, D]
