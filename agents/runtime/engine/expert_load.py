@@ -1,6 +1,10 @@
 """Expert load of MoE models while serving: tokens routed to each expert of each MoE layer, counted by a
 forward pre-hook on every experts module (one with ``num_experts``, called as ``(x, weights, ids)``).
 
+They count the tokens each expert computed: in a prefill step the last MoE layer routes only the rows that
+sample (``ForwardContext.sample_rows``; the others skip that layer's MLP), so over a request it counts one
+token per generated token, where the earlier layers count every token fed.
+
 The counts live on the device the ids are on and grow by an ``index_add_`` per layer and step: no host
 synchronisation on the serving path. They reach the host only when read (``/stats/experts``, a benchmark)."""
 
