@@ -51,9 +51,20 @@ def test_engine_outputs_are_unchanged_by_computing_the_sampled_rows_only(arch):
     """Chunked prefills mixed with decodes (budget 24): the tokens and their logprobs equal the whole forward's."""
     engine = LLMEngine(cached_model(arch), num_blocks=96, block_size=8, max_num_batched_tokens=24)
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
+    forward, picked_steps = engine.model.forward, []
+
+    def recording(*args, **kwargs):  # which steps the model answered with the sampling rows only
+        out = forward(*args, **kwargs)
+        picked_steps.append(out.rows is not None)
+        return out
+
+    engine.model.forward = recording
     pruned = _run(engine, params)
+    assert any(picked_steps) and not all(picked_steps)  # the prefill steps picked, the decode-only ones not
     engine.model.prune_last_layer = False
+    picked_steps.clear()
     whole = _run(engine, params)
+    assert not any(picked_steps)
     assert [t for t, _ in pruned] == [t for t, _ in whole]
     assert all(len(lp) == 12 for _, lp in pruned)
     for (_, a), (_, b) in zip(pruned, whole, strict=True):

@@ -226,8 +226,8 @@ class ModelRunner:
         input_ids = torch.tensor(inputs["ids"], dtype=torch.int64, device=dev)  # [T]
         pos = torch.tensor(inputs["positions"], dtype=torch.int64, device=dev)  # [T]
         last = torch.tensor(inputs["last"], dtype=torch.long, device=dev) if inputs["last"] else None  # [N]
-        if last is not None and last.numel() < input_ids.numel() and not inputs.get("prompt_rows"):
-            ctx.sample_rows = last  # a prefill step: only these rows' final hidden states are read
+        if last is not None and not inputs["is_decode"] and not inputs.get("prompt_rows"):
+            ctx.sample_rows = last  # prompt rows in the step: only the sampling rows' final states are read
         extra: dict[str, Any] = {}
         if "embeds" in inputs:  # image features: rows [K] of the step's tokens, their vectors [K, D]
             rows = torch.tensor(inputs["embed_rows"], dtype=torch.long, device=dev)
