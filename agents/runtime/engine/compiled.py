@@ -365,6 +365,7 @@ class CompiledModel:
             self._install(layer)
         self._wrap_model_forward()
         model.prune_last_layer = False  # the last layer runs the compiled region on every row, as the others
+        model.native_decode = False  # every step runs the compiled region (the native decode would bypass it)
 
     def _install(self, layer: nn.Module) -> None:
         if hasattr(layer, _ORIGINAL):
@@ -436,3 +437,4 @@ class CompiledModel:
                     _EXPERTS.pop(module.w13.data_ptr(), None)
         self.model.__dict__.pop("forward", None)
         self.model.prune_last_layer = True
+        self.model.native_decode = True

@@ -1,7 +1,8 @@
 """The runtime's fused fp32 CPU kernels (``cpu_kernels.c``): RMSNorm, residual add + RMSNorm, SiLU-and-mul,
 in-place RoPE, decode attention read straight from the paged KV cache, prefill attention of every prompt
-(or chunk) of a step over that cache in one call, the greedy argmax of the logits, and the
-routed SwiGLU experts of a MoE layer in one call.
+(or chunk) of a step over that cache in one call, the greedy argmax of the logits, the
+routed SwiGLU experts of a MoE layer in one call, and a decode step through a run of decoder layers in one call
+(``decode_layers``).
 
 The C file is compiled once per (source, compiler, CPU flags) with the system C compiler into
 ``$DAY0_KERNEL_CACHE`` (default ``~/.cache/day0/kernels``) and loaded with ctypes, which releases the GIL
@@ -33,7 +34,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-ABI_VERSION = 6
+ABI_VERSION = 7
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11", "-fno-math-errno"]
 MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C file's fixed buffers
 PRUNE_DAYS = 30  # libraries of other sources unused this long are removed when a new one is built
@@ -66,6 +67,8 @@ _SIGNATURES = {
     "day0_moe_panels": ([_ptr] * 6 + [_c_int64] * 5 + [_ptr, _ptr], ctypes.c_int),
     "day0_shm_allreduce": ([_ptr, _c_int64, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, ctypes.c_double],
                            ctypes.c_int),
+    "day0_decode_layers": ([_ptr, _ptr, _c_int64, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr,
+                            _ptr, _c_int64, _c_int64, _ptr], ctypes.c_int),
 }
 PANEL = 16  # outputs per weight panel (``pack_panels``)
 
@@ -441,3 +444,39 @@ def panel_linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor |
     _lib.day0_panel_linear(y.data_ptr(), x.data_ptr(), wp.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n,
                            k, x.stride(0), n, xp)
     return y
+
+
+class DecodeLayer(ctypes.Structure):
+    """One decoder layer as ``day0_decode_layers`` reads it (``struct day0_layer``): raw addresses of its weights
+    (panels) and caches, which the caller keeps alive, its shapes and its norms' epsilons."""
+
+    _fields_ = [(name, _ptr) for name in ("in_norm", "post_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "o_bias",
+                                          "k_cache", "v_cache", "gate_up", "down")] + [
+        (name, _c_int64) for name in ("heads", "kv_heads", "head_dim", "rot", "inter", "window")] + [
+        (name, _c_float) for name in ("in_eps", "post_eps", "qk_eps", "scale")]
+
+
+def decode_scratch(layers: ctypes.Array, hidden: int, batch: int) -> int:
+    """Floats of scratch ``decode_layers`` needs for ``layers`` at ``batch`` rows (the C function's formula)."""
+    qkv = max((layer.heads + 2 * layer.kv_heads) * layer.head_dim for layer in layers)
+    attn = max(layer.heads * layer.head_dim for layer in layers)
+    inter = max(layer.inter for layer in layers)
+    k_max = max(hidden, attn, inter)
+    return batch * (qkv + attn + hidden + max(2 * inter, hidden) + inter) + (batch + PANEL - 1) * k_max
+
+
+def decode_layers(x: torch.Tensor, delta: torch.Tensor, has_delta: bool, normed: torch.Tensor, layers: ctypes.Array,
+                  scratch_floats: int, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
+                  seqlens: torch.Tensor, block_size: int) -> bool:
+    """A decode step through ``layers`` (a ``DecodeLayer`` array: every layer but the last with its MLP) in one
+    call. ``x [B, hidden]`` (the residual stream, updated in place), ``delta [B, hidden]`` (the previous MLP's
+    output still to add when ``has_delta``; this run's last MLP output on return), ``normed [B, hidden]`` (the last
+    layer's post-attention norm when it has no MLP here). The caller checked the tensors (contiguous fp32 CPU,
+    rotary tables ``[B, 1, 2, rot/2]``, int64 ``slots [B]``, int32 ``tables [B, width]`` and ``seqlens [B]``).
+    False when the kernel does not take the shapes (nothing written then)."""
+    scratch = _thread_buffer("decode_layers", scratch_floats, torch.float32)
+    rc = _lib.day0_decode_layers(x.data_ptr(), delta.data_ptr(), int(has_delta), normed.data_ptr(),
+                                 ctypes.addressof(layers), len(layers), x.shape[0], x.shape[1], cos.data_ptr(),
+                                 sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), seqlens.data_ptr(), block_size,
+                                 tables.shape[1], scratch.data_ptr())
+    return rc == 0

@@ -20,7 +20,7 @@
 #define DAY0_CHUNK 32 /* keys scored at once by the decode attention (online softmax across chunks) */
 #define DAY0_PAR_MIN 32768 /* elements below which a kernel stays on the calling thread */
 
-int day0_abi_version(void) { return 6; }
+int day0_abi_version(void) { return 7; }
 
 /* Pins the calling thread's OpenMP team, n threads, one to a CPU: thread i (the caller is thread 0) to cpus[i].
  * libgomp keeps a master's team for its later parallel regions, torch's included (one runtime, one pool), so the
@@ -129,61 +129,75 @@ static inline float day0_exp1(float x) {
     return day0_expv(v)[0];
 }
 
+/* One row of each elementwise kernel, shared by the kernels below and the fused decode layers (day0_decode_layers),
+ * so both compute every value the same way. */
+static inline void day0_rms_row(float *o, const float *xr, const float *w, int64_t cols, float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < cols; ++c) ss += xr[c] * xr[c];
+    const float inv = 1.0f / sqrtf(ss * (1.0f / (float)cols) + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) o[c] = xr[c] * inv * w[c];
+}
+
+/* hr = xr + dr, nr = rms_norm(hr) * w (hr may alias xr) */
+static inline void day0_add_rms_row(float *hr, float *nr, const float *xr, const float *dr, const float *w,
+                                    int64_t cols, float eps) {
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < cols; ++c) {
+        const float v = xr[c] + dr[c];
+        hr[c] = v;
+        ss += v * v;
+    }
+    const float inv = 1.0f / sqrtf(ss * (1.0f / (float)cols) + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) nr[c] = hr[c] * inv * w[c];
+}
+
+static inline void day0_silu_row(float *o, const float *g, const float *u, int64_t inter) {
+    int64_t c = 0;
+    for (; c + DAY0_VL <= inter; c += DAY0_VL) {
+        day0_vf gv, uv;
+        memcpy(&gv, g + c, sizeof gv);
+        memcpy(&uv, u + c, sizeof uv);
+        const day0_vf ov = gv / (1.0f + day0_expv(-gv)) * uv;
+        memcpy(o + c, &ov, sizeof ov);
+    }
+    for (; c < inter; ++c) o[c] = g[c] / (1.0f + day0_exp1(-g[c])) * u[c];
+}
+
+/* rotate-half RoPE of one head in place: pairs (i, i + half), c = the cos row, s = the sin row's second half */
+static inline void day0_rotate_head(float *p, const float *c, const float *s, int64_t half) {
+#pragma omp simd
+    for (int64_t i = 0; i < half; ++i) {
+        const float a = p[i], b = p[i + half];
+        p[i] = a * c[i] - b * s[i];
+        p[i + half] = b * c[i] + a * s[i];
+    }
+}
+
 /* out[o, i, :] = x[o, i, :] * rsqrt(mean(x[o, i, :]^2) + eps) * w   (out contiguous [outer, inner, cols]) */
 void day0_rms_norm(float *out, const float *x, const float *w, int64_t outer, int64_t inner, int64_t cols,
                    int64_t x_outer_stride, int64_t x_inner_stride, float eps) {
     const int64_t rows = outer * inner;
-    const float inv_cols = 1.0f / (float)cols;
 #pragma omp parallel for schedule(static) if (rows * cols >= DAY0_PAR_MIN && rows > 1)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *xr = x + (r / inner) * x_outer_stride + (r % inner) * x_inner_stride;
-        float *o = out + r * cols;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t c = 0; c < cols; ++c) ss += xr[c] * xr[c];
-        const float inv = 1.0f / sqrtf(ss * inv_cols + eps);
-#pragma omp simd
-        for (int64_t c = 0; c < cols; ++c) o[c] = xr[c] * inv * w[c];
-    }
+    for (int64_t r = 0; r < rows; ++r)
+        day0_rms_row(out + r * cols, x + (r / inner) * x_outer_stride + (r % inner) * x_inner_stride, w, cols, eps);
 }
 
 /* h = x + d; normed = rms_norm(h) * w   (all [rows, cols] contiguous; h may alias x) */
 void day0_add_rms_norm(float *h, float *normed, const float *x, const float *d, const float *w, int64_t rows,
                        int64_t cols, float eps) {
-    const float inv_cols = 1.0f / (float)cols;
 #pragma omp parallel for schedule(static) if (rows * cols >= DAY0_PAR_MIN && rows > 1)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * cols, *dr = d + r * cols;
-        float *hr = h + r * cols, *nr = normed + r * cols;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t c = 0; c < cols; ++c) {
-            const float v = xr[c] + dr[c];
-            hr[c] = v;
-            ss += v * v;
-        }
-        const float inv = 1.0f / sqrtf(ss * inv_cols + eps);
-#pragma omp simd
-        for (int64_t c = 0; c < cols; ++c) nr[c] = hr[c] * inv * w[c];
-    }
+    for (int64_t r = 0; r < rows; ++r)
+        day0_add_rms_row(h + r * cols, normed + r * cols, x + r * cols, d + r * cols, w, cols, eps);
 }
 
 /* out[r, :] = silu(x[r, :inter]) * x[r, inter:]   (x [rows, 2 * inter], out [rows, inter], contiguous) */
 void day0_silu_and_mul(float *out, const float *x, int64_t rows, int64_t inter) {
 #pragma omp parallel for schedule(static) if (rows * inter >= DAY0_PAR_MIN && rows > 1)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *g = x + r * 2 * inter, *u = g + inter;
-        float *o = out + r * inter;
-        int64_t c = 0;
-        for (; c + DAY0_VL <= inter; c += DAY0_VL) {
-            day0_vf gv, uv;
-            memcpy(&gv, g + c, sizeof gv);
-            memcpy(&uv, u + c, sizeof uv);
-            const day0_vf ov = gv / (1.0f + day0_expv(-gv)) * uv;
-            memcpy(o + c, &ov, sizeof ov);
-        }
-        for (; c < inter; ++c) o[c] = g[c] / (1.0f + day0_exp1(-g[c])) * u[c];
-    }
+    for (int64_t r = 0; r < rows; ++r) day0_silu_row(out + r * inter, x + r * 2 * inter, x + r * 2 * inter + inter, inter);
 }
 
 /* RoPE in place, rotate-half pairing (i, i + rot/2) on the first `rot` channels of every head:
@@ -193,18 +207,9 @@ void day0_rotary(float *x, const float *cos_t, const float *sin_t, int64_t token
                  int64_t row_stride, int64_t rot) {
     const int64_t half = rot / 2;
 #pragma omp parallel for schedule(static) if (tokens * heads * rot >= DAY0_PAR_MIN && tokens > 1)
-    for (int64_t t = 0; t < tokens; ++t) {
-        const float *c = cos_t + t * rot, *s = sin_t + t * rot + half;
-        for (int64_t h = 0; h < heads; ++h) {
-            float *p = x + t * row_stride + h * head_dim;
-#pragma omp simd
-            for (int64_t i = 0; i < half; ++i) {
-                const float a = p[i], b = p[i + half];
-                p[i] = a * c[i] - b * s[i];
-                p[i + half] = b * c[i] + a * s[i];
-            }
-        }
-    }
+    for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+            day0_rotate_head(x + t * row_stride + h * head_dim, cos_t + t * rot, sin_t + t * rot + half, half);
 }
 
 /* the lanes' sum, halves added pairwise */
@@ -379,12 +384,11 @@ __attribute__((optimize("fp-contract=fast"))) static void day0_pv_any(day0_vf (*
  * seqlens [B] int32 (keys of each sequence, its new token included); window > 0: only the last `window` keys.
  * out [B, H, D] contiguous. Returns 0, or -1 when the shape is beyond the kernel's fixed buffers.
  * The head dimension is walked in vectors, blocks of query heads at once (day0_qk_* / day0_pv_*). */
-int day0_paged_decode_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                const int32_t *tables, const int32_t *seqlens, int64_t batch, int64_t heads,
-                                int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t width,
-                                int64_t q_stride, float scale, int64_t window) {
+static void day0_decode_attn_for(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                 const int32_t *tables, const int32_t *seqlens, int64_t batch, int64_t heads,
+                                 int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t width,
+                                 int64_t q_stride, float scale, int64_t window) {
     const int64_t group = heads / kv_heads;
-    if (head_dim > DAY0_MAX_HEAD_DIM || group > DAY0_MAX_GROUP || group * kv_heads != heads) return -1;
     const int64_t token_stride = kv_heads * head_dim; /* between consecutive slots of the cache */
     const int64_t nvec = (head_dim + DAY0_VL - 1) / DAY0_VL;
 #if DAY0_VL == 16
@@ -392,9 +396,7 @@ int day0_paged_decode_attention(float *out, const float *q, const float *k_cache
 #else
     const int64_t gblock = group;
 #endif
-    int64_t keys = 0;
-    for (int64_t b = 0; b < batch; ++b) keys += seqlens[b];
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (keys * heads * head_dim >= DAY0_PAR_MIN)
+#pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t kh = 0; kh < kv_heads; ++kh) {
             day0_vf acc[DAY0_MAX_GROUP][DAY0_ACC_VECS];
@@ -495,6 +497,19 @@ int day0_paged_decode_attention(float *out, const float *q, const float *k_cache
             }
         }
     }
+}
+
+int day0_paged_decode_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                                const int32_t *tables, const int32_t *seqlens, int64_t batch, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, int64_t block_size, int64_t width,
+                                int64_t q_stride, float scale, int64_t window) {
+    const int64_t group = heads / kv_heads;
+    if (head_dim > DAY0_MAX_HEAD_DIM || group > DAY0_MAX_GROUP || group * kv_heads != heads) return -1;
+    int64_t keys = 0;
+    for (int64_t b = 0; b < batch; ++b) keys += seqlens[b];
+#pragma omp parallel if (keys * heads * head_dim >= DAY0_PAR_MIN)
+    day0_decode_attn_for(out, q, k_cache, v_cache, tables, seqlens, batch, heads, kv_heads, head_dim, block_size,
+                         width, q_stride, scale, window);
     return 0;
 }
 
@@ -1063,52 +1078,59 @@ void day0_pack_panels(float *wp, const float *w, int64_t N, int64_t K, int64_t l
 
 /* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) times the panels wp (see above), plus bias [N] unless
  * NULL. xp: scratch of ceil(M / DAY0_XR) * DAY0_XR * K floats (at most (M + 15) K; unused for one row). */
-void day0_panel_linear(float *y, const float *x, const float *wp, const float *bias, int64_t M, int64_t N,
-                       int64_t K, int64_t ldx, int64_t ldy, float *xp) {
+/* The work of day0_panel_linear as orphaned worksharing: run by the team of the enclosing parallel region (or
+ * alone), without the closing barrier (the panels' loop is nowait): a caller inside a region adds one before y is
+ * read. */
+static void day0_panel_for(float *y, const float *x, const float *wp, const float *bias, int64_t M, int64_t N,
+                           int64_t K, int64_t ldx, int64_t ldy, float *xp) {
     const int64_t panels = (N + DAY0_PANEL - 1) / DAY0_PANEL, tiles = (M + DAY0_XR - 1) / DAY0_XR;
-#pragma omp parallel if (M * N * K >= 8 * DAY0_PAR_MIN && panels > 1)
-    {
-        if (M > 1) {
+    if (M > 1) {
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < tiles; ++t) {
-                const int64_t mr = M - t * DAY0_XR < DAY0_XR ? M - t * DAY0_XR : DAY0_XR;
-                float *dst = xp + t * DAY0_XR * K;
-                const float *src = x + t * DAY0_XR * ldx;
-                for (int64_t k = 0; k < K; ++k) /* written in order, read from mr rows at once */
-                    for (int64_t i = 0; i < mr; ++i) dst[k * DAY0_XR + i] = src[i * ldx + k];
-            }
-        }
-        const float *xs = M > 1 ? xp : x;
-        const int64_t xk = M > 1 ? DAY0_XR : 1, xt = M > 1 ? DAY0_XR * K : 0;
-        /* rows in blocks whose re-laid x (rows * K floats) stays in L2 while the thread's panels go over it: x is
-         * then fetched from L3 once, and each panel once per block (a 2048 x 2048 activation re-read for every
-         * panel of a down projection cost 20 %) */
-        const int64_t fit = (DAY0_X_BLOCK_BYTES / (int64_t)sizeof(float) / (K > 0 ? K : 1)) / DAY0_XR * DAY0_XR;
-        const int64_t block = M <= DAY0_XR ? DAY0_XR : (fit > DAY0_XR ? fit : DAY0_XR);
-        for (int64_t m0 = 0; m0 < M; m0 += block) {
-            const int64_t m1 = m0 + block < M ? m0 + block : M;
-            const int64_t t0 = m0 / DAY0_XR, t1 = (m1 + DAY0_XR - 1) / DAY0_XR;
-            /* the same static split of the panels in every block: a thread's panels are one contiguous run of the
-             * weight, and its blocks need no barrier between them */
-#pragma omp for schedule(static) nowait
-            for (int64_t p = 0; p < panels; ++p) {
-                const int64_t n0 = p * DAY0_PANEL, cols = N - n0 < DAY0_PANEL ? N - n0 : DAY0_PANEL;
-                const float *w = wp + p * K * DAY0_PANEL;
-                /* the next panel is fetched while the first tile works this one (the later tiles find it in L1/L2;
-                 * at one row the stream alone is the work): 2-16 rows ran 1.2-2x faster on a 2-core Zen 4, whose
-                 * hardware prefetch did not keep up with one stream per core at ~12 multiply-adds per line */
-                const float *next = M > 1 && p + 1 < panels ? w + K * DAY0_PANEL : 0;
-                for (int64_t t = t0; t < t1; ++t) {
-                    const int64_t mr = M - t * DAY0_XR < DAY0_XR ? M - t * DAY0_XR : DAY0_XR;
-                    day0_panel_tiles[mr](y + t * DAY0_XR * ldy + n0, ldy, xs + t * xt, xk, w, K, cols,
-                                         t == t0 ? next : 0);
-                }
-                if (bias)
-                    for (int64_t m = m0; m < m1; ++m)
-                        for (int64_t c = 0; c < cols; ++c) y[m * ldy + n0 + c] += bias[n0 + c];
-            }
+        for (int64_t t = 0; t < tiles; ++t) {
+            const int64_t mr = M - t * DAY0_XR < DAY0_XR ? M - t * DAY0_XR : DAY0_XR;
+            float *dst = xp + t * DAY0_XR * K;
+            const float *src = x + t * DAY0_XR * ldx;
+            for (int64_t k = 0; k < K; ++k) /* written in order, read from mr rows at once */
+                for (int64_t i = 0; i < mr; ++i) dst[k * DAY0_XR + i] = src[i * ldx + k];
         }
     }
+    const float *xs = M > 1 ? xp : x;
+    const int64_t xk = M > 1 ? DAY0_XR : 1, xt = M > 1 ? DAY0_XR * K : 0;
+    /* rows in blocks whose re-laid x (rows * K floats) stays in L2 while the thread's panels go over it: x is
+     * then fetched from L3 once, and each panel once per block (a 2048 x 2048 activation re-read for every
+     * panel of a down projection cost 20 %) */
+    const int64_t fit = (DAY0_X_BLOCK_BYTES / (int64_t)sizeof(float) / (K > 0 ? K : 1)) / DAY0_XR * DAY0_XR;
+    const int64_t block = M <= DAY0_XR ? DAY0_XR : (fit > DAY0_XR ? fit : DAY0_XR);
+    for (int64_t m0 = 0; m0 < M; m0 += block) {
+        const int64_t m1 = m0 + block < M ? m0 + block : M;
+        const int64_t t0 = m0 / DAY0_XR, t1 = (m1 + DAY0_XR - 1) / DAY0_XR;
+        /* the same static split of the panels in every block: a thread's panels are one contiguous run of the
+         * weight, and its blocks need no barrier between them */
+#pragma omp for schedule(static) nowait
+        for (int64_t p = 0; p < panels; ++p) {
+            const int64_t n0 = p * DAY0_PANEL, cols = N - n0 < DAY0_PANEL ? N - n0 : DAY0_PANEL;
+            const float *w = wp + p * K * DAY0_PANEL;
+            /* the next panel is fetched while the first tile works this one (the later tiles find it in L1/L2;
+             * at one row the stream alone is the work): 2-16 rows ran 1.2-2x faster on a 2-core Zen 4, whose
+             * hardware prefetch did not keep up with one stream per core at ~12 multiply-adds per line */
+            const float *next = M > 1 && p + 1 < panels ? w + K * DAY0_PANEL : 0;
+            for (int64_t t = t0; t < t1; ++t) {
+                const int64_t mr = M - t * DAY0_XR < DAY0_XR ? M - t * DAY0_XR : DAY0_XR;
+                day0_panel_tiles[mr](y + t * DAY0_XR * ldy + n0, ldy, xs + t * xt, xk, w, K, cols,
+                                     t == t0 ? next : 0);
+            }
+            if (bias)
+                for (int64_t m = m0; m < m1; ++m)
+                    for (int64_t c = 0; c < cols; ++c) y[m * ldy + n0 + c] += bias[n0 + c];
+        }
+    }
+}
+
+void day0_panel_linear(float *y, const float *x, const float *wp, const float *bias, int64_t M, int64_t N,
+                       int64_t K, int64_t ldx, int64_t ldy, float *xp) {
+    const int64_t panels = (N + DAY0_PANEL - 1) / DAY0_PANEL;
+#pragma omp parallel if (M * N * K >= 8 * DAY0_PAR_MIN && panels > 1)
+    day0_panel_for(y, x, wp, bias, M, N, K, ldx, ldy, xp);
 }
 
 /* Each active expert's tiles tile0[e]..tile0[e + 1] cut into segments of at most `step` tiles, written as
@@ -1239,6 +1261,115 @@ int day0_moe_panels(float *out, const float *x, const float *w13p, const float *
             }
         }
         day0_moe_combine(out, ys, row_of, topw, T, k, H);
+    }
+    return 0;
+}
+
+/* ---- decode layers in one call --------------------------------------------------------------------------------
+ * A decode step (one new token per sequence) through a run of decoder layers in one parallel region: the same
+ * work, in the same order and by the same code, as the layers' separate kernels (rms norm, QKV panels, QK-norm,
+ * RoPE, the cache write, paged decode attention, O panels, residual add + norm, gate/up panels, SiLU-and-mul,
+ * down panels), so every value is the one the separate calls give; what goes is a parallel region, a Python
+ * module call and a result tensor per op (~75 of them a token in a small model, ~15 % of its step). The stages
+ * are separated by barriers. One layer's weights and cache, as the runtime lays them out: */
+struct day0_layer {
+    const float *in_norm, *post_norm; /* [hidden] RMSNorm weights */
+    const float *qkv, *qkv_bias;      /* panels of W_qkv [(H + 2 Hkv) D, hidden]; bias or NULL */
+    const float *q_norm, *k_norm;     /* [D] per-head RMSNorm weights (QK-norm), or NULL */
+    const float *o, *o_bias;          /* panels of W_o [hidden, H D]; bias or NULL */
+    float *k_cache, *v_cache;         /* [blocks, block_size, Hkv, D] */
+    const float *gate_up, *down;      /* panels of W_gu [2 I, hidden] and W_d [hidden, I]; NULL: no MLP here */
+    int64_t heads, kv_heads, head_dim, rot, inter, window;
+    float in_eps, post_eps, qk_eps, scale;
+};
+
+/* x [B, hidden]: the residual stream, updated in place; delta [B, hidden]: the previous layer's MLP output, still
+ * to be added (has_delta), and this run's last MLP output on return when its last layer has one. normed [B,
+ * hidden]: on return, the post-attention norm of the last layer's stream when that layer has no MLP here (the
+ * caller runs it: routed experts). cos/sin: the step's rotary tables ([B, 2, rot/2] each, RotaryEmbedding's
+ * layout); slots [B] the cache slots of the new tokens; tables [B, width] and seqlens [B] as for
+ * day0_paged_decode_attention. scratch: B * (max (H + 2 Hkv) D + max H D + hidden + max(2 max I, hidden) + max I)
+ * + (B + 15) * max K floats (K: hidden, H D or I). Returns 0, or -1 for a shape the kernels do not take (checked
+ * before anything is written), or a layer without an MLP that is not the run's last. */
+int day0_decode_layers(float *x, float *delta, int64_t has_delta, float *normed_out, const struct day0_layer *layers,
+                       int64_t n_layers, int64_t B, int64_t hidden, const float *cos_t, const float *sin_t,
+                       const int64_t *slots, const int32_t *tables, const int32_t *seqlens, int64_t block_size,
+                       int64_t width, float *scratch) {
+    int64_t qkv_max = 0, attn_max = 0, inter_max = 0, k_max = hidden;
+    for (int64_t l = 0; l < n_layers; ++l) {
+        const struct day0_layer *L = &layers[l];
+        const int64_t group = L->kv_heads > 0 ? L->heads / L->kv_heads : 0;
+        if (L->head_dim > DAY0_MAX_HEAD_DIM || group < 1 || group > DAY0_MAX_GROUP || group * L->kv_heads != L->heads
+            || L->rot % 2 || L->rot > L->head_dim || (!L->gate_up && l + 1 < n_layers))
+            return -1;
+        const int64_t qkv = (L->heads + 2 * L->kv_heads) * L->head_dim, attn = L->heads * L->head_dim;
+        qkv_max = qkv > qkv_max ? qkv : qkv_max;
+        attn_max = attn > attn_max ? attn : attn_max;
+        inter_max = L->inter > inter_max ? L->inter : inter_max;
+        k_max = attn > k_max ? attn : k_max;
+        k_max = L->inter > k_max ? L->inter : k_max;
+    }
+    float *qkv_buf = scratch, *attn_buf = qkv_buf + B * qkv_max, *normed = attn_buf + B * attn_max;
+    float *proj = normed + B * hidden; /* the O projection's output, then gate/up ([B, 2 I]) */
+    float *act = proj + B * (2 * inter_max > hidden ? 2 * inter_max : hidden);
+    float *xp = act + B * inter_max; /* the panels' re-laid rows */
+#pragma omp parallel
+    {
+        int64_t pending = has_delta;
+        for (int64_t l = 0; l < n_layers; ++l) {
+            const struct day0_layer *L = &layers[l];
+            const int64_t H = L->heads, Hkv = L->kv_heads, D = L->head_dim, half = L->rot / 2;
+            const int64_t row = (H + 2 * Hkv) * D, token_stride = Hkv * D;
+            /* the input norm (with the pending residual add) */
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; ++b) {
+                if (pending)
+                    day0_add_rms_row(x + b * hidden, normed + b * hidden, x + b * hidden, delta + b * hidden,
+                                     L->in_norm, hidden, L->in_eps);
+                else
+                    day0_rms_row(normed + b * hidden, x + b * hidden, L->in_norm, hidden, L->in_eps);
+            }
+            day0_panel_for(qkv_buf, normed, L->qkv, L->qkv_bias, B, row, hidden, hidden, row, xp);
+#pragma omp barrier
+            /* QK-norm, RoPE on q and k, the new k and v into the cache: one item per (token, head) */
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < B * (H + 2 * Hkv); ++item) {
+                const int64_t b = item / (H + 2 * Hkv), h = item % (H + 2 * Hkv);
+                float *p = qkv_buf + b * row + h * D;
+                if (h < H + Hkv) {
+                    const float *nw = h < H ? L->q_norm : L->k_norm;
+                    if (nw) day0_rms_row(p, p, nw, D, L->qk_eps);
+                    if (half) day0_rotate_head(p, cos_t + b * L->rot, sin_t + b * L->rot + half, half);
+                }
+                if (h >= H) {
+                    float *cache = h < H + Hkv ? L->k_cache : L->v_cache;
+                    const int64_t kh = h < H + Hkv ? h - H : h - H - Hkv;
+                    memcpy(cache + slots[b] * token_stride + kh * D, p, sizeof(float) * D);
+                }
+            }
+            day0_decode_attn_for(attn_buf, qkv_buf, L->k_cache, L->v_cache, tables, seqlens, B, H, Hkv, D, block_size,
+                                 width, row, L->scale, L->window);
+            day0_panel_for(proj, attn_buf, L->o, L->o_bias, B, hidden, H * D, H * D, hidden, xp);
+#pragma omp barrier
+            /* the residual add and the post-attention norm */
+            float *post = L->gate_up ? normed : normed_out;
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; ++b)
+                day0_add_rms_row(x + b * hidden, post + b * hidden, x + b * hidden, proj + b * hidden, L->post_norm,
+                                 hidden, L->post_eps);
+            if (!L->gate_up) { /* the caller runs this layer's MLP (the run ends here) */
+                pending = 0;
+                continue;
+            }
+            const int64_t I = L->inter;
+            day0_panel_for(proj, normed, L->gate_up, 0, B, 2 * I, hidden, hidden, 2 * I, xp);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < B; ++b) day0_silu_row(act + b * I, proj + b * 2 * I, proj + b * 2 * I + I, I);
+            day0_panel_for(delta, act, L->down, 0, B, hidden, I, I, hidden, xp);
+#pragma omp barrier
+            pending = 1;
+        }
     }
     return 0;
 }

@@ -30,6 +30,7 @@ from agents.runtime.layers.rotary import RotaryEmbedding
 from agents.runtime.layers.self_attention import SelfAttention
 from agents.runtime.layers.weights import column_major
 from agents.runtime.models.mapping import WeightMapping
+from agents.runtime.models.native_decode import DecodePlan
 
 # Checkpoint fragment -> parameter fragment, shard id ("{e}" matches an expert index).
 DENSE_MAPPING: list[tuple[str, str, Hashable]] = [
@@ -126,6 +127,10 @@ class DecoderCausalLM(nn.Module):
         # honour ``ctx.sample_rows`` (the last layer on the rows that sample only); the compiled path, whose
         # region is the whole layer, turns it off while installed
         self.prune_last_layer = True
+        # decode steps through ``native_decode.DecodePlan`` where it covers the layers (the compiled path turns it
+        # off while installed); the plan is made on the first decode step and dropped when weights or caches change
+        self.native_decode = True
+        self._decode_plan: DecodePlan | None | bool = False  # False: not made yet; None: the layers are not covered
 
     def use_decode_layout(self) -> None:
         """Column-major storage for the linears whose batch-1 matrix-vector product streams faster so (see
@@ -159,6 +164,7 @@ class DecoderCausalLM(nn.Module):
         head = self.lm_head
         if head is not None and (self.model.embed_tokens is None or head.weight is not self.model.embed_tokens.weight):
             modules.append(head)
+        self.invalidate_decode_plan()
         packed = sum(pack_weight(module) for module in modules)
         for layer in self.stage_layers:  # routed experts: both stacks as panels where the kernels run
             experts = getattr(layer.mlp, "experts", None)
@@ -166,6 +172,20 @@ class DecoderCausalLM(nn.Module):
                 packed += 2
         self.use_decode_layout()  # what is left plain (``column_major`` leaves packed weights alone)
         return packed
+
+    def invalidate_decode_plan(self) -> None:
+        """Forget the native decode plan (it holds the addresses of weights and caches): made again on the next
+        decode step. Called when weights are loaded or packed, caches bound, or the module moved or cast."""
+        self._decode_plan = False
+
+    def _apply(self, fn, recurse: bool = True):  # .to(), .float(), ...: tensors may be new
+        self.invalidate_decode_plan()
+        return super()._apply(fn, recurse)
+
+    def decode_plan(self) -> DecodePlan | None:
+        if self._decode_plan is False:
+            self._decode_plan = DecodePlan.build(self.stage_layers, self.hidden)
+        return self._decode_plan
 
     @property
     def stage_layers(self) -> list[nn.Module]:
@@ -203,9 +223,19 @@ class DecoderCausalLM(nn.Module):
             else:  # the previous stage's hidden states
                 x = recv(torch.empty((input_ids.shape[0], self.hidden), dtype=self.dtype, device=input_ids.device),
                          stage_peer(-1))
+            if self.native_decode and not output_hidden_states and ctx.is_decode:
+                plan = self.decode_plan()
+                stepped = plan.forward(x, meta) if plan is not None and plan.usable(x, meta) else None
+                if stepped is not None:  # the residual stream and the last MLP's output, not yet added
+                    if not self.is_last:
+                        send(stepped[0] + stepped[1], stage_peer(1))
+                        return ForwardOutput(stepped[0] + stepped[1])
+                    return ForwardOutput(self.model.norm.add_forward(*stepped)[1])
             layer_hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
-            rows = ctx.sample_rows if self.is_last and self.prune_last_layer and not output_hidden_states else None
             layers = self.stage_layers
+            rows = ctx.sample_rows if self.is_last and self.prune_last_layer and not output_hidden_states else None
+            if rows is not None and (layers[-1]._forward_hooks or layers[-1]._forward_pre_hooks):
+                rows = None  # a hook on the last layer sees its whole output, as on the others
             for layer in layers[:-1] if rows is not None else layers:
                 x = layer(x, meta)
                 if layer_hidden is not None:
@@ -241,6 +271,7 @@ class DecoderCausalLM(nn.Module):
         layers = self.attention_layers()
         if len(caches) != len(layers):
             raise ValueError(f"got {len(caches)} cache tuples for {len(layers)} layers")
+        self.invalidate_decode_plan()
         for i, (attn, pair) in enumerate(zip(layers, caches, strict=False)):
             if len(pair) != 2 or pair[0].shape != pair[1].shape or pair[0].dim() != 4 or tuple(
                     pair[0].shape[2:]) != (attn.num_kv_heads, attn.head_dim):
@@ -281,6 +312,7 @@ class DecoderCausalLM(nn.Module):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         self._decode_layout = False  # a whole-tensor load may adopt a row-major tensor again
+        self.invalidate_decode_plan()
         with torch.no_grad():
             for name, tensor in weights:
                 if self.is_ignored(name):

@@ -1,0 +1,174 @@
+"""Decode steps of a native decoder in a few native calls: its layers' attention blocks and dense SwiGLU MLPs run
+by ``kernels.decode_layers``, a run of consecutive layers per call, the same kernels and the same order of work as
+the layers' own forwards (so the same values), without a Python module call, a parallel region and a result
+tensor per op. A layer whose MLP is not a dense SwiGLU over panels (routed experts) ends its run: the native
+call returns that layer's post-attention norm and the layer's own MLP module runs it (its hooks included).
+
+``DecodePlan.build`` says whether a model's layers are covered (fp32 CPU weights packed as panels, paged
+``Attention`` with a bound fp32 cache, rotate-half RoPE, RMSNorms, one tensor-parallel rank); the model keeps the
+plan until its weights or caches change (``DecoderCausalLM.invalidate_decode_plan``). ``usable`` is the per-step
+check: a decode step whose every token has a cache slot, nothing tracing the ops, no forward hooks on the
+layers."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.modules import module as _module_hooks
+
+from agents.runtime import kernels
+from agents.runtime.layers.attention import Attention, AttentionMetadata
+from agents.runtime.layers.mlp import SwiGLUMLP
+from agents.runtime.layers.norm import RMSNorm
+from agents.runtime.layers.self_attention import SelfAttention
+
+
+def _panels(weight: torch.Tensor, rows: int, cols: int) -> bool:
+    """``weight`` is a ``[rows, cols]`` fp32 CPU weight packed as panels (``kernels.pack_panels``)."""
+    return (getattr(weight, "panel_rows", 0) == rows and weight.dim() == 3 and weight.shape[1] == cols
+            and weight.dtype == torch.float32 and weight.is_cpu and weight.is_contiguous())
+
+
+def _plain(t: torch.Tensor | None, size: int) -> bool:
+    return t is None or (t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() and t.numel() == size)
+
+
+def _addr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _rms(norm: nn.Module | None, size: int) -> bool:
+    return norm is None or (type(norm) is RMSNorm and _plain(norm.weight, size))
+
+
+def _describe(layer: nn.Module, hidden: int) -> tuple[kernels.DecodeLayer, list[torch.Tensor], bool] | None:
+    """The layer's ``DecodeLayer``, the tensors it points into, and whether its MLP is in it; None when the layer
+    is not covered."""
+    sa = getattr(layer, "self_attn", None)
+    if type(sa) is not SelfAttention or type(sa.attn) is not Attention:
+        return None
+    attn, rotary = sa.attn, sa.rotary[0]
+    h, hkv, d = sa.heads, sa.kv_heads, sa.head_dim
+    qkv, o = sa.qkv_proj, sa.o_proj
+    caches = attn.k_cache, attn.v_cache
+    if (any(c is None or c.dtype != torch.float32 or not c.is_cpu or not c.is_contiguous() for c in caches)
+            or qkv.tp_size != 1 or o.tp_size != 1 or not _panels(qkv.weight, (h + 2 * hkv) * d, hidden)
+            or not _panels(o.weight, hidden, h * d) or not _plain(qkv.bias, (h + 2 * hkv) * d) or not _plain(o.bias, hidden)
+            or rotary.interleaved or rotary.rotary_dim % 2 or rotary.rotary_dim > d
+            or not all(_rms(n, hidden) for n in (layer.input_layernorm, layer.post_attention_layernorm))
+            or not all(_rms(n, d) for n in (sa.q_norm, sa.k_norm)) or (sa.q_norm is None) != (sa.k_norm is None)
+            or sa.q_norm is not None and sa.q_norm.eps != sa.k_norm.eps
+            or h % hkv or d > kernels.MAX_HEAD_DIM or h // hkv > kernels.MAX_GROUP):
+        return None
+    mlp = layer.mlp
+    inter = mlp.down_proj.in_local if type(mlp) is SwiGLUMLP else 0
+    fused = (inter > 0 and mlp.down_proj.tp_size == 1 and mlp.down_proj.bias is None and mlp.gate_up_proj.bias is None
+             and _panels(mlp.down_proj.weight, hidden, inter) and _panels(mlp.gate_up_proj.weight, 2 * inter, hidden))
+    keep = [t for t in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qkv.weight, qkv.bias,
+                        o.weight, o.bias, *caches) if t is not None]
+    keep += [n.weight for n in (sa.q_norm, sa.k_norm) if n is not None]
+    if fused:
+        keep += [mlp.gate_up_proj.weight, mlp.down_proj.weight]
+    desc = kernels.DecodeLayer(
+        in_norm=_addr(layer.input_layernorm.weight), post_norm=_addr(layer.post_attention_layernorm.weight),
+        qkv=_addr(qkv.weight), qkv_bias=_addr(qkv.bias),
+        q_norm=_addr(sa.q_norm.weight) if sa.q_norm is not None else None,
+        k_norm=_addr(sa.k_norm.weight) if sa.k_norm is not None else None,
+        o=_addr(o.weight), o_bias=_addr(o.bias), k_cache=_addr(caches[0]), v_cache=_addr(caches[1]),
+        gate_up=_addr(mlp.gate_up_proj.weight) if fused else None, down=_addr(mlp.down_proj.weight) if fused else None,
+        heads=h, kv_heads=hkv, head_dim=d, rot=rotary.rotary_dim, inter=inter if fused else 0,
+        window=attn.sliding_window or 0, in_eps=layer.input_layernorm.eps, post_eps=layer.post_attention_layernorm.eps,
+        qk_eps=sa.q_norm.eps if sa.q_norm is not None else 0.0, scale=attn.scale,
+    )
+    return desc, keep, fused
+
+
+@dataclass
+class _Run:
+    """Consecutive layers in one native call; ``mlp``: the last layer's own MLP module when the call stops
+    before it (routed experts)."""
+
+    layers: ctypes.Array
+    scratch_per_row: tuple[int, int]  # (floats a row, floats fixed): decode_scratch = a * B + b
+    mlp: nn.Module | None
+
+
+class DecodePlan:
+    """The native decode of one model's stage layers (see the module docstring)."""
+
+    def __init__(self, runs: list[_Run], modules: list[nn.Module], keep: list[torch.Tensor], hidden: int,
+                 block_size: int) -> None:
+        self.runs, self.modules, self.hidden, self.block_size = runs, modules, hidden, block_size
+        self._keep = keep  # the tensors the descriptors point into stay alive while the plan lives
+
+    @classmethod
+    def build(cls, layers: list[nn.Module], hidden: int) -> DecodePlan | None:
+        if not layers or not kernels.available():
+            return None
+        runs: list[_Run] = []
+        keep: list[torch.Tensor] = []
+        pending: list[kernels.DecodeLayer] = []
+        block_size = None
+        for layer in layers:
+            described = _describe(layer, hidden)
+            if described is None:
+                return None
+            desc, tensors, fused = described
+            size = layer.self_attn.attn.k_cache.shape[1]
+            if block_size not in (None, size):
+                return None
+            block_size = size
+            keep += tensors
+            pending.append(desc)
+            if not fused:
+                runs.append(cls._run(pending, hidden, layer.mlp))
+                pending = []
+        if pending:
+            runs.append(cls._run(pending, hidden, None))
+        modules = [m for layer in layers for m in (layer, layer.self_attn, layer.mlp)]
+        return cls(runs, modules, keep, hidden, block_size)
+
+    @staticmethod
+    def _run(descs: list[kernels.DecodeLayer], hidden: int, mlp: nn.Module | None) -> _Run:
+        array = (kernels.DecodeLayer * len(descs))(*descs)
+        one, two = kernels.decode_scratch(array, hidden, 1), kernels.decode_scratch(array, hidden, 2)
+        return _Run(array, (two - one, 2 * one - two), mlp)
+
+    def usable(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """This step can run here: a decode step whose tokens all have cache slots, tensors as the kernel reads
+        them, no forward hooks on the layers (an alignment capture, a test's probe) and nothing tracing."""
+        ctx = meta.ctx
+        if (not ctx.is_decode or meta.slots is None or meta.slot_rows is not None or not kernels._ok(x) or x.dim() != 2 or not x.is_contiguous() or x.shape[1] != self.hidden):
+            return False
+        if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
+                or any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)):
+            return False
+        b = x.shape[0]
+        cos, sin, slots, tables, seqlens = meta.cos, meta.sin, meta.slots, ctx.block_tables, ctx.seqlens_k
+        return (cos is not None and cos.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous()
+                and cos.shape[0] == b and slots.dtype == torch.int64 and slots.is_contiguous() and slots.shape == (b,)
+                and tables.dtype == torch.int32 and tables.is_contiguous() and tables.shape[0] == b
+                and seqlens.dtype == torch.int32 and seqlens.is_contiguous() and tables.is_cpu and slots.is_cpu)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The step through every layer: (the residual stream [B, hidden], the last MLP's output still to add to
+        it). ``x`` is the step's own embedding output (updated in place). None when the kernel refused the
+        shapes before the first layer (nothing written then; the caller runs the layers)."""
+        b = x.shape[0]
+        delta, normed = torch.empty_like(x), torch.empty_like(x)
+        has_delta = False
+        ctx = meta.ctx
+        for i, run in enumerate(self.runs):
+            per_row, fixed = run.scratch_per_row
+            if not kernels.decode_layers(x, delta, has_delta, normed, run.layers, per_row * b + fixed, meta.cos,
+                                         meta.sin, meta.slots, ctx.block_tables, ctx.seqlens_k, self.block_size):
+                if i == 0:
+                    return None
+                raise RuntimeError("the native decode refused a run of layers after the first")
+            if run.mlp is not None:
+                delta = run.mlp(normed).contiguous()  # [B, hidden]: the layer's own module (hooks and all)
+            has_delta = True
+        return x, delta
