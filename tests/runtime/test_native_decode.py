@@ -209,3 +209,23 @@ def test_hidden_states_are_asked_of_the_layers_themselves(packs_small, native_ca
     assert not native_calls and len(out.layer_hidden) == len(model.stage_layers)
     again = model.forward(torch.tensor([3]), torch.tensor([5]), paged_context(5, 1, 4, "cpu"))
     assert native_calls and torch.equal(again.hidden, out.hidden)
+
+
+def test_a_pipeline_stage_before_the_last_sends_the_whole_stream(packs_small, native_calls, monkeypatch):
+    """A stage that is not the last sends its layers' output (the residual with the last MLP's output added), the
+    same as the layers' own forwards send."""
+    from agents.pipeline.align_common import paged_context
+    from agents.runtime.models import decoder
+
+    engine = LLMEngine(cached_model("qwen3"), num_blocks=64, block_size=8, pack_weights=True)
+    model = engine.model
+    model.forward(torch.tensor([5, 6, 7, 8, 9]), torch.arange(5), paged_context(0, 5, 4, "cpu"))
+    sent: list[torch.Tensor] = []
+    monkeypatch.setattr(decoder, "send", lambda t, _peer: sent.append(t.clone()))
+    monkeypatch.setattr(model, "is_last", False)
+    outs = []
+    for native in (False, True):
+        model.native_decode = native
+        outs.append(model.forward(torch.tensor([3]), torch.tensor([5]), paged_context(5, 1, 4, "cpu")).hidden)
+    assert native_calls and len(sent) == 2
+    assert torch.equal(sent[0], sent[1]) and torch.equal(outs[0], outs[1]) and torch.equal(outs[1], sent[1])
