@@ -82,6 +82,7 @@ def test_compiled_tokens_equal_eager_on_moe_qk_norm_and_mla_families(arch, tmp_p
     eager = [o.output_token_ids for o in engine.generate(PROMPTS, params)]
     counts_eager = engine.expert_load.counts()
     compiled = CompiledModel(engine.model)
+    assert engine.model.native_decode is False  # every step runs the compiled region while it is installed
     try:
         engine.warmup()
         compiled.mark_warm()
@@ -93,6 +94,7 @@ def test_compiled_tokens_equal_eager_on_moe_qk_norm_and_mla_families(arch, tmp_p
             assert sum(map(sum, counts)) > sum(map(sum, counts_eager))
     finally:
         compiled.remove()
+    assert engine.model.native_decode is True
     assert [o.output_token_ids for o in engine.generate(PROMPTS, params)] == eager  # eager again once removed
 
 
