@@ -145,13 +145,27 @@ def test_it_steps_aside_for_hooks(packs_small, native_calls):
     assert len(native_calls) == PARAMS.max_tokens - 1  # every decode step
 
 
-def test_layers_it_does_not_cover_run_their_own_forward(monkeypatch, native_calls):
-    """Unpacked weights (the tiny models stay plain) and MLA attention: no plan, the same outputs."""
+def test_layers_it_does_not_cover_run_their_own_forward(monkeypatch, native_calls, caplog):
+    """Unpacked weights (the tiny models stay plain) and MLA attention: no plan, the reason logged once, the
+    layers' own forwards."""
     monkeypatch.delenv("DAY0_PACK_LAYOUT", raising=False)
-    assert LLMEngine(cached_model("llama"), num_blocks=64, pack_weights=True).model.decode_plan() is None
+    plain = LLMEngine(cached_model("llama"), num_blocks=64, pack_weights=True)
+    with caplog.at_level("INFO", logger="agents.runtime.models.decoder"):
+        plain.generate([[5, 6, 7]], PARAMS)
+    assert plain.model.decode_plan() is None and "not packed as fp32 panels" in plain.model.decode_plan_reason
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("native decode")]
+    assert said == ["native decode: not used: layer 0: projections not packed as fp32 panels (--pack-weights)"]
     monkeypatch.setattr(linear, "ONEDNN_MIN_WEIGHT", 0)
     engine = LLMEngine(cached_model("deepseek-v3"), num_blocks=64, pack_weights=True)
-    assert engine.model.decode_plan() is None
+    assert engine.model.decode_plan() is None and "not the paged SelfAttention" in engine.model.decode_plan_reason
+    engine.generate([[5, 6, 7]], PARAMS)
+    assert not native_calls
+
+
+def test_it_can_be_turned_off_for_a_process(packs_small, native_calls, monkeypatch):
+    monkeypatch.setenv("DAY0_NATIVE_DECODE", "off")
+    engine = LLMEngine(cached_model("llama"), num_blocks=64, pack_weights=True)
+    assert engine.model.native_decode is False
     engine.generate([[5, 6, 7]], PARAMS)
     assert not native_calls
 
@@ -185,7 +199,7 @@ def test_shapes_past_the_kernels_buffers_are_refused(packs_small, monkeypatch):
     layer = model.stage_layers[0]
     desc, _keep, _fused = native_decode._describe(layer, model.hidden)
     monkeypatch.setattr(kernels, "MAX_HEAD_DIM", layer.self_attn.head_dim - 1)
-    assert native_decode._describe(layer, model.hidden) is None
+    assert "past the kernel's buffers" in native_decode._describe(layer, model.hidden)
     desc.head_dim = 1024
     layers = (kernels.DecodeLayer * 1)(desc)
     x = torch.randn(1, model.hidden)

@@ -437,4 +437,6 @@ class CompiledModel:
                     _EXPERTS.pop(module.w13.data_ptr(), None)
         self.model.__dict__.pop("forward", None)
         self.model.prune_last_layer = True
-        self.model.native_decode = True
+        from agents.runtime.models.native_decode import native_decode_enabled
+
+        self.model.native_decode = native_decode_enabled()

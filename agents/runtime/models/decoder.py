@@ -9,6 +9,7 @@ broadcast, so every rank samples the same tokens."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Hashable, Iterable
 from typing import Any, ClassVar
@@ -30,7 +31,7 @@ from agents.runtime.layers.rotary import RotaryEmbedding
 from agents.runtime.layers.self_attention import SelfAttention
 from agents.runtime.layers.weights import column_major
 from agents.runtime.models.mapping import WeightMapping
-from agents.runtime.models.native_decode import DecodePlan
+from agents.runtime.models.native_decode import DecodePlan, native_decode_enabled
 
 # Checkpoint fragment -> parameter fragment, shard id ("{e}" matches an expert index).
 DENSE_MAPPING: list[tuple[str, str, Hashable]] = [
@@ -78,6 +79,8 @@ def stage_layers(num_layers: int, pp: int, stage: int) -> tuple[int, int]:
     first = stage * base + min(stage, extra)
     return first, first + base + (1 if stage < extra else 0)
 
+
+log = logging.getLogger(__name__)
 
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -129,8 +132,10 @@ class DecoderCausalLM(nn.Module):
         self.prune_last_layer = True
         # decode steps through ``native_decode.DecodePlan`` where it covers the layers (the compiled path turns it
         # off while installed); the plan is made on the first decode step and dropped when weights or caches change
-        self.native_decode = True
+        self.native_decode = native_decode_enabled()
         self._decode_plan: DecodePlan | None | bool = False  # False: not made yet; None: the layers are not covered
+        self.decode_plan_reason: str | None = None
+        self._decode_plan_said = ""
 
     def use_decode_layout(self) -> None:
         """Column-major storage for the linears whose batch-1 matrix-vector product streams faster so (see
@@ -183,8 +188,16 @@ class DecoderCausalLM(nn.Module):
         return super()._apply(fn, recurse)
 
     def decode_plan(self) -> DecodePlan | None:
+        """The native decode plan of this stage's layers (made once), or None when they are not covered
+        (``decode_plan_reason`` says why; logged once)."""
         if self._decode_plan is False:
-            self._decode_plan = DecodePlan.build(self.stage_layers, self.hidden)
+            plan = DecodePlan.build(self.stage_layers, self.hidden)
+            self._decode_plan, self.decode_plan_reason = (None, plan) if isinstance(plan, str) else (plan, None)
+            said = (f"{len(self.stage_layers)} layers in {len(plan.runs)} native call(s) a step"
+                    if self._decode_plan is not None else f"not used: {plan}")
+            if said != self._decode_plan_said:
+                log.info("native decode: %s", said)
+                self._decode_plan_said = said
         return self._decode_plan
 
     @property

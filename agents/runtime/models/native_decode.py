@@ -8,11 +8,12 @@ call returns that layer's post-attention norm and the layer's own MLP module run
 ``Attention`` with a bound fp32 cache, rotate-half RoPE, RMSNorms, one tensor-parallel rank); the model keeps the
 plan until its weights or caches change (``DecoderCausalLM.invalidate_decode_plan``). ``usable`` is the per-step
 check: a decode step whose every token has a cache slot, nothing tracing the ops, no forward hooks on the
-layers."""
+layers. ``DAY0_NATIVE_DECODE=0`` turns it off for a process."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,12 @@ from agents.runtime.layers.attention import Attention, AttentionMetadata
 from agents.runtime.layers.mlp import SwiGLUMLP
 from agents.runtime.layers.norm import RMSNorm
 from agents.runtime.layers.self_attention import SelfAttention
+
+
+def native_decode_enabled() -> bool:
+    """``DAY0_NATIVE_DECODE`` (default on; 0/false/no/off turns it off, for a side-by-side measurement or to rule
+    it out): whether a new model runs its decode steps through a plan."""
+    return os.environ.get("DAY0_NATIVE_DECODE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _panels(weight: torch.Tensor, rows: int, cols: int) -> bool:
@@ -44,25 +51,43 @@ def _rms(norm: nn.Module | None, size: int) -> bool:
     return norm is None or (type(norm) is RMSNorm and _plain(norm.weight, size))
 
 
-def _describe(layer: nn.Module, hidden: int) -> tuple[kernels.DecodeLayer, list[torch.Tensor], bool] | None:
-    """The layer's ``DecodeLayer``, the tensors it points into, and whether its MLP is in it; None when the layer
-    is not covered."""
+def _uncovered(layer: nn.Module, hidden: int) -> str | None:
+    """Why ``layer``'s attention block is not one ``decode_layers`` runs; None when it is."""
     sa = getattr(layer, "self_attn", None)
     if type(sa) is not SelfAttention or type(sa.attn) is not Attention:
-        return None
+        return f"attention is {type(sa).__name__}, not the paged SelfAttention"
+    attn, rotary = sa.attn, sa.rotary[0]
+    h, hkv, d = sa.heads, sa.kv_heads, sa.head_dim
+    qkv, o = sa.qkv_proj, sa.o_proj
+    checks = [
+        (all(c is not None and c.dtype == torch.float32 and c.is_cpu and c.is_contiguous()
+             for c in (attn.k_cache, attn.v_cache)), "no fp32 CPU KV cache bound"),
+        (qkv.tp_size == 1 and o.tp_size == 1, "tensor-parallel projections"),
+        (_panels(qkv.weight, (h + 2 * hkv) * d, hidden) and _panels(o.weight, hidden, h * d),
+         "projections not packed as fp32 panels (--pack-weights)"),
+        (_plain(qkv.bias, (h + 2 * hkv) * d) and _plain(o.bias, hidden), "biases not fp32"),
+        (not rotary.interleaved and rotary.rotary_dim % 2 == 0 and rotary.rotary_dim <= d, "interleaved RoPE"),
+        (all(_rms(n, hidden) for n in (layer.input_layernorm, layer.post_attention_layernorm)),
+         "layer norms other than fp32 RMSNorm"),
+        (all(_rms(n, d) for n in (sa.q_norm, sa.k_norm)) and (sa.q_norm is None) == (sa.k_norm is None)
+         and (sa.q_norm is None or sa.q_norm.eps == sa.k_norm.eps), "QK-norms other than one fp32 RMSNorm pair"),
+        (hkv > 0 and h % hkv == 0 and d <= kernels.MAX_HEAD_DIM and h // hkv <= kernels.MAX_GROUP,
+         f"{h} heads over {hkv} KV heads of {d} past the kernel's buffers"),
+    ]
+    return next((reason for ok, reason in checks if not ok), None)
+
+
+def _describe(layer: nn.Module, hidden: int) -> tuple[kernels.DecodeLayer, list[torch.Tensor], bool] | str:
+    """The layer's ``DecodeLayer``, the tensors it points into, and whether its MLP is in it; or why the layer is
+    not covered."""
+    reason = _uncovered(layer, hidden)
+    if reason is not None:
+        return reason
+    sa = layer.self_attn
     attn, rotary = sa.attn, sa.rotary[0]
     h, hkv, d = sa.heads, sa.kv_heads, sa.head_dim
     qkv, o = sa.qkv_proj, sa.o_proj
     caches = attn.k_cache, attn.v_cache
-    if (any(c is None or c.dtype != torch.float32 or not c.is_cpu or not c.is_contiguous() for c in caches)
-            or qkv.tp_size != 1 or o.tp_size != 1 or not _panels(qkv.weight, (h + 2 * hkv) * d, hidden)
-            or not _panels(o.weight, hidden, h * d) or not _plain(qkv.bias, (h + 2 * hkv) * d) or not _plain(o.bias, hidden)
-            or rotary.interleaved or rotary.rotary_dim % 2 or rotary.rotary_dim > d
-            or not all(_rms(n, hidden) for n in (layer.input_layernorm, layer.post_attention_layernorm))
-            or not all(_rms(n, d) for n in (sa.q_norm, sa.k_norm)) or (sa.q_norm is None) != (sa.k_norm is None)
-            or sa.q_norm is not None and sa.q_norm.eps != sa.k_norm.eps
-            or h % hkv or d > kernels.MAX_HEAD_DIM or h // hkv > kernels.MAX_GROUP):
-        return None
     mlp = layer.mlp
     inter = mlp.down_proj.in_local if type(mlp) is SwiGLUMLP else 0
     fused = (inter > 0 and mlp.down_proj.tp_size == 1 and mlp.down_proj.bias is None and mlp.gate_up_proj.bias is None
@@ -105,21 +130,24 @@ class DecodePlan:
         self._keep = keep  # the tensors the descriptors point into stay alive while the plan lives
 
     @classmethod
-    def build(cls, layers: list[nn.Module], hidden: int) -> DecodePlan | None:
-        if not layers or not kernels.available():
-            return None
+    def build(cls, layers: list[nn.Module], hidden: int) -> DecodePlan | str:
+        """The plan, or why the layers are not covered."""
+        if not layers:
+            return "no layers on this stage"
+        if not kernels.available():
+            return f"native kernels not loaded ({kernels.status()['reason']})"
         runs: list[_Run] = []
         keep: list[torch.Tensor] = []
         pending: list[kernels.DecodeLayer] = []
         block_size = None
-        for layer in layers:
+        for i, layer in enumerate(layers):
             described = _describe(layer, hidden)
-            if described is None:
-                return None
+            if isinstance(described, str):
+                return f"layer {i}: {described}"
             desc, tensors, fused = described
             size = layer.self_attn.attn.k_cache.shape[1]
             if block_size not in (None, size):
-                return None
+                return f"layer {i}: a cache block size other than the first layer's"
             block_size = size
             keep += tensors
             pending.append(desc)
