@@ -13,6 +13,7 @@ from agents.runtime.context import ForwardContext
 from agents.runtime.layers.rotary import inv_frequencies, rope_parameters
 from agents.runtime.loader import load_model
 from agents.runtime.models.simple_decode import greedy_decode
+from tests.runtime.variants import save_variant
 
 BASE = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
@@ -25,15 +26,7 @@ LINEAR = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
 
 
 def _save(tmp: Path, config) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for p in model.parameters():  # biases and norms are zero/one by default: make them matter
-            p.add_(torch.randn_like(p) * 0.02)
-    model.save_pretrained(tmp, max_shard_size="40KB")
-    return tmp
+    return save_variant(tmp, config, max_shard_size="40KB")
 
 
 def _compare(path: Path, lengths=(9, 4, 14)) -> None:

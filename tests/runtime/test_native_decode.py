@@ -6,9 +6,6 @@ layers it does not cover) and follows new caches and weights."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -17,6 +14,7 @@ from agents.runtime.engine import LLMEngine, SamplingParams
 from agents.runtime.layers import linear
 from agents.runtime.models import native_decode
 from agents.runtime.testing.make_model import cached_model
+from tests.runtime.variants import save_variant
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no native kernels")
 
@@ -91,21 +89,6 @@ def test_every_step_gives_the_same_logits_bit_for_bit(packs_small, native_calls,
     assert set(native_calls) == ({1} if moe else {layers})
 
 
-def _save(tmp: Path, config) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for p in model.parameters():  # biases and norms are zero/one by default: make them matter
-            p.add_(torch.randn_like(p) * 0.05)
-    model.save_pretrained(tmp)
-    source = cached_model("llama")  # its tokenizer (the same 512 tokens)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(source / name, tmp / name)
-    return tmp
-
-
 def _variant(name: str):
     from transformers import MistralConfig, Qwen3Config, Qwen3MoeConfig
 
@@ -120,7 +103,7 @@ def _variant(name: str):
 
 @pytest.mark.parametrize("variant", ["sliding-window", "biases-tied", "partial-rotary-moe"])
 def test_config_variants_give_the_same_logits(packs_small, native_calls, tmp_path, variant):
-    engine = LLMEngine(_save(tmp_path, _variant(variant)), num_blocks=64, block_size=4, max_num_batched_tokens=16,
+    engine = LLMEngine(save_variant(tmp_path, _variant(variant), scale=0.05, tokenizer=True), num_blocks=64, block_size=4, max_num_batched_tokens=16,
                        pack_weights=True)
     assert engine.model.decode_plan() is not None
     _same_with_and_without(engine, [list(range(3, 24)), [5, 6, 7], list(range(40, 52))], native_calls)
