@@ -226,3 +226,25 @@ def test_a_pipeline_stage_before_the_last_sends_the_whole_stream(packs_small, na
         outs.append(model.forward(torch.tensor([3]), torch.tensor([5]), paged_context(5, 1, 4, "cpu")).hidden)
     assert native_calls and len(sent) == 2
     assert torch.equal(sent[0], sent[1]) and torch.equal(outs[0], outs[1]) and torch.equal(outs[1], sent[1])
+
+
+def test_swapped_parameters_run_the_layers_own_forwards(packs_small, native_calls):
+    """``torch.func.functional_call`` swaps parameters in for one call: the plan, which points at the model's own,
+    steps aside, and the step computes with the swapped ones."""
+    from torch.func import functional_call
+
+    from agents.pipeline.align_common import paged_context
+
+    engine = LLMEngine(cached_model("llama"), num_blocks=64, block_size=8, pack_weights=True)
+    model = engine.model
+    model.forward(torch.tensor([5, 6, 7, 8, 9]), torch.arange(5), paged_context(0, 5, 4, "cpu"))
+    step = (torch.tensor([3]), torch.tensor([5]), paged_context(5, 1, 4, "cpu"))
+    own = model.forward(*step).hidden
+    assert len(native_calls) == 1
+    name = "model.layers.0.post_attention_layernorm.weight"
+    swapped = {name: dict(model.named_parameters())[name] * 2}
+    out = functional_call(model, swapped, step).hidden
+    assert len(native_calls) == 1 and not torch.equal(out, own)
+    model.native_decode = False
+    assert torch.equal(functional_call(model, swapped, step).hidden, out)
+    assert torch.equal(model.forward(*step).hidden, own)

@@ -8,13 +8,15 @@ call returns that layer's post-attention norm and the layer's own MLP module run
 ``Attention`` with a bound fp32 cache, rotate-half RoPE, RMSNorms, one tensor-parallel rank); the model keeps the
 plan until its weights or caches change (``DecoderCausalLM.invalidate_decode_plan``). ``usable`` is the per-step
 check: a decode step whose every token has a cache slot, nothing tracing the ops, no forward hooks on the
-layers. ``DAY0_NATIVE_DECODE=0`` turns it off for a process."""
+layers, and every weight and cache the plan points into still the one the layers hold (a parameter swapped in,
+as ``torch.func.functional_call`` does, runs the layers' own forwards). ``DAY0_NATIVE_DECODE=0`` turns it off for a process."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,6 +49,11 @@ def _addr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _holder(module: nn.Module, name: str) -> dict:
+    """The dict that holds ``module.<name>``: its parameters, or its plain attributes (a cache, a None bias)."""
+    return module._parameters if name in module._parameters else module.__dict__
+
+
 def _rms(norm: nn.Module | None, size: int) -> bool:
     return norm is None or (type(norm) is RMSNorm and _plain(norm.weight, size))
 
@@ -77,9 +84,9 @@ def _uncovered(layer: nn.Module, hidden: int) -> str | None:
     return next((reason for ok, reason in checks if not ok), None)
 
 
-def _describe(layer: nn.Module, hidden: int) -> tuple[kernels.DecodeLayer, list[torch.Tensor], bool] | str:
-    """The layer's ``DecodeLayer``, the tensors it points into, and whether its MLP is in it; or why the layer is
-    not covered."""
+def _describe(layer: nn.Module, hidden: int) -> tuple[kernels.DecodeLayer, list[tuple[dict, str, Any]], bool] | str:
+    """The layer's ``DecodeLayer``, where the tensors it points into are held (dict, key, tensor), and whether its
+    MLP is in it; or why the layer is not covered."""
     reason = _uncovered(layer, hidden)
     if reason is not None:
         return reason
@@ -92,11 +99,14 @@ def _describe(layer: nn.Module, hidden: int) -> tuple[kernels.DecodeLayer, list[
     inter = mlp.down_proj.in_local if type(mlp) is SwiGLUMLP else 0
     fused = (inter > 0 and mlp.down_proj.tp_size == 1 and mlp.down_proj.bias is None and mlp.gate_up_proj.bias is None
              and _panels(mlp.down_proj.weight, hidden, inter) and _panels(mlp.gate_up_proj.weight, 2 * inter, hidden))
-    keep = [t for t in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qkv.weight, qkv.bias,
-                        o.weight, o.bias, *caches) if t is not None]
-    keep += [n.weight for n in (sa.q_norm, sa.k_norm) if n is not None]
+    # where each tensor the descriptor points into is held: (the dict holding it, its key); usable() checks they
+    # still hold the same tensors (a parameter swapped, as torch.func.functional_call does, or caches re-bound)
+    held = [(layer.input_layernorm, "weight"), (layer.post_attention_layernorm, "weight"), (qkv, "weight"),
+            (qkv, "bias"), (o, "weight"), (o, "bias"), (attn, "k_cache"), (attn, "v_cache")]
+    held += [(norm, "weight") for norm in (sa.q_norm, sa.k_norm) if norm is not None]
     if fused:
-        keep += [mlp.gate_up_proj.weight, mlp.down_proj.weight]
+        held += [(mlp.gate_up_proj, "weight"), (mlp.down_proj, "weight")]
+    keep = [(where, name, where.get(name)) for where, name in ((_holder(m, n), n) for m, n in held)]
     desc = kernels.DecodeLayer(
         in_norm=_addr(layer.input_layernorm.weight), post_norm=_addr(layer.post_attention_layernorm.weight),
         qkv=_addr(qkv.weight), qkv_bias=_addr(qkv.bias),
@@ -124,10 +134,10 @@ class _Run:
 class DecodePlan:
     """The native decode of one model's stage layers (see the module docstring)."""
 
-    def __init__(self, runs: list[_Run], modules: list[nn.Module], keep: list[torch.Tensor], hidden: int,
+    def __init__(self, runs: list[_Run], modules: list[nn.Module], held: list[tuple[dict, str, Any]], hidden: int,
                  block_size: int) -> None:
         self.runs, self.modules, self.hidden, self.block_size = runs, modules, hidden, block_size
-        self._keep = keep  # the tensors the descriptors point into stay alive while the plan lives
+        self._held = held  # the tensors the descriptors point into (alive while the plan lives) and where they sit
 
     @classmethod
     def build(cls, layers: list[nn.Module], hidden: int) -> DecodePlan | str:
@@ -137,7 +147,7 @@ class DecodePlan:
         if not kernels.available():
             return f"native kernels not loaded ({kernels.status()['reason']})"
         runs: list[_Run] = []
-        keep: list[torch.Tensor] = []
+        held: list[tuple[dict, str, Any]] = []
         pending: list[kernels.DecodeLayer] = []
         block_size = None
         for i, layer in enumerate(layers):
@@ -149,7 +159,7 @@ class DecodePlan:
             if block_size not in (None, size):
                 return f"layer {i}: a cache block size other than the first layer's"
             block_size = size
-            keep += tensors
+            held += tensors
             pending.append(desc)
             if not fused:
                 runs.append(cls._run(pending, hidden, layer.mlp))
@@ -157,7 +167,7 @@ class DecodePlan:
         if pending:
             runs.append(cls._run(pending, hidden, None))
         modules = [m for layer in layers for m in (layer, layer.self_attn, layer.mlp)]
-        return cls(runs, modules, keep, hidden, block_size)
+        return cls(runs, modules, held, hidden, block_size)
 
     @staticmethod
     def _run(descs: list[kernels.DecodeLayer], hidden: int, mlp: nn.Module | None) -> _Run:
@@ -167,12 +177,15 @@ class DecodePlan:
 
     def usable(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """This step can run here: a decode step whose tokens all have cache slots, tensors as the kernel reads
-        them, no forward hooks on the layers (an alignment capture, a test's probe) and nothing tracing."""
+        them, no forward hooks on the layers (an alignment capture, a test's probe), nothing tracing, and the
+        layers still holding the weights and caches the plan points into."""
         ctx = meta.ctx
-        if (not ctx.is_decode or meta.slots is None or meta.slot_rows is not None or not kernels._ok(x) or x.dim() != 2 or not x.is_contiguous() or x.shape[1] != self.hidden):
+        if (not ctx.is_decode or meta.slots is None or meta.slot_rows is not None or not kernels._ok(x)
+                or x.dim() != 2 or not x.is_contiguous() or x.shape[1] != self.hidden):
             return False
         if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
-                or any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)):
+                or any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
+                or any(where.get(name) is not tensor for where, name, tensor in self._held)):
             return False
         b = x.shape[0]
         cos, sin, slots, tables, seqlens = meta.cos, meta.sin, meta.slots, ctx.block_tables, ctx.seqlens_k
