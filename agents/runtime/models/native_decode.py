@@ -9,7 +9,8 @@ call returns that layer's post-attention norm and the layer's own MLP module run
 plan until its weights or caches change (``DecoderCausalLM.invalidate_decode_plan``). ``usable`` is the per-step
 check: a decode step whose every token has a cache slot, nothing tracing the ops, no forward hooks on the
 layers, and every weight and cache the plan points into still the one the layers hold (a parameter swapped in,
-as ``torch.func.functional_call`` does, runs the layers' own forwards). ``DAY0_NATIVE_DECODE=0`` turns it off for a process."""
+as ``torch.func.functional_call`` does, runs the layers' own forwards). ``DAY0_NATIVE_DECODE=0`` turns it off for
+a process."""
 
 from __future__ import annotations
 
