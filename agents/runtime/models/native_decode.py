@@ -68,6 +68,7 @@ def _uncovered(layer: nn.Module, hidden: int) -> str | None:
     h, hkv, d = sa.heads, sa.kv_heads, sa.head_dim
     qkv, o = sa.qkv_proj, sa.o_proj
     checks = [
+        (qkv.weight.device.type == "cpu", f"weights on {qkv.weight.device.type} (a CPU path)"),
         (all(c is not None and c.dtype == torch.float32 and c.is_cpu and c.is_contiguous()
              for c in (attn.k_cache, attn.v_cache)), "no fp32 CPU KV cache bound"),
         (qkv.tp_size == 1 and o.tp_size == 1, "tensor-parallel projections"),
