@@ -38,15 +38,27 @@ def best_of(fn, repeats: int = 5) -> float:
     return best
 
 
-def _probe_kernels(total_bytes: int) -> dict[str, tuple[object, int]]:
+SHAPES = ((2048, 768), (768, 2048), (4096, 4096), (32000, 768))  # [rows, cols] of the matrix-vector probes
+
+
+def _probe_kernels(total_bytes: int, kinds: set[str] | None = None) -> dict[str, tuple[object, int]]:
     """Each read-bound probe's (function, bytes it reads), over ``total_bytes`` of data (far beyond the caches,
     like a model's weights): a reduction, and matrix-vector products over stacks of matrices of several shapes,
     with torch's kernels and (where they load) the native panels' (what the engine streams: their prefetch reads
-    faster than torch's kernels on some hosts, and the machine's best is then theirs)."""
+    faster than torch's kernels on some hosts, and the machine's best is then theirs). ``kinds``: only the probes
+    so named (their data alone is made), e.g. ``{"sum", "panels 4096x4096"}``; None: all."""
+    def wanted(name: str) -> bool:
+        return kinds is None or name in kinds
+
     out: dict[str, tuple[object, int]] = {}
-    big = torch.randn(total_bytes // 4)
-    out["sum"] = (big.sum, total_bytes)
-    for rows, cols in ((2048, 768), (768, 2048), (4096, 4096), (32000, 768)):
+    if wanted("sum"):
+        big = torch.randn(total_bytes // 4)
+        out["sum"] = (big.sum, total_bytes)
+    for rows, cols in SHAPES:
+        shape = f"{rows}x{cols}"
+        plain, packed = wanted(f"matvec {shape}"), wanted(f"panels {shape}") and kernels.available()
+        if not (plain or packed):
+            continue
         copies = max(1, total_bytes // (rows * cols * 4))
         stack = [torch.randn(rows, cols) for _ in range(copies)]
         x = torch.randn(1, cols)
@@ -55,26 +67,32 @@ def _probe_kernels(total_bytes: int) -> dict[str, tuple[object, int]]:
             for w in stack:
                 torch.nn.functional.linear(x, w)
 
-        out[f"matvec {rows}x{cols} x{copies}"] = (run, copies * rows * cols * 4)
-        panels = [kernels.pack_panels(w) for w in stack] if kernels.available() else []
+        if plain:
+            out[f"matvec {shape} x{copies}"] = (run, copies * rows * cols * 4)
+        panels = [kernels.pack_panels(w) for w in stack] if packed else []
         if panels and all(p is not None for p in panels):
 
             def run_panels(panels=panels, x=x, rows=rows) -> None:
                 for wp in panels:
                     kernels.panel_linear(x, wp, rows)
 
-            out[f"panels {rows}x{cols} x{copies}"] = (run_panels, copies * rows * cols * 4)
+            out[f"panels {shape} x{copies}"] = (run_panels, copies * rows * cols * 4)
     return out
 
 
 def bandwidth_probes(total_bytes: int = 256 * 1024 * 1024) -> dict[str, float]:
-    """GB/s of every probe of ``_probe_kernels``. The best is the machine's practical read bandwidth."""
-    return {name: nbytes / best_of(fn) / 1e9 for name, (fn, nbytes) in _probe_kernels(total_bytes).items()}
+    """GB/s of every probe of ``_probe_kernels``, one shape's data at a time. The best is the machine's practical
+    read bandwidth."""
+    out: dict[str, float] = {}
+    for kinds in [{"sum"}] + [{f"matvec {r}x{c}", f"panels {r}x{c}"} for r, c in SHAPES]:
+        out |= {name: nbytes / best_of(fn) / 1e9 for name, (fn, nbytes) in _probe_kernels(total_bytes, kinds).items()}
+    return out
 
 
-def probe_beside(names: set[str], total_bytes: int = 256 * 1024 * 1024):
-    """A function that measures the named probes again (their data kept) and returns the best GB/s."""
-    kept = {name: probe for name, probe in _probe_kernels(total_bytes).items() if name in names}
+def probe_beside(kinds: set[str], total_bytes: int = 256 * 1024 * 1024):
+    """A function that measures the probes of ``kinds`` again (their data made once, kept) and returns the best
+    GB/s."""
+    kept = _probe_kernels(total_bytes, kinds)
 
     def measure() -> float:
         return max(nbytes / best_of(fn, 3) / 1e9 for fn, nbytes in kept.values())
@@ -221,7 +239,7 @@ def main() -> None:
         print(f"  probe {name:<22} {gbs:7.2f} GB/s")
     # the best two kinds again beside every engine round: the best read bandwidth is the best of all of them
     fastest = sorted(probes, key=probes.get)[-1]
-    beside = probe_beside({"sum", fastest})
+    beside = probe_beside({"sum", fastest.rsplit(" x", 1)[0]})  # its kind, without the copy count
     packed = packs_by_default("float32", args.device, False)
     print(f"device: {args.device}; engine weights: {pack_layout() + ' packed' if packed else 'plain'} (as day0 serve)")
     rows = [compare("llama", "100m", args.tokens, device=args.device, probe=beside)]

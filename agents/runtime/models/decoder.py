@@ -240,10 +240,11 @@ class DecoderCausalLM(nn.Module):
                 plan = self.decode_plan()
                 stepped = plan.forward(x, meta) if plan is not None and plan.usable(x, meta) else None
                 if stepped is not None:  # the residual stream and the last MLP's output, not yet added
-                    if not self.is_last:
-                        send(stepped[0] + stepped[1], stage_peer(1))
-                        return ForwardOutput(stepped[0] + stepped[1])
-                    return ForwardOutput(self.model.norm.add_forward(*stepped)[1])
+                    if self.is_last:
+                        return ForwardOutput(self.model.norm.add_forward(*stepped)[1])
+                    x = stepped[0] + stepped[1]
+                    send(x, stage_peer(1))
+                    return ForwardOutput(x)
             layer_hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
             layers = self.stage_layers
             rows = ctx.sample_rows if self.is_last and self.prune_last_layer and not output_hidden_states else None

@@ -139,7 +139,9 @@ class DecodePlan:
     def __init__(self, runs: list[_Run], modules: list[nn.Module], held: list[tuple[dict, str, Any]], hidden: int,
                  block_size: int) -> None:
         self.runs, self.modules, self.hidden, self.block_size = runs, modules, hidden, block_size
-        self._held = held  # the tensors the descriptors point into (alive while the plan lives) and where they sit
+        self._held = held  # the tensors the descriptors point into and where they sit
+        # their storage, alive while the plan lives: even a ``param.data = ...`` swap cannot free what it reads
+        self._storage = [tensor.data for _where, _name, tensor in held if tensor is not None]
 
     @classmethod
     def build(cls, layers: list[nn.Module], hidden: int) -> DecodePlan | str:
