@@ -6,6 +6,8 @@ layers it does not cover) and follows new caches and weights."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -188,10 +190,16 @@ def test_shapes_past_the_kernels_buffers_are_refused(packs_small, monkeypatch):
     x = torch.randn(1, model.hidden)
     before = x.clone()
     one = torch.zeros(1, 1, 2, desc.rot // 2)
-    refused = not kernels.decode_layers(x, torch.zeros_like(x), False, torch.empty_like(x), layers, 1 << 20, one, one,
-                                        torch.zeros(1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int32),
-                                        torch.ones(1, dtype=torch.int32), 8)
-    assert refused and torch.equal(x, before)
+    delta, normed = torch.zeros_like(x), torch.empty_like(x)
+    slots, tables, seqlens = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int32),
+                              torch.ones(1, dtype=torch.int32))
+    assert kernels.decode_scratch(layers, model.hidden, 1) == -1
+    assert not kernels.decode_layers(x, delta, False, normed, layers, one, one, slots, tables, seqlens, 8)
+    scratch = torch.empty(1 << 20)  # the C call itself, past the wrapper's scratch count: refused before writing
+    rc = kernels._lib.day0_decode_layers(x.data_ptr(), delta.data_ptr(), 0, normed.data_ptr(), ctypes.addressof(layers),
+                                         1, 1, model.hidden, one.data_ptr(), one.data_ptr(), slots.data_ptr(),
+                                         tables.data_ptr(), seqlens.data_ptr(), 8, 1, scratch.data_ptr())
+    assert rc == -1 and torch.equal(x, before)
 
 
 def test_hidden_states_are_asked_of_the_layers_themselves(packs_small, native_calls):

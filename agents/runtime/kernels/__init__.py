@@ -69,6 +69,7 @@ _SIGNATURES = {
                            ctypes.c_int),
     "day0_decode_layers": ([_ptr, _ptr, _c_int64, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr,
                             _ptr, _c_int64, _c_int64, _ptr], ctypes.c_int),
+    "day0_decode_scratch": ([_ptr, _c_int64, _c_int64, _c_int64], _c_int64),
 }
 PANEL = 16  # outputs per weight panel (``pack_panels``)
 
@@ -457,16 +458,13 @@ class DecodeLayer(ctypes.Structure):
 
 
 def decode_scratch(layers: ctypes.Array, hidden: int, batch: int) -> int:
-    """Floats of scratch ``decode_layers`` needs for ``layers`` at ``batch`` rows (the C function's formula)."""
-    qkv = max((layer.heads + 2 * layer.kv_heads) * layer.head_dim for layer in layers)
-    attn = max(layer.heads * layer.head_dim for layer in layers)
-    inter = max(layer.inter for layer in layers)
-    k_max = max(hidden, attn, inter)
-    return batch * (qkv + attn + hidden + max(2 * inter, hidden) + inter) + (batch + PANEL - 1) * k_max
+    """Floats of scratch ``decode_layers`` needs for ``layers`` at ``batch`` rows (the C side's own count); -1
+    when the kernel does not take the layers."""
+    return _lib.day0_decode_scratch(ctypes.addressof(layers), len(layers), hidden, batch)
 
 
 def decode_layers(x: torch.Tensor, delta: torch.Tensor, has_delta: bool, normed: torch.Tensor, layers: ctypes.Array,
-                  scratch_floats: int, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
                   seqlens: torch.Tensor, block_size: int) -> bool:
     """A decode step through ``layers`` (a ``DecodeLayer`` array: every layer but the last with its MLP) in one
     call. ``x [B, hidden]`` (the residual stream, updated in place), ``delta [B, hidden]`` (the previous MLP's
@@ -474,7 +472,10 @@ def decode_layers(x: torch.Tensor, delta: torch.Tensor, has_delta: bool, normed:
     layer's post-attention norm when it has no MLP here). The caller checked the tensors (contiguous fp32 CPU,
     rotary tables ``[B, 1, 2, rot/2]``, int64 ``slots [B]``, int32 ``tables [B, width]`` and ``seqlens [B]``).
     False when the kernel does not take the shapes (nothing written then)."""
-    scratch = _thread_buffer("decode_layers", scratch_floats, torch.float32)
+    floats = decode_scratch(layers, x.shape[1], x.shape[0])
+    if floats < 0:
+        return False
+    scratch = _thread_buffer("decode_layers", floats, torch.float32)
     rc = _lib.day0_decode_layers(x.data_ptr(), delta.data_ptr(), int(has_delta), normed.data_ptr(),
                                  ctypes.addressof(layers), len(layers), x.shape[0], x.shape[1], cos.data_ptr(),
                                  sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), seqlens.data_ptr(), block_size,

@@ -1288,14 +1288,14 @@ struct day0_layer {
  * hidden]: on return, the post-attention norm of the last layer's stream when that layer has no MLP here (the
  * caller runs it: routed experts). cos/sin: the step's rotary tables ([B, 2, rot/2] each, RotaryEmbedding's
  * layout); slots [B] the cache slots of the new tokens; tables [B, width] and seqlens [B] as for
- * day0_paged_decode_attention. scratch: B * (max (H + 2 Hkv) D + max H D + hidden + max(2 max I, hidden) + max I)
- * + (B + 15) * max K floats (K: hidden, H D or I). Returns 0, or -1 for a shape the kernels do not take (checked
+ * day0_paged_decode_attention. scratch: day0_decode_scratch floats. Returns 0, or -1 for a shape the kernels do not
+ * take (checked
  * before anything is written), or a layer without an MLP that is not the run's last. */
-int day0_decode_layers(float *x, float *delta, int64_t has_delta, float *normed_out, const struct day0_layer *layers,
-                       int64_t n_layers, int64_t B, int64_t hidden, const float *cos_t, const float *sin_t,
-                       const int64_t *slots, const int32_t *tables, const int32_t *seqlens, int64_t block_size,
-                       int64_t width, float *scratch) {
-    int64_t qkv_max = 0, attn_max = 0, inter_max = 0, k_max = hidden;
+/* The largest per-layer sizes of a run (QKV row, attention row, intermediate size, inner dimension of a
+ * product): -1 for a layer the kernels do not take, or a layer without an MLP that is not the run's last. */
+static int day0_run_sizes(const struct day0_layer *layers, int64_t n_layers, int64_t hidden, int64_t sizes[4]) {
+    sizes[0] = sizes[1] = sizes[2] = 0;
+    sizes[3] = hidden;
     for (int64_t l = 0; l < n_layers; ++l) {
         const struct day0_layer *L = &layers[l];
         const int64_t group = L->kv_heads > 0 ? L->heads / L->kv_heads : 0;
@@ -1303,16 +1303,33 @@ int day0_decode_layers(float *x, float *delta, int64_t has_delta, float *normed_
             || L->rot % 2 || L->rot > L->head_dim || (!L->gate_up && l + 1 < n_layers))
             return -1;
         const int64_t qkv = (L->heads + 2 * L->kv_heads) * L->head_dim, attn = L->heads * L->head_dim;
-        qkv_max = qkv > qkv_max ? qkv : qkv_max;
-        attn_max = attn > attn_max ? attn : attn_max;
-        inter_max = L->inter > inter_max ? L->inter : inter_max;
-        k_max = attn > k_max ? attn : k_max;
-        k_max = L->inter > k_max ? L->inter : k_max;
+        sizes[0] = qkv > sizes[0] ? qkv : sizes[0];
+        sizes[1] = attn > sizes[1] ? attn : sizes[1];
+        sizes[2] = L->inter > sizes[2] ? L->inter : sizes[2];
+        sizes[3] = attn > sizes[3] ? attn : sizes[3];
+        sizes[3] = L->inter > sizes[3] ? L->inter : sizes[3];
     }
+    return 0;
+}
+
+/* Floats of scratch day0_decode_layers needs for this run at B rows (its layout below); -1 as day0_run_sizes. */
+int64_t day0_decode_scratch(const struct day0_layer *layers, int64_t n_layers, int64_t hidden, int64_t B) {
+    int64_t z[4];
+    if (day0_run_sizes(layers, n_layers, hidden, z)) return -1;
+    return B * (z[0] + z[1] + hidden + (2 * z[2] > hidden ? 2 * z[2] : hidden) + z[2]) + (B + DAY0_PANEL - 1) * z[3];
+}
+
+int day0_decode_layers(float *x, float *delta, int64_t has_delta, float *normed_out, const struct day0_layer *layers,
+                       int64_t n_layers, int64_t B, int64_t hidden, const float *cos_t, const float *sin_t,
+                       const int64_t *slots, const int32_t *tables, const int32_t *seqlens, int64_t block_size,
+                       int64_t width, float *scratch) {
+    int64_t z[4];
+    if (day0_run_sizes(layers, n_layers, hidden, z)) return -1;
+    const int64_t qkv_max = z[0], attn_max = z[1], inter_max = z[2];
     float *qkv_buf = scratch, *attn_buf = qkv_buf + B * qkv_max, *normed = attn_buf + B * attn_max;
     float *proj = normed + B * hidden; /* the O projection's output, then gate/up ([B, 2 I]) */
     float *act = proj + B * (2 * inter_max > hidden ? 2 * inter_max : hidden);
-    float *xp = act + B * inter_max; /* the panels' re-laid rows */
+    float *xp = act + B * inter_max; /* the panels' re-laid rows: (B + 15) * z[3] floats */
 #pragma omp parallel
     {
         int64_t pending = has_delta;

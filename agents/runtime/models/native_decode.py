@@ -129,7 +129,6 @@ class _Run:
     before it (routed experts)."""
 
     layers: ctypes.Array
-    scratch_per_row: tuple[int, int]  # (floats a row, floats fixed): decode_scratch = a * B + b
     mlp: nn.Module | None
 
 
@@ -166,18 +165,16 @@ class DecodePlan:
             held += tensors
             pending.append(desc)
             if not fused:
-                runs.append(cls._run(pending, hidden, layer.mlp))
+                runs.append(cls._run(pending, layer.mlp))
                 pending = []
         if pending:
-            runs.append(cls._run(pending, hidden, None))
+            runs.append(cls._run(pending, None))
         modules = [m for layer in layers for m in (layer, layer.self_attn, layer.mlp)]
         return cls(runs, modules, held, hidden, block_size)
 
     @staticmethod
-    def _run(descs: list[kernels.DecodeLayer], hidden: int, mlp: nn.Module | None) -> _Run:
-        array = (kernels.DecodeLayer * len(descs))(*descs)
-        one, two = kernels.decode_scratch(array, hidden, 1), kernels.decode_scratch(array, hidden, 2)
-        return _Run(array, (two - one, 2 * one - two), mlp)
+    def _run(descs: list[kernels.DecodeLayer], mlp: nn.Module | None) -> _Run:
+        return _Run((kernels.DecodeLayer * len(descs))(*descs), mlp)
 
     def usable(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """This step can run here: a decode step whose tokens all have cache slots, tensors as the kernel reads
@@ -202,14 +199,12 @@ class DecodePlan:
         """The step through every layer: (the residual stream [B, hidden], the last MLP's output still to add to
         it). ``x`` is the step's own embedding output (updated in place). None when the kernel refused the
         shapes before the first layer (nothing written then; the caller runs the layers)."""
-        b = x.shape[0]
         delta, normed = torch.empty_like(x), torch.empty_like(x)
         has_delta = False
         ctx = meta.ctx
         for i, run in enumerate(self.runs):
-            per_row, fixed = run.scratch_per_row
-            if not kernels.decode_layers(x, delta, has_delta, normed, run.layers, per_row * b + fixed, meta.cos,
-                                         meta.sin, meta.slots, ctx.block_tables, ctx.seqlens_k, self.block_size):
+            if not kernels.decode_layers(x, delta, has_delta, normed, run.layers, meta.cos, meta.sin, meta.slots,
+                                         ctx.block_tables, ctx.seqlens_k, self.block_size):
                 if i == 0:
                     return None
                 raise RuntimeError("the native decode refused a run of layers after the first")
