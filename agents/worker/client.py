@@ -102,8 +102,11 @@ class PortalClient:
         answer = self.request("POST", f"/jobs/{job_id}/events/", json={"events": events})
         return int(answer["acked"])
 
-    def post_result(self, job_id: int, stage: str, section: dict[str, Any]) -> Any:
-        return self.request("POST", f"/jobs/{job_id}/results/", json={"stage": stage, "section": section})
+    def post_result(self, job_id: int, stage: str, section: dict[str, Any],
+                    binding: dict[str, Any] | None = None) -> Any:
+        """Posts one stage's section bound to the attempt and nonce it was produced under (``binding``)."""
+        return self.request("POST", f"/jobs/{job_id}/results/",
+                            json={"stage": stage, "section": section, **(binding or {})})
 
     def post_report(self, job_id: int, report: dict[str, Any]) -> Any:
         return self.request("POST", f"/jobs/{job_id}/results/", json=report)

@@ -19,26 +19,29 @@ from agents.worker.spool import claim_job_files, open_for_append, sync_and_close
 
 logger = logging.getLogger(__name__)
 
-# post(stage, section); raises ``retry_on`` while the portal is away, any other exception when it refuses
-PostResult = Callable[[str, dict[str, Any]], Any]
+# post(stage, section, binding); raises ``retry_on`` while the portal is away, any other exception when it refuses.
+# ``binding`` is the attempt and nonce the section was produced under ({"attempt", "nonce"}), kept with the line
+# so that a section left by an earlier attempt is posted as that attempt's (and refused by the portal as stale).
+PostResult = Callable[[str, dict[str, Any], dict[str, Any]], Any]
 
 
 class ResultOutbox:
     """Stage sections of one job waiting to be posted, in order; retried while the portal is away."""
 
     def __init__(self, folder: Path, job_id: int, post: PostResult, *, retry_on: type[BaseException],
-                 identity: str | None = None) -> None:
+                 identity: str | None = None, binding: dict[str, Any] | None = None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         claim_job_files(folder, job_id, identity)
         self.job_id = job_id
         self.post = post
         self.retry_on = retry_on
+        self.binding = dict(binding or {})
         self.items_path = folder / f"job-{job_id}.results.jsonl"
         self.sent_path = folder / f"job-{job_id}.results.sent"
         self.refused: list[str] = []
         self._lock = threading.Lock()
         self._sent = self._read_sent()
-        self._items: list[tuple[str, dict[str, Any]]] = self._read_items()[self._sent:]
+        self._items: list[tuple[str, dict[str, Any], dict[str, Any]]] = self._read_items()[self._sent:]
         if self._items:
             logger.info("job %s: %s result(s) left by an earlier run wait to be posted", job_id, len(self._items))
         self._file = open_for_append(self.items_path)
@@ -49,24 +52,25 @@ class ResultOutbox:
         except (FileNotFoundError, ValueError):
             return 0
 
-    def _read_items(self) -> list[tuple[str, dict[str, Any]]]:
-        items: list[tuple[str, dict[str, Any]]] = []
+    def _read_items(self) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+        items: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
         if not self.items_path.exists():
             return items
         with self.items_path.open(encoding="utf-8") as fh:
             for line in fh:
                 try:
                     item = json.loads(line)
-                    items.append((str(item["stage"]), dict(item["section"])))
+                    items.append((str(item["stage"]), dict(item["section"]), dict(item.get("binding") or {})))
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                     logger.warning("outbox %s: skipping a torn line", self.items_path)  # a kill mid-write
         return items
 
     def add(self, stage: str, section: dict[str, Any]) -> None:
         with self._lock:
-            self._file.write(json.dumps({"stage": stage, "section": section}, default=str) + "\n")
+            line = {"stage": stage, "section": section, "binding": self.binding}
+            self._file.write(json.dumps(line, default=str) + "\n")
             self._file.flush()  # in the OS page cache: survives the process being killed
-            self._items.append((stage, section))
+            self._items.append((stage, section, self.binding))
 
     def _mark_sent(self) -> None:
         self._sent += 1
@@ -81,9 +85,9 @@ class ResultOutbox:
             with self._lock:
                 if not self._items:
                     return
-                stage, section = self._items[0]
+                stage, section, binding = self._items[0]
             try:
-                self.post(stage, section)
+                self.post(stage, section, binding)
             except self.retry_on:
                 raise
             except Exception as exc:  # noqa: BLE001 — refused (e.g. the job was cancelled): do not retry

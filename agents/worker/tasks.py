@@ -174,8 +174,10 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
     identity = f"{STATE.portal_url.rstrip('/')} job {job_id} created {job.get('created_at')}"
     acked = (claimed or {}).get("events_acked", job.get("events_acked"))
     spool = JobSpool(folder, job_id, portal_acked=int(acked or 0), identity=identity)
-    outbox = ResultOutbox(folder, job_id, lambda stage, section: client.post_result(job_id, stage, section),
-                          retry_on=PortalUnavailable, identity=identity)
+    binding = {"attempt": spec.get("attempt"), "nonce": spec.get("nonce")}
+    outbox = ResultOutbox(folder, job_id,
+                          lambda stage, section, bound: client.post_result(job_id, stage, section, bound),
+                          retry_on=PortalUnavailable, identity=identity, binding=binding)
     sender_client = PortalClient(STATE.portal_url, STATE.token)
 
     def post(jid: int, events: list[dict[str, Any]]) -> int:

@@ -74,6 +74,9 @@ class Hardware(models.Model):
     inter_node_gbps = models.FloatField(null=True, blank=True)
     memory_bandwidth_gbps = models.FloatField(null=True, blank=True)
     shared_memory = models.BooleanField(default=False, help_text="devices share one memory (a CPU host)")
+    reference = models.BooleanField(
+        default=False, help_text="staff-operated hardware whose reference runs compute the references the portal "
+                                 "holds for each release (set by staff only)")
     notes = models.TextField(blank=True)
     dtypes = models.JSONField(default=list)
     peak_tflops = models.JSONField(default=dict, blank=True)

@@ -68,6 +68,9 @@ def seed_catalog(*, include_cpu: bool = True) -> SeedSummary:
         fields["notes"] = fields.get("notes") or ""
         _upsert(Hardware.objects.filter(slug=spec.slug).first(), fields, services.do_create_hardware,
                 services.do_update_hardware, f"hardware:{spec.slug}", summary)
+    if include_cpu:
+        # this host runs transformers in fp32: staff's reference hardware, whose reference runs hold the references
+        Hardware.objects.filter(slug=cpu_hardware().slug, organization__isnull=True).update(reference=True)
     for entry in load_model_catalog():
         fields = {
             "slug": entry["slug"], "name": entry["name"], "hf_repo": entry.get("hf_repo") or "",

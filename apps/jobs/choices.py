@@ -3,6 +3,11 @@ from __future__ import annotations
 from django.db import models
 
 
+class JobPurpose(models.TextChoices):
+    CERTIFY = "certify", "certify"
+    REFERENCE = "reference", "reference"
+
+
 class JobState(models.TextChoices):
     QUEUED = "queued", "queued"
     DISPATCHED = "dispatched", "dispatched"

@@ -46,6 +46,8 @@ def task_payload(job: Job) -> dict[str, Any]:
         **job.spec,
         "job": job.pk,
         "attempt": job.attempts,
+        "nonce": job.nonce,  # this attempt's secret: every results document carries it back (job, attempt, nonce)
+        "purpose": job.purpose,
         "model": {"slug": model.slug, "name": model.name, "architecture": model.architecture,
                   "config": model.config, "path": job.spec.get("model_path")},
         "hardware": {"slug": hw.slug, "vendor": hw.vendor, "name": hw.name, "memory_bytes": hw.memory_bytes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from apps.jobs.choices import EventLevel, JobState
+from apps.jobs.choices import EventLevel, JobPurpose, JobState
 
 
 class Job(models.Model):
@@ -21,6 +21,11 @@ class Job(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
     )
     spec = models.JSONField(default=dict)
+    purpose = models.CharField(
+        max_length=16, choices=JobPurpose.choices, default=JobPurpose.CERTIFY, db_index=True,
+        help_text="certify: evidence for the cell; reference: the release's reference outputs, on reference hardware")
+    nonce = models.CharField(max_length=64, blank=True,
+                             help_text="a fresh secret per attempt (set at each dispatch); results bind to it")
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
     attempts = models.PositiveIntegerField(default=0)
     agent = models.ForeignKey("fleet.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")

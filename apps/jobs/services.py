@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from datetime import UTC, datetime
 from typing import Any
 
@@ -116,10 +117,12 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
         locked.agent_id = agent_id
     if to_state == JobState.DISPATCHED:
         locked.attempts += 1
+        locked.nonce = secrets.token_hex(16)
         locked.dispatched_at = now
     elif to_state == JobState.RUNNING:
         if locked.dispatched_at is None:
             locked.attempts += 1
+            locked.nonce = secrets.token_hex(16)
             locked.dispatched_at = now
         locked.started_at = locked.started_at or now
     elif to_state == JobState.QUEUED:
@@ -132,8 +135,8 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
     if error is not None:
         locked.error = error
     locked.save()
-    for name in ("state", "attempts", "agent_id", "dispatched_at", "started_at", "finished_at", "failed_stage",
-                 "error", "updated_at"):
+    for name in ("state", "attempts", "nonce", "agent_id", "dispatched_at", "started_at", "finished_at",
+                 "failed_stage", "error", "updated_at"):
         setattr(job, name, getattr(locked, name))
     if to_state in FINISHED_STATES or to_state == JobState.QUEUED:
         placement.release_nodes(locked.pk)  # its agents are free for the next job (or the next attempt)

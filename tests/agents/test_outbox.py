@@ -24,8 +24,8 @@ def test_results_waiting_for_the_portal_survive_an_agent_restart(tmp_path: Path)
     portal = PortalProcess()  # not started: the portal is away while the stages finish
     client = PortalClient(portal.url, token.secret, timeout=5)
 
-    def post(stage: str, section: dict) -> None:
-        client.post_result(job.pk, stage, section)
+    def post(stage: str, section: dict, binding: dict) -> None:
+        client.post_result(job.pk, stage, section, binding)
 
     outbox = ResultOutbox(tmp_path, job.pk, post, retry_on=PortalUnavailable, identity="job 1")
     outbox.add("plan", passing("plan"))
@@ -51,14 +51,14 @@ def test_results_waiting_for_the_portal_survive_an_agent_restart(tmp_path: Path)
 
 
 def test_a_torn_last_line_is_skipped_and_the_rest_kept(tmp_path: Path) -> None:
-    outbox = ResultOutbox(tmp_path, 3, lambda stage, section: None, retry_on=PortalUnavailable)
+    outbox = ResultOutbox(tmp_path, 3, lambda stage, section, binding: None, retry_on=PortalUnavailable)
     outbox.add("plan", {"fits": True})
     outbox.close(remove_if_sent=False)
     with outbox.items_path.open("a") as fh:
         fh.write('{"stage": "load", "sect')  # killed mid-write
-    reopened = ResultOutbox(tmp_path, 3, lambda stage, section: None, retry_on=PortalUnavailable)
+    reopened = ResultOutbox(tmp_path, 3, lambda stage, section, binding: None, retry_on=PortalUnavailable)
     assert len(reopened) == 1
     reopened.add("env", {"torch": "2.13.0"})
     reopened.close(remove_if_sent=False)
-    again = ResultOutbox(tmp_path, 3, lambda stage, section: None, retry_on=PortalUnavailable)
+    again = ResultOutbox(tmp_path, 3, lambda stage, section, binding: None, retry_on=PortalUnavailable)
     assert len(again) == 2  # the section added after the torn line is whole
