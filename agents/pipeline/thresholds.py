@@ -101,6 +101,15 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
     Threshold("eval_rtol", 0.05, 0.0, 1.0, "max", doc="per task: target >= reference x (1 - rtol)"),
     Threshold("eval_accuracy_tol", 0.07, 0.0, 1.0, "max", doc="|accuracy_target - accuracy_ref|, at most"),
     Threshold("eval_perplexity_rel_tol", 0.02, 0.0, INF, "max", doc="eval texts' relative perplexity difference"),
+    # the portal's challenges (docs/references.md): the end-to-end gate and the power rule sizing eval samples
+    Threshold("min_token_match_rate", 0.9, 0.0, 1.0, "min",
+              doc="end to end: matched / compared greedy tokens against the portal's reference, at least"),
+    Threshold("challenge_theta", 0.1, 0.0, 1.0, "max", low_open=True,
+              doc="the accuracy drop a challenge is sized to detect (larger: fewer items)"),
+    Threshold("challenge_alpha", 0.05, 0.0, 0.5, "max", low_open=True,
+              doc="the challenge's one-sided false-alarm rate (larger: fewer items)"),
+    Threshold("challenge_beta", 0.2, 0.0, 0.5, "max", low_open=True,
+              doc="the challenge's miss rate (larger: fewer items)"),
 )}
 
 DEFAULTS: dict[str, float] = {key: t.default for key, t in TABLE.items()}

@@ -50,6 +50,9 @@ class Context:
     hardware: HardwareFacts | None = None
     dtype: str | None = None
     planner: Callable[..., Mapping[str, Any]] | None = None  # default: agents.runtime.planner.plan_report
+    # the portal's judge of raw outputs against its reference (challenge_verdicts.ChallengeJudge): when set, the
+    # align end-to-end part and the eval verdict come from it; None (a standalone run) judges the agent's numbers
+    challenge: Callable[[Verdict, str, Mapping[str, Any], Mapping[str, float]], None] | None = None
 
 
 @dataclass

@@ -291,6 +291,10 @@ def _grid_rows(grid: Any) -> list[list[float]] | None:
 
 
 def _eval(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
+    if ctx.challenge is not None:  # the portal: its scores of the raw outputs; tasks and needle stay claims
+        ctx.challenge(v, "eval", s, t)
+        return
+    v.note("judged from the agent's own numbers: no portal reference")
     tasks = s.get("tasks")
     rtol = t["eval_rtol"]
     if not isinstance(tasks, list) or not tasks:
