@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "apps.benchmarks",
     "apps.dashboards",
     "apps.alerts",
+    "apps.references",
 ]
 
 MIDDLEWARE = [

@@ -90,14 +90,18 @@ class ChallengeJudge:
         drawn = list(self.challenge["e2e"])
         score = cs.score_e2e(drawn, answers["e2e"], self.reference["e2e"], k)
         minimum = float(t.get("min_token_match_rate", DEFAULT_MIN_TOKEN_MATCH_RATE))
+        # the reference's own tokens never leave the portal: reasons and stored scores name the target's only
+        for row in score["rows"]:
+            row.pop("ref_token", None)
         self.scores["align"] = {"e2e": {**score, "top_k": k, "min_token_match_rate": minimum}}
         for row in score["hard"][:3]:
             if row["outcome"] == "short":
                 v.fail(f"e2e prompt {row['id']} ({row['prompt']!r}): the target stopped after {row['position']} "
-                       f"tokens, the reference continued with token {row['ref_token']}")
+                       "tokens, the reference did not")
             else:
                 v.fail(f"e2e prompt {row['id']} ({row['prompt']!r}) position {row['position']}: target token "
-                       f"{row['target_token']} vs reference {row['ref_token']} is not within each other's top-{k}")
+                       f"{row['target_token']} and the reference's differ beyond a near-tie (not within each "
+                       f"other's top-{k})")
         if len(score["hard"]) > 3:
             v.fail(f"e2e: {len(score['hard'])} prompts diverge beyond a near-tie")
         rate = score["token_match_rate"]

@@ -37,6 +37,9 @@ class ModelRelease(models.Model):
                                                help_text="tensors the checkpoint declares (every load must verify all)")
     has_chat_template = models.BooleanField(null=True, blank=True,
                                             help_text="the tokenizer has a chat template (serve must answer chat)")
+    # where the reference host reads the weights (a path or a hub id): its reference run holds the references
+    reference_source = models.CharField(max_length=500, blank=True,
+                                        help_text="weights source the reference hardware reads for the reference run")
     # two hardware loaded different bytes: {"file", "hardware": [a, b], "sha256": [x, y], "jobs": [i, j]}
     digest_conflict = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -27,6 +27,8 @@ class StageResult(models.Model):
     claimed_passed = models.BooleanField(null=True)
     synthetic = models.BooleanField(default=False)
     section = models.JSONField()
+    # align / eval: the portal's own scores of the raw outputs against its reference (apps/references)
+    challenge_scores = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     @property
@@ -39,7 +41,7 @@ class StageResult(models.Model):
         return {"stage": self.stage, "passed": self.passed, "verdict": self.verdict, "reasons": self.reasons,
                 "claimed_passed": self.claimed_passed, "disputed": self.disputed,
                 "defaults_version": self.defaults_version, "custom_thresholds": self.custom_thresholds,
-                "synthetic": self.synthetic}
+                "synthetic": self.synthetic, "scores": self.challenge_scores}
 
     class Meta:
         ordering = ["job_id", "created_at"]

@@ -35,6 +35,7 @@ from apps.evidence.models import (
     TokenDivergence,
 )
 from apps.jobs.models import Job
+from apps.references.sections import parse_reference
 
 Saver = Callable[[StageResult], None]
 OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing"})
@@ -269,7 +270,7 @@ def _soak(s: dict[str, Any], path: str) -> Saver:
 
 PARSERS: dict[str, Callable[[dict[str, Any], str], Saver]] = {
     "plan": _plan, "load": _load, "inventory": _inventory, "align": _align, "serve": _serve, "bench": _bench,
-    "env": _env, "eval": _eval, "comm": _comm, "soak": _soak,
+    "env": _env, "eval": _eval, "comm": _comm, "soak": _soak, "reference": parse_reference,
 }
 assert set(PARSERS) == set(STAGE_ORDER)
 
@@ -286,6 +287,8 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
     """The facts the portal judges a job's sections with: its release (config, manifest, tensor count, chat
     template, images, context), its hardware (for the plan), its dtype. Which path runs the model (native or
     the fallback, which has no paged KV cache) comes from the job's load evidence."""
+    from apps.references.services import challenge_judge
+
     model, hardware = job.model, job.hardware
     load = (sections or {}).get("load")
     if not isinstance(load, dict):
@@ -304,6 +307,7 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
         hardware=verdicts.HardwareFacts(memory_bytes=hardware.memory_bytes, devices_per_node=hardware.devices_per_node,
                                         shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ())),
         dtype=job.spec.get("dtype") or "auto",
+        challenge=challenge_judge(job, sections),  # the portal judges e2e and eval from its own scores
     )
 
 
@@ -366,12 +370,14 @@ def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> li
     # load first: its verdict (and a first-seen manifest) is what later sections of the same report rely on
     for stage in sorted(sections, key=lambda name: name != "load"):
         section = sections[stage]
-        verdict = verdicts.judge(stage, section, overrides, judging_context(job, sections))
+        context = judging_context(job, sections)
+        verdict = verdicts.judge(stage, section, overrides, context)
         result = StageResult.objects.create(
             job=job, stage=stage, passed=verdict.passed, verdict=verdict.status, reasons=verdict.reasons,
             verdict_notes=verdict.notes, defaults_version=verdict.defaults_version,
             custom_thresholds=verdict.custom_thresholds, claimed_passed=verdicts.claimed(stage, section),
             synthetic=synthetic, section=section,
+            challenge_scores=context.challenge.scores.get(stage) if context.challenge is not None else None,
         )
         result.job = job
         savers[stage](result)

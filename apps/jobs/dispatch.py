@@ -40,6 +40,8 @@ def queue_for(hardware_slug: str) -> str:
 
 def task_payload(job: Job) -> dict[str, Any]:
     """What the agent needs to run ``job``, as the agent's ``run_job_task(job_id, spec)`` reads it."""
+    from apps.references.selectors import payload_for  # reads only: the challenge or the reference pool
+
     hw = job.hardware
     model = job.model
     return {
@@ -48,6 +50,7 @@ def task_payload(job: Job) -> dict[str, Any]:
         "attempt": job.attempts,
         "nonce": job.nonce,  # this attempt's secret: every results document carries it back (job, attempt, nonce)
         "purpose": job.purpose,
+        **payload_for(job),  # "challenge" (a certify attempt) or "reference_pool" (a reference job)
         "model": {"slug": model.slug, "name": model.name, "architecture": model.architecture,
                   "config": model.config, "path": job.spec.get("model_path")},
         "hardware": {"slug": hw.slug, "vendor": hw.vendor, "name": hw.name, "memory_bytes": hw.memory_bytes,

@@ -457,6 +457,9 @@ def do_dispatch_job(job_id: int) -> None:
                 _note_waiting(job, waiting)
                 return
         do_transition_job(job, JobState.DISPATCHED)
+        from apps.references.services import draw_challenge
+
+        draw_challenge(job)  # this attempt's secret challenge (a certify job running align or eval)
     try:
         if nodes:
             dispatch.send_job(job, nodes)

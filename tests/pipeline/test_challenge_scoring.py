@@ -182,5 +182,7 @@ def test_align_e2e_from_the_portal_scores() -> None:
     v = verdicts.Verdict("align")
     _judge()(v, "align", {"e2e": {"raw": wrong}}, th.merged(None))
     assert v.status == "fail"
-    assert any("e2e prompt e2e-000 ('a') position 0: target token 7 vs reference 1" in r for r in v.reasons)
+    assert any("e2e prompt e2e-000 ('a') position 0: target token 7 and the reference's differ beyond a near-tie"
+               in r for r in v.reasons)
+    assert not any(" 1 " in r or r.endswith(" 1") for r in v.reasons)  # the reference's token 1 is never named
     assert any("token match rate 0.0000 (0 of 1 tokens) is below 0.9" in r for r in v.reasons)

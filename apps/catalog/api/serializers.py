@@ -24,7 +24,8 @@ class ModelReleaseSerializer(serializers.ModelSerializer):
         fields = ["id", "slug", "name", "organization", "hf_repo", "architecture", "family", "params_total",
                   "params_active", "published_params_total", "published_params_active", "context_length", "dtype",
                   "modalities", "released_at", "visibility", "config", "manifest", "manifest_source", "manifest_seen",
-                  "tensor_count", "has_chat_template", "digest_conflict", "created_at", "updated_at"]
+                  "tensor_count", "has_chat_template", "digest_conflict", "reference_source", "created_at",
+                  "updated_at"]
         read_only_fields = ["id", "architecture", "family", "params_total", "params_active", "context_length",
                             "dtype", "manifest_source", "manifest_seen", "digest_conflict", "created_at", "updated_at"]
         extra_kwargs = {
@@ -53,6 +54,13 @@ class ModelReleaseSerializer(serializers.ModelSerializer):
             model_fields_from_config(value)
         except DjangoValidationError as exc:
             raise serializers.ValidationError(exc.message_dict["config"]) from exc
+        return value
+
+    def validate_reference_source(self, value: Any) -> str:
+        value = (value or "").strip()
+        if any(ord(c) < 32 for c in value):
+            raise serializers.ValidationError("must be a path or a hub id the reference host can read (no control "
+                                              "characters)")
         return value
 
     def validate_modalities(self, value: Any) -> list[str]:

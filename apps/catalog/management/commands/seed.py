@@ -22,6 +22,9 @@ class Command(BaseCommand):
         summary = seed_catalog(include_cpu=not options["no_cpu"])
         self.stdout.write(f"catalog: {len(summary.created)} created, {len(summary.updated)} updated, "
                           f"{len(summary.unchanged)} unchanged")
+        from apps.references.services import ensure_references  # the current pool's references (idempotent)
+
+        self.stdout.write(f"reference runs queued: {len(ensure_references())}")
         if not options["no_admin"]:
             user, password = ensure_demo_admin(options["admin_user"], options["admin_password"])
             if password:

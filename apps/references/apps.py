@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class ReferencesConfig(AppConfig):
+    name = "apps.references"
+    label = "references"
+    verbose_name = "References: the portal's reference runs and challenges"
+
+    def ready(self) -> None:
+        from apps.references import receivers  # noqa: F401 (connects the release receiver)
