@@ -195,8 +195,9 @@ def _raw_nonce(sections: Mapping[str, Any]) -> str | None:
 def challenge_judge(job: Job, sections: Mapping[str, Any] | None = None) -> ChallengeJudge | None:
     """The judge of a certify job's raw outputs: the challenge they answer (the job's challenge with their nonce,
     else its current attempt's), its keys, and the release's finished reference for that pool version. None for
-    a reference job (nothing of it is judged against a reference)."""
-    if job.purpose != JobPurpose.CERTIFY:
+    a reference job (nothing of it is judged against a reference) and for synthetic evidence (``seed_evidence``:
+    no agent, marked synthetic everywhere), which is judged from its own numbers."""
+    if job.purpose != JobPurpose.CERTIFY or job.spec.get("seeded"):
         return None
     challenges = Challenge.objects.filter(job_id=job.pk)
     nonce = _raw_nonce(sections or {})

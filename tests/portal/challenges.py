@@ -75,3 +75,68 @@ def with_raw(align: dict[str, Any] | None, eval_section: dict[str, Any] | None, 
     if eval_section is not None:
         out["eval"] = {**copy.deepcopy(eval_section), "raw": copy.deepcopy(raw["eval"])}
     return out
+
+
+# --- making a factory job an attempt the portal dispatched, and answering its challenge ------------------------------
+
+def stand_in_reference(release: Any) -> Any:
+    """A finished reference of ``release`` for the current pool: the stand-in model's outputs (as a reference
+    job's section stores them) and full needle accuracy at every length of the release's grid."""
+    from django.utils import timezone
+
+    from apps.references.models import ReferenceRun, ReferenceState
+    from apps.references.services import finished_reference
+
+    pool = cp.pool()
+    run = finished_reference(release.pk, pool.version)
+    if run is not None:
+        return run
+    outputs: dict[str, Any] = {kind: {item["id"]: {k: v for k, v in ANSWER[kind](item).items() if k != "id"}
+                                      for item in pool.agent_items(kind)} for kind in cp.POOL_KINDS}
+    outputs["needle_accuracy"] = {str(n): {"n": 10, "correct": 10, "accuracy": 1.0, "wilson_low": 0.72,
+                                           "wilson_high": 1.0} for n in cp.needle_lengths(release.context_length)}
+    return ReferenceRun.objects.create(release=release, pool_version=pool.version, source="stand-in",
+                                       state=ReferenceState.FINISHED, outputs=outputs, finished_at=timezone.now())
+
+
+def dispatched(job: Any) -> Any:
+    """``job`` as the portal's dispatch leaves it (an attempt, its nonce, its drawn challenge), its release with a
+    finished stand-in reference; returns the job's challenge as sent."""
+    import secrets
+
+    from apps.jobs.models import Job
+    from apps.references.models import Challenge
+    from apps.references.services import draw_challenge
+
+    stand_in_reference(job.model)
+    job.refresh_from_db()
+    challenge = Challenge.objects.filter(job=job, attempt=job.attempts, nonce=job.nonce).first() if job.nonce else None
+    if challenge is None:
+        if not job.nonce:
+            Job.objects.filter(pk=job.pk).update(attempts=max(1, job.attempts), nonce=secrets.token_hex(16))
+            job.refresh_from_db()
+        challenge = draw_challenge(job)
+    return challenge.items if challenge else None
+
+
+def answered(job: Any, sections: dict[str, Any]) -> dict[str, Any]:
+    """``sections`` with the honest raw outputs of ``job``'s challenge in its align (when it has an e2e part) and
+    eval sections, the job made a dispatched attempt first (``dispatched``). A section that already carries raw
+    outputs keeps its own."""
+    challenge = dispatched(job)
+    if challenge is None:
+        return sections
+    raw = raw_outputs(challenge)
+    out = dict(sections)
+    if isinstance(out.get("align"), dict) and isinstance(out["align"].get("e2e"), dict) \
+            and "raw" not in out["align"]["e2e"]:
+        out["align"] = copy.deepcopy(out["align"])
+        out["align"]["e2e"]["raw"] = raw["align"]
+    if isinstance(out.get("eval"), dict) and "raw" not in out["eval"]:
+        out["eval"] = {**copy.deepcopy(out["eval"]), "raw": raw["eval"]}
+    return out
+
+
+def answer(job: Any, stage: str, section: dict[str, Any]) -> dict[str, Any]:
+    """One section of ``job`` with its raw outputs (align, eval; others as they are)."""
+    return answered(job, {stage: section})[stage]

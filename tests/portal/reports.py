@@ -64,7 +64,8 @@ FAILING_PATCH: dict[str, dict[str, Any]] = {
     "align": {"passed": False, "layers": [{"layer": i, "cosine": 0.9999 if i < 17 else 0.95, "max_rel_err": 0.2,
                                            "passed": i < 17} for i in range(22)]},
     "bench": {"runs": [{**run, "failed": 8, "completed": 0, "output_tok_s": 0.0} for run in PASSING["bench"]["runs"]]},
-    "eval": {"passed": False, "tasks": [{"task": "arith", "metric": "accuracy", "reference": 0.91, "target": 0.6,
+    # raw outputs that answer no challenge (the portal scores raw outputs; the agent's tasks are claims)
+    "eval": {"passed": False, "raw": {"nonce": "", "mc": []}, "tasks": [{"task": "arith", "metric": "accuracy", "reference": 0.91, "target": 0.6,
                                          "n": 200, "wilson_low": 0.53, "passed": False}]},
 }
 

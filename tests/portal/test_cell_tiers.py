@@ -15,6 +15,7 @@ from apps.jobs.services import do_record_job_results, do_transition_job
 from apps.matrix.models import Cell
 from apps.matrix.services import tier_times
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory
+from tests.portal.challenges import answer, answered
 from tests.portal.reports import TIER_STAGES, failing, passing
 
 pytestmark = pytest.mark.django_db
@@ -41,7 +42,7 @@ def test_a_new_model_has_an_untested_cell_with_a_fits_estimate(cell_pair) -> Non
 def test_each_tier_is_reached_by_passing_its_gate_and_all_below(cell_pair, tier: int) -> None:
     model, hardware = cell_pair
     job = JobFactory(model=model, hardware=hardware)
-    do_record_job_results(job, {"stages": {s: passing(s) for s in TIER_STAGES[tier]}})
+    do_record_job_results(job, {"stages": answered(job, {s: passing(s) for s in TIER_STAGES[tier]})})
     cell = _cell(model, hardware)
     assert cell.tier == tier
     assert set(cell.tier_reached_at) == {str(t) for t in range(1, tier + 1)}
@@ -56,7 +57,7 @@ def test_a_failing_gate_stops_the_tier_below_it(cell_pair, stage: str) -> None:
     index = stages.index(stage)
     sections = {s: passing(s) for s in stages}
     sections[stage] = failing(stage)
-    do_record_job_results(job, {"stages": sections})
+    do_record_job_results(job, {"stages": answered(job, sections)})
     assert _cell(model, hardware).tier == index  # the tier reached before the failing gate
 
 
@@ -108,7 +109,7 @@ def test_tier_times_are_monotone_for_every_order_of_stage_arrival(cell_pair, ord
     start = timezone.now()
     for i, stage in enumerate(order):  # each stage's evidence arrives one minute after the previous one
         with mock.patch.object(timezone, "now", return_value=start + timedelta(minutes=i)):
-            do_record_job_results(job, {"stage": stage, "section": passing(stage)})
+            do_record_job_results(job, {"stage": stage, "section": answer(job, stage, passing(stage))})
     cell = _cell(model, hardware)
     assert cell.tier == 6
     times = [datetime.fromisoformat(cell.tier_reached_at[str(t)]) for t in range(1, 7)]

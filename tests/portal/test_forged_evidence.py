@@ -14,6 +14,7 @@ from apps.catalog.models import ModelRelease
 from apps.evidence.models import StageResult
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
+from tests.portal.challenges import answer
 from tests.portal.reports import PASSING, TIER_STAGES, passing
 
 pytestmark = pytest.mark.django_db
@@ -55,18 +56,14 @@ FORGED: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("align flag only", "align", {"passed": True}, "incomplete", "align: ops missing"),
     ("align without ops", "align", _align_without("ops"), "incomplete", "align: ops missing"),
     ("align without layers", "align", _align_without("layers"), "incomplete", "align: layers missing"),
-    ("align without e2e", "align", _align_without("e2e"), "incomplete", "align: e2e missing"),
+    ("align without e2e", "align", _align_without("e2e"), "incomplete", "align: e2e: raw outputs missing"),
     ("align without kv_cache", "align", _align_without("kv_cache"), "incomplete", "align: kv_cache missing"),
     ("align empty ops", "align", _patched("align", _set("ops", [])), "incomplete", "align: ops missing"),
     ("pass flags over a failing layer", "align", _patched("align", _set("layers.17.cosine", 0.93)), "fail",
      "layer 17 cosine 0.93 is below 0.99"),
     ("pass flags over a failing operator", "align", _patched("align", _set("ops.0.max_rel_err", 0.5)), "fail",
      "op matmul max_rel_err 0.5 is above 0.01"),
-    ("a match rate the divergences contradict", "align", _patched("align", _set("e2e.token_match_rate", 1.0)),
-     "fail", "above the 0.9844 recomputed from 1 divergences over 64 tokens"),
-    ("a divergence claimed a near-tie", "align",
-     _patched("align", _set("e2e.divergences.0.target_top5", [[279, -0.6], [13, -0.9]])), "fail",
-     "is not within each other's top-5 (claimed a near-tie)"),
+    # the agent's own e2e numbers and eval scores are claims: the portal scores raw outputs (test_references.py)
     ("too few layers compared", "align", _patched("align", _set("layers", PASSING["align"]["layers"][:3])), "fail",
      "layers: 3 compared, the model has 22"),
     ("the issue's bench: 99 failed requests", "bench",
@@ -94,12 +91,6 @@ FORGED: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("plan that does not split", "plan", _patched("plan", _set("plan", {"tp": 3, "pp": 1, "ep": 1, "devices": 3})),
      "fail", "no valid plan with tp=3 pp=1 ep=1"),
     ("plan without degrees", "plan", {"fits": True}, "incomplete", "plan: plan missing"),
-    ("eval score below the reference", "eval", _patched("eval", _set("tasks.0.target", 0.5)), "fail",
-     "task arith accuracy 0.5 is below reference 0.91 × (1 − 0.05)"),
-    ("eval perplexity above the reference", "eval", _patched("eval", _set("tasks.1.target", 20.0)), "fail",
-     "task wikitext perplexity 20 is above reference 12 × (1 + 0.05)"),
-    ("needle below the reference", "eval", _patched("eval", _set("needle.target", [[1, 1, 1], [0, 0, 0.5]])),
-     "fail", "needle at length 1024: accuracy 0.167 is below the reference's 0.833"),
     ("a fit claimed on a zero memory need", "plan", _patched("plan", _set("bytes_per_device", 0)), "fail",
      "bytes_per_device 0 is not a memory need per device"),
     ("compiled tokens that differ, claimed passed", "align", _patched("align", lambda s: s.__setitem__(
@@ -108,7 +99,7 @@ FORGED: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("a compile block without its token rows", "align",
      _patched("align", lambda s: s.__setitem__("compile", {"passed": True, "equal": True})), "incomplete",
      "compile rows missing"),
-    ("eval without a needle", "eval", _patched("eval", lambda s: s.pop("needle")), "incomplete", "eval: needle missing"),
+    ("eval without raw outputs", "eval", passing("eval"), "incomplete", "eval: raw outputs missing"),
 ]
 
 
@@ -126,7 +117,7 @@ def _post(api_client: Any, job: Any, token: Any, doc: dict[str, Any]) -> Any:
 
 def _climb_to(api_client: Any, job: Any, token: Any, tier: int) -> None:
     for stage in TIER_STAGES[tier] if tier else []:
-        response = _post(api_client, job, token, {"stage": stage, "section": passing(stage)})
+        response = _post(api_client, job, token, {"stage": stage, "section": answer(job, stage, passing(stage))})
         assert response.status_code == 201 and response.json()["stored"][0]["verdict"] == "pass", response.content
 
 
@@ -137,6 +128,8 @@ def test_forged_or_broken_results_leave_the_tier_and_name_the_reason(api_client,
     job = JobFactory(model=model, hardware=hardware)
     below = GATE_TIER[stage] - 1
     _climb_to(api_client, job, token, below)
+    if case != "eval without raw outputs":
+        section = answer(job, stage, section)
     response = _post(api_client, job, token, {"stage": stage, "section": section})
     assert response.status_code == 201, response.content
     body = response.json()
@@ -257,7 +250,7 @@ def test_looser_thresholds_mark_the_job_and_every_tier_it_reaches(api_client, ce
                      spec={**JobFactory.spec.function(), "thresholds": {"layer_cosine": 0.5}})
     _climb_to(api_client, job, token, 3)
     weak = _patched("align", _set("layers.5.cosine", 0.8))  # passes only under the looser threshold
-    body = _post(api_client, job, token, {"stage": "align", "section": weak}).json()
+    body = _post(api_client, job, token, {"stage": "align", "section": answer(job, "align", weak)}).json()
     assert body["stored"][0]["verdict"] == "pass" and body["stored"][0]["custom_thresholds"] == ["layer_cosine"]
     assert body["cell"] == {**body["cell"], "tier": 4, "custom_thresholds": True}
     row = next(r for r in api_client.get("/api/v1/matrix/").json()["models"] if r["slug"] == model.slug)
@@ -265,7 +258,7 @@ def test_looser_thresholds_mark_the_job_and_every_tier_it_reaches(api_client, ce
     assert api_client.get(f"/api/v1/cells/{model.slug}/{hardware.slug}/").json()["custom_thresholds"] is True
     # the same numbers under the defaults do not pass
     strict = JobFactory(model=model, hardware=hardware)
-    body = _post(api_client, strict, token, {"stage": "align", "section": weak}).json()
+    body = _post(api_client, strict, token, {"stage": "align", "section": answer(strict, "align", weak)}).json()
     assert body["stored"][0]["verdict"] == "fail" and body["cell"]["tier"] == 3
     assert StageResult.objects.filter(job=job, stage="align", verdict="pass").exists()  # nothing lost
 

@@ -21,6 +21,7 @@ from apps.evidence.models import (
 from apps.jobs.choices import JobState
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, JobFactory, OrganizationFactory, auth, make_token
+from tests.portal.challenges import answered
 from tests.portal.reports import PASSING, passing
 
 pytestmark = pytest.mark.django_db
@@ -38,7 +39,7 @@ def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None:
     job, token = agent_job
     report = {"model": {"name": "x", "architecture": "LlamaForCausalLM", "path": "native"},
               "hardware": job.hardware.slug,
-              "dtype": "bfloat16", "tier": 6, "failed_stage": None, "error": None, "stages": PASSING}
+              "dtype": "bfloat16", "tier": 6, "failed_stage": None, "error": None, "stages": answered(job, PASSING)}
     response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", report, format="json", **auth(token))
     assert response.status_code == 201, response.content
     body = response.json()

@@ -12,6 +12,7 @@ from apps.jobs.models import Job
 from apps.jobs.services import do_record_job_results, do_transition_job
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
+from tests.portal.challenges import answered
 from tests.portal.reports import TIER_STAGES, passing
 
 pytestmark = pytest.mark.django_db
@@ -25,7 +26,7 @@ def _cell_at(model, hardware, tier: int) -> Job:
                      spec={"stages": [*TIER_STAGES[tier], "env"], "dtype": "bfloat16", "bench": {"input_len": 64}})
     sections = {s: passing(s) for s in TIER_STAGES[tier]}
     sections["env"] = {**passing("env"), "torch": LOCK["torch"]}
-    do_record_job_results(job, {"stages": sections})
+    do_record_job_results(job, {"stages": answered(job, sections)})
     do_transition_job(job, JobState.SUCCEEDED)
     assert Cell.objects.get(model=model, hardware=hardware).tier == tier
     return job
