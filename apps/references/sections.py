@@ -68,6 +68,11 @@ def parse_reference(s: dict[str, Any], path: str) -> Callable[[Any], None]:
         outputs["top_k"] = top_k
         run.outputs, run.state, run.finished_at, run.error = outputs, ReferenceState.FINISHED, timezone.now(), ""
         run.save(update_fields=["outputs", "state", "finished_at", "error"])
+        # the outputs live on the run only: the stored section (served with the cell's evidence) is a summary
+        summary = {"pool_version": pool_version, "reference_run": run.pk, "top_k": top_k,
+                   "answered": {kind: len(answers[kind]) for kind in KEPT}}
+        type(result).objects.filter(pk=result.pk).update(section=summary)
+        result.section = summary
         do_rejudge_release(run.release_id)
 
     return save

@@ -115,6 +115,11 @@ def test_a_reference_job_computes_and_posts_the_reference(api_client, world,
     assert run.outputs["needle_accuracy"]["256"]["accuracy"] == 1.0
     listed = api_client.get(f"/api/v1/models/{world['model'].slug}/reference/", **auth(world["token"])).json()
     assert listed["runs"][0]["state"] == "finished" and "outputs" not in json.dumps(listed)
+    # the reference hardware's cell serves the stored section: a summary, never the outputs
+    cell = api_client.get(f"/api/v1/cells/{world['model'].slug}/{world['reference_hw'].slug}/",
+                          **auth(world["token"])).json()
+    assert cell["evidence"]["stages"]["reference"]["section"]["answered"]["mc"] == 231
+    assert "top_logprobs" not in json.dumps(cell)
 
 
 def test_only_a_reference_job_on_reference_hardware_posts_a_reference(api_client, world,
@@ -180,6 +185,11 @@ def test_matching_raw_outputs_pass_align_and_eval_with_the_portals_scores(api_cl
     assert scores["mc"]["target"]["accuracy"] == 1.0 and scores["mc"]["target"]["n"] == 20
     assert scores["sizes"]["mc"]["p0"] == 1.0 and "sqrt" in scores["sizes"]["mc"]["rule"]
     assert [row["length"] for row in scores["needle"]] == [256, 512, 1024]
+    page = Client().get(f"/cells/{world['model'].slug}/{world['hardware'].slug}/").content.decode()
+    block = page[page.index('id="portal-scores"'):page.index('id="evaluation"')]
+    assert "100.0 % (128 of 128 tokens over 8 prompts; at least 90.0 %)" in block  # 16 tokens each
+    assert "<td>multiple choice (accuracy)</td><td class=\"num\" data-label=\"n\">20</td>" in block
+    assert "[83.9 %, 100.0 %]" in block and "n = 20: drop θ 0.1 from p0 1.000 at α 0.05, β 0.2" in block
 
 
 def _forge(kind: str) -> Any:

@@ -32,6 +32,7 @@ from apps.evidence.selectors import newest_results
 from apps.jobs.models import Job
 from apps.matrix.models import Cell
 from apps.matrix.selectors import lead_hours
+from apps.references.selectors import portal_scores
 
 OPERATOR_STATUSES = ("native", "decomposed", "fallback", "missing")
 LADDER_TIERS = tuple(level for level, _ in TIER_GATES)  # 1..6
@@ -92,6 +93,7 @@ class CellPage:
     needle: NeedleHeatmap | None = None  # its needle grids, target and reference paired per cell
     bench_extras: list[dict[str, Any]] = field(default_factory=list)  # per run: comm overhead, jitter, experts
     compiled: dict[str, Any] | None = None  # the serve, bench and align sections' compile blocks, when present
+    portal_scores: dict[str, Any] | None = None  # the portal's scores of the raw outputs (align e2e, eval)
 
     @property
     def verdict_rows(self) -> list[tuple[str, dict[str, Any]]]:
@@ -285,6 +287,7 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
         page.needle = needle_heatmap(page.eval_section.get("needle"))
     page.bench_extras = bench_extras(keys.get("bench"))
     page.compiled = compiled_path(results, keys)
+    page.portal_scores = portal_scores(results.get("align"), results.get("eval"))
     if model.takes_images:
         page.image_path = image_path_evidence(results.get("serve"), results.get("align"))
     return page
