@@ -39,8 +39,10 @@ def register_demo_release(slug: str, name: str, model_dir: Path, *, org_slug: st
     config = json.loads((model_dir / "config.json").read_text())
     if not ModelRelease.objects.filter(slug=slug).exists():
         org, _ = Organization.objects.get_or_create(slug=org_slug, defaults={"name": "Day-0 demo"})
+        # reference_source: the demo's CPU host (marked reference) computes the release's reference run first
         do_create_model_release(slug=slug, name=name, organization=org, config=config,
-                                released_at=datetime.now(UTC), visibility="public", modalities=["text"])
+                                released_at=datetime.now(UTC), visibility="public", modalities=["text"],
+                                reference_source=str(model_dir.resolve()))
     models_dir = data_dir() / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
     link = models_dir / slug
