@@ -4,6 +4,7 @@ end-to-end part and the eval stage, and re-judging a release's stored results wh
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from collections.abc import Iterable, Mapping
@@ -192,17 +193,19 @@ def _raw_nonce(sections: Mapping[str, Any]) -> str | None:
     return None
 
 
-def challenge_judge(job: Job, sections: Mapping[str, Any] | None = None) -> ChallengeJudge | None:
-    """The judge of a certify job's raw outputs: the challenge they answer (the job's challenge with their nonce,
-    else its current attempt's), its keys, and the release's finished reference for that pool version. None for
+def challenge_judge(job: Job, sections: Mapping[str, Any] | None = None, *,
+                    any_attempt: bool = False) -> ChallengeJudge | None:
+    """The judge of a certify job's raw outputs: the current attempt's challenge (raw outputs of an earlier
+    attempt answer another challenge), or with ``any_attempt`` (judging stored results again) the job's
+    challenge whose nonce they carry; its keys, and the release's finished reference for that pool version. None for
     a reference job (nothing of it is judged against a reference) and for synthetic evidence (``seed_evidence``:
     no agent, marked synthetic everywhere), which is judged from its own numbers."""
     if job.purpose != JobPurpose.CERTIFY or job.spec.get("seeded"):
         return None
     challenges = Challenge.objects.filter(job_id=job.pk)
-    nonce = _raw_nonce(sections or {})
+    nonce = _raw_nonce(sections or {}) if any_attempt else None
     challenge = (challenges.filter(nonce=nonce).first() if nonce else None) or \
-        challenges.filter(attempt=job.attempts).first()
+        challenges.filter(attempt=job.attempts, nonce=job.nonce).first()
     if challenge is None:
         return ChallengeJudge(challenge=None)
     reference = finished_reference(job.model_id, challenge.pool_version)
@@ -232,6 +235,8 @@ def do_rejudge_release(release_id: int) -> int:
     for result in results:
         job = result.job
         context = judging_context(job, {result.stage: result.section})
+        context = dataclasses.replace(context, challenge=challenge_judge(job, {result.stage: result.section},
+                                                                         any_attempt=True))
         verdict = verdicts.judge(result.stage, result.section, job.spec.get("thresholds") or {}, context)
         scores = context.challenge.scores.get(result.stage) if context.challenge is not None else None
         StageResult.objects.filter(pk=result.pk).update(

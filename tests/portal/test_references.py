@@ -147,6 +147,10 @@ def test_only_a_reference_job_on_reference_hardware_posts_a_reference(api_client
 def test_before_any_reference_the_gates_await_it_then_are_judged_again(api_client, world,
                                                                        django_capture_on_commit_callbacks) -> None:
     job, payload = _certify(world)
+    # no reference yet: p0 = 0.5, ((1.645 * 0.5 + 0.842 * sqrt(0.24)) / 0.1)^2 = 152.5 -> 153 mc items; qa's 72 cap
+    assert payload["challenge"]["sizes"]["mc"]["n"] == 153 == len(payload["challenge"]["mc"])
+    qa = Challenge.objects.get(job=job).sizes["qa"]
+    assert (qa["n"], qa["wanted"], qa["capped"], qa["p0"]) == (72, 153, True, 0.5)
     raw = raw_outputs(payload["challenge"])
     _climb(api_client, job, world["token"], ["plan", "load", "serve"])
     sections = with_raw(passing("align"), PASSING["eval"], raw)
@@ -271,6 +275,23 @@ def test_forged_eval_answers_name_why(api_client, world, django_capture_on_commi
         section = {**copy.deepcopy(PASSING["eval"]), "raw": raw["eval"]} if raw["eval"] else PASSING["eval"]
         stored = _post(api_client, job, world["token"], {"stage": "eval", "section": section}).json()["stored"][0]
         assert stored["verdict"] == "incomplete" and any(reason in r for r in stored["reasons"]), (kind, stored)
+
+
+def test_raw_outputs_of_an_earlier_attempt_answer_another_challenge(api_client, world,
+                                                                    django_capture_on_commit_callbacks) -> None:
+    _finish_reference(api_client, world, django_capture_on_commit_callbacks)
+    job, first = _certify(world, ["align"])
+    job.refresh_from_db()
+    services.do_transition_job(job, JobState.QUEUED)  # lost and re-queued: a new attempt, a new challenge
+    second = _start(job)
+    assert second["attempt"] == 2 and second["challenge"]["nonce"] != first["challenge"]["nonce"]
+    replayed = with_raw(passing("align"), None, raw_outputs(first["challenge"]))["align"]
+    stored = _post(api_client, job, world["token"], {"stage": "align", "section": replayed}).json()["stored"][0]
+    assert stored["verdict"] == "incomplete" and any("their nonce is not this attempt's" in r
+                                                     for r in stored["reasons"]), stored
+    honest = with_raw(passing("align"), None, raw_outputs(second["challenge"]))["align"]
+    stored = _post(api_client, job, world["token"], {"stage": "align", "section": honest}).json()["stored"][0]
+    assert stored["verdict"] == "pass", stored
 
 
 def test_the_reference_reaches_no_agent(api_client, world, django_capture_on_commit_callbacks) -> None:
