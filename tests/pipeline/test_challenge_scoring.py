@@ -171,6 +171,12 @@ def test_awaiting_reference_is_incomplete_and_standalone_judges_its_own_numbers(
     assert own.passed and "eval: judged from the agent's own numbers: no portal reference" in own.notes
 
 
+def _judge_scores(raw: dict) -> dict:
+    judge = _judge()
+    judge(verdicts.Verdict("align"), "align", {"e2e": {"raw": raw}}, th.merged(None))
+    return judge.scores
+
+
 def test_align_e2e_from_the_portal_scores() -> None:
     raw = {"nonce": "n1", "items": [{"id": "e2e-000", **REF}]}
     judge = _judge()
@@ -184,5 +190,6 @@ def test_align_e2e_from_the_portal_scores() -> None:
     assert v.status == "fail"
     assert any("e2e prompt e2e-000 ('a') position 0: target token 7 and the reference's differ beyond a near-tie"
                in r for r in v.reasons)
-    assert not any(" 1 " in r or r.endswith(" 1") for r in v.reasons)  # the reference's token 1 is never named
+    assert not any("reference 1" in r or "token 1 " in r for r in v.reasons)  # the reference's token 1 is unnamed
+    assert "ref_token" not in str(_judge_scores(wrong))
     assert any("token match rate 0.0000 (0 of 1 tokens) is below 0.9" in r for r in v.reasons)
