@@ -263,12 +263,12 @@ def test_forged_raw_outputs_fail_or_stay_incomplete_and_the_tier_stays(
 def test_forged_eval_answers_name_why(api_client, world, django_capture_on_commit_callbacks) -> None:
     """The eval half of the forgeries whose align half already fails above."""
     _finish_reference(api_client, world, django_capture_on_commit_callbacks)
-    job, payload = _certify(world, ["eval"])
     _, other = _certify(world, ["eval"])
     for kind, reason in (("another job's nonce", "their nonce is not this attempt's"),
                          ("missing items", "qa: 2 of 20 drawn items not answered"),
                          ("items not drawn", "mc: 1 answer(s) to items that were not drawn"),
                          ("no raw outputs", "eval: raw outputs missing")):
+        job, payload = _certify(world, ["eval"])  # one job each: an attempt posts a stage once
         raw = raw_outputs(payload["challenge"])
         raw["align"] = {"nonce": "x", "items": [{"id": "e2e-000"}]}
         _forge(kind)(raw, other)
@@ -289,7 +289,10 @@ def test_raw_outputs_of_an_earlier_attempt_answer_another_challenge(api_client, 
     stored = _post(api_client, job, world["token"], {"stage": "align", "section": replayed}).json()["stored"][0]
     assert stored["verdict"] == "incomplete" and any("their nonce is not this attempt's" in r
                                                      for r in stored["reasons"]), stored
-    honest = with_raw(passing("align"), None, raw_outputs(second["challenge"]))["align"]
+    job.refresh_from_db()
+    services.do_transition_job(job, JobState.QUEUED)  # once more: an attempt answers its own challenge
+    third = _start(job)
+    honest = with_raw(passing("align"), None, raw_outputs(third["challenge"]))["align"]
     stored = _post(api_client, job, world["token"], {"stage": "align", "section": honest}).json()["stored"][0]
     assert stored["verdict"] == "pass", stored
 
