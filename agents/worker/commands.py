@@ -126,6 +126,9 @@ def run_agent(args: argparse.Namespace) -> int:
     elif args.token and any(a == "--token" or a.startswith("--token=") for a in sys.argv[1:]):
         print("day0 agent: warning: --token on the command line is visible to every user in ps; "
               "use DAY0_AGENT_TOKEN or --token-file", file=sys.stderr)
+    if args.broker and "@" in args.broker and any(a == "--broker" or a.startswith("--broker=") for a in sys.argv[1:]):
+        print("day0 agent: warning: a broker URL with a password on the command line is visible to every user in ps; "
+              "use DAY0_AGENT_BROKER", file=sys.stderr)
     if not args.token:
         print("day0 agent: --token (or DAY0_AGENT_TOKEN) is required: an agent token bound to the hardware",
               file=sys.stderr)
