@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import io
 import os
-import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +19,7 @@ from django.core.management import call_command
 
 from day0portal import rabbitmq
 from tests.factories import HardwareFactory
+from tests.rabbit import rabbitmq_vhost
 
 pytestmark = pytest.mark.django_db
 
@@ -32,30 +29,8 @@ JOB_TASK = "day0.run_job"  # agents/worker/app.py: TASK_NAME
 
 @pytest.fixture(scope="module")
 def broker_vhost() -> Iterator[dict[str, Any]]:
-    """A virtual host and a portal (publisher) user of this run; everything made in it is deleted at the end."""
-    try:
-        socket.create_connection(("127.0.0.1", 5672), timeout=2).close()
-    except OSError:
-        pytest.skip("RabbitMQ is not listening on 127.0.0.1:5672 (.ci/services.sh starts it)")
-    if shutil.which("rabbitmqctl") is None:
-        pytest.skip("rabbitmqctl is not installed")
-    ctl = rabbitmq.Rabbitmqctl()
-    run = f"day0-test-{os.getpid()}-{secrets.token_hex(3)}"
-    try:
-        ctl.add_vhost(run)
-    except rabbitmq.BrokerAdminError as exc:
-        pytest.skip(f"rabbitmqctl cannot manage the broker here (run the tests as root): {exc}")
-    portal_user, portal_password = f"{run}-portal", rabbitmq.new_password()
-    made_users = [portal_user]
-    try:
-        ctl.put_user(portal_user, portal_password)
-        ctl.set_permissions(run, portal_user, rabbitmq.Grant(".*", ".*", ".*"))
-        yield {"vhost": run, "portal_url": f"amqp://{portal_user}:{portal_password}@127.0.0.1:5672/{run}",
-               "users": made_users}
-    finally:
-        with ThreadPoolExecutor(4) as pool:  # each rabbitmqctl call boots an Erlang VM (~0.5 s)
-            list(pool.map(ctl.delete_user, set(made_users)))
-        ctl.delete_vhost(run)  # its queues, exchanges and permissions go with it
+    with rabbitmq_vhost() as made:
+        yield made
 
 
 @pytest.fixture
@@ -193,3 +168,27 @@ def test_a_celery_worker_with_the_agents_url_consumes_its_tasks(broker, tmp_path
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
     assert "ACCESS_REFUSED" not in log.read_text()
+
+
+def test_broker_user_refusals_name_what_was_wrong(settings) -> None:
+    from django.core.management.base import CommandError
+
+    from apps.fleet.models import Agent
+
+    a, b = HardwareFactory(), HardwareFactory()
+    other = Agent.objects.create(hardware=b, hostname="elsewhere")
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:6379/0"
+    for kwargs, message in (({"hardware": "no-such-hw", "hostname": "h"}, "no hardware 'no-such-hw'"),
+                            ({"hardware": a.slug, "agent_id": other.pk}, f"no agent {other.pk} on {a.slug}"),
+                            ({"hardware": a.slug, "hostname": " "}, "--hostname must be 1 to 255 characters"),
+                            ({"hardware": a.slug, "hostname": "h"}, "broker users need RabbitMQ")):
+        with pytest.raises(CommandError, match=message):
+            call_command("broker_user", stdout=io.StringIO(), stderr=io.StringIO(), **kwargs)
+    assert not Agent.objects.filter(hardware=a).exists()  # nothing registered for a refused call
+
+
+def test_agent_broker_urls_keep_the_virtual_host_and_take_another_address() -> None:
+    url = rabbitmq.agent_broker_url("amqp://day0:secret@rabbitmq:5672/day0", "agent-3-h100", "p/w", "mq.example:5671")
+    assert url == "amqp://agent-3-h100:p%2Fw@mq.example:5671/day0"
+    assert rabbitmq.agent_broker_url("amqp://u:p@host//", "a", "b").endswith("@host:5672/%2F")
+    assert rabbitmq.agent_grant(["hw.a-1", "agent.7"]) == rabbitmq.Grant("^$", "^$", r"^(agent\.7|hw\.a\-1)$")

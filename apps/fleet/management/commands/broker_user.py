@@ -34,6 +34,11 @@ class Command(BaseCommand):
         hardware = Hardware.objects.filter(slug=options["hardware"]).first()
         if hardware is None:
             raise CommandError(f"no hardware {options['hardware']!r}")
+        if not options["delete"]:
+            try:
+                rabbitmq.broker_parts(settings.CELERY_BROKER_URL)  # before an agent row is made for nothing
+            except rabbitmq.BrokerAdminError as exc:
+                raise CommandError(str(exc)) from exc
         agent = self._agent(hardware, options)
         from day0portal.celery import app
 
