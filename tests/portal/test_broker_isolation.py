@@ -177,11 +177,13 @@ def test_broker_user_refusals_name_what_was_wrong(settings) -> None:
 
     a, b = HardwareFactory(), HardwareFactory()
     other = Agent.objects.create(hardware=b, hostname="elsewhere")
-    settings.CELERY_BROKER_URL = "redis://127.0.0.1:6379/0"
-    for kwargs, message in (({"hardware": "no-such-hw", "hostname": "h"}, "no hardware 'no-such-hw'"),
-                            ({"hardware": a.slug, "agent_id": other.pk}, f"no agent {other.pk} on {a.slug}"),
-                            ({"hardware": a.slug, "hostname": " "}, "--hostname must be 1 to 255 characters"),
-                            ({"hardware": a.slug, "hostname": "h"}, "broker users need RabbitMQ")):
+    amqp, redis = "amqp://day0:pw@127.0.0.1:1/day0", "redis://127.0.0.1:6379/0"  # nothing is reached: refused first
+    for broker, kwargs, message in (
+            (amqp, {"hardware": "no-such-hw", "hostname": "h"}, "no hardware 'no-such-hw'"),
+            (amqp, {"hardware": a.slug, "agent_id": other.pk}, f"no agent {other.pk} on {a.slug}"),
+            (amqp, {"hardware": a.slug, "hostname": " "}, "--hostname must be 1 to 255 characters"),
+            (redis, {"hardware": a.slug, "hostname": "h"}, r"broker users need RabbitMQ .* redis://")):
+        settings.CELERY_BROKER_URL = broker
         with pytest.raises(CommandError, match=message):
             call_command("broker_user", stdout=io.StringIO(), stderr=io.StringIO(), **kwargs)
     assert not Agent.objects.filter(hardware=a).exists()  # nothing registered for a refused call
