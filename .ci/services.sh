@@ -18,6 +18,10 @@ if command -v rabbitmq-server >/dev/null && ! rabbitmq-diagnostics -q check_port
   rabbitmq-server -detached
   for _ in $(seq 60); do rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1 && break; sleep 1; done
 fi
+if command -v rabbitmq-plugins >/dev/null && ! rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1; then
+  echo "enabling RabbitMQ's management API (docker compose makes agents' broker users through it)"
+  rabbitmq-plugins -q enable rabbitmq_management >/dev/null
+fi
 pg_isready -h 127.0.0.1 -p 5432
 redis-cli -h 127.0.0.1 -p 6379 ping
 if command -v rabbitmq-server >/dev/null; then rabbitmq-diagnostics -q check_port_connectivity && echo "RabbitMQ up"; fi

@@ -194,3 +194,32 @@ def test_agent_broker_urls_keep_the_virtual_host_and_take_another_address() -> N
     assert url == "amqp://agent-3-h100:p%2Fw@mq.example:5671/day0"
     assert rabbitmq.agent_broker_url("amqp://u:p@host//", "a", "b").endswith("@host:5672/%2F")
     assert rabbitmq.agent_grant(["hw.a-1", "agent.7"]) == rabbitmq.Grant("^$", "^$", r"^(agent\.7|hw\.a\-1)$")
+
+
+def test_the_management_api_makes_rotates_and_deletes_agent_users(broker, settings) -> None:
+    """docker compose's way (``DAY0_BROKER_ADMIN_URL``): the same user and permissions through RabbitMQ's HTTP API."""
+    import httpx
+    from amqp.exceptions import AccessRefused
+
+    api = "http://127.0.0.1:15672"
+    try:
+        httpx.get(f"{api}/api/overview", timeout=2)
+    except httpx.HTTPError:
+        pytest.skip("RabbitMQ's management API is off (.ci/services.sh enables rabbitmq_management)")
+    portal_user, password = broker["portal_url"].split("//", 1)[1].split("@", 1)[0].split(":", 1)
+    subprocess.run(["rabbitmqctl", "-q", "set_user_tags", portal_user, "administrator"], check=True, timeout=60)
+    settings.BROKER_ADMIN_URL = f"http://{portal_user}:{password}@127.0.0.1:15672"
+    a, b = HardwareFactory(slug=f"{broker['vhost']}-ma"), HardwareFactory(slug=f"{broker['vhost']}-mb")
+    _publish(broker["portal_url"], f"hw.{b.slug}", [3, {}])
+    url, agent = _agent_url(broker, a.slug, "api-host")
+    with _connect(url) as conn:
+        assert conn.connection.channel().basic_get(queue=f"hw.{a.slug}") is None  # declared, empty, readable
+    assert "ACCESS_REFUSED" in _refused(url, lambda ch: ch.basic_get(queue=f"hw.{b.slug}"))
+    assert "ACCESS_REFUSED" in _refused(url, lambda ch: ch.queue_purge(queue=f"hw.{b.slug}"))
+    rotated, _ = _agent_url(broker, a.slug, "api-host")
+    with pytest.raises(AccessRefused):
+        _connect(url)
+    call_command("broker_user", hardware=a.slug, agent_id=agent, delete=True, stdout=io.StringIO(),
+                 stderr=io.StringIO())
+    with pytest.raises(AccessRefused):
+        _connect(rotated)
