@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
 from kombu import Exchange, Queue
@@ -90,6 +91,24 @@ def worker_argv(queues: list[str], nodename: str, loglevel: str = "INFO") -> lis
     """``celery worker`` arguments of an agent: one job at a time, and no broker feature beyond its queues."""
     return ["worker", "-Q", ",".join(queues), "--pool", "solo", "--concurrency", "1", "--prefetch-multiplier", "1",
             "-n", nodename, "--loglevel", loglevel, "--without-gossip", "--without-mingle", "--without-heartbeat"]
+
+
+def run_worker(app: Celery, argv: list[str]) -> int:
+    """Runs ``celery worker`` with ``argv`` and returns its exit status (``worker_main`` drops it): a worker the
+    broker refused (a queue its user may not read) ends with 1, so a restart policy sees the failure."""
+    from celery.signals import celeryd_init
+
+    started: list[Any] = []
+
+    def keep(sender: Any = None, instance: Any = None, **_: Any) -> None:
+        started.append(instance)
+
+    celeryd_init.connect(keep, weak=False)
+    try:
+        app.worker_main(argv)
+    finally:
+        celeryd_init.disconnect(keep)
+    return int(started[-1].exitcode or 0) if started else 1
 
 
 app = make_app()

@@ -148,7 +148,7 @@ def run_agent(args: argparse.Namespace) -> int:
 
     from agents.pipeline.env import environment_lock
     from agents.worker.agent_state import STATE
-    from agents.worker.app import app, consume, queue_name, worker_argv
+    from agents.worker.app import app, consume, queue_name, run_worker, worker_argv
     from agents.worker.client import PortalClient, PortalError
     from agents.worker.heartbeat import Heartbeat
     from agents.worker.lifecycle import install_stop_on_shutdown
@@ -184,12 +184,12 @@ def run_agent(args: argparse.Namespace) -> int:
           f"{','.join(queues)} on {app.conf.broker_url.split('@')[-1]}", flush=True)
     install_stop_on_shutdown(STATE)
     heartbeat = Heartbeat(STATE, interval=args.heartbeat).start()
-    try:
-        app.worker_main(worker_argv(queues, f"agent-{args.hardware}-{STATE.agent_id}@{STATE.hostname}",
-                                    os.environ.get("DAY0_AGENT_LOGLEVEL", "INFO")))
+    try:  # a worker the broker refused exits non-zero
+        code = run_worker(app, worker_argv(queues, f"agent-{args.hardware}-{STATE.agent_id}@{STATE.hostname}",
+                                           os.environ.get("DAY0_AGENT_LOGLEVEL", "INFO")))
     finally:
         heartbeat.stop()
-    return 0
+    return code
 
 
 # ---------------------------------------------------------------- day0 jobs

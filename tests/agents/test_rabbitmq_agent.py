@@ -5,6 +5,7 @@ from POST to succeeded."""
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,20 +23,25 @@ from tests.rabbit import rabbitmq_vhost
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def rabbit_portal(django_db_setup, monkeypatch, settings) -> Iterator[tuple[PortalProcess, dict]]:
-    """A portal whose Celery broker is this run's RabbitMQ virtual host (its cache and channel layer stay on the
-    suite's Redis)."""
-    with rabbitmq_vhost() as broker:
-        monkeypatch.setenv("DAY0_BROKER_URL", broker["portal_url"])
-        settings.CELERY_BROKER_URL = broker["portal_url"]
-        settings.BROKER_ADMIN_URL = ""
+@pytest.fixture(scope="module")
+def _rabbit_portal_server(django_db_setup) -> Iterator[tuple[PortalProcess, dict]]:
+    with rabbitmq_vhost() as broker, pytest.MonkeyPatch.context() as env:
+        env.setenv("DAY0_BROKER_URL", broker["portal_url"])
         server = PortalProcess()
         server.start()
         try:
             yield server, broker
         finally:
             server.stop()
+
+
+@pytest.fixture
+def rabbit_portal(_rabbit_portal_server, settings) -> tuple[PortalProcess, dict]:
+    """A portal whose Celery broker is this run's RabbitMQ virtual host (its cache and channel layer stay on the
+    suite's Redis); this process's settings point ``manage.py broker_user`` at the same broker."""
+    settings.CELERY_BROKER_URL = _rabbit_portal_server[1]["portal_url"]
+    settings.BROKER_ADMIN_URL = ""
+    return _rabbit_portal_server
 
 
 def test_an_agent_with_its_own_broker_user_runs_a_job(rabbit_portal, start_agent, tmp_path: Path) -> None:
@@ -66,3 +72,20 @@ def test_an_agent_with_its_own_broker_user_runs_a_job(rabbit_portal, start_agent
     wait_for(lambda: Job.objects.get(pk=job_id).state == "succeeded", 120, f"job {job_id} to succeed", agent)
     log = agent.log()
     assert "ACCESS_REFUSED" not in log and "agent." in log, log
+
+
+def test_an_agent_without_a_broker_user_of_its_own_is_refused_and_exits(rabbit_portal, start_agent) -> None:
+    """Another host given that URL registers as another agent: its own queue is not the user's to read, and
+    ``day0 agent`` exits non-zero naming the refusal (a restart policy sees a failure)."""
+    portal, broker = rabbit_portal
+    org = OrganizationFactory(slug=unique_slug("org"))
+    hardware = HardwareFactory(slug=unique_slug("hw"))
+    token = make_token(organization=org, scopes=[Scope.AGENT], hardware=hardware, name="agent")
+    out, err = io.StringIO(), io.StringIO()
+    call_command("broker_user", hardware=hardware.slug, hostname="granted-host", stdout=out, stderr=err)
+    broker["users"].append(err.getvalue().split()[2])
+    agent = start_agent(hardware.slug, token.secret, hostname="other-host", broker=out.getvalue().strip(),
+                        portal_url=portal.url)
+    assert agent.proc.wait(timeout=60) != 0, agent.log()
+    assert re.search(r"ACCESS_REFUSED - access to queue 'agent\.\d+'|NOT_FOUND - no queue 'agent\.\d+'",
+                     agent.log()), agent.log()
