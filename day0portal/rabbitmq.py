@@ -59,9 +59,8 @@ def broker_parts(broker_url: str) -> dict[str, Any]:
     """Scheme, host, port and virtual host of an AMQP URL; a clear error for any other broker."""
     scheme = broker_url.split("://", 1)[0] if "://" in broker_url else ""
     if scheme not in AMQP_SCHEMES:
-        shown = broker_url.split("@")[-1] if "@" in broker_url else broker_url
-        raise BrokerAdminError(f"broker users need RabbitMQ (amqp://…); the portal's broker is {scheme or shown}://… "
-                               f"(set DAY0_BROKER_URL)")
+        raise BrokerAdminError(f"broker users need RabbitMQ (amqp://…); the portal's broker is "
+                               f"{scheme + '://…' if scheme else repr(broker_url)} (set DAY0_BROKER_URL)")
     parts = parse_url(broker_url)
     return {"scheme": scheme, "host": parts.get("hostname") or "localhost", "port": parts.get("port") or 5672,
             "vhost": parts.get("virtual_host") or "/"}
