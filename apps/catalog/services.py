@@ -138,8 +138,11 @@ def do_create_model_release(*, config: dict[str, Any], **fields: Any) -> ModelRe
 @transaction.atomic
 def do_update_model_release(model: ModelRelease, **fields: Any) -> ModelRelease:
     """Updates a model; a new config recomputes the derived fields and the fits of its cells."""
+    from apps.evidence.rejudge import MODEL_JUDGED_FIELDS, changed_fields
+
     config_changed = "config" in fields and fields["config"] != model.config
     release_changed = "released_at" in fields and fields["released_at"] != model.released_at
+    judged = changed_fields(model, fields, MODEL_JUDGED_FIELDS)
     for name, value in fields.items():
         setattr(model, name, value)
     if config_changed:
@@ -157,6 +160,10 @@ def do_update_model_release(model: ModelRelease, **fields: Any) -> ModelRelease:
         from apps.matrix.events import broadcast_matrix_changed
 
         transaction.on_commit(lambda: broadcast_matrix_changed(model_id=model.pk))
+    if judged:  # the facts its verdicts were judged with changed: judge them again
+        from apps.evidence.rejudge import rejudge_results
+
+        rejudge_results(model=model, reason=f"model {model.slug} {', '.join(judged)} changed")
     return model
 
 
@@ -173,13 +180,19 @@ def do_create_hardware(**fields: Any) -> Hardware:
 
 @transaction.atomic
 def do_update_hardware(hardware: Hardware, **fields: Any) -> Hardware:
+    """Updates a hardware and the fits estimates of its column; a change of its spec (memory, devices,
+    bandwidths, dtypes …) judges the verdicts of its jobs again (``evidence.rejudge``)."""
+    from apps.evidence.rejudge import HARDWARE_JUDGED_FIELDS, changed_fields, rejudge_results
+    from apps.matrix.services import refresh_cells
+
+    judged = changed_fields(hardware, fields, HARDWARE_JUDGED_FIELDS)
     for name, value in fields.items():
         setattr(hardware, name, value)
     hardware.full_clean()
     hardware.save()
-    from apps.matrix.services import refresh_cells
-
     refresh_cells(hardware=[hardware])
+    if judged:
+        rejudge_results(hardware=hardware, reason=f"hardware {hardware.slug} {', '.join(judged)} changed")
     return hardware
 
 
