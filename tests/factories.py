@@ -126,8 +126,9 @@ class JobFactory(factory.django.DjangoModelFactory):
     spec = factory.LazyFunction(lambda: {"stages": ["plan", "load", "inventory", "align", "serve", "bench", "env",
                                                     "eval"], "dtype": "bfloat16"})
     state = JobState.RUNNING
-    attempts = 1  # claimed at its first dispatch: results bind to this attempt and its nonce
-    nonce = factory.LazyFunction(lambda: secrets.token_hex(16))
+    # past its first dispatch (unless still queued): results bind to this attempt and its nonce
+    attempts = factory.LazyAttribute(lambda j: 0 if j.state == JobState.QUEUED else 1)
+    nonce = factory.LazyAttribute(lambda j: "" if j.state == JobState.QUEUED else secrets.token_hex(16))
 
 
 def make_token(*, organization: Organization, user: Any = None, scopes: list[str] | None = None,
