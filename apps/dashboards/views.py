@@ -55,6 +55,7 @@ from apps.dashboards.selectors.regressions import (
 from apps.jobs.api.serializers import JobCreateSerializer
 from apps.jobs.selectors import job_waiting_reason
 from apps.jobs.services import check_create_job
+from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
 from apps.matrix.selectors import MatrixFilters, build_matrix
 
@@ -77,6 +78,7 @@ def cell_page(request: HttpRequest, model: str, hardware: str, *, form: RunForm 
         "regressions": open_regressions(actor, model=page.model.slug, hardware=page.hardware.slug).get(
             (page.model.slug, page.hardware.slug), []),
         "can_submit": can_submit, "form": form if can_submit else None,
+        "history": cell_history(page.cell, limit=20) if page.cell is not None and page.cell.pk else [],
         "cli": form.cli(portal) if can_submit else "", "curl": form.curl(portal) if can_submit else "",
         "stage_choices": STAGE_ORDER, "presets": THRESHOLD_PRESETS, "bench_fields": BENCH_FIELDS,
         "threshold_help": threshold_help(), "online_agents": online_agent_count(page.hardware.pk),

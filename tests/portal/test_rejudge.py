@@ -64,6 +64,9 @@ def test_a_plan_posted_while_the_memory_was_inflated_is_judged_again_when_it_goe
     assert (entry["kind"], entry["tier_before"], entry["tier_after"]) == ("rejudge", 1, 0)
     assert f"hardware {w['hardware'].slug} memory_bytes changed" in entry["reason"]
     assert entry["data"]["verdicts"] == {"plan": ["pass", "fail"]}
+    page = api_client.get(f"/cells/{w['model'].slug}/{w['hardware'].slug}/", **auth(w["admin"])).content.decode()
+    history = page.split('id="cell-history"')[1].split("</section>")[0]
+    assert f"T1 → T0: re-judged: hardware {w['hardware'].slug} memory_bytes changed (plan pass → fail)" in history
     assert StageResult.objects.get(job__hardware=w["hardware"], job__model=w["model"], verdict="fail",
                                    job_id=body["job"]).judged_at is not None
 
