@@ -49,7 +49,7 @@ def parse_result_binding(doc: Any) -> tuple[int, str]:
         raise ValidationError({"attempt": "is required: the attempt the section was produced under (the task's "
                                           "'attempt')"})
     if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= 1_000_000:
-        raise ValidationError({"attempt": f"must be an integer from 1 to 1000000, got {attempt!r}"})
+        raise ValidationError({"attempt": f"must be an integer from 1 to 1000000, got {str(attempt)[:40]!r}"})
     if nonce is None or nonce == "":
         raise ValidationError({"nonce": "is required: the nonce of the attempt the section was produced under "
                                         "(the task's 'nonce')"})
