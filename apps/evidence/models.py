@@ -27,6 +27,8 @@ class StageResult(models.Model):
     claimed_passed = models.BooleanField(null=True)
     synthetic = models.BooleanField(default=False)
     section = models.JSONField()
+    attempt = models.PositiveIntegerField(default=0, help_text="the job's attempt the section was posted under")
+    judged_at = models.DateTimeField(null=True, blank=True, help_text="when the verdict was last re-judged")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     @property

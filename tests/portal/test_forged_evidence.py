@@ -14,7 +14,7 @@ from apps.catalog.models import ModelRelease
 from apps.evidence.models import StageResult
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
-from tests.portal.reports import PASSING, TIER_STAGES, passing
+from tests.portal.reports import PASSING, TIER_STAGES, bound, new_attempt, passing
 
 pytestmark = pytest.mark.django_db
 
@@ -121,7 +121,7 @@ def cell() -> tuple:
 
 
 def _post(api_client: Any, job: Any, token: Any, doc: dict[str, Any]) -> Any:
-    return api_client.post(f"/api/v1/jobs/{job.pk}/results/", doc, format="json", **auth(token))
+    return api_client.post(f"/api/v1/jobs/{job.pk}/results/", bound(job, doc), format="json", **auth(token))
 
 
 def _climb_to(api_client: Any, job: Any, token: Any, tier: int) -> None:
@@ -182,6 +182,7 @@ def test_a_shard_digest_differing_from_the_manifest_fails_load_naming_both(api_c
     assert (f"load: shard model-00002-of-00002.safetensors sha256 {'b' * 64} differs from the manifest's "
             f"{'c' * 64}") in body["stored"][0]["reasons"]
     wrong_count = _patched("load", _set("tensors", 200))
+    new_attempt(job)  # a stage is posted once per attempt
     body = _post(api_client, job, token, {"stage": "load", "section": wrong_count}).json()
     assert "load: 200 tensors loaded, the model declares 201" in body["stored"][0]["reasons"]
 

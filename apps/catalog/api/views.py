@@ -68,6 +68,7 @@ class ModelReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
     def create(self, request: Request, *args, **kwargs) -> Response:
         actor = get_actor(request)
         require(actor.has_scope(Scope.SUBMIT), actor, "creating a model needs the submit scope")
+        services.check_slug_free(ModelRelease, request.data.get("slug") if isinstance(request.data, dict) else None)
         return super().create(request, *args, **kwargs)
 
     def perform_create(self, serializer: ModelReleaseSerializer) -> None:
@@ -96,7 +97,7 @@ class ModelReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
                 "changing a model needs the submit scope in its organization")
         serializer = ModelReleaseSerializer(model, data=request.data, partial=kwargs.get("partial", False))
         serializer.is_valid(raise_exception=True)
-        model = services.do_update_model_release(model, **serializer.validated_data)
+        model = services.check_update_model_release(actor, model, **serializer.validated_data)
         return Response(ModelReleaseSerializer(model).data)
 
 
@@ -127,6 +128,7 @@ class HardwareViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.C
         """An organization admin's new hardware is that organization's (``organization`` defaults to the one
         organization the creator administers); staff may create shared entries with ``"organization": null``."""
         actor = get_actor(request)
+        services.check_slug_free(Hardware, request.data.get("slug") if isinstance(request.data, dict) else None)
         serializer = HardwareSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)

@@ -20,6 +20,7 @@ from apps.evidence.selectors import cell_evidence
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
 from apps.matrix.api.serializers import CellDetailSerializer
+from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
 from apps.matrix.selectors import MatrixFilters, build_matrix, lead_hours
 
@@ -94,4 +95,6 @@ class CellDetailView(APIView):
             "runtime_evidence": runtime_evidence(model_row.pk, hardware_row.pk),
             "stack": cell_stack(model_row.pk, hardware_row.pk),  # evidence's stack, stale since a change
             "jobs": JobSerializer(jobs, many=True).data,
+            # tier changes and re-judgings, newest first, each with its reason
+            "history": cell_history(cell) if cell.pk else [],
         })
