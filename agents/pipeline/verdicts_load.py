@@ -105,8 +105,8 @@ def _weight_probe(v: Verdict, s: Mapping[str, Any], ctx: Context) -> None:
         v.note(f"weight probe not checked: {facts.get('reason') or 'no reference samples'}")
         return
     answers = s.get("weight_probe")
-    if answers is None:
-        answers = facts.get("answers")  # kept by the portal (a stored section holds only a count)
+    if isinstance(answers, Mapping):  # a stored section holds only a count: the portal kept the answers
+        answers = facts.get("answers")
     if not isinstance(answers, list) or not answers:
         v.missing(f"weight probe not answered: {len(expected)} byte range(s) of the weights were asked")
         return

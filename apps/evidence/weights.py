@@ -109,8 +109,7 @@ class LoadSecrets:
 
     def save(self, job: Job, passed: bool) -> None:
         """Keeps the probe answers with the attempt's draw, and a passing reference run's samples."""
-        if self.answers is not None:
-            WeightDraw.objects.filter(job=job, attempt=job.attempts, kind="probe").update(answers=self.answers)
+        WeightDraw.objects.filter(job=job, attempt=job.attempts, kind="probe").update(answers=self.answers)
         if self.samples and passed and is_reference_job(job):
             WeightSamples.objects.filter(model_id=job.model_id).delete()
             WeightSamples.objects.bulk_create([WeightSamples(model_id=job.model_id, file=file, size=size,
