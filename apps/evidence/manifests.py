@@ -40,17 +40,17 @@ def has_trusted_manifest(model: ModelRelease) -> bool:
 
 def hardware_digests(model_id: int) -> list[dict[str, Any]]:
     """Per hardware that loaded the release: its newest passing load ``{"hardware", "job", "at", "shards":
-    {file: sha256}}``, hardware slug order (two queries)."""
+    {file: sha256}}``, hardware slug order (one query: a passing load always lists its shards)."""
     passing = StageResult.objects.filter(job__model_id=model_id, stage="load", verdict="pass")
     newest = passing.filter(job__hardware_id=OuterRef("job__hardware_id")).order_by("-created_at", "-id")
-    rows = list(passing.filter(id=Subquery(newest.values("id")[:1]))
-                .values_list("id", "job_id", "job__hardware__slug", "created_at"))
-    shards: dict[int, dict[str, str]] = {row[0]: {} for row in rows}
-    for result_id, file, digest in ShardChecksum.objects.filter(load__result_id__in=list(shards)).values_list(
-            "load__result_id", "file", "sha256"):
-        shards[result_id][file] = digest.lower()
-    return sorted(({"hardware": slug, "job": job_id, "at": at.isoformat(), "shards": shards[result_id]}
-                   for result_id, job_id, slug, at in rows), key=lambda r: r["hardware"])
+    rows = (ShardChecksum.objects.filter(load__result__in=passing.filter(id=Subquery(newest.values("id")[:1])))
+            .values_list("load__result__job__hardware__slug", "load__result__job_id", "load__result__created_at",
+                         "file", "sha256"))
+    loads: dict[str, dict[str, Any]] = {}
+    for slug, job_id, at, file, digest in rows:
+        load = loads.setdefault(slug, {"hardware": slug, "job": job_id, "at": at.isoformat(), "shards": {}})
+        load["shards"][file] = digest.lower()
+    return [loads[slug] for slug in sorted(loads)]
 
 
 def digest_disagreement(model: ModelRelease) -> dict[str, Any] | None:
