@@ -161,6 +161,8 @@ def test_the_creator_gives_a_manifest_and_only_staff_replace_it(api_client) -> N
     assert ModelRelease.objects.get(pk=model.pk).manifest[0]["sha256"] == A  # nothing lost
     response = staff_client().patch(f"/api/v1/models/{model.slug}/", {"manifest": other}, format="json")
     assert response.status_code == 200 and response.json()["manifest_source"] == "staff", response.content
+    response = api_client.patch(f"/api/v1/models/{model.slug}/", {"manifest": other}, format="json", **auth(owner))
+    assert response.status_code == 200 and response.json()["manifest_source"] == "staff"  # the same again
     created = api_client.post("/api/v1/models/", {"slug": "with-manifest", "name": "With", "manifest": manifest,
                                                   "config": model.config}, format="json", **auth(owner))
     assert created.status_code == 201 and created.json()["manifest_source"] == "given", created.content

@@ -179,8 +179,8 @@ def _manifest_provenance(actor: Actor, model: ModelRelease, manifest: list) -> d
     if has_trusted_manifest(model) and manifest != model.manifest:
         raise PermissionDenied(f"{model.slug} has a manifest ({model.manifest_source}) that loads are compared "
                                "with; only staff change it")
-    if has_trusted_manifest(model):
-        return {}  # the same manifest again: nothing changes
+    if has_trusted_manifest(model):  # the same manifest again: where it came from does not change
+        return {"manifest_source": model.manifest_source, "manifest_seen": model.manifest_seen}
     return {"manifest_source": "given" if manifest else "", "manifest_seen": {}}
 
 
