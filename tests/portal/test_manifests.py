@@ -190,3 +190,23 @@ def test_the_job_an_agent_reads_carries_no_manifest_digests(api_client) -> None:
     assert "manifest" not in seen and A not in str(seen) and A not in str(payload)
     owner = make_token(organization=model.organization)
     assert api_client.get(f"/api/v1/jobs/{job.pk}/", **auth(owner)).json()["manifest"][0]["sha256"] == A
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_keeps_a_first_seen_manifest_and_marks_it_legacy() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = [("catalog", "0004_hardware_reference")], [("catalog", "0005_manifest_sources")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps.get_model("catalog", "ModelRelease")
+    org = OrganizationFactory()
+    old.objects.create(slug="legacy-1b", name="Legacy", organization_id=org.pk, architecture="LlamaForCausalLM",
+                       family="llama", params_total=1, params_active=1, context_length=2048, config={},
+                       manifest=[{"name": SHARDS[0], "size": 1, "sha256": A}], manifest_source="first seen",
+                       digest_conflict={"file": SHARDS[0]})
+    executor = MigrationExecutor(connection)
+    executor.migrate(after)
+    release = ModelRelease.objects.get(slug="legacy-1b")
+    assert release.manifest_source == "first seen (legacy)" and release.manifest[0]["sha256"] == A
