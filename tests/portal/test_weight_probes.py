@@ -81,13 +81,15 @@ def test_samples_from_a_certify_job_or_at_other_offsets_are_refused_naming_the_p
     hardware, token = vendor()
     job, payload = dispatched(model, hardware)
     section = {**load_of(weights, payload), "weight_samples": ref["section"]["weight_samples"]}
-    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", {"stage": "load", "section": section},
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", {"stage": "load", "section": section,
+                                                                   "attempt": job.attempts, "nonce": job.nonce},
                                format="json", **auth(token))
     assert response.status_code == 400 and "stages.load.weight_samples" in response.json(), response.content
     again, payload = dispatched(model, ref["job"].hardware, JobPurpose.REFERENCE)
     section = load_of(weights, payload)
     section["weight_samples"][0]["samples"][3]["offset"] += 1
-    response = api_client.post(f"/api/v1/jobs/{again.pk}/results/", {"stage": "load", "section": section},
+    response = api_client.post(f"/api/v1/jobs/{again.pk}/results/", {"stage": "load", "section": section,
+                                                                     "attempt": again.attempts, "nonce": again.nonce},
                                format="json", **auth(ref["token"]))
     assert response.status_code == 400 and "stages.load.weight_samples[0].samples[3].offset" in response.json()
     assert WeightSamples.objects.filter(model=model, job=ref["job"]).count() == 2  # nothing lost
