@@ -301,7 +301,8 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
             manifest_source=model.manifest_source, context_length=model.context_length,
             runtime_path=load.get("path") if isinstance(load.get("path"), str) else None,
         ),
-        weight_probe=weights.probe_facts(job) if sections is None or "load" in sections else None,
+        weight_probe=weights.probe_facts(job, stored=sections is None) if sections is None or "load" in sections
+        else None,
         hardware=verdicts.HardwareFacts(memory_bytes=hardware.memory_bytes, devices_per_node=hardware.devices_per_node,
                                         shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ())),
         dtype=job.spec.get("dtype") or "auto",

@@ -84,13 +84,17 @@ def payload_for(job: Job) -> dict[str, Any]:
         {"file": q["file"], "offset": q["offset"], "length": q["length"]} for q in draw.spec["probes"]]}}
 
 
-def probe_facts(job: Job, stored_section: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def probe_facts(job: Job, *, stored: bool = False) -> dict[str, Any] | None:
     """What the load verdict checks the weight probe with (``Context.weight_probe``): the expected hash of
-    every range this attempt was asked, and the answers the portal kept; None for a reference run."""
+    every range this attempt was asked, and the answers the portal kept; None for a reference run. ``stored``:
+    judging a stored load again, whose answers are those of the newest attempt that answered."""
     if is_reference_job(job):
         return None
-    draw = WeightDraw.objects.filter(job=job, attempt=job.attempts, kind="probe").first()
-    if draw is None or draw.nonce != job.nonce:
+    draws = WeightDraw.objects.filter(job=job, kind="probe")
+    draw = draws.filter(answers__isnull=False).order_by("-attempt").first() if stored else None
+    if draw is None:
+        draw = draws.filter(attempt=job.attempts, nonce=job.nonce).first()
+    if draw is None:
         return {"probes": [], "reason": "no reference samples"}
     nonce = draw.nonce.encode("ascii")
     expected = [{"file": q["file"], "offset": q["offset"], "length": q["length"],

@@ -104,6 +104,8 @@ def test_only_staff_settle_a_disagreement_and_loads_are_then_compared_with_it(ap
     for hardware, token, digests in ((bogus_hw, bogus, ("d" * 64, B)), (honest_hw, honest, (A, B))):
         job, _ = dispatched(model, hardware)
         post_load(api_client, job, token, load_section(*digests))
+    bogus_cell = f"/api/v1/cells/{model.slug}/{bogus_hw.slug}/"
+    assert api_client.get(bogus_cell).json()["verdicts"]["load"]["status"] == "pass"
     url = f"/api/v1/models/{model.slug}/manifest/settle/"
     owner_admin = make_token(organization=model.organization, role="admin")
     for token in (bogus, honest, owner_admin):
@@ -121,6 +123,11 @@ def test_only_staff_settle_a_disagreement_and_loads_are_then_compared_with_it(ap
     assert settled["manifest_source"] == "staff" and settled["digest_conflict"] == {}
     assert [(m["name"], m["sha256"]) for m in settled["manifest"]] == [(SHARDS[0], A), (SHARDS[1], B)]
     assert settled["manifest_seen"]["hardware"] == honest_hw.slug and settled["manifest_seen"]["by"]
+    # the stored loads are judged again against the settled manifest: the bogus one fails, the honest one passes
+    load = api_client.get(bogus_cell).json()["verdicts"]["load"]
+    assert load["status"] == "fail" and any(SHARDS[0] in r and "differs from the manifest's" in r
+                                            for r in load["reasons"]), load
+    assert api_client.get(f"/api/v1/cells/{model.slug}/{honest_hw.slug}/").json()["verdicts"]["load"]["status"] == "pass"
     job, _ = dispatched(model, bogus_hw)
     body = post_load(api_client, job, bogus, load_section("d" * 64, B))
     assert body["stored"][0]["verdict"] == "fail"
@@ -142,6 +149,8 @@ def test_the_reference_runs_load_records_the_manifest_and_no_other_load_does(api
     model.refresh_from_db()
     assert model.manifest_source == "reference" and model.manifest_seen["job"] == job.pk
     assert [m["sha256"] for m in model.manifest] == [A, B] and model.tensor_count == 201
+    # the earlier loads are judged again against it
+    assert api_client.get(f"/api/v1/cells/{model.slug}/{plain_hw.slug}/").json()["verdicts"]["load"]["status"] == "fail"
     job, _ = dispatched(model, plain_hw)
     body = post_load(api_client, job, plain, load_section("d" * 64, B))
     assert body["stored"][0]["verdict"] == "fail" and SHARDS[0] in body["stored"][0]["reasons"][0]

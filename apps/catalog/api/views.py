@@ -5,6 +5,7 @@ from typing import Any
 
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -102,9 +103,15 @@ class ModelReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
         serializer = ModelReleaseSerializer(model, data=request.data, partial=kwargs.get("partial", False))
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
+        manifest_changed = "manifest" in data and data["manifest"] != model.manifest
         if "manifest" in data:
             data.update(_manifest_provenance(actor, model, data["manifest"]))
-        model = services.do_update_model_release(model, **data)
+        with transaction.atomic():
+            model = services.do_update_model_release(model, **data)
+            if manifest_changed:  # the stored loads are judged against the new manifest
+                from apps.evidence.manifests import recompute_cells, rejudge_loads
+
+                recompute_cells(model.pk, rejudge_loads(model.pk))
         return Response(ModelReleaseSerializer(model).data)
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=ModelReleaseSerializer)
