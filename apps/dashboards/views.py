@@ -52,6 +52,7 @@ from apps.dashboards.selectors.regressions import (
     open_regressions,
     regression_rows,
 )
+from apps.evidence.manifests import digest_disagreement
 from apps.jobs.api.serializers import JobCreateSerializer
 from apps.jobs.selectors import job_waiting_reason
 from apps.jobs.services import check_create_job
@@ -82,6 +83,7 @@ def cell_page(request: HttpRequest, model: str, hardware: str, *, form: RunForm 
         "cli": form.cli(portal) if can_submit else "", "curl": form.curl(portal) if can_submit else "",
         "stage_choices": STAGE_ORDER, "presets": THRESHOLD_PRESETS, "bench_fields": BENCH_FIELDS,
         "threshold_help": threshold_help(), "online_agents": online_agent_count(page.hardware.pk),
+        "digest_conflict": digest_disagreement(page.model),
     }, status=status)
 
 

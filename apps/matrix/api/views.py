@@ -11,11 +11,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents.pipeline.tiers import TIER_NAMES
+from agents.pipeline.verdicts_load import LEGACY_SOURCES
 from apps.alerts.stacks import cell_stack
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.core.api.mixins import get_actor, get_or_404
 from apps.dashboards.selectors.runtime_evidence import runtime_evidence
+from apps.evidence.manifests import digest_disagreement
 from apps.evidence.selectors import cell_evidence
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
@@ -85,8 +87,10 @@ class CellDetailView(APIView):
             "custom_thresholds": cell.custom_thresholds,
             "synthetic": cell.synthetic,
             "manifest": {"files": len(model_row.manifest or []), "source": model_row.manifest_source or None,
-                         "first_seen": model_row.manifest_seen or None},
-            "digest_conflict": model_row.digest_conflict or None,
+                         "from": model_row.manifest_seen or None,  # job, hardware, by, at
+                         "first_seen": model_row.manifest_seen or None if model_row.manifest_source in LEGACY_SOURCES
+                         else None},
+            "digest_conflict": digest_disagreement(model_row),
             "tier_reached_at": {TIER_NAMES[t]: at for t, at in sorted(reached.items())},
             "lead_time_hours": lead,
             "fits": {"fits": cell.fits, "devices": cell.fits_devices, "plan": cell.fits_plan,
