@@ -113,6 +113,7 @@ def test_a_certify_load_answers_its_probe_and_wrong_replayed_or_missing_answers_
 
     wrong = load_of(weights, payload)
     wrong["weight_probe"][0]["sha256"] = "0" * 64
+    StageResult.objects.filter(job=job, stage="load").delete()  # a stage is posted once per attempt
     body = post_load(api_client, job, token, wrong)
     first = wrong["weight_probe"][0]
     assert body["stored"][0]["verdict"] == "fail"
@@ -130,6 +131,7 @@ def test_a_certify_load_answers_its_probe_and_wrong_replayed_or_missing_answers_
 
     missing = load_of(weights, other_payload)
     del missing["weight_probe"]
+    StageResult.objects.filter(job=other, stage="load").delete()
     body = post_load(api_client, other, token, missing)
     assert body["stored"][0]["verdict"] == "incomplete"
     assert any("weight probe not answered" in r for r in body["stored"][0]["reasons"])
