@@ -78,6 +78,10 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
     Threshold("layer_max_rel_err", INF, 0.0, INF, "max", doc="per-layer max relative error, at most (off: inf)"),
     Threshold("e2e_top_k", 5, 1, 100, "max", integer=True, doc="a near-tie: each side's token in the other's top-k"),
     Threshold("perplexity_rel_tol", 0.05, 0.0, INF, "max", doc="|ppl_target - ppl_ref| / ppl_ref, at most"),
+    Threshold("align_min_token_match", 0.9, 0.0, 1.0, "min",
+              doc="end-to-end greedy tokens equal to the reference's, at least (the lower of claimed and recomputed)"),
+    Threshold("align_min_ops", 4, 1, 10_000, "min", integer=True,
+              doc="operator checks a native model's align section must have run, at least"),
     # KV cache (align_kv)
     Threshold("kv_cache_max_abs_err", 1e-4, 0.0, INF, "max",
               doc="incremental vs full recompute, max abs error (the gate only when no relative error is reported)"),
