@@ -19,7 +19,7 @@ What a run must show (each limit a key of ``thresholds``):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 from agents.pipeline.verdict_base import LATENCY_METRICS, PERCENTILES, Context, Verdict
@@ -55,6 +55,11 @@ def decode_floor_bytes(config: Mapping[str, Any], dtype: str | None, tp: int, ep
         bits += n * (sharded / tp + replicated + active / max(tp, ep))
     bits += (counts.lm_head or counts.embedding) * DTYPES[name][1] / tp  # a tied head reads the embedding
     return int(bits / 8 + kv_bytes_per_token(spec, name) * context_tokens / tp)
+
+
+def _ordered(levels: set[Any]) -> list[Any]:
+    """Levels in numeric order (anything that is not a number after, as text)."""
+    return sorted(levels, key=lambda c: (0, c, "") if _number(c) is not None else (1, 0, str(c)))
 
 
 def _asked(v: Verdict, s: Mapping[str, Any], ctx: Context) -> dict[str, Any]:
@@ -267,9 +272,10 @@ def _bench(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Contex
     wanted = int(t["bench_min_concurrency_levels"])
     if len(levels) < wanted:
         v.fail(f"{len(levels)} concurrency level(s), a baseline sweeps at least {wanted}")
-    if isinstance(asked.get("concurrency"), list) and set(asked["concurrency"]) != levels:
-        missing = sorted(set(asked["concurrency"]) - levels, key=str)
-        extra = sorted(levels - set(asked["concurrency"]), key=str)
-        v.fail(f"the levels run {sorted(levels, key=str)} are not the levels asked {asked['concurrency']}"
+    asked_levels = asked.get("concurrency")
+    if isinstance(asked_levels, list) and all(isinstance(c, Hashable) for c in asked_levels) \
+            and set(asked_levels) != levels:
+        missing, extra = _ordered(set(asked_levels) - levels), _ordered(levels - set(asked_levels))
+        v.fail(f"the levels run {_ordered(levels)} are not the levels asked {asked_levels}"
                + (f" (missing {missing})" if missing else "") + (f" (not asked {extra})" if extra else ""))
     _probe(v, s, t)
