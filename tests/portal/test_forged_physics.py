@@ -192,3 +192,15 @@ def test_a_bench_without_a_bandwidth_notes_the_floor_was_not_checked(api_client)
     assert not any("physical floor" in r for r in body["stored"][0]["reasons"])
     notes = StageResult.objects.get(job=job, stage="bench").verdict_notes
     assert "bench: TPOT floor not checked: the hardware states no memory bandwidth" in notes
+
+
+@pytest.mark.parametrize(("bench", "field", "message"), [
+    ({"min_seconds": -1}, "min_seconds", "must be a number from 0 to 86400, got -1"),
+    ({"probe": "yes"}, "probe", "must be true or false, got 'yes'"),
+])
+def test_the_bench_length_and_probe_settings_of_a_job_are_bounded(api_client, cell, bench, field, message) -> None:
+    model, hardware, _ = cell
+    submitter = make_token(organization=model.organization)
+    response = api_client.post("/api/v1/jobs/", {"model": model.slug, "hardware": hardware.slug, "bench": bench},
+                               format="json", **auth(submitter))
+    assert response.status_code == 400 and message in str(response.json()["bench"][field]), response.content
