@@ -205,8 +205,8 @@ def _samples(v: Verdict, run: Mapping[str, Any], where: str, t: Mapping[str, flo
     for metric in ("ttft_ms", "e2e_ms"):
         if samples[metric] != completed:
             v.fail(f"{where}: {metric} over {samples[metric]} samples, the run completed {completed} requests")
-    least = min(_int(samples.get(m)) or 0 for m in LATENCY_METRICS if _int(samples.get(m)) is not None)
-    if least < t["bench_p99_min_samples"]:
+    least = min((n for m in LATENCY_METRICS if (n := _int(samples.get(m))) is not None and n > 0), default=0)
+    if 0 < least < t["bench_p99_min_samples"]:
         v.note(f"{where}: p99 of {least} samples (fewer than {int(t['bench_p99_min_samples'])}) is the maximum")
 
 
