@@ -29,7 +29,7 @@ class ModelFacts:
     takes_images: bool = False
     declared_tensors: int | None = None
     manifest: Sequence[Mapping[str, Any]] | None = None  # [{"name", "size", "sha256"}]
-    manifest_source: str = ""  # "given" | "first seen"
+    manifest_source: str = ""  # "given" | "staff" | "reference" | "first seen (legacy)" (never compared with)
     context_length: int | None = None
     runtime_path: str | None = None  # "native" | "fallback"
 
@@ -56,6 +56,9 @@ class Context:
     bench_asked: Mapping[str, Any] | None = None
     inventory_ops: Sequence[str] | None = None
     planner: Callable[..., Mapping[str, Any]] | None = None  # default: agents.runtime.planner.plan_report
+    # the load's weight probe as the portal expects it: {"nonce", "probes": [{"file", "offset", "length",
+    # "sha256"}], "answers": stored answers or None} or {"probes": [], "reason"}; None: not judged by the portal
+    weight_probe: Mapping[str, Any] | None = None
 
 
 @dataclass

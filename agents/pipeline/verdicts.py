@@ -10,7 +10,7 @@ part ("align: kv_cache missing", "bench: run at concurrency 4 has 99 failed requ
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agents.pipeline import thresholds as th
@@ -33,6 +33,12 @@ from agents.pipeline.verdict_base import number as _number
 from agents.pipeline.verdict_base import text as _text
 from agents.pipeline.verdicts_align import _align
 from agents.pipeline.verdicts_bench import _bench
+from agents.pipeline.verdicts_load import (  # noqa: F401 (re-exported: the module's public names)
+    MAX_MANIFEST_FILES,
+    _load,
+    check_manifest,
+    manifest_mismatches,
+)
 
 # --- plan ------------------------------------------------------------------------------------------------
 
@@ -104,94 +110,6 @@ def _plan(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
         v.fail(f"the plan claims {int(claimed_bytes)} bytes per device, the portal's planner recomputes "
                f"{int(recomputed)} for tp={degrees['tp']} pp={degrees['pp']} ep={degrees['ep']} at {dtype} "
                f"(more than {PLAN_BYTES_FACTOR:g}× apart)")
-
-
-# --- load ------------------------------------------------------------------------------------------------
-
-def manifest_mismatches(shards: Sequence[Mapping[str, Any]], manifest: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every disagreement between loaded shards ``[{file, sha256, bytes?}]`` and a manifest
-    ``[{name, size, sha256}]``, one sentence each naming the shard and both digests."""
-    want = {str(m.get("name")): m for m in manifest}
-    got = {str(s.get("file")): s for s in shards}
-    out = []
-    for name, shard in got.items():
-        entry = want.get(name)
-        if entry is None:
-            out.append(f"shard {name} is not in the release's manifest")
-            continue
-        digest = str(shard.get("sha256") or "").lower()
-        expected = str(entry.get("sha256") or "").lower()
-        if digest != expected:
-            out.append(f"shard {name} sha256 {digest or 'missing'} differs from the manifest's {expected}")
-        size = shard.get("size", shard.get("bytes"))
-        if isinstance(size, int) and isinstance(entry.get("size"), int) and size != entry["size"]:
-            out.append(f"shard {name} is {size} bytes, the manifest says {entry['size']}")
-    out += [f"shard {name} of the manifest was not loaded" for name in want if name not in got]
-    return out
-
-
-MAX_MANIFEST_FILES = 10_000
-_HEX = frozenset("0123456789abcdef")
-
-
-def check_manifest(value: Any, *, max_files: int = MAX_MANIFEST_FILES) -> list[dict[str, Any]]:
-    """A checksum manifest ``[{"name", "size", "sha256"}]`` normalised (lower-case digests); a ValueError
-    naming the entry and what is wrong otherwise. ``size`` may be null (unknown)."""
-    if not isinstance(value, list):
-        raise ValueError("must be a list of {name, size, sha256} objects")
-    if len(value) > max_files:
-        raise ValueError(f"lists {len(value)} files; at most {max_files} are accepted")
-    out, seen = [], set()
-    for i, item in enumerate(value):
-        where = f"[{i}]"
-        if not isinstance(item, Mapping):
-            raise ValueError(f"{where} must be an object with name, size and sha256")
-        unknown = sorted(set(item) - {"name", "size", "sha256"})
-        if unknown:
-            raise ValueError(f"{where} has unknown keys {unknown} (expected name, size, sha256)")
-        name, size, digest = item.get("name"), item.get("size"), item.get("sha256")
-        if not isinstance(name, str) or not name or len(name) > 255 or "/" in name or "\\" in name or name in (".", ".."):
-            raise ValueError(f"{where}.name must be a file name without directories (at most 255 characters)")
-        if name in seen:
-            raise ValueError(f"{where}.name {name!r} is listed twice")
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**63):
-            raise ValueError(f"{where}.size ({name}) must be a non-negative integer of bytes or null")
-        if not isinstance(digest, str) or len(digest) != 64 or not set(digest.lower()) <= _HEX:
-            raise ValueError(f"{where}.sha256 ({name}) must be 64 hexadecimal digits")
-        seen.add(name)
-        out.append({"name": name, "size": size, "sha256": digest.lower()})
-    return out
-
-
-def _load(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
-    shards = s.get("shards")
-    tensors = s.get("tensors")
-    problems = s.get("problems")
-    if not isinstance(shards, list) or not shards:
-        v.missing("shards missing: no checksum of any weight file")
-    elif any(not (isinstance(x, Mapping) and isinstance(x.get("sha256"), str) and len(x["sha256"]) == 64)
-             for x in shards):
-        v.missing("a shard has no sha256 digest")
-    if not isinstance(tensors, int) or isinstance(tensors, bool) or tensors <= 0:
-        v.missing("tensors (the count loaded and verified) missing")
-    elif ctx.model.declared_tensors is not None and tensors != ctx.model.declared_tensors:
-        v.fail(f"{tensors} tensors loaded, the model declares {ctx.model.declared_tensors}")
-    if problems is None:
-        v.missing("problems missing (an empty list when every tensor verified)")
-    elif not isinstance(problems, list):
-        v.missing("problems must be a list")
-    elif problems:
-        first = problems[0] if isinstance(problems[0], Mapping) else {}
-        v.fail(f"{len(problems)} problem(s), first {first.get('tensor') or first.get('file')}: {first.get('problem')}")
-    if v.status == INCOMPLETE or not isinstance(shards, list):
-        return
-    if ctx.model.manifest:
-        for mismatch in manifest_mismatches(shards, ctx.model.manifest):
-            v.fail(mismatch)
-        if ctx.model.manifest_source == "first seen":
-            v.note("digests compared with the manifest first seen on an earlier load")
-    else:
-        v.note("the release has no manifest yet: these digests are recorded as first seen")
 
 
 # --- serve -----------------------------------------------------------------------------------------------

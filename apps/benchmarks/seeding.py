@@ -26,7 +26,8 @@ from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import BenchmarkRun, StageResult
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
-from apps.jobs.services import do_record_job_results, do_store_job_events, do_transition_job, parse_event_batch
+from apps.jobs.results import do_record_job_results
+from apps.jobs.services import do_store_job_events, do_transition_job, parse_event_batch
 from apps.matrix.models import Cell
 from apps.matrix.services import recompute_cell
 
@@ -95,7 +96,7 @@ def _tier_times(job: Job) -> dict:
 def _record(job: Job, stage: str, section: dict[str, Any], clock: Clock) -> None:
     """Posts one stage's section through the ingest service, at the clock's time."""
     before = _tier_times(job)
-    do_record_job_results(job, {"stage": stage, "section": section})
+    do_record_job_results(job, {"stage": stage, "section": section, "attempt": job.attempts, "nonce": job.nonce})
     _stamp(job, clock, stage=stage, tier_reached_before=before)
 
 

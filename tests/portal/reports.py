@@ -119,3 +119,25 @@ def failing(stage: str) -> dict[str, Any]:
     section = passing(stage)
     section.update(copy.deepcopy(FAILING_PATCH[stage]))
     return section
+
+
+def bound(job: Any, doc: Any) -> Any:
+    """``doc`` with the binding an agent posts beside it: the job's current attempt and nonce (read afresh)."""
+    from apps.jobs.models import Job
+
+    if not isinstance(doc, dict):
+        return doc
+    attempts, nonce = Job.objects.values_list("attempts", "nonce").get(pk=job.pk)
+    return {**doc, "attempt": attempts, "nonce": nonce}
+
+
+def new_attempt(job: Any) -> None:
+    """The job goes out again (as a re-dispatch would): the next attempt and a fresh nonce."""
+    import secrets
+
+    from django.db.models import F
+
+    from apps.jobs.models import Job
+
+    Job.objects.filter(pk=job.pk).update(attempts=F("attempts") + 1, nonce=secrets.token_hex(16))
+    job.refresh_from_db()

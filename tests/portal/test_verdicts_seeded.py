@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from apps.benchmarks.seeding import seed_evidence
+from apps.evidence.manifests import digest_disagreement
 from apps.evidence.models import StageResult
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, ModelReleaseFactory
@@ -41,9 +42,9 @@ def test_seeded_cells_are_judged_by_the_portal_and_stamped_by_the_clock(seeded) 
     results = StageResult.objects.filter(job__model=model)
     assert results.exists() and all(r.synthetic for r in results)
     assert all(r.created_at < NOW for r in results)  # the clock's time, not the time the test ran
-    # the first load recorded the manifest; the other hardware loaded the same digests
+    # a vendor's load never records the manifest; the two hardware loaded the same digests: no disagreement
     model.refresh_from_db()
-    assert model.manifest_source == "first seen" and model.digest_conflict == {}
+    assert model.manifest_source == "" and model.manifest == [] and digest_disagreement(model) is None
 
 
 def test_synthetic_is_marked_in_the_api_the_cell_page_and_the_exports(seeded, api_client, client) -> None:

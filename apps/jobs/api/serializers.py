@@ -131,8 +131,9 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="why a dispatched job is not claimed yet, once it waited DAY0_JOB_STUCK_SECONDS; else null")
     stuck = serializers.SerializerMethodField(help_text="true when waiting_reason is set")
     manifest = serializers.JSONField(source="model.manifest", read_only=True,
-                                     help_text="the release's checksum manifest [{name, size, sha256}] the load "
-                                               "stage compares every shard with; empty when none is known yet")
+                                     help_text="the release's checksum manifest [{name, size, sha256}] the portal "
+                                               "compares every load with; empty when none is known yet. Not in what "
+                                               "an agent token reads: the agent reports digests, the portal compares")
     custom_thresholds = serializers.SerializerMethodField(
         help_text="the job's threshold overrides looser than the defaults (its tiers are marked custom)")
     node_rows = serializers.SerializerMethodField(
@@ -145,6 +146,14 @@ class JobSerializer(serializers.ModelSerializer):
                   "failed_stage", "error", "events_acked", "created_at", "updated_at", "dispatched_at", "started_at",
                   "finished_at", "stuck", "waiting_reason", "manifest", "custom_thresholds", "nodes", "node_rows"]
         read_only_fields = fields
+
+    def to_representation(self, job: Job) -> dict:
+        data = super().to_representation(job)
+        request = self.context.get("request")
+        token = getattr(getattr(request, "auth", None), "hardware_id", None) if request is not None else None
+        if token is not None:  # an agent token: it proves its load by reporting digests, never by echoing ours
+            data.pop("manifest", None)
+        return data
 
     def get_node_rows(self, job: Job) -> list[dict]:
         if job.nodes <= 1:
