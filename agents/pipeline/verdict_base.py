@@ -40,15 +40,21 @@ class HardwareFacts:
     devices_per_node: int
     shared_memory: bool = False
     dtypes: Sequence[str] = ()
+    memory_bandwidth_gbps: float | None = None  # per device, the spec sheet's; None: unknown (no TPOT floor)
 
 
 @dataclass(frozen=True)
 class Context:
-    """Facts a verdict may need: the model, the hardware (for plan), the job's dtype."""
+    """Facts a verdict may need: the model, the hardware (for plan and the bench's physics), the job's dtype,
+    the layout the job ran (``{"tp", "pp", "ep"}``: pinned by the job or its plan evidence), what the job asked
+    the bench to run (its ``spec.bench``) and the operators of the job's inventory section."""
 
     model: ModelFacts = field(default_factory=ModelFacts)
     hardware: HardwareFacts | None = None
     dtype: str | None = None
+    layout: Mapping[str, int] | None = None
+    bench_asked: Mapping[str, Any] | None = None
+    inventory_ops: Sequence[str] | None = None
     planner: Callable[..., Mapping[str, Any]] | None = None  # default: agents.runtime.planner.plan_report
     # the load's weight probe as the portal expects it: {"nonce", "probes": [{"file", "offset", "length",
     # "sha256"}], "answers": stored answers or None} or {"probes": [], "reason"}; None: not judged by the portal

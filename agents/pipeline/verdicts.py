@@ -32,6 +32,7 @@ from agents.pipeline.verdict_base import (  # noqa: F401 (re-exported: the modul
 from agents.pipeline.verdict_base import number as _number
 from agents.pipeline.verdict_base import text as _text
 from agents.pipeline.verdicts_align import _align
+from agents.pipeline.verdicts_bench import _bench
 from agents.pipeline.verdicts_load import (  # noqa: F401 (re-exported: the module's public names)
     MAX_MANIFEST_FILES,
     _load,
@@ -135,61 +136,6 @@ def _serve(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Contex
             v.fail("image path failed")
     if failed_checks:
         v.fail(f"checks failed: {', '.join(map(str, failed_checks))}")
-
-
-# --- bench -----------------------------------------------------------------------------------------------
-
-def _bench(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
-    runs = s.get("runs")
-    if not isinstance(runs, list) or not runs:
-        v.missing("runs missing")
-        return
-    levels = set()
-    for i, run in enumerate(runs):
-        if not isinstance(run, Mapping):
-            v.missing(f"run {i} is not an object")
-            continue
-        c = run.get("concurrency")
-        where = f"run at concurrency {c}"
-        levels.add(c)
-        stats: dict[str, dict[str, float | None]] = {}
-        for metric in LATENCY_METRICS:
-            block = run.get(metric)
-            if not isinstance(block, Mapping):
-                v.missing(f"{where}: {metric} missing")
-                continue
-            stats[metric] = {p: _number(block.get(p)) for p in ("mean", *PERCENTILES)}
-            if any(stats[metric][p] is None for p in PERCENTILES):
-                v.missing(f"{where}: {metric} percentiles p50/p90/p99 missing")
-                continue
-            p50, p90, p99 = (stats[metric][p] for p in PERCENTILES)
-            if min(p50, p90, p99) < 0:
-                v.fail(f"{where}: {metric} has a negative percentile")
-            if not p50 <= p90 <= p99:
-                v.fail(f"{where}: {metric} percentiles are not ordered (p50 {_text(p50)}, p90 {_text(p90)}, "
-                       f"p99 {_text(p99)})")
-        tpot, e2e = stats.get("tpot_ms", {}), stats.get("e2e_ms", {})
-        for p in ("mean", "p50"):
-            if tpot.get(p) is not None and e2e.get(p) is not None and tpot[p] > e2e[p]:
-                v.fail(f"{where}: TPOT {p} {_text(tpot[p])} ms exceeds end-to-end {p} {_text(e2e[p])} ms")
-        tok_s = _number(run.get("output_tok_s"))
-        if tok_s is None:
-            v.missing(f"{where}: output_tok_s missing")
-        elif tok_s <= 0:
-            v.fail(f"{where} produced no output tokens")
-        failed = run.get("failed")
-        if not isinstance(failed, int) or isinstance(failed, bool) or failed < 0:
-            v.missing(f"{where}: failed (the count of failed requests) missing")
-            continue
-        completed = run.get("completed")
-        total = failed + completed if isinstance(completed, int) and not isinstance(completed, bool) else None
-        limit = t["bench_max_failure_ratio"]
-        if failed and (total is None or failed / total > limit):
-            ratio = f" of {total}" if total else ""
-            v.fail(f"{where} has {failed}{ratio} failed requests" + (f" (above {limit:g})" if limit else ""))
-    wanted = int(t["bench_min_concurrency_levels"])
-    if len(levels) < wanted:
-        v.fail(f"{len(levels)} concurrency level(s), a baseline sweeps at least {wanted}")
 
 
 # --- eval ------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from agents.pipeline.tiers import STAGE_ORDER
 from apps.alerts import services as alert_services
 from apps.evidence import manifests, weights
 from apps.evidence import parsing as p
+from apps.evidence.judging_facts import physics_facts
 from apps.evidence.models import (
     LATENCY_METRICS,
     LATENCY_STATS,
@@ -294,6 +295,7 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
     has_template = model.has_chat_template
     if has_template is None and any(str(m.get("name")) == "chat_template.jinja" for m in model.manifest or []):
         has_template = True
+    physics = physics_facts(job, sections or {})
     return verdicts.Context(
         model=verdicts.ModelFacts(
             config=model.config, has_chat_template=has_template, takes_images=model.takes_images,
@@ -304,8 +306,9 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
         weight_probe=weights.probe_facts(job, stored=sections is None) if sections is None or "load" in sections
         else None,
         hardware=verdicts.HardwareFacts(memory_bytes=hardware.memory_bytes, devices_per_node=hardware.devices_per_node,
-                                        shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ())),
-        dtype=job.spec.get("dtype") or "auto",
+                                        shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ()),
+                                        memory_bandwidth_gbps=hardware.memory_bandwidth_gbps),
+        dtype=job.spec.get("dtype") or "auto", **physics,
     )
 
 

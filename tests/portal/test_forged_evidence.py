@@ -70,18 +70,18 @@ FORGED: list[tuple[str, str, dict[str, Any], str, str]] = [
     ("too few layers compared", "align", _patched("align", _set("layers", PASSING["align"]["layers"][:3])), "fail",
      "layers: 3 compared, the model has 22"),
     ("the issue's bench: 99 failed requests", "bench",
-     {"runs": [{**PASSING["bench"]["runs"][0], "failed": 99, "completed": 1}]}, "fail",
+     {**passing("bench"), "runs": [{**PASSING["bench"]["runs"][0], "failed": 99, "completed": 1}]}, "fail",
      "run at concurrency 1 has 99 of 100 failed requests"),
-    ("one concurrency level", "bench", {"runs": [PASSING["bench"]["runs"][0]]}, "fail",
+    ("one concurrency level", "bench", {**passing("bench"), "runs": [PASSING["bench"]["runs"][0]]}, "fail",
      "1 concurrency level(s), a baseline sweeps at least 3"),
     ("failed requests at every level", "bench", _patched("bench", _bench_runs(failed=2)), "fail",
-     "run at concurrency 4 has 2 of 18 failed requests"),
+     "run at concurrency 4 has 2 of 34 failed requests"),
     ("percentiles out of order", "bench",
      _patched("bench", _bench_runs(itl_ms={"mean": 10.0, "p50": 30.0, "p90": 12.0, "p99": 15.0})), "fail",
      "itl_ms percentiles are not ordered"),
     ("TPOT above end to end", "bench",
      _patched("bench", _bench_runs(tpot_ms={"mean": 1000.0, "p50": 990.0, "p90": 1000.0, "p99": 1001.0})), "fail",
-     "TPOT p50 990 ms exceeds end-to-end p50 690 ms"),
+     "run at concurrency 1: TPOT mean 1000 ms exceeds end-to-end mean 650 ms"),
     ("bench without latency", "bench", _patched("bench", _bench_runs(e2e_ms=None)), "incomplete",
      "run at concurrency 1: e2e_ms missing"),
     ("load with problems", "load",
@@ -254,7 +254,7 @@ def test_the_issues_forgery_as_one_report_stays_at_serves(api_client, client, ce
     model, hardware, token = cell
     job = JobFactory(model=model, hardware=hardware)
     _climb_to(api_client, job, token, 3)
-    bench = {"runs": [{**PASSING["bench"]["runs"][0], "failed": 99, "completed": 1}]}
+    bench = {**passing("bench"), "runs": [{**PASSING["bench"]["runs"][0], "failed": 99, "completed": 1}]}
     report = {"hardware": hardware.slug, "tier": 5, "failed_stage": None, "error": None,
               "stages": {"align": {"passed": True}, "bench": bench}}
     body = _post(api_client, job, token, report).json()

@@ -50,12 +50,12 @@ def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None:
     assert LoadReport.objects.get(result__job=job).ok and ShardChecksum.objects.filter(load__result__job=job).count() == 2
     assert set(OperatorCheck.objects.filter(result__job=job).values_list("status", flat=True)) == {
         "native", "decomposed", "fallback"}
-    assert AlignmentOp.objects.filter(report__result__job=job).count() == 2
+    assert AlignmentOp.objects.filter(report__result__job=job).count() == len(PASSING["align"]["ops"])
     assert AlignmentLayer.objects.filter(report__result__job=job).count() == 22
     divergence = TokenDivergence.objects.get(report__result__job=job)
     assert divergence.near_tie and divergence.position == 17
     points = BenchmarkPoint.objects.filter(run__result__job=job).order_by("concurrency")
-    assert [p.concurrency for p in points] == [1, 4, 16] and points[2].ttft_ms_p99 == 70.0 * 16
+    assert [p.concurrency for p in points] == [1, 4, 16] and points[2].ttft_ms_p99 == PASSING["bench"]["runs"][2]["ttft_ms"]["p99"]
     assert EnvLock.objects.get(result__job=job).torch == "2.13.0"
     detail = api_client.get(f"/api/v1/cells/{job.model.slug}/{job.hardware.slug}/").json()
     assert detail["tier"] == 6 and len(detail["evidence"]["benchmarks"][0]["points"]) == 3

@@ -23,7 +23,7 @@ LOCK = {"runtime_commit": "abc1234", "torch": "2.13.0", "driver": "Linux 6.8", "
 
 def _cell_at(model, hardware, tier: int) -> Job:
     job = JobFactory(model=model, hardware=hardware,
-                     spec={"stages": [*TIER_STAGES[tier], "env"], "dtype": "bfloat16", "bench": {"input_len": 64}})
+                     spec={"stages": [*TIER_STAGES[tier], "env"], "dtype": "bfloat16", "bench": {"input_len": 128}})
     sections = {s: passing(s) for s in TIER_STAGES[tier]}
     sections["env"] = {**passing("env"), "torch": LOCK["torch"]}
     do_record_job_results(job, bound(job, {"stages": sections}))
@@ -57,7 +57,7 @@ def test_a_reregistering_agent_with_another_torch_queues_the_configured_revalida
     for name in expected:
         job = queued[models[name].pk]
         assert job.state == JobState.QUEUED and job.stages == previous[name].stages
-        assert job.spec["bench"] == {"input_len": 64} and job.spec["revalidation"]["stack_change"] == change.pk
+        assert job.spec["bench"] == {"input_len": 128} and job.spec["revalidation"]["stack_change"] == change.pk
     for m in models.values():  # every cell with evidence predating the change is stale, queued or not
         stack = cell_stack(m.pk, hardware.pk)
         assert stack["stale"] and stack["stale_since"] == change.created_at.isoformat()

@@ -16,7 +16,7 @@ from apps.jobs.selectors import job_waiting_reason
 BENCH_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "input_len": (1, 1 << 20, True), "output_len": (1, 1 << 20, True), "long_input_len": (1, 1 << 20, True),
     "num_prompts": (1, 100_000, True), "max_concurrency": (1, 4096, True), "request_rate": (1e-3, 10_000, False),
-    "ready_timeout": (1, 86_400, False), "seed": (0, 2**63 - 1, True),
+    "ready_timeout": (1, 86_400, False), "seed": (0, 2**63 - 1, True), "min_seconds": (0, 86_400, False),
     # the comm stage's sweep (agents/pipeline/comm.py checks the same bounds when it runs)
     "comm_min_bytes": (8, 1 << 34, True), "comm_max_bytes": (8, 1 << 34, True), "comm_factor": (2, 1024, True),
     "comm_iters": (1, 10_000, True), "comm_warmup": (0, 1000, True), "comm_timeout_s": (0.001, 3600, False),
@@ -81,8 +81,9 @@ class JobCreateSerializer(serializers.Serializer):
             if isinstance(v, bool) or not isinstance(v, int if integral else int | float) or not low <= v <= high:
                 raise serializers.ValidationError(
                     {key: [f"must be {kind} from {_bound(low)} to {_bound(high)}, got {v!r}"]})
-        if "compile" in value and not isinstance(value["compile"], bool):  # the compiled path (serve --compile)
-            raise serializers.ValidationError({"compile": [f"must be true or false, got {value['compile']!r}"]})
+        for flag in ("compile", "probe"):  # the compiled path (serve --compile); the repeated-prompt probe
+            if flag in value and not isinstance(value[flag], bool):
+                raise serializers.ValidationError({flag: [f"must be true or false, got {value[flag]!r}"]})
         serve_args = value.get("serve_args")
         if serve_args is not None and not (isinstance(serve_args, list) and len(serve_args) <= 64 and all(
                 isinstance(a, str) and len(a) <= 256 for a in serve_args)):
