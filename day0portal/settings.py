@@ -1,8 +1,9 @@
 """Django settings, read only from ``DAY0_*`` environment variables (see docker/.env.example).
 
-Production sets ``DAY0_DATABASE_URL`` (PostgreSQL) and ``DAY0_REDIS_URL`` (Celery broker and channel layer).
-Without them the embedded default runs the same code: SQLite and a filesystem Celery broker under
-``DAY0_DATA_DIR`` and an in-memory channel layer."""
+Production sets ``DAY0_DATABASE_URL`` (PostgreSQL), ``DAY0_REDIS_URL`` (cache and channel layer) and
+``DAY0_BROKER_URL`` (RabbitMQ, the Celery broker agents reach with users of their own). Without them the
+embedded default runs the same code: SQLite and a filesystem Celery broker under ``DAY0_DATA_DIR`` and an
+in-memory channel layer."""
 
 from __future__ import annotations
 
@@ -122,21 +123,18 @@ if env_str("DAY0_TEST_DATABASE_NAME"):
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# --- broker and channel layer ---------------------------------------------------------------------------
+# --- broker, channel layer, cache -----------------------------------------------------------------------
+# Two trust domains (docs/portal.md, "Trust boundaries"): DAY0_REDIS_URL (the cache and the channel layer) is
+# the portal's alone; DAY0_BROKER_URL is where jobs are queued, and in production each agent reaches it with a
+# broker user of its own that reads its own queues only (``manage.py broker_user``). Without DAY0_BROKER_URL
+# the Redis of DAY0_REDIS_URL is the broker too (development and the test suite); without either, the kombu
+# filesystem broker and an in-memory channel layer (the embedded default).
 REDIS_URL = env_str("DAY0_REDIS_URL")
+BROKER_URL = env_str("DAY0_BROKER_URL") or REDIS_URL
 BROKER_DIR = DATA_DIR / "broker"
-if REDIS_URL:
-    CELERY_BROKER_URL = REDIS_URL
+if BROKER_URL:
+    CELERY_BROKER_URL = BROKER_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            # redis-py 8 reads with a 5 s socket timeout by default, the layer's blocking pop waits 5 s: under
-            # load the reply lost that race, the consumer died and its WebSocket dropped without a close frame
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
-                       "prefix": env_str("DAY0_CHANNELS_PREFIX", "day0")},
-        }
-    }
 else:
     # kombu's filesystem transport: a real broker with no server; producers and workers share the folder.
     for _sub in ("queue", "processed", "control"):
@@ -150,14 +148,32 @@ else:
         "store_processed": False,
         "polling_interval": 0.25,  # kombu's 1 s default made a worker take ~5 s to stop and jobs wait to start
     }
+# Where ``manage.py broker_user`` manages RabbitMQ users: the management API (http://admin:pass@host:15672),
+# else ``rabbitmqctl`` on this host.
+BROKER_ADMIN_URL = env_str("DAY0_BROKER_ADMIN_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # redis-py 8 reads with a 5 s socket timeout by default, the layer's blocking pop waits 5 s: under
+            # load the reply lost that race, the consumer died and its WebSocket dropped without a close frame
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                       "prefix": env_str("DAY0_CHANNELS_PREFIX", "day0")},
+        }
+    }
+else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # Django's cache: Redis with DAY0_REDIS_URL (shared by the portal processes behind a load balancer), else memory
 # per process. Entries are keyed by the data they summarize (newest row ids, counts, edit times), so new
-# evidence makes a new key rather than waiting for an expiry.
+# evidence makes a new key rather than waiting for an expiry. Values are JSON, never pickle
+# (``day0portal.cache``): a value read from Redis cannot run code.
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
                       "KEY_PREFIX": env_str("DAY0_CACHE_PREFIX", "day0"),
-                      "OPTIONS": {"socket_connect_timeout": 5, "socket_timeout": 5}}} if REDIS_URL else {
+                      "OPTIONS": {"socket_connect_timeout": 5, "socket_timeout": 5,
+                                  "serializer": "day0portal.cache.JSONSerializer"}}} if REDIS_URL else {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]  # a message is data: nothing on the broker is unpickled
 CELERY_RESULT_BACKEND = None  # job state lives in the database, never only in a result backend
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

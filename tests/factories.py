@@ -4,6 +4,7 @@ the config, matrix cells created); tokens come with their one-time ``secret`` at
 from __future__ import annotations
 
 import copy
+import secrets
 from datetime import UTC, datetime
 from typing import Any
 
@@ -125,6 +126,9 @@ class JobFactory(factory.django.DjangoModelFactory):
     spec = factory.LazyFunction(lambda: {"stages": ["plan", "load", "inventory", "align", "serve", "bench", "env",
                                                     "eval"], "dtype": "bfloat16"})
     state = JobState.RUNNING
+    # past its first dispatch (unless still queued): results bind to this attempt and its nonce
+    attempts = factory.LazyAttribute(lambda j: 0 if j.state == JobState.QUEUED else 1)
+    nonce = factory.LazyAttribute(lambda j: "" if j.state == JobState.QUEUED else secrets.token_hex(16))
 
 
 def make_token(*, organization: Organization, user: Any = None, scopes: list[str] | None = None,

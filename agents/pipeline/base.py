@@ -48,9 +48,13 @@ class StageContext:
     node: Any = None
     thresholds: dict[str, float] = field(default_factory=dict)  # overrides of DESIGN.md §4 defaults
     bench: dict[str, Any] = field(default_factory=dict)  # concurrency, input_len, output_len, num_prompts …
-    # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (a job's
-    # ``manifest``, ``day0 adapt --manifest FILE``); the load stage fails on any shard that disagrees with it
+    # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (``day0 adapt
+    # --manifest FILE``; a portal job never carries it: the portal compares); the load fails on any disagreement
     manifest: list[dict[str, Any]] | None = None
+    # the portal's weight challenge of this attempt (``agents/pipeline/weight_probe.py``): a reference run's
+    # ``{"count", "length", "positions"}`` to sample each shard at, or a certify job's ``{"nonce", "probes"}``
+    weight_samples: dict[str, Any] | None = None
+    weight_probe: dict[str, Any] | None = None
     workdir: Path = field(default_factory=lambda: Path("var/adapt"))
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     emit_fn: Emit = _print_emit

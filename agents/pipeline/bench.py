@@ -1,5 +1,11 @@
 """The ``bench`` stage: the serving benchmark against the server the serve stage left running (or one started
-here), with small defaults suited to the tiny test models; ``ctx.bench`` overrides them."""
+here), with small defaults suited to the tiny test models; ``ctx.bench`` overrides them.
+
+The defaults meet the portal's minimum baseline (``thresholds``: ``bench_min_requests`` 16 and
+``bench_min_seconds`` 2 per level): 16 prompts a level, and a level that finishes them sooner goes on with
+fresh prompts until it has run 2 s. A tiny model on a CPU runs a level in well under a second, so without the
+minimum its percentiles would rest on a handful of requests; 2 s keeps the whole sweep plus the repeated-prompt
+probe near 10 s."""
 
 from __future__ import annotations
 
@@ -12,7 +18,9 @@ DEFAULTS: dict[str, Any] = {
     "concurrency": [1, 2, 4],  # a baseline sweeps at least 3 levels (verdicts: bench_min_concurrency_levels)
     "input_len": 32,
     "output_len": 16,
-    "num_prompts": 8,
+    "num_prompts": 16,  # bench_min_requests
+    "min_seconds": 2.0,  # bench_min_seconds: a level runs on with fresh prompts until it has run this long
+    "probe": True,  # the highest level again, once with one repeated prompt and once with fresh ones
     "request_rate": None,
     "long_context": True,
     "long_input_len": 256,

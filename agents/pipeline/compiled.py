@@ -92,7 +92,7 @@ def bench_compare(ctx: StageContext, section: dict[str, Any], settings: dict[str
         raise StageFailed(f"bench.compile_compare_concurrency {level!r} is not a level of the sweep {levels}")
     index = levels.index(level)
     compiled_run = next(r for r in section["runs"] if r["concurrency"] == level)
-    eager_settings = {**settings, "concurrency": [level], "long_context": False,
+    eager_settings = {**settings, "concurrency": [level], "long_context": False, "probe": False,
                       "seed": int(settings.get("seed") or 0) + index}
     server = serve.ServerProcess(ctx.model_dir, dtype=ctx.dtype, device=ctx.device, tp=None,
                                  log_path=ctx.workdir / "serve-eager.log",

@@ -3,7 +3,8 @@
 At TP=1 the model loads in this process and goes to ``ctx.shared["model"]`` so later stages (inventory, align,
 eval) run on it. At TP>1 (``load_sharded.effective_tp``: the job's override, else the plan clipped to this
 host's devices) ``tp`` ranks each load their slice and the section merges them; inventory, align and eval then
-load a TP=1 copy in this process when they need one (the align stage checks that its reference fits)."""
+load a TP=1 copy in this process when they need one (the align stage checks that its reference fits). A
+portal job's weight challenge (``weight_probe.py``) is answered from the loaded shards at the end."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.load_sharded import effective_layout, effective_tp, load_sharded
+from agents.pipeline.weight_probe import ChallengeError, answer_challenge
 
 PROGRESS_INTERVAL_S = 0.5
 
@@ -32,6 +34,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                             f"in this process when they run ({size})" if copy["fits"] else
                             f"loaded sharded over tp={tp} ranks; a tp=1 copy for inventory, align and eval does "
                             f"not fit ({size}): run those stages where it does"]
+        _answer_challenge(ctx, section)
         return section
     from agents.runtime.loader import LoadError, load_model
 
@@ -62,4 +65,15 @@ def run(ctx: StageContext) -> dict[str, Any]:
     section.setdefault("tp", 1)  # loaded in this process
     if tp_note:
         section["notes"] = [tp_note]
+    _answer_challenge(ctx, section)
     return section
+
+
+def _answer_challenge(ctx: StageContext, section: dict[str, Any]) -> None:
+    """The portal's weight challenge answered from the shards just loaded (a few small reads)."""
+    if ctx.weight_samples is None and ctx.weight_probe is None:
+        return
+    try:
+        answer_challenge(ctx.model_dir, section, ctx.weight_samples, ctx.weight_probe)
+    except (ChallengeError, OSError) as exc:
+        raise StageFailed(f"weight challenge: {exc}") from exc

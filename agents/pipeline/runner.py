@@ -105,13 +105,21 @@ def judging_context(ctx: StageContext, stages: dict[str, Any] | None = None) -> 
     hardware = verdicts.HardwareFacts(
         memory_bytes=int(memory), devices_per_node=int(hw.get("devices_per_node") or 1),
         shared_memory=bool(hw.get("shared_memory")), dtypes=tuple(hw.get("dtypes") or ()),
+        memory_bandwidth_gbps=hw.get("memory_bandwidth_gbps"),
     ) if memory else None
+    stages = stages or {}
+    plan = (stages.get("plan") or {}).get("plan") or {}
+    inventory = (stages.get("inventory") or {}).get("ops")
     return verdicts.Context(
         model=verdicts.ModelFacts(config=config, has_chat_template=has_template, manifest=ctx.manifest or None,
                                   takes_images=config_takes_images(config),
                                   manifest_source="given" if ctx.manifest else "",
                                   context_length=int(context) if context else None, runtime_path=path),
         hardware=hardware, dtype=ctx.dtype,
+        layout={k: getattr(ctx, k, None) or plan.get(k) for k in ("tp", "pp", "ep")},
+        bench_asked=dict(ctx.bench or {}),
+        inventory_ops=[str(r.get("op")) for r in inventory if isinstance(r, dict)] if isinstance(inventory, list)
+        else None,
     )
 
 

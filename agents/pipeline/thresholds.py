@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 # Bump when a default or a range changes: stored with every verdict so old verdicts say what they used.
-DEFAULTS_VERSION = "2026.12.3"
+DEFAULTS_VERSION = "2026.12.4"
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,10 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
     Threshold("layer_max_rel_err", INF, 0.0, INF, "max", doc="per-layer max relative error, at most (off: inf)"),
     Threshold("e2e_top_k", 5, 1, 100, "max", integer=True, doc="a near-tie: each side's token in the other's top-k"),
     Threshold("perplexity_rel_tol", 0.05, 0.0, INF, "max", doc="|ppl_target - ppl_ref| / ppl_ref, at most"),
+    Threshold("align_min_token_match", 0.9, 0.0, 1.0, "min",
+              doc="end-to-end greedy tokens equal to the reference's, at least (the lower of claimed and recomputed)"),
+    Threshold("align_min_ops", 4, 1, 10_000, "min", integer=True,
+              doc="operator checks a native model's align section must have run, at least"),
     # KV cache (align_kv)
     Threshold("kv_cache_max_abs_err", 1e-4, 0.0, INF, "max",
               doc="incremental vs full recompute, max abs error (the gate only when no relative error is reported)"),
@@ -97,13 +101,28 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
     Threshold("bench_min_concurrency_levels", 3, 1, 64, "min", integer=True,
               doc="distinct concurrency levels a baseline must sweep"),
     Threshold("bench_max_failure_ratio", 0.0, 0.0, 1.0, "max", doc="failed / all requests of a run, at most"),
+    # bench physics and length (verdicts_bench): a decode step cannot beat the memory bandwidth, a level is long
+    # enough for its percentiles to mean something, and the counts agree with each other and with what was asked
+    Threshold("bench_tpot_floor_factor", 0.5, 0.0, 1.0, "min", low_open=True,
+              doc="TPOT p50 at least this × the bandwidth floor (bytes a decode step reads per device / bandwidth)"),
+    Threshold("bench_rate_tolerance", 0.25, 0.0, 10.0, "max",
+              doc="output tok/s at most concurrency × 1000 / TPOT × (1 + this)"),
+    Threshold("bench_littles_law_tolerance", 0.1, 0.0, 10.0, "max",
+              doc="req/s × mean end-to-end (the mean in flight) at most concurrency × (1 + this)"),
+    Threshold("bench_output_len_tolerance", 0.1, 0.0, 1.0, "max",
+              doc="ignore-EOS runs: mean output tokens per request within this fraction of output_len"),
+    Threshold("bench_repeat_max_speedup", 1.1, 1.0, 100.0, "max",
+              doc="repeated-prompt probe tok/s at most this × the fresh-prompt tok/s"),
+    Threshold("bench_min_requests", 16, 1, 100_000, "min", integer=True,
+              doc="requests issued per concurrency level, at least"),
+    Threshold("bench_min_seconds", 2.0, 0.0, 86_400.0, "min", doc="seconds per concurrency level, at least"),
+    Threshold("bench_p99_min_samples", 100, 1, 1_000_000, "none", integer=True,
+              doc="below this many samples a level's p99 is its maximum"),
     # eval
     Threshold("eval_rtol", 0.05, 0.0, 1.0, "max", doc="per task: target >= reference x (1 - rtol)"),
     Threshold("eval_accuracy_tol", 0.07, 0.0, 1.0, "max", doc="|accuracy_target - accuracy_ref|, at most"),
     Threshold("eval_perplexity_rel_tol", 0.02, 0.0, INF, "max", doc="eval texts' relative perplexity difference"),
-    # the portal's challenges (docs/references.md): the end-to-end gate and the power rule sizing eval samples
-    Threshold("min_token_match_rate", 0.9, 0.0, 1.0, "min",
-              doc="end to end: matched / compared greedy tokens against the portal's reference, at least"),
+    # the portal's challenges (docs/references.md): the power rule sizing eval samples
     Threshold("challenge_theta", 0.1, 0.0, 1.0, "max", low_open=True,
               doc="the accuracy drop a challenge is sized to detect (larger: fewer items)"),
     Threshold("challenge_alpha", 0.05, 0.0, 0.5, "max", low_open=True,

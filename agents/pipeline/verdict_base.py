@@ -29,7 +29,7 @@ class ModelFacts:
     takes_images: bool = False
     declared_tensors: int | None = None
     manifest: Sequence[Mapping[str, Any]] | None = None  # [{"name", "size", "sha256"}]
-    manifest_source: str = ""  # "given" | "first seen"
+    manifest_source: str = ""  # "given" | "staff" | "reference" | "first seen (legacy)" (never compared with)
     context_length: int | None = None
     runtime_path: str | None = None  # "native" | "fallback"
 
@@ -40,19 +40,28 @@ class HardwareFacts:
     devices_per_node: int
     shared_memory: bool = False
     dtypes: Sequence[str] = ()
+    memory_bandwidth_gbps: float | None = None  # per device, the spec sheet's; None: unknown (no TPOT floor)
 
 
 @dataclass(frozen=True)
 class Context:
-    """Facts a verdict may need: the model, the hardware (for plan), the job's dtype."""
+    """Facts a verdict may need: the model, the hardware (for plan and the bench's physics), the job's dtype,
+    the layout the job ran (``{"tp", "pp", "ep"}``: pinned by the job or its plan evidence), what the job asked
+    the bench to run (its ``spec.bench``) and the operators of the job's inventory section."""
 
     model: ModelFacts = field(default_factory=ModelFacts)
     hardware: HardwareFacts | None = None
     dtype: str | None = None
+    layout: Mapping[str, int] | None = None
+    bench_asked: Mapping[str, Any] | None = None
+    inventory_ops: Sequence[str] | None = None
     planner: Callable[..., Mapping[str, Any]] | None = None  # default: agents.runtime.planner.plan_report
     # the portal's judge of raw outputs against its reference (challenge_verdicts.ChallengeJudge): when set, the
     # align end-to-end part and the eval verdict come from it; None (a standalone run) judges the agent's numbers
     challenge: Callable[[Verdict, str, Mapping[str, Any], Mapping[str, float]], None] | None = None
+    # the load's weight probe as the portal expects it: {"nonce", "probes": [{"file", "offset", "length",
+    # "sha256"}], "answers": stored answers or None} or {"probes": [], "reason"}; None: not judged by the portal
+    weight_probe: Mapping[str, Any] | None = None
 
 
 @dataclass

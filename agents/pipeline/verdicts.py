@@ -10,7 +10,7 @@ part ("align: kv_cache missing", "bench: run at concurrency 4 has 99 failed requ
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agents.pipeline import thresholds as th
@@ -32,6 +32,13 @@ from agents.pipeline.verdict_base import (  # noqa: F401 (re-exported: the modul
 from agents.pipeline.verdict_base import number as _number
 from agents.pipeline.verdict_base import text as _text
 from agents.pipeline.verdicts_align import _align
+from agents.pipeline.verdicts_bench import _bench
+from agents.pipeline.verdicts_load import (  # noqa: F401 (re-exported: the module's public names)
+    MAX_MANIFEST_FILES,
+    _load,
+    check_manifest,
+    manifest_mismatches,
+)
 
 # --- plan ------------------------------------------------------------------------------------------------
 
@@ -105,94 +112,6 @@ def _plan(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
                f"(more than {PLAN_BYTES_FACTOR:g}× apart)")
 
 
-# --- load ------------------------------------------------------------------------------------------------
-
-def manifest_mismatches(shards: Sequence[Mapping[str, Any]], manifest: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every disagreement between loaded shards ``[{file, sha256, bytes?}]`` and a manifest
-    ``[{name, size, sha256}]``, one sentence each naming the shard and both digests."""
-    want = {str(m.get("name")): m for m in manifest}
-    got = {str(s.get("file")): s for s in shards}
-    out = []
-    for name, shard in got.items():
-        entry = want.get(name)
-        if entry is None:
-            out.append(f"shard {name} is not in the release's manifest")
-            continue
-        digest = str(shard.get("sha256") or "").lower()
-        expected = str(entry.get("sha256") or "").lower()
-        if digest != expected:
-            out.append(f"shard {name} sha256 {digest or 'missing'} differs from the manifest's {expected}")
-        size = shard.get("size", shard.get("bytes"))
-        if isinstance(size, int) and isinstance(entry.get("size"), int) and size != entry["size"]:
-            out.append(f"shard {name} is {size} bytes, the manifest says {entry['size']}")
-    out += [f"shard {name} of the manifest was not loaded" for name in want if name not in got]
-    return out
-
-
-MAX_MANIFEST_FILES = 10_000
-_HEX = frozenset("0123456789abcdef")
-
-
-def check_manifest(value: Any, *, max_files: int = MAX_MANIFEST_FILES) -> list[dict[str, Any]]:
-    """A checksum manifest ``[{"name", "size", "sha256"}]`` normalised (lower-case digests); a ValueError
-    naming the entry and what is wrong otherwise. ``size`` may be null (unknown)."""
-    if not isinstance(value, list):
-        raise ValueError("must be a list of {name, size, sha256} objects")
-    if len(value) > max_files:
-        raise ValueError(f"lists {len(value)} files; at most {max_files} are accepted")
-    out, seen = [], set()
-    for i, item in enumerate(value):
-        where = f"[{i}]"
-        if not isinstance(item, Mapping):
-            raise ValueError(f"{where} must be an object with name, size and sha256")
-        unknown = sorted(set(item) - {"name", "size", "sha256"})
-        if unknown:
-            raise ValueError(f"{where} has unknown keys {unknown} (expected name, size, sha256)")
-        name, size, digest = item.get("name"), item.get("size"), item.get("sha256")
-        if not isinstance(name, str) or not name or len(name) > 255 or "/" in name or "\\" in name or name in (".", ".."):
-            raise ValueError(f"{where}.name must be a file name without directories (at most 255 characters)")
-        if name in seen:
-            raise ValueError(f"{where}.name {name!r} is listed twice")
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**63):
-            raise ValueError(f"{where}.size ({name}) must be a non-negative integer of bytes or null")
-        if not isinstance(digest, str) or len(digest) != 64 or not set(digest.lower()) <= _HEX:
-            raise ValueError(f"{where}.sha256 ({name}) must be 64 hexadecimal digits")
-        seen.add(name)
-        out.append({"name": name, "size": size, "sha256": digest.lower()})
-    return out
-
-
-def _load(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
-    shards = s.get("shards")
-    tensors = s.get("tensors")
-    problems = s.get("problems")
-    if not isinstance(shards, list) or not shards:
-        v.missing("shards missing: no checksum of any weight file")
-    elif any(not (isinstance(x, Mapping) and isinstance(x.get("sha256"), str) and len(x["sha256"]) == 64)
-             for x in shards):
-        v.missing("a shard has no sha256 digest")
-    if not isinstance(tensors, int) or isinstance(tensors, bool) or tensors <= 0:
-        v.missing("tensors (the count loaded and verified) missing")
-    elif ctx.model.declared_tensors is not None and tensors != ctx.model.declared_tensors:
-        v.fail(f"{tensors} tensors loaded, the model declares {ctx.model.declared_tensors}")
-    if problems is None:
-        v.missing("problems missing (an empty list when every tensor verified)")
-    elif not isinstance(problems, list):
-        v.missing("problems must be a list")
-    elif problems:
-        first = problems[0] if isinstance(problems[0], Mapping) else {}
-        v.fail(f"{len(problems)} problem(s), first {first.get('tensor') or first.get('file')}: {first.get('problem')}")
-    if v.status == INCOMPLETE or not isinstance(shards, list):
-        return
-    if ctx.model.manifest:
-        for mismatch in manifest_mismatches(shards, ctx.model.manifest):
-            v.fail(mismatch)
-        if ctx.model.manifest_source == "first seen":
-            v.note("digests compared with the manifest first seen on an earlier load")
-    else:
-        v.note("the release has no manifest yet: these digests are recorded as first seen")
-
-
 # --- serve -----------------------------------------------------------------------------------------------
 
 def _serve(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
@@ -217,61 +136,6 @@ def _serve(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Contex
             v.fail("image path failed")
     if failed_checks:
         v.fail(f"checks failed: {', '.join(map(str, failed_checks))}")
-
-
-# --- bench -----------------------------------------------------------------------------------------------
-
-def _bench(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
-    runs = s.get("runs")
-    if not isinstance(runs, list) or not runs:
-        v.missing("runs missing")
-        return
-    levels = set()
-    for i, run in enumerate(runs):
-        if not isinstance(run, Mapping):
-            v.missing(f"run {i} is not an object")
-            continue
-        c = run.get("concurrency")
-        where = f"run at concurrency {c}"
-        levels.add(c)
-        stats: dict[str, dict[str, float | None]] = {}
-        for metric in LATENCY_METRICS:
-            block = run.get(metric)
-            if not isinstance(block, Mapping):
-                v.missing(f"{where}: {metric} missing")
-                continue
-            stats[metric] = {p: _number(block.get(p)) for p in ("mean", *PERCENTILES)}
-            if any(stats[metric][p] is None for p in PERCENTILES):
-                v.missing(f"{where}: {metric} percentiles p50/p90/p99 missing")
-                continue
-            p50, p90, p99 = (stats[metric][p] for p in PERCENTILES)
-            if min(p50, p90, p99) < 0:
-                v.fail(f"{where}: {metric} has a negative percentile")
-            if not p50 <= p90 <= p99:
-                v.fail(f"{where}: {metric} percentiles are not ordered (p50 {_text(p50)}, p90 {_text(p90)}, "
-                       f"p99 {_text(p99)})")
-        tpot, e2e = stats.get("tpot_ms", {}), stats.get("e2e_ms", {})
-        for p in ("mean", "p50"):
-            if tpot.get(p) is not None and e2e.get(p) is not None and tpot[p] > e2e[p]:
-                v.fail(f"{where}: TPOT {p} {_text(tpot[p])} ms exceeds end-to-end {p} {_text(e2e[p])} ms")
-        tok_s = _number(run.get("output_tok_s"))
-        if tok_s is None:
-            v.missing(f"{where}: output_tok_s missing")
-        elif tok_s <= 0:
-            v.fail(f"{where} produced no output tokens")
-        failed = run.get("failed")
-        if not isinstance(failed, int) or isinstance(failed, bool) or failed < 0:
-            v.missing(f"{where}: failed (the count of failed requests) missing")
-            continue
-        completed = run.get("completed")
-        total = failed + completed if isinstance(completed, int) and not isinstance(completed, bool) else None
-        limit = t["bench_max_failure_ratio"]
-        if failed and (total is None or failed / total > limit):
-            ratio = f" of {total}" if total else ""
-            v.fail(f"{where} has {failed}{ratio} failed requests" + (f" (above {limit:g})" if limit else ""))
-    wanted = int(t["bench_min_concurrency_levels"])
-    if len(levels) < wanted:
-        v.fail(f"{len(levels)} concurrency level(s), a baseline sweeps at least {wanted}")
 
 
 # --- eval ------------------------------------------------------------------------------------------------

@@ -24,8 +24,42 @@ def _token_ids(top: Any) -> set[Any]:
     return out
 
 
+# a lookup (the embedding) copies stored values: it may be exact at any precision
+EXACT_CHECKS = frozenset({"embedding"})
+REDUCED_DTYPES = frozenset({"bfloat16", "float16", "float8_e4m3fn", "int8", "int4", "mxfp4"})
+COSINE_SLACK = 1e-9  # float64 rounding of a cosine of equal vectors
+
+
+def reduced_dtype(dtype: Any, config: Mapping[str, Any] | None) -> str | None:
+    """The canonical name of ``dtype`` (``"auto"``: the checkpoint's) when it is a reduced precision, else None."""
+    if not isinstance(dtype, str) or not dtype:
+        return None
+    from agents.runtime.planner.memory import resolve_dtype
+
+    try:
+        name, _ = resolve_dtype(dtype, dict(config or {}))
+    except ValueError:
+        return None
+    return name if name in REDUCED_DTYPES else None
+
+
+def _row_ranges(v: Verdict, row: Mapping[str, Any], label: str, cosine: float, reduced: str | None) -> None:
+    """A cosine lies in [−1, 1] and errors are at least 0; an error of exactly 0 at a reduced precision is no
+    measurement (a reference compared with itself)."""
+    if not -1 - COSINE_SLACK <= cosine <= 1 + COSINE_SLACK:
+        v.fail(f"{label} cosine {_text(cosine)} is outside [-1, 1]")
+    errors = {k: _number(row.get(k)) for k in ("max_rel_err", "max_abs_err") if row.get(k) is not None}
+    for k, value in errors.items():
+        if value is None or value < 0:
+            v.fail(f"{label} {k} {_text(row.get(k))} is not an error (a number of at least 0)")
+    exact = str(row.get("check") or row.get("op") or "").split(" ")[0] in EXACT_CHECKS
+    dtype = reduced_dtype(row.get("dtype"), None) if row.get("dtype") else reduced
+    if dtype and not exact and errors and all(value == 0 for value in errors.values()):
+        v.fail(f"{label}: exactly zero error at {dtype} is not a measurement")
+
+
 def _align_rows(v: Verdict, rows: Any, part: str, key: str, cos_key: str, rel_key: str | None,
-                t: Mapping[str, float]) -> int:
+                t: Mapping[str, float], reduced: str | None = None) -> int:
     if not isinstance(rows, list) or not rows:
         v.missing(f"{part} missing")
         return 0
@@ -45,6 +79,7 @@ def _align_rows(v: Verdict, rows: Any, part: str, key: str, cos_key: str, rel_ke
             v.fail(f"{label} has no cosine ({row.get('problem') or 'not compared'})")
             continue
         checked += 1
+        _row_ranges(v, row, label, cosine, reduced)
         if cosine < t[cos_key]:
             v.fail(f"{label} cosine {_text(cosine)} is below {_text(t[cos_key])}")
         if rel_key is not None and math.isfinite(t[rel_key]):
@@ -91,6 +126,9 @@ def _e2e(v: Verdict, e2e: Any, t: Mapping[str, float]) -> None:
         v.fail(f"e2e: {hard} divergences beyond a near-tie")
     recomputed = 1 - len(divergences) / tokens
     claimed_rate = _number(e2e.get("token_match_rate"))
+    lowest = min(recomputed, claimed_rate) if claimed_rate is not None else recomputed
+    if lowest < t["align_min_token_match"]:
+        v.fail(f"e2e token match rate {lowest:.4f} is below the minimum {_text(t['align_min_token_match'])}")
     if claimed_rate is None:
         v.missing("e2e token_match_rate missing")
     elif round((1 - claimed_rate) * tokens) < len(divergences):  # compare token counts: rates may be rounded
@@ -116,12 +154,12 @@ def _e2e(v: Verdict, e2e: Any, t: Mapping[str, float]) -> None:
                    f"{_text(t['perplexity_rel_tol'])}")
 
 
-def _kv(v: Verdict, kv: Any, t: Mapping[str, float], ctx: Context) -> None:
+def _kv(v: Verdict, kv: Any, t: Mapping[str, float], ctx: Context, path: str | None) -> None:
     if not isinstance(kv, Mapping) or not kv:
         v.missing("kv_cache missing")
         return
     lengths = kv.get("lengths")
-    if kv.get("path") == "recompute" and lengths == [] and ctx.model.runtime_path == "fallback":
+    if kv.get("path") == "recompute" and lengths == [] and path == "fallback":
         v.note("kv_cache: the fallback path recomputes every step; no paged cache to check")
         return
     if not isinstance(lengths, list) or not lengths or not all(
@@ -136,6 +174,9 @@ def _kv(v: Verdict, kv: Any, t: Mapping[str, float], ctx: Context) -> None:
     # the gate is the scale-free relative error; the absolute error gates only reports that lack it
     rel = _number(kv.get("max_rel_err"))
     err = _number(kv.get("max_abs_err"))
+    for key, value in (("max_rel_err", rel), ("max_abs_err", err)):
+        if value is not None and value < 0:
+            v.fail(f"kv_cache {key} {_text(value)} is not an error (a number of at least 0)")
     if rel is not None:
         if rel > t["kv_cache_max_rel_err"]:
             v.fail(f"kv_cache max_rel_err {_text(rel)} is above {_text(t['kv_cache_max_rel_err'])}")
@@ -145,27 +186,57 @@ def _kv(v: Verdict, kv: Any, t: Mapping[str, float], ctx: Context) -> None:
         v.fail(f"kv_cache max_abs_err {_text(err)} is above {_text(t['kv_cache_max_abs_err'])}")
 
 
+def runtime_path(ctx: Context) -> tuple[str | None, str]:
+    """Which code runs the model, decided by the portal from the config (``runtime/models/native``, the list of
+    native families the registry asserts against), and how it was decided; the load section's word only when
+    the config is not known."""
+    config = ctx.model.config
+    if config:
+        from agents.runtime.models.native import config_runtime_path
+
+        try:
+            return config_runtime_path(dict(config))[0], "the config"
+        except ValueError:
+            pass
+    return ctx.model.runtime_path, "the load section"
+
+
 def _align(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
+    path, source = runtime_path(ctx)
+    config = ctx.model.config or {}
+    if source == "the config" and ctx.model.runtime_path and ctx.model.runtime_path != path:
+        arch = (config.get("architectures") or ["?"])[0]
+        v.fail(f"the load section says the {ctx.model.runtime_path} path, but the runtime runs {arch} on the "
+               f"{path} path (decided from the config)")
+    reduced = reduced_dtype(ctx.dtype, config)
     ops = s.get("ops")
     unchecked_only = isinstance(ops, list) and all(isinstance(r, Mapping) and r.get("status") == "unchecked"
                                                    for r in ops)
-    if ctx.model.runtime_path == "fallback" and unchecked_only:
+    if path == "fallback" and unchecked_only:
         # the transformers fallback runs none of the runtime's own operators: layers and e2e carry the proof
         v.note(f"ops: the model runs on the fallback path; {len(ops)} module(s) unchecked, none of the runtime's")
     else:
-        _align_rows(v, ops, "ops", "op", "op_cosine", "op_max_rel_err", t)
+        checked = _align_rows(v, ops, "ops", "op", "op_cosine", "op_max_rel_err", t, reduced)
+        if checked and checked < t["align_min_ops"]:
+            v.fail(f"ops: {checked} operator check(s), a native model's alignment runs at least "
+                   f"{int(t['align_min_ops'])}")
+        _coverage(v, s, ops, ctx)
     layers = s.get("layers")
-    _align_rows(v, layers, "layers", "layer", "layer_cosine", "layer_max_rel_err", t)
-    config = ctx.model.config or {}
+    _align_rows(v, layers, "layers", "layer", "layer_cosine", "layer_max_rel_err", t, reduced)
     declared = config.get("num_hidden_layers") or (config.get("text_config") or {}).get("num_hidden_layers")
-    if isinstance(layers, list) and layers and isinstance(declared, int) and len(layers) != declared:
-        v.fail(f"layers: {len(layers)} compared, the model has {declared}")
+    if isinstance(layers, list) and layers and isinstance(declared, int):
+        seen = {row.get("layer") for row in layers if isinstance(row, Mapping)}
+        absent = [i for i in range(declared) if i not in seen]
+        if len(layers) != declared:
+            v.fail(f"layers: {len(layers)} compared, the model has {declared}")
+        elif absent:
+            v.fail(f"layers: decoder layer(s) {absent[:8]} not compared (the model has {declared})")
     if ctx.challenge is not None:  # the portal: its scores of the raw outputs against the reference it holds
         ctx.challenge(v, "align", s, t)
     else:
         v.note("e2e: judged from the agent's own numbers: no portal reference")
         _e2e(v, s.get("e2e"), t)
-    _kv(v, s.get("kv_cache"), t, ctx)
+    _kv(v, s.get("kv_cache"), t, ctx, path)
     if ctx.model.takes_images:
         _vision(v, s.get("vision"), t)
     block = s.get("compile")
@@ -174,6 +245,28 @@ def _align(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Contex
         _compiled(v, block)
     for part, error in (s.get("part_errors") or {}).items() if isinstance(s.get("part_errors"), Mapping) else ():
         v.fail(f"the {part} check could not run ({error})")
+
+
+def _coverage(v: Verdict, s: Mapping[str, Any], ops: Any, ctx: Context) -> None:
+    """Each operator of the job's inventory is run by a checked operator row (its ``aten_ops``) or listed in
+    ``inventory_coverage.not_exercised`` with a reason (``not_exercised_reasons``)."""
+    inventory = ctx.inventory_ops
+    if inventory is None:
+        v.note("ops: coverage of the inventory not measured (the job has no inventory section)")
+        return
+    exercised = {str(name) for row in ops if isinstance(row, Mapping) and row.get("status") != "unchecked"
+                 for name in (row.get("aten_ops") if isinstance(row.get("aten_ops"), list) else [])}
+    block = s.get("inventory_coverage") if isinstance(s.get("inventory_coverage"), Mapping) else {}
+    reasons = block.get("not_exercised_reasons") if isinstance(block.get("not_exercised_reasons"), Mapping) else {}
+    uncovered = [op for op in dict.fromkeys(map(str, inventory))
+                 if op not in exercised and not (isinstance(reasons.get(op), str) and reasons[op].strip())]
+    if uncovered:
+        more = f" and {len(uncovered) - 5} more" if len(uncovered) > 5 else ""
+        v.fail(f"ops: {len(uncovered)} operator(s) of the inventory have no align check and no reason: "
+               f"{', '.join(uncovered[:5])}{more}")
+    else:
+        v.note(f"ops: {len(exercised & set(map(str, inventory)))} of {len(set(inventory))} inventory operators "
+               "run by an operator check, the rest listed with a reason")
 
 
 def _vision(v: Verdict, vision: Any, t: Mapping[str, float]) -> None:

@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
                        help="file holding the agent token (mode 0600: readable by its owner only)")
     agent.add_argument("--models-dir", default=os.environ.get("DAY0_AGENT_MODELS_DIR", ""),
                        help="folder holding <model-slug>/ with config.json and weights")
-    agent.add_argument("--broker", default=None, help="broker URL (default: DAY0_REDIS_URL or the filesystem broker)")
+    agent.add_argument("--broker", default=None, help="broker URL (default: DAY0_AGENT_BROKER, else DAY0_REDIS_URL, else the filesystem broker)")
     agent.add_argument("--device", default=os.environ.get("DAY0_AGENT_DEVICE"), help="torch device (default: cuda if present)")
     agent.add_argument("--hostname", default=None, help="name of this agent (default: the host name)")
     agent.add_argument("--heartbeat", type=float, default=float(os.environ.get("DAY0_AGENT_HEARTBEAT", "5")))
@@ -126,6 +126,9 @@ def run_agent(args: argparse.Namespace) -> int:
     elif args.token and any(a == "--token" or a.startswith("--token=") for a in sys.argv[1:]):
         print("day0 agent: warning: --token on the command line is visible to every user in ps; "
               "use DAY0_AGENT_TOKEN or --token-file", file=sys.stderr)
+    if args.broker and "@" in args.broker and any(a == "--broker" or a.startswith("--broker=") for a in sys.argv[1:]):
+        print("day0 agent: warning: a broker URL with a password on the command line is visible to every user in ps; "
+              "use DAY0_AGENT_BROKER", file=sys.stderr)
     if not args.token:
         print("day0 agent: --token (or DAY0_AGENT_TOKEN) is required: an agent token bound to the hardware",
               file=sys.stderr)
@@ -145,7 +148,7 @@ def run_agent(args: argparse.Namespace) -> int:
 
     from agents.pipeline.env import environment_lock
     from agents.worker.agent_state import STATE
-    from agents.worker.app import agent_queue_name, app, queue_name
+    from agents.worker.app import app, consume, queue_name, run_worker, worker_argv
     from agents.worker.client import PortalClient, PortalError
     from agents.worker.heartbeat import Heartbeat
     from agents.worker.lifecycle import install_stop_on_shutdown
@@ -176,20 +179,17 @@ def run_agent(args: argparse.Namespace) -> int:
         return 1
     STATE.agent_id = int(agent["id"])
     os.environ["DAY0_AGENT_ID"] = str(STATE.agent_id)
-    queues = f"{queue_name(args.hardware)},{agent_queue_name(STATE.agent_id)}"  # its own: a multi-node job's node
+    queues = consume(app, args.hardware, STATE.agent_id)  # and its own: a multi-node job's node
     print(f"agent {STATE.agent_id} ({STATE.hostname}) registered for {args.hardware}; consuming "
-          f"{queues} on {app.conf.broker_url.split('@')[-1]}", flush=True)
+          f"{','.join(queues)} on {app.conf.broker_url.split('@')[-1]}", flush=True)
     install_stop_on_shutdown(STATE)
     heartbeat = Heartbeat(STATE, interval=args.heartbeat).start()
-    try:
-        app.worker_main([
-            "worker", "-Q", queues, "--pool", "solo", "--concurrency", "1",
-            "--prefetch-multiplier", "1", "-n", f"agent-{args.hardware}-{STATE.agent_id}@{STATE.hostname}",
-            "--loglevel", os.environ.get("DAY0_AGENT_LOGLEVEL", "INFO"), "--without-gossip", "--without-mingle",
-        ])
+    try:  # a worker the broker refused exits non-zero
+        code = run_worker(app, worker_argv(queues, f"agent-{args.hardware}-{STATE.agent_id}@{STATE.hostname}",
+                                           os.environ.get("DAY0_AGENT_LOGLEVEL", "INFO")))
     finally:
         heartbeat.stop()
-    return 0
+    return code
 
 
 # ---------------------------------------------------------------- day0 jobs

@@ -47,11 +47,10 @@ def _model_dir(spec: dict[str, Any]) -> Path | None:
     return None
 
 
-def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any,
-                  manifest: list[dict[str, Any]] | None = None) -> Any:
-    """The ``StageContext`` of a job spec (as ``apps.jobs.dispatch`` builds it); ``manifest`` is the release's
-    checksum manifest ``[{name, size, sha256}]`` from the job detail (the load stage checks every shard against
-    it), else the spec's."""
+def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
+    """The ``StageContext`` of a job spec (as ``apps.jobs.dispatch`` builds it). The agent is not handed the
+    release's manifest: its load reports each shard's digest and the portal compares; the spec's
+    ``weight_samples`` (a reference run) or ``weight_probe`` (a certify job) go to the load stage."""
     from agents.pipeline.base import StageContext
 
     model_dir = _model_dir(spec)
@@ -64,14 +63,15 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any,
     hardware.setdefault("memory_gb", (hardware.get("memory_bytes") or 0) / 1e9)
     workdir = STATE.work_dir / f"job-{job_id}"
     workdir.mkdir(parents=True, exist_ok=True)
-    manifest = manifest or spec.get("manifest") or None
-    if manifest is not None and not (isinstance(manifest, list) and all(isinstance(m, dict) for m in manifest)):
-        raise ValueError(f"job {job_id}: the manifest must be a list of {{name, size, sha256}} objects")
+    for key in ("weight_samples", "weight_probe"):
+        if spec.get(key) is not None and not isinstance(spec[key], dict):
+            raise ValueError(f"job {job_id}: the delivery's {key} must be an object")
     return StageContext(
         model_dir=model_dir, config=config, hardware=hardware, dtype=spec.get("dtype") or "float32",
         device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), pp=spec.get("pp"),
         thresholds=dict(spec.get("thresholds") or {}),
-        bench=dict(spec.get("bench") or {}), manifest=manifest, workdir=workdir, emit_fn=emit_fn,
+        bench=dict(spec.get("bench") or {}), workdir=workdir, emit_fn=emit_fn,
+        weight_samples=spec.get("weight_samples"), weight_probe=spec.get("weight_probe"),
         node=node_of(job_id, spec),
     )
 
@@ -197,7 +197,7 @@ def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any]
 
     done = threading.Event()
     try:
-        ctx = build_context(job_id, spec, emit, manifest=job.get("manifest"))
+        ctx = build_context(job_id, spec, emit)
         STATE.cancel_event = ctx.cancel_event
         if STATE.stopping.is_set():
             ctx.cancel_event.set()
@@ -294,7 +294,7 @@ def run_node(task: Any, client: PortalClient, job_id: int, job: dict[str, Any], 
 
     done = threading.Event()
     try:
-        ctx = build_context(job_id, spec, emit, manifest=job.get("manifest"))
+        ctx = build_context(job_id, spec, emit)
         STATE.cancel_event = ctx.cancel_event
         watcher = threading.Thread(target=_watch_cancel, args=(client, job_id, ctx.cancel_event, done), daemon=True)
         watcher.start()

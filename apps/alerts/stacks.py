@@ -3,8 +3,8 @@ register and with heartbeats; when a hardware pool's stack differs from the one 
 recorded, subscribers are told, and the pool's ``HardwarePolicy`` decides which cells get re-validation jobs
 (through ``jobs.services.do_create_job``, with the stages and settings of the cell's newest job).
 
-A cell's evidence is *stale since <change>* while the newest evidence of its cell predates the newest change
-of its hardware; new evidence clears it."""
+A cell's evidence is *stale since <change>* while a stage it proved (its newest passing verdict) predates a
+change of its hardware; only a passing verdict of every such stage after the change clears it."""
 
 from __future__ import annotations
 
@@ -134,25 +134,37 @@ def _publish(change: StackChange) -> None:
 
 
 def cell_stack(model_id: int, hardware_id: int) -> dict[str, Any]:
-    """Which stack a cell's evidence came from (its newest env evidence) and, when the hardware's stack
-    changed after the cell's newest evidence, ``stale_since`` that change. Three queries."""
+    """Which stack a cell's evidence came from (its newest env evidence) and whether it is stale: the stages
+    whose newest passing verdict predates a stack change of the hardware (``stale_stages``), ``stale_since``
+    the first such change. A stage is proved again only by a passing verdict after the change, so a newer
+    result of another stage (or a failing one) clears nothing. Three queries."""
+    from django.db.models import Max
+
+    from agents.pipeline.verdicts import PASS
     from apps.evidence.models import EnvLock, StageResult
 
-    newest = (StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
-              .order_by("-created_at").values_list("created_at", flat=True).first())
+    proved = dict(StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id, verdict=PASS)
+                  .values("stage").annotate(latest=Max("created_at")).values_list("stage", "latest"))
     env = (EnvLock.objects.filter(result__job__model_id=model_id, result__job__hardware_id=hardware_id)
            .order_by("-result__created_at", "-id")
            .values("runtime_commit", "torch", "driver", "device", "result__job_id", "result__created_at").first())
-    change = None
-    if newest is not None:
-        change = (StackChange.objects.filter(hardware_id=hardware_id, created_at__gt=newest)
-                  .order_by("created_at", "id").first())
+    change, stale_stages = None, []
+    if proved:
+        changes = list(StackChange.objects.filter(hardware_id=hardware_id, created_at__gt=min(proved.values()))
+                       .order_by("created_at", "id")[:MAX_REVALIDATION_JOBS])
+        for stage, at in sorted(proved.items()):
+            first = next((c for c in changes if c.created_at > at), None)
+            if first is not None:
+                stale_stages.append(stage)
+                if change is None or (first.created_at, first.pk) < (change.created_at, change.pk):
+                    change = first
     return {
         "evidence_stack": stack_of(env) if env else None,
         "evidence_job": env["result__job_id"] if env else None,
         "evidence_at": env["result__created_at"].isoformat() if env else None,
         "stale": change is not None,
         "stale_since": change.created_at.isoformat() if change else None,
+        "stale_stages": stale_stages,
         "stack_change": ({"id": change.pk, "changed": change.changed, "before": change.before,
                           "after": change.after, "jobs": change.jobs} if change else None),
     }

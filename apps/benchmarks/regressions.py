@@ -12,12 +12,15 @@ configuration, it is both *unusual* and *material*:
 
 The baseline of each run holds only the runs before it, so a persistent step is flagged until it becomes
 the new median (about ``lookback / 2`` runs later): a regression that nobody fixed becomes the new normal.
+A point marked ``baseline=False`` (a run whose bench verdict is not a pass: numbers that fail physics or
+consistency) is judged against the baseline but never joins it.
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -126,6 +129,7 @@ class Point:
     at: datetime
     value: float
     ref: Any = None  # what the caller wants back with a flag (a run id, a row)
+    baseline: bool = True  # False: never part of a later run's baseline (its bench verdict is not a pass)
 
 
 @dataclass(frozen=True)
@@ -189,26 +193,24 @@ def detect_regressions(
     for p in ordered:
         if not math.isfinite(p.value):
             raise ValueError(f"{metric} at {p.at.isoformat()} is not a finite number: {p.value!r}")
-    values = [p.value for p in ordered]
     flagged: list[Regression] = []
-    window = sorted(values[: min(rule.min_history, len(values))])
-    first = 0  # index of the oldest value in the window
-    for i in range(rule.min_history, len(ordered)):
-        # the window holds values[first:i], at most ``lookback`` of them
-        while i - first > rule.lookback:
-            del window[bisect_left(window, values[first])]
-            first += 1
-        center = _median_of_sorted(window)
-        value = values[i]
-        if center > 0:  # a relative change has no meaning against a zero or negative baseline
+    window: list[float] = []  # sorted: the last ``lookback`` baseline values before the run being judged
+    kept: deque[float] = deque()  # the same values in time order, to drop the oldest
+    for point in ordered:
+        value = point.value
+        center = _median_of_sorted(window) if len(window) >= rule.min_history else 0.0
+        if center > 0:  # a relative change has no meaning against a zero or negative (or too short) baseline
             ratio = value / center
             material = ratio > rule.latency_ratio if lower_is_better else ratio < rule.throughput_ratio
             if material:
                 spread = robust_spread(window, center, rule.spread_floor)
                 z = (value - center if lower_is_better else center - value) / spread
                 if z >= rule.z_threshold:
-                    point = ordered[i]
                     flagged.append(Regression(metric, direction, point.at, value, center, spread, len(window),
                                               ratio, z, point.ref))
-        insort(window, value)
+        if point.baseline:
+            insort(window, value)
+            kept.append(value)
+            if len(kept) > rule.lookback:
+                del window[bisect_left(window, kept.popleft())]
     return flagged

@@ -26,7 +26,8 @@ from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import BenchmarkRun, StageResult
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
-from apps.jobs.services import do_record_job_results, do_store_job_events, do_transition_job, parse_event_batch
+from apps.jobs.results import do_record_job_results
+from apps.jobs.services import do_store_job_events, do_transition_job, parse_event_batch
 from apps.matrix.models import Cell
 from apps.matrix.services import recompute_cell
 
@@ -95,7 +96,7 @@ def _tier_times(job: Job) -> dict:
 def _record(job: Job, stage: str, section: dict[str, Any], clock: Clock) -> None:
     """Posts one stage's section through the ingest service, at the clock's time."""
     before = _tier_times(job)
-    do_record_job_results(job, {"stage": stage, "section": section})
+    do_record_job_results(job, {"stage": stage, "section": section, "attempt": job.attempts, "nonce": job.nonce})
     _stamp(job, clock, stage=stage, tier_reached_before=before)
 
 
@@ -130,7 +131,7 @@ def profile_for(model: ModelRelease, hardware: Hardware, cell: Cell | None, dtyp
                                                                                         or 32, 1)))
     devices = (cell.fits_devices if cell and cell.fits_devices else None) or max(
         1, -(-model.params_total * 2 * 108 // 100 // int(hardware.memory_bytes * 0.9)))
-    return sec.CellProfile(params_total=model.params_total, params_active=model.params_active, layers=layers,
+    return sec.CellProfile(tpot_floor_ms=_tpot_floor(model, hardware, cell, dtype, int(devices)),params_total=model.params_total, params_active=model.params_active, layers=layers,
                            kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2,
                            memory_bytes=hardware.memory_bytes, bandwidth_gbps=hardware.memory_bandwidth_gbps or 1000,
                            devices=int(devices), dtype=dtype,
@@ -139,10 +140,27 @@ def profile_for(model: ModelRelease, hardware: Hardware, cell: Cell | None, dtyp
                            digest_seed=hashlib.sha256(model.slug.encode()).hexdigest())
 
 
+def _tpot_floor(model: ModelRelease, hardware: Hardware, cell: Cell | None, dtype: str, devices: int) -> float | None:
+    """The portal's TPOT floor (ms) for the layout the seeded plan section states, so that seeded benchmarks
+    are as physically plausible as the portal requires; None when the config cannot be planned."""
+    from agents.pipeline.verdicts_bench import decode_floor_bytes
+
+    plan = ((cell.fits_plan if cell else None) or {}).get("plan") or {}
+    tp, ep = plan.get("tp") or min(devices, 8), plan.get("ep") or 1
+    if not model.config or not hardware.memory_bandwidth_gbps:
+        return None
+    try:
+        floor = decode_floor_bytes(model.config, dtype, int(tp), int(ep), 512)
+    except Exception:  # a config the planner cannot read: the profile's own estimate stands
+        return None
+    return floor / (hardware.memory_bandwidth_gbps * 1e9) * 1000
+
+
 def _job(model: ModelRelease, hardware: Hardware, stages: tuple[str, ...], dtype: str, clock: Clock,
          **bench: Any) -> Job:
     spec = {"stages": list(stages), "dtype": dtype, "tp": None, "ep": None, "thresholds": {},
-            "bench": {"concurrency": [1, 4, 16, 64], "input_len": 512, "output_len": 128, **bench}, "seeded": True}
+            "bench": {"concurrency": [1, 4, 16, 64], "input_len": 512, "output_len": 128,
+                      "num_prompts": sec.SEEDED_PROMPTS, **bench}, "seeded": True}
     job = Job.objects.create(model=model, hardware=hardware, organization=model.organization, spec=spec,
                              state=JobState.QUEUED)
     Job.objects.filter(pk=job.pk).update(created_at=clock.now)

@@ -130,8 +130,8 @@ class Series:
         return {
             "model": self.model, "hardware": self.hardware, "config": self.config.as_dict(),
             "label": self.config.label, "metric": self.metric, "unit": self.unit,
-            "points": [{"at": p.ref[2], "value": p.value, "run": p.ref[0], "job": p.ref[1], "synthetic": p.ref[3]}
-                       for p in self.points],
+            "points": [{"at": p.ref[2], "value": p.value, "run": p.ref[0], "job": p.ref[1], "synthetic": p.ref[3],
+                        "baseline": p.baseline} for p in self.points],
             "regressions": [regression_dict(self, r) for r in self.regressions],
         }
 
@@ -238,20 +238,23 @@ def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None
     if query.dtype:
         runs = runs.filter(result__job__spec__dtype=query.dtype)
     run_rows = list(runs.order_by("created_at", "id").values_list(
-        "id", "created_at", "model__slug", "hardware__slug", "result__job_id", "result__job__spec")[:MAX_RUNS + 1])
+        "id", "created_at", "model__slug", "hardware__slug", "result__job_id", "result__job__spec",
+        "result__verdict")[:MAX_RUNS + 1])
     if len(run_rows) > MAX_RUNS:
         raise SeriesQueryError("detail", f"more than {MAX_RUNS} benchmark runs match: narrow the query with model, "
                                "hardware or until")
     by_run = {row[0]: row for row in run_rows}
     # a run's ref, shared by its points: (run, job, at, synthetic: seeded evidence, not an agent's)
     refs = {row[0]: (row[0], row[4], row[1].isoformat(), bool((row[5] or {}).get("seeded"))) for row in run_rows}
+    # only a run whose bench verdict passed (physics and consistency included) joins later runs' baselines
+    baseline = {row[0]: row[6] == "pass" for row in run_rows}
     series: dict[tuple[str, str, Configuration, str], Series] = {}
 
     def add(run_id: int, concurrency: int, names: list[str], values: Sequence[Any]) -> None:
         run = by_run.get(run_id)
         if run is None:
             return
-        _, at, model_slug, hw_slug, job_id, spec = run
+        _, at, model_slug, hw_slug, job_id, spec, _ = run
         config = _config_of(spec, concurrency)
         for metric, value in zip(names, values, strict=True):
             if value is None:
@@ -260,7 +263,7 @@ def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None
             s = series.get(key)
             if s is None:
                 s = series[key] = Series(model_slug, hw_slug, config, metric)
-            s.points.append(Point(at, float(value), refs[run_id]))
+            s.points.append(Point(at, float(value), refs[run_id], baseline=baseline[run_id]))
 
     columns = [m for m in metrics if m not in RUN_METRICS]
     if columns:

@@ -28,11 +28,13 @@ class ModelRelease(models.Model):
     released_at = models.DateTimeField(null=True, blank=True, db_index=True)
     config = models.JSONField()
     visibility = models.CharField(max_length=16, choices=Visibility.choices, default=Visibility.PUBLIC)
-    # the checksum manifest of the weight files, [{"name", "size", "sha256"}]: given through the API, or
-    # recorded from the first load that passed ("first seen"); every later load is compared with it
+    # the checksum manifest of the weight files, [{"name", "size", "sha256"}]: given by the release's creator
+    # ("given"), set by staff ("staff", also when they settle a disagreement), or recorded by the reference run's
+    # load ("reference"); every load is compared with it. "first seen (legacy)": a vendor's first passing load,
+    # recorded before that rule; shown, never compared with (apps/evidence/manifests.py)
     manifest = models.JSONField(default=list, blank=True)
-    manifest_source = models.CharField(max_length=16, blank=True)  # "" | "given" | "first seen"
-    manifest_seen = models.JSONField(default=dict, blank=True)  # first seen: {"job", "hardware", "at"}
+    manifest_source = models.CharField(max_length=32, blank=True)  # "" | given | staff | reference | legacy
+    manifest_seen = models.JSONField(default=dict, blank=True)  # where it came from: {"job", "hardware", "by", "at"}
     tensor_count = models.PositiveIntegerField(null=True, blank=True,
                                                help_text="tensors the checkpoint declares (every load must verify all)")
     has_chat_template = models.BooleanField(null=True, blank=True,
@@ -40,8 +42,6 @@ class ModelRelease(models.Model):
     # where the reference host reads the weights (a path or a hub id): its reference run holds the references
     reference_source = models.CharField(max_length=500, blank=True,
                                         help_text="weights source the reference hardware reads for the reference run")
-    # two hardware loaded different bytes: {"file", "hardware": [a, b], "sha256": [x, y], "jobs": [i, j]}
-    digest_conflict = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -13,6 +13,7 @@ from agents.runtime.spec import SpecError, parse_config
 from apps.accounts.access import Actor
 from apps.accounts.models import Organization
 from apps.catalog.models import Hardware, ModelRelease
+from apps.core.errors import ConflictError
 
 # Fields derived from config.json; clients cannot set them.
 DERIVED_MODEL_FIELDS: tuple[str, ...] = ("architecture", "family", "params_total", "params_active",
@@ -138,8 +139,11 @@ def do_create_model_release(*, config: dict[str, Any], **fields: Any) -> ModelRe
 @transaction.atomic
 def do_update_model_release(model: ModelRelease, **fields: Any) -> ModelRelease:
     """Updates a model; a new config recomputes the derived fields and the fits of its cells."""
+    from apps.evidence.rejudge import MODEL_JUDGED_FIELDS, changed_fields
+
     config_changed = "config" in fields and fields["config"] != model.config
     release_changed = "released_at" in fields and fields["released_at"] != model.released_at
+    judged = changed_fields(model, fields, MODEL_JUDGED_FIELDS)
     for name, value in fields.items():
         setattr(model, name, value)
     if config_changed:
@@ -157,6 +161,10 @@ def do_update_model_release(model: ModelRelease, **fields: Any) -> ModelRelease:
         from apps.matrix.events import broadcast_matrix_changed
 
         transaction.on_commit(lambda: broadcast_matrix_changed(model_id=model.pk))
+    if judged:  # the facts its verdicts were judged with changed: judge them again
+        from apps.evidence.rejudge import rejudge_results
+
+        rejudge_results(model=model, reason=f"model {model.slug} {', '.join(judged)} changed")
     return model
 
 
@@ -173,13 +181,19 @@ def do_create_hardware(**fields: Any) -> Hardware:
 
 @transaction.atomic
 def do_update_hardware(hardware: Hardware, **fields: Any) -> Hardware:
+    """Updates a hardware and the fits estimates of its column; a change of its spec (memory, devices,
+    bandwidths, dtypes …) judges the verdicts of its jobs again (``evidence.rejudge``)."""
+    from apps.evidence.rejudge import HARDWARE_JUDGED_FIELDS, changed_fields, rejudge_results
+    from apps.matrix.services import refresh_cells
+
+    judged = changed_fields(hardware, fields, HARDWARE_JUDGED_FIELDS)
     for name, value in fields.items():
         setattr(hardware, name, value)
     hardware.full_clean()
     hardware.save()
-    from apps.matrix.services import refresh_cells
-
     refresh_cells(hardware=[hardware])
+    if judged:
+        rejudge_results(hardware=hardware, reason=f"hardware {hardware.slug} {', '.join(judged)} changed")
     return hardware
 
 
@@ -208,3 +222,51 @@ def check_update_hardware(actor: Actor, hardware: Hardware, **fields: Any) -> Ha
     if "organization" in fields and fields["organization"] != owner and not (actor.is_staff and actor.token is None):
         raise PermissionDenied(f"only staff move hardware {hardware.slug} to another organization")
     return do_update_hardware(hardware, **fields)
+
+
+# --- ownership ---------------------------------------------------------------------------------------------
+
+OWNED_RELEASE_FIELDS: tuple[str, ...] = ("visibility", "released_at")
+
+
+def check_slug_free(kind: type[ModelRelease] | type[Hardware], slug: Any) -> None:
+    """Creating a model or hardware whose slug exists is a 409 naming the organization that owns it (or that
+    it is a shared catalog entry), never a quiet 400 from the unique field."""
+    if not isinstance(slug, str) or not slug:
+        return
+    row = kind.objects.filter(slug=slug).select_related("organization").first()
+    if row is None:
+        return
+    what = "model" if kind is ModelRelease else "hardware"
+    owner = f"organization {row.organization.slug}" if row.organization else "the shared catalog (staff)"
+    raise ConflictError(f"{what} slug {slug!r} exists: it belongs to {owner}")
+
+
+def organizations_with_evidence(model: ModelRelease) -> list[str]:
+    """The other organizations with evidence on ``model``: a stage result of a job requested by another
+    organization, or of a job on hardware another organization owns."""
+    from django.db.models import Q
+
+    from apps.evidence.models import StageResult
+
+    own = model.organization_id
+    results = StageResult.objects.filter(job__model=model)
+    by_job = (results.filter(job__organization__isnull=False).exclude(job__organization_id=own)
+              .values_list("job__organization__slug", flat=True))
+    by_hardware = (results.filter(~Q(job__hardware__organization_id=own), job__hardware__organization__isnull=False)
+                   .values_list("job__hardware__organization__slug", flat=True))
+    return sorted(set(by_job.distinct()[:50]) | set(by_hardware.distinct()[:50]))
+
+
+def check_update_model_release(actor: Actor, model: ModelRelease, **fields: Any) -> ModelRelease:
+    """Once another organization has evidence on a release, its visibility and release date change only by
+    staff (a staff session): its owner could otherwise hide that evidence behind an embargo (403 naming the
+    rule and the organizations)."""
+    moving = [name for name in OWNED_RELEASE_FIELDS if name in fields and fields[name] != getattr(model, name)]
+    if moving and not (actor.is_staff and actor.token is None):
+        others = organizations_with_evidence(model)
+        if others:
+            raise PermissionDenied(
+                f"{model.slug} has evidence from other organizations ({', '.join(others)}): its "
+                f"{' and '.join(n.replace('_', ' ') for n in moving)} change only by staff")
+    return do_update_model_release(model, **fields)

@@ -24,13 +24,17 @@ def _text_width(text: str) -> int:
     return int(6.4 * (len(text) - wide - narrow) + 9.5 * wide + 3.6 * narrow) + 12
 
 
-def badge_svg(label: str, tier: int, failed_stage: str = "") -> str:
-    """A flat two-part badge: ``label`` on grey, then "T<tier> <name>" (and "failed at <stage>")."""
-    value = f"T{tier} {TIER_NAMES[tier]}" + (f" · failed at {failed_stage}" if failed_stage else "")
+def badge_svg(label: str, tier: int, failed_stage: str = "", marks: tuple[str, ...] = ()) -> str:
+    """A flat two-part badge: ``label`` on grey, then "T<tier> <name>" (and "failed at <stage>"), then what the
+    tier rests on when it is not the defaults' verdict on agent evidence ("custom thresholds", "synthetic",
+    "disputed": ``day0.cell_marks``), in the text itself."""
+    value = (f"T{tier} {TIER_NAMES[tier]}" + (f" · failed at {failed_stage}" if failed_stage else "")
+             + "".join(f" · {mark}" for mark in marks))
     bg, fg = FAILED if failed_stage else TIER_COLOURS[tier]
     lw, vw = _text_width(label), _text_width(value)
     width = lw + vw
-    title = f"{label}: tier {tier} ({TIER_NAMES[tier]})" + (f", failed at {failed_stage}" if failed_stage else "")
+    title = (f"{label}: tier {tier} ({TIER_NAMES[tier]})" + (f", failed at {failed_stage}" if failed_stage else "")
+             + (f"; {', '.join(marks)}" if marks else ""))
     label_e, value_e, title_e = escape(label), escape(value), escape(title)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="20" role="img" aria-label="{title_e}">'

@@ -41,6 +41,7 @@ from apps.dashboards.exports import MATRIX_COLUMNS, matrix_rows
 from apps.dashboards.forms import BENCH_FIELDS, THRESHOLD_PRESETS, RunForm, may_submit, threshold_help
 from apps.dashboards.selectors import catalog as catalog_pages
 from apps.dashboards.selectors.compare import compare_jobs
+from apps.dashboards.selectors.day0 import cell_marks
 from apps.dashboards.selectors.fleet import fleet, online_agent_count
 from apps.dashboards.selectors.jobs import STATES, JobFilters, job_list, previous_job_ids
 from apps.dashboards.selectors.regressions import (
@@ -51,9 +52,11 @@ from apps.dashboards.selectors.regressions import (
     open_regressions,
     regression_rows,
 )
+from apps.evidence.manifests import digest_disagreement
 from apps.jobs.api.serializers import JobCreateSerializer
 from apps.jobs.selectors import job_waiting_reason
 from apps.jobs.services import check_create_job
+from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
 from apps.matrix.selectors import MatrixFilters, build_matrix
 
@@ -76,9 +79,11 @@ def cell_page(request: HttpRequest, model: str, hardware: str, *, form: RunForm 
         "regressions": open_regressions(actor, model=page.model.slug, hardware=page.hardware.slug).get(
             (page.model.slug, page.hardware.slug), []),
         "can_submit": can_submit, "form": form if can_submit else None,
+        "history": cell_history(page.cell, limit=20) if page.cell is not None and page.cell.pk else [],
         "cli": form.cli(portal) if can_submit else "", "curl": form.curl(portal) if can_submit else "",
         "stage_choices": STAGE_ORDER, "presets": THRESHOLD_PRESETS, "bench_fields": BENCH_FIELDS,
         "threshold_help": threshold_help(), "online_agents": online_agent_count(page.hardware.pk),
+        "digest_conflict": digest_disagreement(page.model),
     }, status=status)
 
 
@@ -257,8 +262,10 @@ def badge(request: HttpRequest, model: str, hardware: str) -> HttpResponse:
     hardware_row = Hardware.objects.filter(slug=hardware).only("id", "slug").first()
     if model_row is None or hardware_row is None:
         raise Http404(f"no cell {model} × {hardware}")
-    cell = Cell.objects.filter(model=model_row, hardware=hardware_row).only("tier", "failed_stage").first()
-    svg = badge_svg(hardware_row.slug, cell.tier if cell else 0, cell.failed_stage if cell else "")
+    cell = (Cell.objects.filter(model=model_row, hardware=hardware_row)
+            .only("tier", "failed_stage", "custom_thresholds", "synthetic", "disputed").first())
+    marks = cell_marks(cell.custom_thresholds, cell.synthetic, cell.disputed) if cell else ()
+    svg = badge_svg(hardware_row.slug, cell.tier if cell else 0, cell.failed_stage if cell else "", marks)
     response = HttpResponse(svg, content_type="image/svg+xml; charset=utf-8")
     # short-lived: a README shows the tier within minutes of a change; private for an embargoed model
     response["Cache-Control"] = f"max-age=300, {'public' if model_is_public(model_row) else 'private'}"

@@ -7,3 +7,6 @@ class EvidenceConfig(AppConfig):
     name = "apps.evidence"
     label = "evidence"
     verbose_name = "Evidence: stage results"
+
+    def ready(self) -> None:
+        from apps.evidence import checks  # noqa: F401  (registers the outdated-verdicts check)

@@ -29,6 +29,8 @@ class StageResult(models.Model):
     section = models.JSONField()
     # align / eval: the portal's own scores of the raw outputs against its reference (apps/references)
     challenge_scores = models.JSONField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0, help_text="the job's attempt the section was posted under")
+    judged_at = models.DateTimeField(null=True, blank=True, help_text="when the verdict was last re-judged")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     @property
@@ -225,3 +227,35 @@ class EnvLock(models.Model):
     device_count = models.IntegerField(null=True)
     dispatch_key = models.CharField(max_length=64, blank=True)
     driver = models.CharField(max_length=200, blank=True)
+
+
+class WeightSamples(models.Model):
+    """Bytes of one weight file of a release at offsets the portal chose, read by the release's reference run
+    (``weight_samples`` of its load). Secret: no API answers them; certify jobs are probed against them."""
+
+    model = models.ForeignKey("catalog.ModelRelease", on_delete=models.CASCADE, related_name="weight_samples")
+    file = models.CharField(max_length=255)
+    size = models.BigIntegerField()
+    samples = models.JSONField()  # [[offset, hex of the bytes there], ...]
+    job = models.ForeignKey("jobs.Job", null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["model", "file"], name="uniq_weight_samples_file")]
+
+
+class WeightDraw(models.Model):
+    """What one attempt of a job was asked about its weights, kept secret: a reference job's sample positions
+    (``kind`` "samples": ``{"count", "length", "positions"}``) or a certify job's probes (``kind`` "probe":
+    ``{"probes": [{"file", "offset", "length"}]}``), with the nonce the attempt carried and the agent's answers."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="weight_draws")
+    attempt = models.PositiveIntegerField()
+    nonce = models.CharField(max_length=64)
+    kind = models.CharField(max_length=16)  # samples | probe
+    spec = models.JSONField()
+    answers = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "attempt"], name="uniq_weight_draw_attempt")]

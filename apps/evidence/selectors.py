@@ -55,6 +55,7 @@ def cell_evidence(model_id: int, hardware_id: int) -> dict[str, Any]:
     sections = dict(StageResult.objects.filter(pk__in=[r.pk for r in newest.values()]).values_list("stage", "section"))
     out: dict[str, Any] = {
         "stages": {stage: {"job": r.job_id, "passed": r.passed, "verdict": r.verdict, "reasons": r.reasons,
+                           "notes": r.verdict_notes,
                            "claimed_passed": r.claimed_passed, "disputed": r.disputed,
                            "defaults_version": r.defaults_version, "custom_thresholds": r.custom_thresholds,
                            "synthetic": r.synthetic, "at": r.created_at.isoformat(),

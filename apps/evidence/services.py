@@ -10,12 +10,13 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.utils import timezone
 
 from agents.pipeline import verdicts
 from agents.pipeline.tiers import STAGE_ORDER
 from apps.alerts import services as alert_services
+from apps.evidence import manifests, weights
 from apps.evidence import parsing as p
+from apps.evidence.judging_facts import physics_facts
 from apps.evidence.models import (
     LATENCY_METRICS,
     LATENCY_STATS,
@@ -297,6 +298,7 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
     has_template = model.has_chat_template
     if has_template is None and any(str(m.get("name")) == "chat_template.jinja" for m in model.manifest or []):
         has_template = True
+    physics = physics_facts(job, sections or {})
     return verdicts.Context(
         model=verdicts.ModelFacts(
             config=model.config, has_chat_template=has_template, takes_images=model.takes_images,
@@ -304,53 +306,14 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
             manifest_source=model.manifest_source, context_length=model.context_length,
             runtime_path=load.get("path") if isinstance(load.get("path"), str) else None,
         ),
+        weight_probe=weights.probe_facts(job, stored=sections is None) if sections is None or "load" in sections
+        else None,
         hardware=verdicts.HardwareFacts(memory_bytes=hardware.memory_bytes, devices_per_node=hardware.devices_per_node,
-                                        shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ())),
-        dtype=job.spec.get("dtype") or "auto",
+                                        shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ()),
+                                        memory_bandwidth_gbps=hardware.memory_bandwidth_gbps),
+        dtype=job.spec.get("dtype") or "auto", **physics,
         challenge=challenge_judge(job, sections),  # the portal judges e2e and eval from its own scores
     )
-
-
-def _record_first_seen_manifest(job: Job, section: dict[str, Any]) -> None:
-    """A release without a manifest takes the digests (and tensor count) of its first passing load."""
-    from apps.catalog.models import ModelRelease
-
-    model = ModelRelease.objects.select_for_update().get(pk=job.model_id)
-    changed = []
-    if not model.manifest:
-        model.manifest = [{"name": s["file"], "size": s.get("size", s.get("bytes")), "sha256": s["sha256"].lower()}
-                          for s in section["shards"]]
-        model.manifest_source = "first seen"
-        model.manifest_seen = {"job": job.pk, "hardware": job.hardware.slug, "at": timezone.now().isoformat()}
-        changed += ["manifest", "manifest_source", "manifest_seen"]
-    if model.tensor_count is None:
-        model.tensor_count = section["tensors"]
-        changed.append("tensor_count")
-    if changed:
-        model.save(update_fields=[*changed, "updated_at"])
-        job.model = model
-
-
-def _flag_digest_conflict(job: Job, section: dict[str, Any]) -> None:
-    """Flags the release when this load's shard digests differ from a load of it on another hardware."""
-    from apps.catalog.models import ModelRelease
-
-    mine = {s.get("file"): str(s.get("sha256") or "").lower() for s in section.get("shards") or []
-            if isinstance(s, dict) and s.get("sha256")}
-    if not mine:
-        return
-    others = (ShardChecksum.objects.filter(load__result__job__model_id=job.model_id, file__in=list(mine))
-              .exclude(load__result__job__hardware_id=job.hardware_id)
-              .order_by("-load__result__created_at")
-              .values_list("file", "sha256", "load__result__job_id", "load__result__job__hardware__slug")[:MAX_SHARDS])
-    for file, digest, other_job, other_hardware in others:
-        if digest and digest.lower() != mine[file]:
-            conflict = {"file": file, "hardware": [other_hardware, job.hardware.slug],
-                        "sha256": [digest.lower(), mine[file]], "jobs": [other_job, job.pk],
-                        "at": timezone.now().isoformat()}
-            ModelRelease.objects.filter(pk=job.model_id).update(digest_conflict=conflict)
-            job.model.digest_conflict = conflict
-            return
 
 
 @transaction.atomic
@@ -358,16 +321,18 @@ def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> li
     """Stores validated sections of ``job`` (replacing earlier results of the same stages) as evidence rows,
     each with the portal's verdict (``agents.pipeline.verdicts``: the numbers in the section judged with the
     job's thresholds over the versioned defaults) beside the agent's claimed flag. Every section is validated
-    (types, bounds) before the first write. A passing load of a release without a manifest records its digests
-    as the "first seen" manifest; a load whose digests differ from another hardware's flags the release."""
+    (types, bounds) before the first write. A load's weight samples and probe answers are kept apart from the
+    stored section (``weights``); a passing load of the reference run records the release's manifest when it
+    has none (``manifests``). A vendor's load never changes the release."""
     for stage, section in sections.items():
         p.check_numbers(section, f"stages.{stage}")
     savers = {stage: parse_stage_section(stage, section) for stage, section in sections.items()}
+    held = weights.hold_load_secrets(job, sections.get("load"))
     overrides = job.spec.get("thresholds") or {}
     synthetic = bool(job.spec.get("seeded"))
     StageResult.objects.filter(job=job, stage__in=list(sections)).delete()
     results = []
-    # load first: its verdict (and a first-seen manifest) is what later sections of the same report rely on
+    # load first: its verdict (and a reference run's manifest) is what later sections of the same report rely on
     for stage in sorted(sections, key=lambda name: name != "load"):
         section = sections[stage]
         context = judging_context(job, sections)
@@ -376,15 +341,16 @@ def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> li
             job=job, stage=stage, passed=verdict.passed, verdict=verdict.status, reasons=verdict.reasons,
             verdict_notes=verdict.notes, defaults_version=verdict.defaults_version,
             custom_thresholds=verdict.custom_thresholds, claimed_passed=verdicts.claimed(stage, section),
-            synthetic=synthetic, section=section,
+            synthetic=synthetic, section=held.stored_section if stage == "load" and held else section,
             challenge_scores=context.challenge.scores.get(stage) if context.challenge is not None else None,
         )
         result.job = job
         savers[stage](result)
         if stage == "load":
-            _flag_digest_conflict(job, section)
-            if verdict.passed:
-                _record_first_seen_manifest(job, section)
+            if verdict.passed and manifests.is_reference_job(job):
+                manifests.record_reference_load(job, section)
+            if held:
+                held.save(job, verdict.passed)
         results.append(result)
     return results
 

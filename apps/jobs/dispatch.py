@@ -1,6 +1,6 @@
 """The broker side of jobs: which queue a job goes to, what its message carries, and the timing settings.
 
-Nothing here writes a row: ``services.do_dispatch_job`` moves a job to dispatched and calls ``send_job``, and
+Nothing here writes a row but the weight challenge an attempt is sent (``apps.evidence.weights``): ``services.do_dispatch_job`` moves a job to dispatched and calls ``send_job``, and
 ``services.do_requeue_lost_jobs`` (run periodically by ``tasks.detect_lost_jobs_task``) decides which jobs are
 lost. This module imports no service (services import it), so the two never form an import cycle.
 
@@ -58,7 +58,16 @@ def task_payload(job: Job) -> dict[str, Any]:
                      "intra_node_gbps": hw.intra_node_gbps, "inter_node_gbps": hw.inter_node_gbps,
                      "memory_bandwidth_gbps": hw.memory_bandwidth_gbps, "dtypes": list(hw.dtypes),
                      "peak_tflops": dict(hw.peak_tflops), "operator_manifest": list(hw.operator_manifest)},
+        # a reference run's weight_samples, or a certify job's weight_probe (drawn per attempt and kept secret);
+        # never the release's manifest: the portal compares the load's digests itself
+        **weight_challenge(job),
     }
+
+
+def weight_challenge(job: Job) -> dict[str, Any]:
+    from apps.evidence.weights import payload_for
+
+    return payload_for(job)
 
 
 def agent_queue(agent_id: int) -> str:

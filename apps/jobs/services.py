@@ -1,5 +1,5 @@
 """Every write to jobs: creation, dispatch, state transitions (the agents' claims and finishes included),
-cancellation, event ingest, result ingest and lost-job recovery."""
+cancellation, event ingest and lost-job recovery (result ingest: ``apps.jobs.results``)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,8 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
         placement.release_nodes(locked.pk)  # its agents are free for the next job (or the next attempt)
         from apps.matrix.services import recompute_cell
 
-        recompute_cell(locked.model_id, locked.hardware_id)
+        recompute_cell(locked.model_id, locked.hardware_id, reason=f"job {locked.pk} {to_state}"
+                       + (f" at {locked.failed_stage}" if locked.failed_stage else ""))
     message = _state_message(locked)
     transaction.on_commit(lambda: broadcast_job_state(message))
     if to_state in (JobState.FAILED, JobState.LOST):
@@ -220,6 +221,7 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
     agent = _agent_of_token(actor, agent_id)
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
+        check_agent_for_job(actor, locked)  # again on the locked row: it may have been lost and re-queued meanwhile
         if to_state == JobState.RUNNING:
             if locked.state != JobState.DISPATCHED:
                 raise InvalidTransition(f"job {job.pk} is {locked.state}; an agent claims only a dispatched job")
@@ -245,6 +247,13 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
                 raise InvalidTransition(f"job {job.pk} is {locked.state}; an agent finishes only a running job")
             if agent is not None and locked.agent_id is not None and agent.pk != locked.agent_id:
                 raise PermissionDenied(f"job {job.pk} is run by agent {locked.agent_id}, not {agent.pk}")
+            if to_state == JobState.SUCCEEDED:
+                from apps.jobs.results import stages_without_result
+
+                missing = stages_without_result(locked)
+                if missing:  # a job succeeds only when every stage it asked for has a verdict
+                    to_state, failed_stage = JobState.FAILED, missing[0]
+                    error = f"no result for stages: {', '.join(missing)}"
         do_transition_job(locked, to_state, failed_stage=failed_stage, error=error,
                           agent_id=agent.pk if to_state == JobState.RUNNING else None)
     for name in ("state", "attempts", "agent_id", "dispatched_at", "started_at", "finished_at", "failed_stage",
@@ -369,55 +378,6 @@ def do_store_job_events(job: Job, events: list[dict[str, Any]]) -> int:
         job_id = job.pk
         transaction.on_commit(lambda: broadcast_job_events(job_id, payloads))
     return acked
-
-
-# --- results ------------------------------------------------------------------------------------------------
-
-
-def parse_result_document(doc: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Accepts ``{"stage": s, "section": {...}}`` or a whole stage report ``{"stages": {...}, "failed_stage",
-    "error", ...}``. Returns (sections by stage, report-level fields)."""
-    if not isinstance(doc, dict):
-        raise ValidationError({"detail": "the result document must be a JSON object"})
-    if "stage" in doc:
-        stage = doc.get("stage")
-        if not isinstance(stage, str):
-            raise ValidationError({"stage": "must be a stage name"})
-        if "section" not in doc:
-            raise ValidationError({"section": "is required with 'stage'"})
-        return {stage: doc["section"]}, {}
-    if "stages" in doc:
-        stages = doc["stages"]
-        if not isinstance(stages, dict) or not stages:
-            raise ValidationError({"stages": "must be a non-empty object of stage sections"})
-        extra = {k: doc[k] for k in ("failed_stage", "error") if doc.get(k) is not None}
-        for key, value in extra.items():
-            if not isinstance(value, str):
-                raise ValidationError({key: "must be a string or null"})
-        return dict(stages), extra
-    raise ValidationError({"detail": "expected {'stage', 'section'} or a stage report with 'stages'"})
-
-
-@transaction.atomic
-def do_record_job_results(job: Job, doc: Any) -> list:
-    """Stores a stage section or a whole report of ``job`` as evidence and recomputes its cell."""
-    from apps.evidence.services import do_record_stage_results, validate_stage_names
-    from apps.matrix.services import recompute_cell
-
-    sections, extra = parse_result_document(doc)
-    claimed = doc.get("hardware") if isinstance(doc, dict) and "stages" in doc else None
-    if claimed is not None and claimed != job.hardware.slug:
-        raise ValidationError({"hardware": f"the report is for {claimed!r}, job {job.pk} runs on {job.hardware.slug!r}"})
-    validate_stage_names(job, list(sections))
-    locked = Job.objects.select_for_update().get(pk=job.pk)
-    if locked.state not in ACTIVE_STATES:
-        raise InvalidTransition(f"job {job.pk} is {locked.state}; results are taken only while it is active")
-    results = do_record_stage_results(locked, sections)
-    if extra:
-        Job.objects.filter(pk=job.pk).update(failed_stage=(extra.get("failed_stage") or "")[:32],
-                                             error=extra.get("error") or "")
-    recompute_cell(job.model_id, job.hardware_id)
-    return results
 
 
 # --- dispatch, portal events and lost jobs -------------------------------------------------------------------

@@ -43,3 +43,27 @@ class Cell(models.Model):
     @property
     def tier_name(self) -> str:
         return TIER_NAMES[self.tier]
+
+
+class CellHistory(models.Model):
+    """One entry of a cell's history: its tier changed, or its verdicts were re-judged, and why ("hardware
+    nvidia-h100 memory_bytes changed", "defaults 2026.12.3 → 2026.12.4", "new evidence from job 42").
+    Written only by ``apps.matrix.services``."""
+
+    class Kind(models.TextChoices):
+        TIER = "tier", "tier changed"
+        REJUDGE = "rejudge", "verdicts re-judged"
+
+    cell = models.ForeignKey(Cell, on_delete=models.CASCADE, related_name="history")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    tier_before = models.PositiveSmallIntegerField()
+    tier_after = models.PositiveSmallIntegerField()
+    reason = models.TextField()
+    data = models.JSONField(default=dict, blank=True)  # e.g. {"stages": {"plan": ["pass", "fail"]}}
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"cell {self.cell_id} {self.kind} {self.tier_before}→{self.tier_after}: {self.reason[:60]}"

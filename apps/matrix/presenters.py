@@ -65,7 +65,9 @@ def cell_title(cell: CellView, hardware_name: str, released_at: datetime | None,
         w = _utc(when)
         lines.append(f"T{tier} {TIER_NAMES[tier]}: {w.year:04d}-{w.month:02d}-{w.day:02d} {w.hour:02d}:{w.minute:02d}"
                      " UTC" + (f" ({human_hours(lead)} from release)" if lead is not None else ""))
-    if cell.failed_stage:
+    if cell.failed_stage in ("cancelled", "lost"):  # a job that ended without a stage to blame
+        lines.append(f"a job was {cell.failed_stage} before proving its stages")
+    elif cell.failed_stage:
         lines.append(f"newest job failed at {cell.failed_stage}")
     if cell.fits is True:
         lines.append(f"fits on {cell.fits_devices} × {hardware_name} in {cell.fits_dtype or '?'}")
@@ -118,7 +120,8 @@ def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None, hardwa
                 f'<span class="fit-line">{escape(_fit_text(cell))}</span>{flag}</a></td>')
     parts = [f'<span class="tier-label">T{cell.tier} {TIER_NAMES[cell.tier]}</span>']
     if cell.failed_stage:
-        parts.append(f'<span class="failed">✗ at {escape(cell.failed_stage)}</span>')
+        at = "" if cell.failed_stage in ("cancelled", "lost") else "at "
+        parts.append(f'<span class="failed">✗ {at}{escape(cell.failed_stage)}</span>')
     when = times.get(cell.tier, cell.reached_at) if cell.tier else None
     if when is not None:
         lead = human_hours(lead_hours(when, released_at) if released_at else cell.lead_hours)

@@ -15,10 +15,10 @@ from agents.pipeline.verdicts import PASS
 from apps.alerts import services as alert_services
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import StageResult
-from apps.jobs.choices import FINISHED_STATES, JobState
 from apps.jobs.models import Job
 from apps.matrix.events import CellChangedMessage, broadcast_cell_changed, broadcast_matrix_changed
-from apps.matrix.models import Cell
+from apps.matrix.history import failure_label, open_failure, record_history
+from apps.matrix.models import Cell, CellHistory
 from apps.matrix.selectors import lead_hours
 
 logger = logging.getLogger(__name__)
@@ -111,8 +111,9 @@ def _verdict_summary(result: StageResult) -> dict[str, Any]:
 
 def tier_times(reached: dict[str, str], tier: int, times: dict[str, datetime], now: datetime) -> dict[str, str]:
     """The first time each tier up to ``tier`` was reached, kept monotone: a tier is reached no earlier than
-    its own gate's evidence, nor than any tier below it (whatever order the stages arrived in)."""
-    out = dict(reached)
+    its own gate's evidence, nor than any tier below it (whatever order the stages arrived in). The times of
+    tiers above ``tier`` are dropped: after a tier drop, reaching a tier again is a new first time."""
+    out = {level: at for level, at in reached.items() if int(level) <= tier}
     floor: datetime | None = None
     for level, stage in TIER_GATES:
         known = out.get(str(level))
@@ -130,12 +131,17 @@ def tier_times(reached: dict[str, str], tier: int, times: dict[str, datetime], n
 
 
 @transaction.atomic
-def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = None) -> Cell:
+def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = None, reason: str = "",
+                   history: dict[str, Any] | None = None) -> Cell:
     """Recomputes a cell's tier from the portal's verdicts on the newest evidence of each stage (never the
-    agent's claimed flags), its "failed at" from the newest finished job (or the first gate above the tier
-    whose newest verdict refuses it, with the reasons), whether the tier rests on custom thresholds or
+    agent's claimed flags), its "failed at" (below; else the first gate above the tier whose newest verdict
+    refuses it, with the reasons), whether the tier rests on custom thresholds or
     synthetic evidence, and the first time each tier was reached (monotone; ``now`` is the time of a tier
-    reached without evidence time, default the clock's). Broadcasts the change after commit."""
+    reached without evidence time, default the clock's; a drop clears the times above the new tier).
+
+    "Failed at" is the newest failed, lost or cancelled job that no newer job proved wrong
+    (``history.open_failure``). A tier change is a ``CellHistory`` entry with ``reason``; ``history``
+    (``{"kind", "data"}``) records an entry even when the tier stays (a re-judging). Broadcasts after commit."""
     Cell.objects.bulk_create([Cell(model_id=model_id, hardware_id=hardware_id)], ignore_conflicts=True)
     cell = Cell.objects.select_for_update().select_related("model", "hardware").get(
         model_id=model_id, hardware_id=hardware_id
@@ -154,7 +160,6 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     cell.custom_thresholds = any(r.custom_thresholds for r in gates)
     cell.synthetic = any(r.synthetic for r in gates)
     jobs = Job.objects.filter(model_id=model_id, hardware_id=hardware_id)
-    newest_finished = jobs.filter(state__in=FINISHED_STATES).order_by("-finished_at", "-id").first()
     cell.tier = tier
     cell.stage_passed = flags
     cell.tier_reached_at = reached
@@ -162,9 +167,10 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     cell.lead_hours = lead_hours(cell.current_tier_reached_at, cell.model.released_at)
     next_gate = next((stage for level, stage in TIER_GATES if level == tier + 1), None)
     refused = newest.get(next_gate) if next_gate else None
-    if newest_finished is not None and newest_finished.state in (JobState.FAILED, JobState.LOST):
-        cell.failed_stage = newest_finished.failed_stage or str(newest_finished.state)
-        cell.error = newest_finished.error
+    failure = open_failure(model_id, hardware_id)
+    if failure is not None:
+        cell.failed_stage = failure_label(failure)[:32]
+        cell.error = failure.error
     elif refused is not None and refused.verdict != PASS:  # the agent may think it passed: the portal says why not
         cell.failed_stage = refused.stage
         cell.error = "; ".join(refused.reasons)[:10_000]
@@ -173,6 +179,12 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     cell.last_job = jobs.order_by("-created_at", "-id").first()
     cell.job_count = jobs.count()
     cell.save()
+    if history is not None:
+        record_history(cell, kind=history.get("kind", CellHistory.Kind.REJUDGE), tier_before=before[0],
+                       reason=reason or "re-judged", data=history.get("data"))
+    elif cell.tier != before[0]:
+        record_history(cell, kind=CellHistory.Kind.TIER, tier_before=before[0],
+                       reason=reason or "recomputed from the newest evidence")
     if (cell.tier, cell.failed_stage, cell.error, cell.disputed, cell.custom_thresholds, cell.synthetic) != before:
         message = CellChangedMessage(
             type="cell.changed", model=cell.model.slug, hardware=cell.hardware.slug, tier=cell.tier,

@@ -4,7 +4,6 @@ end-to-end part and the eval stage, and re-judging a release's stored results wh
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import secrets
 from collections.abc import Iterable, Mapping
@@ -193,19 +192,23 @@ def _raw_nonce(sections: Mapping[str, Any]) -> str | None:
     return None
 
 
-def challenge_judge(job: Job, sections: Mapping[str, Any] | None = None, *,
+def challenge_judge(job: Job, sections: Mapping[str, Any] | None = None, *, attempt: int | None = None,
                     any_attempt: bool = False) -> ChallengeJudge | None:
     """The judge of a certify job's raw outputs: the current attempt's challenge (raw outputs of an earlier
-    attempt answer another challenge), or with ``any_attempt`` (judging stored results again) the job's
-    challenge whose nonce they carry; its keys, and the release's finished reference for that pool version. None for
+    attempt answer another challenge); judging stored results again, ``attempt``'s (the one they were posted
+    under) or with ``any_attempt`` the job's challenge whose nonce they carry; its keys, and the release's
+    finished reference for that pool version. None for
     a reference job (nothing of it is judged against a reference) and for synthetic evidence (``seed_evidence``:
     no agent, marked synthetic everywhere), which is judged from its own numbers."""
     if job.purpose != JobPurpose.CERTIFY or job.spec.get("seeded"):
         return None
     challenges = Challenge.objects.filter(job_id=job.pk)
     nonce = _raw_nonce(sections or {}) if any_attempt else None
-    challenge = (challenges.filter(nonce=nonce).first() if nonce else None) or \
-        challenges.filter(attempt=job.attempts, nonce=job.nonce).first()
+    if attempt is not None:
+        challenge = challenges.filter(attempt=attempt).first()
+    else:
+        challenge = (challenges.filter(nonce=nonce).first() if nonce else None) or \
+            challenges.filter(attempt=job.attempts, nonce=job.nonce).first()
     if challenge is None:
         return ChallengeJudge(challenge=None)
     reference = finished_reference(job.model_id, challenge.pool_version)
@@ -220,31 +223,12 @@ def challenge_judge(job: Job, sections: Mapping[str, Any] | None = None, *,
 
 
 def do_rejudge_release(release_id: int) -> int:
-    """Judges again every stored align and eval result of the release's certify jobs (a reference arrived) and
-    recomputes their cells; returns how many results were judged."""
-    from agents.pipeline import verdicts
+    """Judges again every stored align and eval result of the release's certify jobs (a reference arrived;
+    ``evidence.rejudge``: each against the challenge of the attempt it was posted under) and recomputes their
+    cells; returns how many results were judged."""
     from apps.evidence.models import StageResult
-    from apps.evidence.services import judging_context
-    from apps.matrix.services import recompute_cell
+    from apps.evidence.rejudge import rejudge_results
 
-    cells = set()
-    results = (StageResult.objects.filter(job__model_id=release_id, job__purpose=JobPurpose.CERTIFY,
-                                          stage__in=sorted(CHALLENGE_STAGES), synthetic=False)
-               .select_related("job", "job__model", "job__hardware"))
-    count = 0
-    for result in results:
-        job = result.job
-        context = judging_context(job, {result.stage: result.section})
-        context = dataclasses.replace(context, challenge=challenge_judge(job, {result.stage: result.section},
-                                                                         any_attempt=True))
-        verdict = verdicts.judge(result.stage, result.section, job.spec.get("thresholds") or {}, context)
-        scores = context.challenge.scores.get(result.stage) if context.challenge is not None else None
-        StageResult.objects.filter(pk=result.pk).update(
-            verdict=verdict.status, passed=verdict.passed, reasons=verdict.reasons, verdict_notes=verdict.notes,
-            defaults_version=verdict.defaults_version, custom_thresholds=verdict.custom_thresholds,
-            challenge_scores=scores)
-        cells.add((job.model_id, job.hardware_id))
-        count += 1
-    for model_id, hardware_id in sorted(cells):
-        recompute_cell(model_id, hardware_id)
-    return count
+    results = StageResult.objects.filter(job__model_id=release_id, job__purpose=JobPurpose.CERTIFY,
+                                         stage__in=sorted(CHALLENGE_STAGES), synthetic=False)
+    return rejudge_results(results=results, reason="the release's reference arrived")["results"]

@@ -20,7 +20,7 @@ from urllib.error import URLError
 from urllib.request import urlopen
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVER_VARS = ("DAY0_DATABASE_URL", "DAY0_REDIS_URL")  # unset: the demo always runs on the embedded default
+SERVER_VARS = ("DAY0_DATABASE_URL", "DAY0_REDIS_URL", "DAY0_BROKER_URL")  # unset: the demo always runs on the embedded default
 GRACEFUL_SECONDS = 2  # how long the portal waits for open connections when the demo stops
 AGENT_STOP_SECONDS = "2"  # the demo agent's DAY0_AGENT_STOP_SECONDS: the demo exits within a few seconds
 

@@ -27,7 +27,8 @@ def test_results_waiting_for_the_portal_survive_an_agent_restart(tmp_path: Path)
     def post(stage: str, section: dict, binding: dict) -> None:
         client.post_result(job.pk, stage, section, binding)
 
-    outbox = ResultOutbox(tmp_path, job.pk, post, retry_on=PortalUnavailable, identity="job 1")
+    binding = {"attempt": job.attempts, "nonce": job.nonce}  # what the task payload carries
+    outbox = ResultOutbox(tmp_path, job.pk, post, retry_on=PortalUnavailable, identity="job 1", binding=binding)
     outbox.add("plan", passing("plan"))
     outbox.add("env", passing("env"))
     with pytest.raises(PortalUnavailable):

@@ -1,4 +1,5 @@
-"""What the agent's task hands the pipeline: the release's checksum manifest from the job detail."""
+"""What the agent's task hands the pipeline: never the release's manifest (the portal compares the digests the
+load reports), and the portal's weight challenge of the attempt."""
 
 from __future__ import annotations
 
@@ -19,13 +20,18 @@ def spec(tmp_path: Path, monkeypatch) -> dict:  # noqa: ANN001
             "hardware": {"slug": "cpu", "memory_bytes": 8 * 10**9}}
 
 
-def test_the_job_details_manifest_reaches_the_stage_context(spec: dict) -> None:
-    ctx = build_context(7, spec, lambda *a, **k: None, manifest=MANIFEST)
-    assert ctx.manifest == MANIFEST and ctx.workdir.is_dir()
-    assert build_context(7, {**spec, "manifest": MANIFEST}, lambda *a, **k: None).manifest == MANIFEST
-    assert build_context(7, spec, lambda *a, **k: None, manifest=[]).manifest is None  # none known: first seen
+def test_a_manifest_in_the_delivery_does_not_reach_the_stage_context(spec: dict) -> None:
+    ctx = build_context(7, {**spec, "manifest": MANIFEST}, lambda *a, **k: None)
+    assert ctx.manifest is None and ctx.workdir.is_dir()
 
 
-def test_a_malformed_manifest_fails_the_job_naming_it(spec: dict) -> None:
-    with pytest.raises(ValueError, match="job 7: the manifest must be a list"):
-        build_context(7, spec, lambda *a, **k: None, manifest=["model.safetensors"])
+def test_the_weight_challenge_reaches_the_stage_context(spec: dict) -> None:
+    probe = {"nonce": "n" * 32, "probes": [{"file": "model.safetensors", "offset": 8, "length": 64}]}
+    samples = {"count": 2, "length": 64, "positions": [0.25, 0.5]}
+    ctx = build_context(7, {**spec, "weight_probe": probe, "weight_samples": samples}, lambda *a, **k: None)
+    assert ctx.weight_probe == probe and ctx.weight_samples == samples
+
+
+def test_a_malformed_weight_challenge_fails_the_job_naming_it(spec: dict) -> None:
+    with pytest.raises(ValueError, match="job 7: the delivery's weight_probe must be an object"):
+        build_context(7, {**spec, "weight_probe": ["model.safetensors"]}, lambda *a, **k: None)

@@ -246,7 +246,8 @@ def test_matrix_cell_updates_live_when_evidence_arrives(world, portal_server, br
 
     for stage in ("serve",):  # plan and load passed before: serving lifts the cell from 2 to 3
         response = httpx.post(f"{portal_server}/api/v1/jobs/{job.pk}/results/",
-                              content=json.dumps({"stage": stage, "section": passing(stage)}),
+                              content=json.dumps({"stage": stage, "section": passing(stage), "attempt": job.attempts,
+                                                  "nonce": job.nonce}),
                               headers={"Authorization": f"Token {agent.secret}", "Content-Type": "application/json"},
                               timeout=10)
         assert response.status_code == 201, response.text

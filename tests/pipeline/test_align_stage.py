@@ -89,6 +89,9 @@ def test_a_complete_align_section_has_every_part(make_ctx) -> None:
     assert "aten.argmax.default" in coverage["not_exercised"]  # the trace's greedy pick is no model operator
     traced = {op["op"] for op in report["stages"]["inventory"]["ops"]}
     assert set(coverage["exercised"]) | set(coverage["not_exercised"]) == traced
+    # each operator no check runs carries its reason: the portal's coverage rule asks for one
+    assert set(coverage["not_exercised_reasons"]) == set(coverage["not_exercised"])
+    assert all("outside every checked module" in r for r in coverage["not_exercised_reasons"].values())
 
 
 def test_a_part_that_crashes_fails_align_but_keeps_the_other_evidence(make_ctx, monkeypatch) -> None:

@@ -81,3 +81,32 @@ def test_adapt_refuses_a_bad_manifest_file_naming_it(llama_dir: Path, tmp_path: 
     assert main(["adapt", str(llama_dir), "--hardware", "cpu", "--stages", "plan", "--manifest", str(bad)]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and message in err
+
+
+def test_the_load_answers_the_portals_weight_challenge_from_the_shards_it_loaded(llama_dir: Path, make_ctx) -> None:
+    import base64
+    import hashlib
+
+    nonce = "f" * 32
+    names = sorted({*json.loads((llama_dir / "model.safetensors.index.json").read_text())["weight_map"].values()})
+    probes = [{"file": names[-1], "offset": 100, "length": 64}, {"file": names[0], "offset": 7, "length": 32}]
+    ctx, _ = make_ctx(llama_dir, weight_samples={"count": 2, "length": 64, "positions": [0.0, 0.75]},
+                      weight_probe={"nonce": nonce, "probes": probes})
+    report = run_pipeline(ctx, "plan,load")
+    load = report["stages"]["load"]
+    assert report["tier"] == 2, report.get("error")
+    assert [s["file"] for s in load["weight_samples"]] == names and "manifest" not in load
+    for shard in load["weight_samples"]:
+        data = (llama_dir / shard["file"]).read_bytes()
+        assert shard["size"] == len(data) and [s["offset"] for s in shard["samples"]] == [0, int(0.75 * (len(data) - 64))]
+        assert all(base64.b64decode(s["bytes_b64"]) == data[s["offset"]:s["offset"] + 64] for s in shard["samples"])
+    for answer, probe in zip(load["weight_probe"], probes, strict=True):
+        data = (llama_dir / probe["file"]).read_bytes()[probe["offset"]:probe["offset"] + probe["length"]]
+        assert answer == {**probe, "sha256": hashlib.sha256(nonce.encode() + data).hexdigest()}
+
+
+def test_a_probe_outside_the_loaded_shards_fails_the_load_naming_it(llama_dir: Path, make_ctx) -> None:
+    ctx, _ = make_ctx(llama_dir, weight_probe={"nonce": "n" * 32, "probes": [
+        {"file": "../config.json", "offset": 0, "length": 8}]})
+    report = run_pipeline(ctx, "plan,load")
+    assert report["failed_stage"] == "load" and "'../config.json', which is not a loaded shard" in report["error"]

@@ -29,7 +29,8 @@ def test_serve_then_bench_then_stop(tmp_path):
     ctx = _ctx(
         cached_model("llama"),
         tmp_path,
-        bench={"concurrency": [1, 2], "input_len": 16, "output_len": 8, "num_prompts": 4, "long_input_len": 96},
+        bench={"concurrency": [1, 2], "input_len": 16, "output_len": 8, "num_prompts": 4, "long_input_len": 96,
+               "min_seconds": 0.3},
     )
     try:
         section = serve.run(ctx)
@@ -43,10 +44,17 @@ def test_serve_then_bench_then_stop(tmp_path):
         serve.stop(ctx)
     assert proc.poll() is not None  # the server is gone after the bench
     assert [r["concurrency"] for r in result["runs"]] == [1, 2]
+    assert result["requested"] == {"concurrency": [1, 2], "num_prompts": 4, "input_len": 16, "output_len": 8,
+                                   "ignore_eos": True, "min_seconds": 0.3, "request_rate": None}
     for run in result["runs"]:
-        assert run["failed"] == 0 and run["completed"] == 4 and run["output_tokens"] == 32
+        # each level ran on with fresh prompts to its 0.3 s: at least the 4 asked, every one of them counted
+        assert run["failed"] == 0 and run["completed"] == run["prompts"] >= 4 and run["duration_s"] >= 0.3
+        assert run["output_tokens"] == 8 * run["completed"] and run["samples"]["e2e_ms"] == run["completed"]
         assert run["output_tok_s"] > 0 and run["ttft_ms"]["p50"] > 0 and run["tpot_ms"]["p99"] is not None
         assert set(run["itl_ms"]) == {"mean", "p50", "p90", "p99"}
+    probe = result["probe"]
+    assert probe["concurrency"] == 2 and probe["fresh"]["completed"] >= 4 and probe["repeated"]["completed"] >= 4
+    assert probe["fresh"]["output_tok_s"] > 0 and probe["repeated"]["output_tok_s"] > 0
     assert result["long_context"]["input_len"] == 96 and result["long_context"]["failed"] == 0
     assert result["peak_memory_bytes"] > 0
     with pytest.raises(httpx.HTTPError):

@@ -59,14 +59,14 @@ def test_malformed_json_is_a_400(api_client, submitter) -> None:
     assert "JSON parse error" in response.json()["detail"]
 
 
-def test_a_duplicate_slug_is_a_400_naming_the_field(api_client, submitter) -> None:
-    ModelReleaseFactory(slug="dup-1b")
+def test_a_duplicate_slug_is_a_409_naming_its_owner(api_client, submitter) -> None:
+    ModelReleaseFactory(slug="dup-1b", organization=OrganizationFactory(slug="first-org"))
     response = api_client.post("/api/v1/models/", {"slug": "dup-1b", "name": "D", "config": tiny_config()},
                                format="json", **auth(submitter))
-    assert response.status_code == 400 and "slug" in response.json()
+    assert response.status_code == 409 and "belongs to organization first-org" in response.json()["detail"]
     response = api_client.post("/api/v1/hardware/", {"slug": HardwareFactory().slug}, format="json",
                                **auth(make_token(organization=OrganizationFactory(), role=Role.ADMIN)))
-    assert response.status_code == 400 and "slug" in response.json()
+    assert response.status_code == 409 and "the shared catalog" in response.json()["detail"]
 
 
 def test_unknown_slugs_are_404_with_a_message(api_client) -> None:

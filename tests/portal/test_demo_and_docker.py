@@ -77,7 +77,7 @@ def test_compose_runs_the_production_stack_from_the_dockerfiles() -> None:
 
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"postgres", "redis", "web", "worker", "agent"}
+    assert set(services) == {"postgres", "redis", "rabbitmq", "web", "worker", "agent"}
     commands = {}
     for name in ("web", "worker", "agent"):
         dockerfile = ROOT / services[name]["build"]["dockerfile"]
@@ -90,5 +90,27 @@ def test_compose_runs_the_production_stack_from_the_dockerfiles() -> None:
                                       capture_output=True, text=True).stdout, flag
     for name in ("web", "worker"):
         env = services[name]["environment"]
-        assert env["DAY0_DATABASE_URL"].startswith("postgres://") and env["DAY0_REDIS_URL"].startswith("redis://")
-    assert "DAY0_DATABASE_URL" not in services["agent"].get("environment", {})  # agents hold no DB credentials
+        assert env["DAY0_DATABASE_URL"].startswith("postgres://")
+        assert env["DAY0_REDIS_URL"].startswith("redis://:${REDIS_PASSWORD}@redis:")  # the cache has a password
+        assert env["DAY0_BROKER_URL"].startswith("amqp://day0:${RABBITMQ_PASSWORD}@rabbitmq:5672/")
+    assert "--requirepass" in " ".join(services["redis"]["command"])
+
+
+def test_the_compose_agent_holds_its_own_broker_user_and_nothing_of_the_portals() -> None:
+    """Trust boundaries: the agent gets the portal URL, its token and its own broker URL; no database, no Redis,
+    no broker admin, no .env file (which holds the portal's secrets)."""
+    import yaml
+
+    agent = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]["agent"]
+    env = agent.get("environment", {})
+    assert "env_file" not in agent
+    assert set(env) <= {"DAY0_PORTAL_URL", "DAY0_AGENT_BROKER", "DAY0_AGENT_HARDWARE", "DAY0_AGENT_HOSTNAME",
+                        "DAY0_AGENT_TOKEN"}, sorted(env)
+    assert env["DAY0_AGENT_BROKER"] == "${DAY0_AGENT_BROKER:-}"  # as `manage.py broker_user` printed it
+    values = " ".join(str(v) for v in env.values())
+    for secret in ("redis", "postgres", "REDIS_PASSWORD", "RABBITMQ_PASSWORD", "15672"):
+        assert secret not in values, secret
+    dockerfile = (ROOT / "docker" / "Dockerfile.agent").read_text()
+    assert "--broker" not in next(line for line in dockerfile.splitlines() if line.startswith("CMD"))  # not in ps
+    example = (ROOT / "docker" / ".env.example").read_text()
+    assert re.search(r"^DAY0_AGENT_BROKER=$", example, re.M) and re.search(r"^DAY0_BROKER_URL=$", example, re.M)

@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent('''
         return c.post("/api/v1/jobs/%d/events/" % job.pk, json.dumps(body), content_type="application/json", **h).json()
     acks = [post([1, 2]), post([4]), post([2, 3])]
     r = c.post("/api/v1/jobs/%d/results/" % job.pk, json.dumps({"stages": {"plan": passing("plan"),
-               "load": passing("load")}}), content_type="application/json", **h)
+               "load": passing("load")}, "attempt": job.attempts, "nonce": job.nonce}), content_type="application/json", **h)
     ready = c.get("/readyz").json()
     print(json.dumps({"vendor": connection.vendor, "acks": [a["acked"] for a in acks],
                       "tier": r.json()["cell"]["tier"], "ready": ready["status"]}))

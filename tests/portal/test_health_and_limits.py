@@ -16,7 +16,7 @@ def test_healthz_and_readyz(client) -> None:
 
 
 def test_readyz_is_503_when_the_broker_is_unreachable(client, settings) -> None:
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    settings.REDIS_URL = settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"]["broker"] == "fail" and "redis" in response.json()["errors"]["broker"]
@@ -24,6 +24,7 @@ def test_readyz_is_503_when_the_broker_is_unreachable(client, settings) -> None:
 
 def test_readyz_checks_the_filesystem_broker_folder(client, settings, tmp_path) -> None:
     settings.REDIS_URL = ""
+    settings.CELERY_BROKER_URL = "filesystem://"
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {"data_folder_in": str(tmp_path / "absent")}
     assert client.get("/readyz").status_code == 503
     (tmp_path / "absent").mkdir()
@@ -47,3 +48,13 @@ def test_schema_and_docs_are_served(client) -> None:
         assert path in text, path
     docs = client.get("/api/docs/")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+
+
+def test_readyz_checks_rabbitmq_and_the_cache_redis_apart(client, settings) -> None:
+    """Production: RabbitMQ is the broker, and the cache and channel layer's Redis is checked on its own."""
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:1//"
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"] == {"database": "ok", "broker": "fail", "redis": "fail"}
+    assert "broker unreachable" in response.json()["errors"]["broker"]

@@ -197,8 +197,9 @@ def test_only_the_claiming_agent_finishes_or_reports_on_its_job(api_client, two_
     assert api_client.post(f"/api/v1/jobs/{job.pk}/results/", {"stage": "plan", "section": {}}, format="json",
                            **auth(theirs)).status_code == 403
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING and not job.events.exists()
-    done = post_state(api_client, job, mine, state="succeeded", agent=my_agent)
-    assert done.status_code == 200 and done.json()["state"] == "succeeded"
+    done = post_state(api_client, job, mine, state="succeeded", agent=my_agent)  # the claimant finishes it
+    assert done.status_code == 200 and done.json()["state"] == "failed"  # no verdict for its stages: not a success
+    assert done.json()["error"].startswith("no result for stages: ")
 
 
 def test_a_second_token_cannot_take_over_a_registered_host_or_beat_for_it(api_client, two_agents) -> None:

@@ -6,10 +6,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from apps.jobs.services import do_record_job_results
+from apps.jobs.results import do_record_job_results
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, UserFactory
 from tests.portal.bulk import build_matrix
-from tests.portal.reports import TIER_STAGES, passing
+from tests.portal.reports import TIER_STAGES, bound, passing
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +18,7 @@ def test_the_page_shows_tier_label_colour_fits_and_lead_time(client) -> None:
     model = ModelReleaseFactory(slug="tiny-1.1b")
     hardware = HardwareFactory(slug="npu-x", vendor="Acme")
     job = JobFactory(model=model, hardware=hardware)
-    do_record_job_results(job, {"stages": {s: passing(s) for s in TIER_STAGES[3]}})
+    do_record_job_results(job, bound(job, {"stages": {s: passing(s) for s in TIER_STAGES[3]}}))
     html = client.get("/").content.decode()
     assert 'class="cell tier-3"' in html and "T3 serves" in html
     # the tooltip: each tier's date and signed lead time, and the fit with its format (the hardware's name)
@@ -40,7 +40,7 @@ def test_rows_are_newest_release_first_and_filters_apply(client, api_client) -> 
                                released_at=datetime(2024, 1, 1, tzinfo=UTC))
     a, b = HardwareFactory(vendor="Acme"), HardwareFactory(vendor="Beta")
     job = JobFactory(model=old, hardware=a)
-    do_record_job_results(job, {"stages": {s: passing(s) for s in TIER_STAGES[2]}})
+    do_record_job_results(job, bound(job, {"stages": {s: passing(s) for s in TIER_STAGES[2]}}))
     data = api_client.get("/api/v1/matrix/").json()
     assert [r["slug"] for r in data["models"]] == ["new-1b", "qwen-ish", "old-1b"]
     assert set(data["models"][0]["cells"]) == {a.slug, b.slug}

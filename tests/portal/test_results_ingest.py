@@ -22,7 +22,7 @@ from apps.jobs.choices import JobState
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, JobFactory, OrganizationFactory, auth, make_token
 from tests.portal.challenges import answered
-from tests.portal.reports import PASSING, passing
+from tests.portal.reports import PASSING, bound, new_attempt, passing
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +40,7 @@ def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None:
     report = {"model": {"name": "x", "architecture": "LlamaForCausalLM", "path": "native"},
               "hardware": job.hardware.slug,
               "dtype": "bfloat16", "tier": 6, "failed_stage": None, "error": None, "stages": answered(job, PASSING)}
-    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", report, format="json", **auth(token))
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", bound(job, report), format="json", **auth(token))
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["cell"] == {"tier": 6, "tier_name": "validated", "failed_stage": "", "error": "",
@@ -51,25 +51,30 @@ def test_a_whole_report_becomes_rows_and_a_tier(api_client, agent_job) -> None:
     assert LoadReport.objects.get(result__job=job).ok and ShardChecksum.objects.filter(load__result__job=job).count() == 2
     assert set(OperatorCheck.objects.filter(result__job=job).values_list("status", flat=True)) == {
         "native", "decomposed", "fallback"}
-    assert AlignmentOp.objects.filter(report__result__job=job).count() == 2
+    assert AlignmentOp.objects.filter(report__result__job=job).count() == len(PASSING["align"]["ops"])
     assert AlignmentLayer.objects.filter(report__result__job=job).count() == 22
     divergence = TokenDivergence.objects.get(report__result__job=job)
     assert divergence.near_tie and divergence.position == 17
     points = BenchmarkPoint.objects.filter(run__result__job=job).order_by("concurrency")
-    assert [p.concurrency for p in points] == [1, 4, 16] and points[2].ttft_ms_p99 == 70.0 * 16
+    assert [p.concurrency for p in points] == [1, 4, 16] and points[2].ttft_ms_p99 == PASSING["bench"]["runs"][2]["ttft_ms"]["p99"]
     assert EnvLock.objects.get(result__job=job).torch == "2.13.0"
     detail = api_client.get(f"/api/v1/cells/{job.model.slug}/{job.hardware.slug}/").json()
     assert detail["tier"] == 6 and len(detail["evidence"]["benchmarks"][0]["points"]) == 3
     assert detail["evidence"]["alignment"]["divergences"][0]["near_tie"] is True
 
 
-def test_stage_by_stage_posts_replace_a_stage_and_climb(api_client, agent_job) -> None:
+def test_stage_by_stage_posts_climb_and_a_new_attempt_replaces_a_stage(api_client, agent_job) -> None:
     job, token = agent_job
     url = f"/api/v1/jobs/{job.pk}/results/"
-    for stage, tier in (("plan", 1), ("load", 2), ("load", 2), ("serve", 3)):
-        response = api_client.post(url, {"stage": stage, "section": passing(stage)}, format="json", **auth(token))
+    for stage, tier in (("plan", 1), ("load", 2), ("serve", 3)):
+        response = api_client.post(url, bound(job, {"stage": stage, "section": passing(stage)}), format="json",
+                                   **auth(token))
         assert response.status_code == 201 and response.json()["cell"]["tier"] == tier
-    assert StageResult.objects.filter(job=job, stage="load").count() == 1  # posted twice, replaced
+    new_attempt(job)  # the job went out again: its next attempt posts the stage anew
+    response = api_client.post(url, bound(job, {"stage": "load", "section": passing("load")}), format="json",
+                               **auth(token))
+    assert response.status_code == 201, response.content
+    assert StageResult.objects.get(job=job, stage="load").attempt == 2  # replaced by the newer attempt's
     assert LoadReport.objects.filter(result__job=job).count() == 1
 
 
@@ -100,7 +105,7 @@ def test_stage_by_stage_posts_replace_a_stage_and_climb(api_client, agent_job) -
 ])
 def test_bad_documents_are_400_naming_the_path_and_store_nothing(api_client, agent_job, doc, key) -> None:
     job, token = agent_job
-    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", doc, format="json", **auth(token))
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", bound(job, doc), format="json", **auth(token))
     assert response.status_code == 400 and key in response.json(), response.content
     assert not StageResult.objects.exists() and not PlanEvidence.objects.exists()
 
@@ -108,7 +113,7 @@ def test_bad_documents_are_400_naming_the_path_and_store_nothing(api_client, age
 def test_a_report_for_another_hardware_is_refused(api_client, agent_job) -> None:
     job, token = agent_job
     report = {"hardware": "someone-elses-npu", "stages": {"plan": passing("plan")}}
-    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", report, format="json", **auth(token))
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", bound(job, report), format="json", **auth(token))
     assert response.status_code == 400 and "someone-elses-npu" in response.json()["hardware"][0]
     assert not StageResult.objects.exists()
 
@@ -117,8 +122,8 @@ def test_a_stage_the_job_did_not_request_is_refused(api_client) -> None:
     hardware = HardwareFactory()
     job = JobFactory(hardware=hardware, spec={"stages": ["plan"]})
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
-    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", {"stage": "load", "section": passing("load")},
-                               format="json", **auth(token))
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", bound(job, {"stage": "load",
+                               "section": passing("load")}), format="json", **auth(token))
     assert response.status_code == 400 and "not requested" in response.json()["stage"][0]
     assert not StageResult.objects.exists()
 
@@ -126,7 +131,7 @@ def test_a_stage_the_job_did_not_request_is_refused(api_client) -> None:
 def test_wrong_hardware_or_scope_is_403_and_a_finished_job_409(api_client, agent_job) -> None:
     job, token = agent_job
     url = f"/api/v1/jobs/{job.pk}/results/"
-    body = {"stage": "plan", "section": passing("plan")}
+    body = bound(job, {"stage": "plan", "section": passing("plan")})
     other = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=HardwareFactory())
     assert api_client.post(url, body, format="json", **auth(other)).status_code == 403
     assert api_client.post(url, body, format="json", **auth(make_token(organization=job.organization))
@@ -154,7 +159,7 @@ def test_the_benchmark_sweeps_peak_memory_is_kept_on_its_points(api_client, agen
     runs = [{**run, "peak_memory_bytes": None} for run in PASSING["bench"]["runs"]]
     runs[0]["peak_memory_bytes"] = 123  # a run's own figure wins over the sweep's
     section = {**PASSING["bench"], "runs": runs, "peak_memory_bytes": 421_445_632}  # as agents.runtime.bench reports it
-    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", {"stage": "bench", "section": section},
+    response = api_client.post(f"/api/v1/jobs/{job.pk}/results/", bound(job, {"stage": "bench", "section": section}),
                                format="json", **auth(token))
     assert response.status_code == 201, response.content
     points = BenchmarkPoint.objects.filter(run__result__job=job).order_by("concurrency")

@@ -48,7 +48,7 @@ def test_embedded_default_settings_load_without_servers(tmp_path) -> None:
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("DAY0_DATABASE_URL", "DAY0_REDIS_URL")}
+    env = {k: v for k, v in os.environ.items() if k not in ("DAY0_DATABASE_URL", "DAY0_REDIS_URL", "DAY0_BROKER_URL")}
     env["DAY0_DATA_DIR"] = str(tmp_path)
     code = ("from django.conf import settings as s; import django; django.setup(); "
             "print(s.DATABASES['default']['ENGINE'], s.CELERY_BROKER_URL, s.CHANNEL_LAYERS['default']['BACKEND'])")
@@ -59,3 +59,25 @@ def test_embedded_default_settings_load_without_servers(tmp_path) -> None:
     bad = subprocess.run([sys.executable, "-c", code], env=dict(env, DJANGO_SETTINGS_MODULE="day0portal.settings",
                                                                 DAY0_DEBUG="perhaps"), capture_output=True, text=True)
     assert bad.returncode != 0 and "DAY0_DEBUG='perhaps' is not a boolean" in bad.stderr
+
+
+def test_production_settings_keep_the_broker_apart_from_the_cache_and_channel_redis(tmp_path) -> None:
+    """DAY0_BROKER_URL (RabbitMQ) is the Celery broker; DAY0_REDIS_URL only the cache (JSON) and channel layer.
+    Without DAY0_BROKER_URL the Redis is the broker too (the test suite's setup)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("from django.conf import settings as s; import django, json; django.setup(); "
+            "print(json.dumps([s.CELERY_BROKER_URL, s.CHANNEL_LAYERS['default']['CONFIG']['hosts'][0]['address'], "
+            "s.CACHES['default']['LOCATION'], s.CACHES['default']['OPTIONS']['serializer'], s.CELERY_ACCEPT_CONTENT]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_")}
+    env.update(DJANGO_SETTINGS_MODULE="day0portal.settings", DAY0_DATA_DIR=str(tmp_path),
+               DAY0_REDIS_URL="redis://:pw@cache:6379/0")
+    for broker, expected in (("amqp://day0:pw@rabbitmq:5672/day0", "amqp://day0:pw@rabbitmq:5672/day0"),
+                             ("", "redis://:pw@cache:6379/0")):
+        out = subprocess.run([sys.executable, "-c", code], env=dict(env, DAY0_BROKER_URL=broker), capture_output=True,
+                             text=True, check=True).stdout
+        assert json.loads(out) == [expected, "redis://:pw@cache:6379/0", "redis://:pw@cache:6379/0",
+                                   "day0portal.cache.JSONSerializer", ["json"]]

@@ -9,11 +9,12 @@ from apps.alerts.models import Delivery, StackChange, Subscription
 from apps.alerts.stacks import cell_stack, do_set_hardware_policy
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
-from apps.jobs.services import do_record_job_results, do_transition_job
+from apps.jobs.results import do_record_job_results
+from apps.jobs.services import do_transition_job
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
 from tests.portal.challenges import answered
-from tests.portal.reports import TIER_STAGES, passing
+from tests.portal.reports import TIER_STAGES, bound, failing, passing
 
 pytestmark = pytest.mark.django_db
 
@@ -23,10 +24,10 @@ LOCK = {"runtime_commit": "abc1234", "torch": "2.13.0", "driver": "Linux 6.8", "
 
 def _cell_at(model, hardware, tier: int) -> Job:
     job = JobFactory(model=model, hardware=hardware,
-                     spec={"stages": [*TIER_STAGES[tier], "env"], "dtype": "bfloat16", "bench": {"input_len": 64}})
+                     spec={"stages": [*TIER_STAGES[tier], "env"], "dtype": "bfloat16", "bench": {"input_len": 128}})
     sections = {s: passing(s) for s in TIER_STAGES[tier]}
     sections["env"] = {**passing("env"), "torch": LOCK["torch"]}
-    do_record_job_results(job, {"stages": answered(job, sections)})
+    do_record_job_results(job, bound(job, {"stages": answered(job, sections)}))
     do_transition_job(job, JobState.SUCCEEDED)
     assert Cell.objects.get(model=model, hardware=hardware).tier == tier
     return job
@@ -57,7 +58,7 @@ def test_a_reregistering_agent_with_another_torch_queues_the_configured_revalida
     for name in expected:
         job = queued[models[name].pk]
         assert job.state == JobState.QUEUED and job.stages == previous[name].stages
-        assert job.spec["bench"] == {"input_len": 64} and job.spec["revalidation"]["stack_change"] == change.pk
+        assert job.spec["bench"] == {"input_len": 128} and job.spec["revalidation"]["stack_change"] == change.pk
     for m in models.values():  # every cell with evidence predating the change is stale, queued or not
         stack = cell_stack(m.pk, hardware.pk)
         assert stack["stale"] and stack["stale_since"] == change.created_at.isoformat()
@@ -87,9 +88,13 @@ def test_new_evidence_clears_stale_and_heartbeats_report_the_stack_too(api_clien
     assert cell_stack(model.pk, hardware.pk)["stale"]
     page = api_client.get(f"/cells/{model.slug}/{hardware.slug}/").content.decode()
     assert "stale since the driver change" in page and "torch <code>2.13.0</code>" in page
+    partial = JobFactory(model=model, hardware=hardware)  # a newer job proving only some stages clears nothing
+    do_record_job_results(partial, bound(partial, {"stages": {"env": {**passing("env"), "driver": "Linux 6.9"},
+                                                 "bench": passing("bench"), "load": failing("load")}}))
+    stack = cell_stack(model.pk, hardware.pk)
+    assert stack["stale"] and stack["stale_stages"] == ["align", "load", "plan", "serve"]
     fresh = JobFactory(model=model, hardware=hardware)
-    do_record_job_results(fresh, {"stages": {"env": {**passing("env"), "driver": "Linux 6.9"},
-                                             "bench": passing("bench")}})
+    do_record_job_results(fresh, bound(fresh, {"stages": answered(fresh, {s: passing(s) for s in TIER_STAGES[4]})}))
     series = api_client.get(f"/api/v1/benchmarks/?model={model.slug}&hardware={hardware.slug}").json()
     assert [(c["hardware"], c["changed"], c["after"]) for c in series["stack_changes"]] == [
         (hardware.slug, ["driver"], {"driver": "Linux 6.9"})]

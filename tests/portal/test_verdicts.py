@@ -10,7 +10,7 @@ import pytest
 
 from agents.pipeline import thresholds as th
 from agents.pipeline import verdicts as v
-from tests.factories import TINY_LLAMA_CONFIG
+from tests.factories import TINY_LLAMA_CONFIG, tiny_config
 from tests.portal.reports import PASSING, failing, passing
 
 HARDWARE = v.HardwareFacts(memory_bytes=80 * 10**9, devices_per_node=8, dtypes=("bfloat16",))
@@ -107,7 +107,8 @@ def test_a_fallback_model_without_paged_cache_is_not_asked_for_kv_lengths() -> N
     section = passing("align")
     section["kv_cache"] = {"lengths": [], "max_abs_err": 0.0, "passed": True, "path": "recompute"}
     native = v.Context(model=v.ModelFacts(config=TINY_LLAMA_CONFIG, runtime_path="native"))
-    fallback = v.Context(model=v.ModelFacts(config=TINY_LLAMA_CONFIG, runtime_path="fallback"))
+    # a gelu MLP is an option the native layers do not implement: the config itself says fallback
+    fallback = v.Context(model=v.ModelFacts(config=tiny_config(hidden_act="gelu"), runtime_path="fallback"))
     assert judge("align", section, context=native).reasons == ["align: kv_cache lengths missing (the sequence "
                                                                "lengths checked)"]
     assert judge("align", section, context=fallback).passed
@@ -126,7 +127,8 @@ def test_unrecorded_divergences_need_the_hard_count() -> None:
 
 def test_a_failure_ratio_threshold_lets_a_few_failures_through() -> None:
     section = passing("bench")
-    section["runs"][1].update(failed=1, completed=15)  # 1 of 16
+    run = section["runs"][1]
+    run.update(failed=1, completed=31, samples={**run["samples"], "ttft_ms": 31, "e2e_ms": 31})  # 1 of 32
     assert judge("bench", section).status == "fail"
     assert judge("bench", section, {"bench_max_failure_ratio": 0.1}).passed
     assert judge("bench", section, {"bench_max_failure_ratio": 0.1}).custom_thresholds == ["bench_max_failure_ratio"]
@@ -185,7 +187,7 @@ def test_verdicts_import_neither_django_nor_torch() -> None:
 def test_a_fallback_model_has_no_runtime_operators_to_check() -> None:
     section = passing("align")
     section["ops"] = [{"op": "LlamaAttention", "status": "unchecked", "cosine": None, "passed": None}]
-    fallback = v.Context(model=v.ModelFacts(config=TINY_LLAMA_CONFIG, runtime_path="fallback"))
+    fallback = v.Context(model=v.ModelFacts(config=tiny_config(hidden_act="gelu"), runtime_path="fallback"))
     assert judge("align", section, context=fallback).passed
     assert judge("align", section).reasons == ["align: ops: no row was checked"]
     section["ops"] = []

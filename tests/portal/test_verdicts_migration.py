@@ -33,5 +33,5 @@ def test_legacy_flags_become_claims_and_cells_follow_the_verdicts() -> None:
     recompute(apps, None)
     cell = Cell.objects.get(model=job.model, hardware=job.hardware)
     assert cell.tier == 2 and cell.disputed == ["serve"]
-    assert cell.tier_reached_at["3"] == "2026-01-01T02:00:00+00:00"  # kept, made monotone
+    assert cell.tier_reached_at == {"1": "2026-01-01T00:00:00+00:00", "2": "2026-01-01T02:00:00+00:00"}  # 3 dropped
     assert StageResult.objects.filter(job=job).count() == 3  # nothing lost

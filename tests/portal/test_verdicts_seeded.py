@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from apps.benchmarks.seeding import seed_evidence
+from apps.evidence.manifests import digest_disagreement
 from apps.evidence.models import StageResult
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, ModelReleaseFactory
@@ -41,9 +42,9 @@ def test_seeded_cells_are_judged_by_the_portal_and_stamped_by_the_clock(seeded) 
     results = StageResult.objects.filter(job__model=model)
     assert results.exists() and all(r.synthetic for r in results)
     assert all(r.created_at < NOW for r in results)  # the clock's time, not the time the test ran
-    # the first load recorded the manifest; the other hardware loaded the same digests
+    # a vendor's load never records the manifest; the two hardware loaded the same digests: no disagreement
     model.refresh_from_db()
-    assert model.manifest_source == "first seen" and model.digest_conflict == {}
+    assert model.manifest_source == "" and model.manifest == [] and digest_disagreement(model) is None
 
 
 def test_synthetic_is_marked_in_the_api_the_cell_page_and_the_exports(seeded, api_client, client) -> None:
@@ -75,3 +76,22 @@ def test_no_test_library_is_imported_by_app_code() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in banned]
     assert offenders == []
+
+
+def test_seeded_benchmarks_of_the_whole_catalog_pass_the_physics_rules() -> None:
+    """Every seeded bench section, on every catalog model and hardware (real configs and bandwidths), is
+    physically plausible: the portal's own bench verdict passes it, so seeded history feeds the baselines."""
+    from apps.catalog.models import Hardware, ModelRelease
+    from apps.catalog.seed import seed_catalog
+
+    seed_catalog(include_cpu=False)
+    # dense at two sizes, MoE, MLA with fp8, mxfp4: each on the fastest, a large and the slowest memory
+    slugs = ("llama-3.1-8b", "llama-3.1-405b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b")
+    models = list(ModelRelease.objects.filter(slug__in=slugs).exclude(released_at=None))
+    hardware = list(Hardware.objects.filter(slug__in=("nvidia-b200", "amd-mi300x", "huawei-ascend-910b")))
+    seed_evidence(models=models, hardware=hardware, days=0, history_cells=0, seed=5, now=NOW,
+                  outcomes=["baselined"] * len(hardware))
+    results = StageResult.objects.filter(stage="bench")
+    assert results.count() >= 12  # (a cell whose model does not fit stops at the plan)
+    failed = {(r.job.model.slug, r.job.hardware.slug): r.reasons for r in results.exclude(verdict="pass")}
+    assert failed == {}

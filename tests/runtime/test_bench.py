@@ -79,7 +79,8 @@ def test_benchmark_against_a_live_moe_server_reports_expert_load():
         deadline = time.monotonic() + 30
         while httpx.get(f"{url}/ready").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
-        section = run_benchmark(url, concurrency=[2], input_len=12, output_len=5, num_prompts=4, long_context=False)
+        section = run_benchmark(url, concurrency=[2], input_len=12, output_len=5, num_prompts=4, long_context=False,
+                                probe=False)
     assert section["runs"][0]["completed"] == 4 and section["long_context"] is None
     load = section["expert_load"]
     experts = config.get("num_experts") or config["num_local_experts"]
@@ -166,9 +167,13 @@ def test_each_concurrency_level_and_the_warm_up_get_prompts_of_their_own():
                                 long_context=False, seed=5, tokenizer=path)
     assert [r["seed"] for r in section["runs"]] == [5, 6] and all(r["failed"] == 0 for r in section["runs"])
     assert section["prompts"]["kind"] == "token_ids" and "tokenizer" in section["prompts"]["source"]
-    warm, measured = sent[0], sent[1:]
-    assert len(measured) == 6 and all(len(p) == 10 for p in measured) and len(warm) < 10
+    # the sweep, then the probe at the highest level: one prompt three times, then three fresh ones
+    warm, measured, repeated, fresh = sent[0], sent[1:7], sent[7:10], sent[10:]
+    assert len(measured) == 6 and all(len(p) == 10 for p in sent[1:]) and len(warm) < 10 and len(fresh) == 3
     assert len({tuple(p) for p in measured}) == 6, "a prompt was sent at two concurrency levels"
+    assert len({tuple(p) for p in repeated}) == 1 and len({tuple(p) for p in [*measured, *fresh]}) == 9
+    probe = section["probe"]
+    assert probe["concurrency"] == 2 and probe["repeated"]["completed"] == probe["fresh"]["completed"] == 3
     _, special = tokenizer_vocab(path)
     assert not special & {t for p in sent for t in p}
 
@@ -248,3 +253,23 @@ def test_serving_vllm_waits_for_a_server_that_still_works_after_its_run():
                 child.kill()
             server.proc.kill()
             server.proc.wait()
+
+
+def test_a_p99_of_fewer_than_100_samples_is_the_maximum_and_every_metric_states_its_samples():
+    few = [RequestResult(ok=True, ttft=0.01 * (i + 1), e2e=0.5 + 0.01 * i, itl=[0.02] * 3, output_tokens=4)
+           for i in range(16)]
+    run = summarize([*few, RequestResult(error="HTTP 500: x")], duration=2.0, concurrency=4)
+    assert run["prompts"] == 17 and run["completed"] == 16 and run["failed"] == 1
+    assert run["samples"] == {"ttft_ms": 16, "tpot_ms": 16, "itl_ms": 48, "e2e_ms": 16}
+    assert run["p99_is_max"] == ["e2e_ms", "itl_ms", "tpot_ms", "ttft_ms"]
+    assert run["ttft_ms"]["p99"] == pytest.approx(160.0) and run["e2e_ms"]["p99"] == pytest.approx(650.0)
+    many = summarize([RequestResult(ok=True, ttft=0.001 * (i + 1), e2e=1.0, output_tokens=2) for i in range(100)],
+                     duration=1.0)
+    assert many["p99_is_max"] == [] and many["ttft_ms"]["p99"] == pytest.approx(99.01)
+
+
+def test_the_table_shows_the_repeated_prompt_probe():
+    run = summarize([RequestResult(ok=True, ttft=0.1, e2e=0.3, itl=[0.1, 0.1], output_tokens=3)], 1.0, concurrency=2)
+    probe = {"concurrency": 2, "repeated": {"output_tok_s": 10.0}, "fresh": {"output_tok_s": 9.5}}
+    assert "repeated-prompt probe c=2: 10.0 tok/s repeated, 9.5 fresh" in format_table({"runs": [run],
+                                                                                        "probe": probe})

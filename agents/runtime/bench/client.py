@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import json
 import random
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,9 @@ import httpx
 
 from agents.runtime.bench.metrics import RequestResult, expert_balance, summarize
 from agents.runtime.bench.vocab import resolve_vocab
+
+MAX_LEVEL_PROMPTS = 100_000  # a level topped up to its minimum seconds stops here whatever the time
+PROBE_SEED = 7919  # the probe's prompts: seeds of their own, never a measured level's
 
 
 async def _one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
@@ -115,7 +120,12 @@ async def _run(
     request_rate: float | None,
     seed: int,
     images: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    min_seconds: float = 0.0,
+    more: Callable[[int], Any] | None = None,
 ) -> dict:
+    """One level: ``prompts`` at ``concurrency`` (or a Poisson ``request_rate``). With ``min_seconds`` and a
+    closed loop, the level goes on with ``more(i)`` (the i-th prompt past the list) until it has run that long,
+    as MLPerf's minimum duration (``prompts`` in the summary: how many it issued)."""
     sem = asyncio.Semaphore(concurrency)
     rng = random.Random(seed)
 
@@ -125,6 +135,25 @@ async def _run(
             return await _one(client, base + path, body)
 
     start = time.perf_counter()
+    if min_seconds > 0 and more is not None and not request_rate:
+        results: list[RequestResult] = []
+        issued = itertools.count()
+
+        def next_prompt() -> Any:
+            i = next(issued)
+            if i < len(prompts):
+                return prompts[i]
+            if time.perf_counter() - start >= min_seconds or i >= MAX_LEVEL_PROMPTS:
+                return None
+            return more(i)
+
+        async def worker() -> None:
+            while (prompt := next_prompt()) is not None:
+                path, body = request_body(model, prompt, output_len, list(images))
+                results.append(await _one(client, base + path, body))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return summarize(results, time.perf_counter() - start, concurrency=concurrency, request_rate=request_rate)
     tasks = []
     for prompt in prompts:
         tasks.append(asyncio.create_task(limited(prompt)))
@@ -204,14 +233,21 @@ async def run_benchmark_async(
     images_per_request: int = 0,
     api_key: str | None = None,
     tokenizer: str | Path | None = None,
+    min_seconds: float = 0.0,
+    probe: bool = True,
 ) -> dict:
     """``images_per_request`` N > 0: every request of the concurrency sweep is a chat message with N images
     (random PNGs) before a word prompt of ``input_len`` words; the long-context case stays text. ``tokenizer``:
     the model's tokenizer directory, for token-id prompts on a server whose model card has no ``vocab_size``
-    (vLLM's); level ``i`` of the sweep uses ``seed + i``, the long-context case ``seed + len(concurrency)``."""
+    (vLLM's); level ``i`` of the sweep uses ``seed + i``, the long-context case ``seed + len(concurrency)``.
+    ``min_seconds``: each level (and each half of the probe) issues fresh prompts past ``num_prompts`` until it
+    has run that long. ``probe``: the highest level once more with one prompt repeated and again with fresh ones
+    (``probe``: both tok/s; a server that caches results or prefixes shows it); ``requested``: what was asked."""
     base = url.rstrip("/")
     if input_len < 1 or output_len < 1 or num_prompts < 1 or not concurrency or min(concurrency) < 1:
         raise ValueError("input_len, output_len, num_prompts and every concurrency must be >= 1")
+    if not 0 <= min_seconds <= 86_400:
+        raise ValueError(f"min_seconds must be in [0, 86400], got {min_seconds}")
     if not 0 <= images_per_request <= 64:
         raise ValueError(f"images_per_request must be in [0, 64], got {images_per_request}")
     images = image_parts(images_per_request, seed)
@@ -239,18 +275,33 @@ async def run_benchmark_async(
         experts_before = await _expert_counts(client, base)
         runs = []
         for level, conc in enumerate(concurrency):
+            level_seed = seed + level
             run = await _measured_run(
                 client,
                 base,
-                prompts_for(num_prompts, input_len, seed + level),
+                prompts_for(num_prompts, input_len, level_seed),
                 model=model,
                 output_len=output_len,
                 concurrency=conc,
                 request_rate=request_rate,
-                seed=seed + level,
+                seed=level_seed,
                 images=images,
+                min_seconds=min_seconds,
+                more=lambda i, s=level_seed: prompts_for(1, input_len, (s + 1) * MAX_LEVEL_PROMPTS + i)[0],
             )
             runs.append({**run, "seed": seed + level})
+        probed = None
+        if probe:
+            kwargs = {"model": model, "output_len": output_len, "concurrency": max(concurrency), "request_rate": None,
+                      "seed": seed + PROBE_SEED, "images": images, "min_seconds": min_seconds}
+            one = prompts_for(1, input_len, seed + PROBE_SEED)[0]
+            # the repeated half first: a server still warming up favours the fresh half, never the repeated one
+            repeated = await _run(client, base, [one] * num_prompts, more=lambda i: one, **kwargs)
+            fresh = await _run(client, base, prompts_for(num_prompts, input_len, seed + PROBE_SEED + 1),
+                               more=lambda i: prompts_for(1, input_len, (seed + PROBE_SEED + 1) * MAX_LEVEL_PROMPTS
+                                                          + i)[0], **kwargs)
+            probed = {"concurrency": max(concurrency), "fresh": _probe_summary(fresh),
+                      "repeated": _probe_summary(repeated)}
         long_run = None
         if long_context and max_len:
             long_in = long_input_len or max_len - output_len - 1
@@ -281,11 +332,20 @@ async def run_benchmark_async(
         "request_rate": request_rate,
         "images_per_request": images_per_request,
         "prompts": {**vocab.describe(), **({"kind": "words"} if images else {})},  # the sweep's; long is text
+        "requested": {"concurrency": list(concurrency), "num_prompts": num_prompts, "input_len": input_len,
+                      "output_len": output_len, "ignore_eos": True, "min_seconds": min_seconds,
+                      "request_rate": request_rate},
         "runs": runs,
+        "probe": probed,
         "long_context": long_run,
         "peak_memory_bytes": peak,
         "expert_load": expert_load,
     }
+
+
+def _probe_summary(run: dict) -> dict:
+    keys = ("prompts", "completed", "failed", "duration_s", "output_tokens", "output_tok_s", "req_s")
+    return {**{k: run.get(k) for k in keys}, "ttft_ms_p50": run["ttft_ms"]["p50"], "tpot_ms_p50": run["tpot_ms"]["p50"]}
 
 
 def run_benchmark(url: str, **kwargs: Any) -> dict:

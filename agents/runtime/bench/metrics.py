@@ -23,11 +23,16 @@ class RequestResult:
         return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
 
 
+P99_MIN_SAMPLES = 100  # fewer samples than this: the p99 reported is the maximum (an interpolated p99 is a guess)
+
+
 def stats_ms(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
     arr = np.asarray(values, dtype=np.float64) * 1000.0
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    if arr.size < P99_MIN_SAMPLES:
+        p99 = arr.max()
     return {
         "mean": round(float(arr.mean()), 3),
         "p50": round(float(p50), 3),
@@ -46,12 +51,19 @@ def summarize(results: list[RequestResult], duration: float, **extra: object) ->
     """One ``runs`` entry of the bench section."""
     done = [r for r in results if r.ok]
     output_tokens = sum(r.output_tokens for r in done)
-    tpot = stats_ms([r.tpot for r in done if r.tpot is not None])
+    tpots = [r.tpot for r in done if r.tpot is not None]
+    tpot = stats_ms(tpots)
+    samples = {"ttft_ms": len(done), "tpot_ms": len(tpots), "itl_ms": sum(len(r.itl) for r in done),
+               "e2e_ms": len(done)}
     return {
         **extra,
+        "prompts": len(results),
         "completed": len(done),
         "failed": len(results) - len(done),
         "duration_s": round(duration, 3),
+        # the requests (ITL: the gaps) behind each metric's percentiles; a p99 of fewer is the maximum
+        "samples": samples,
+        "p99_is_max": sorted(m for m, n in samples.items() if 0 < n < P99_MIN_SAMPLES),
         "ttft_ms": stats_ms([r.ttft for r in done]),
         "tpot_ms": tpot,
         "tpot_jitter": jitter(tpot),
@@ -122,6 +134,10 @@ def format_table(section: dict) -> str:
             extras.append(f"expert max/mean {run['expert_balance']['max_over_mean']:.2f}")
         if extras:
             lines.append(f"{case} c={run['concurrency']}: " + ", ".join(extras))
+    probe = section.get("probe")
+    if probe:
+        lines.append(f"repeated-prompt probe c={probe['concurrency']}: {probe['repeated']['output_tok_s']:.1f} tok/s "
+                     f"repeated, {probe['fresh']['output_tok_s']:.1f} fresh")
     if section.get("expert_load"):
         load = section["expert_load"]
         lines.append(

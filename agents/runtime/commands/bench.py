@@ -31,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--long-input-len", type=int, default=None, help="long-context case (default: fill context)")
     p.add_argument("--no-long-context", action="store_true")
+    p.add_argument("--min-seconds", type=float, default=0.0,
+                   help="each level runs on with fresh prompts until it has run this long (the portal's baseline "
+                        "asks 2 s and 16 requests a level)")
+    p.add_argument("--no-probe", action="store_true",
+                   help="skip the repeated-prompt probe (the highest level with one prompt repeated, then fresh)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--images-per-request", type=int, default=0,
                    help="N > 0: chat requests with N images each (a vision-language model)")
@@ -62,6 +67,8 @@ def handle(args: argparse.Namespace) -> int:
             images_per_request=args.images_per_request,
             api_key=args.api_key or os.environ.get("DAY0_API_KEY") or None,
             tokenizer=args.tokenizer,
+            min_seconds=args.min_seconds,
+            probe=not args.no_probe,
         )
     except (ValueError, RuntimeError, httpx.HTTPError) as exc:
         print(f"day0 bench: {args.url}: {exc}")

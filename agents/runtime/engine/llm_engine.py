@@ -28,6 +28,7 @@ from agents.runtime.interface import RuntimeModel
 from agents.runtime.layers.linear import pack_layout
 
 log = logging.getLogger(__name__)
+WARMUP_TEXT = "The quick brown fox jumps over the lazy dog, and the day goes on."
 MAX_FAILURES = 3  # forward-pass failures a request may be part of before it is ended with an error
 
 
@@ -275,10 +276,43 @@ class LLMEngine:
         return [final[i] for i in ids]
 
     def warmup(self) -> None:
-        """One short generation through every path (prefill, decode, sampling), so the first request is fast."""
-        self.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        """One short generation through every path (prefill, decode, sampling), so the first request is fast. Its
+        prompt is ordinary text of the model's own tokenizer (``warmup_prompt``): a fixed id can be any
+        tokenizer's image, BOS or control token, which the engine would refuse or the model treat specially."""
+        self.generate([self.warmup_prompt()], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
         if self.compiled is not None:  # both shape classes (several tokens, one) are compiled by now
             self.compiled.mark_warm()
+
+    def warmup_prompt(self, length: int = 4) -> list[int]:
+        """``length`` ids of plain English text as the model's tokenizer encodes it, none of them a special,
+        added, image or other control token (``reserved_token_ids``); when the text yields too few such ids, the
+        lowest ordinary ids of the vocabulary that decode to visible text."""
+        reserved = self.reserved_token_ids()
+        ids = [t for t in self.tokenizer.encode(WARMUP_TEXT, add_special_tokens=False)
+               if t not in reserved and 0 <= t < self.vocab_size]
+        candidate = 0
+        while len(ids) < length and candidate < self.vocab_size:
+            if candidate not in reserved and self.tokenizer.visible_len(candidate) > 0:
+                ids.append(candidate)
+            candidate += 1
+        if not ids:
+            raise RuntimeError("the tokenizer has no ordinary (non-special) token to warm the engine up with")
+        return ids[:length]
+
+    def reserved_token_ids(self) -> set[int]:
+        """Ids a warm-up or probe prompt must not hold: the tokenizer's special and added tokens, the model's
+        image placeholder, and every ``*_token_id`` / ``*_token_index`` the config names (image, video, audio,
+        pad, BOS, EOS …, in the config and its ``text_config``)."""
+        reserved = set(self.tokenizer.special_ids()) | set(self.eos_token_ids)
+        image = getattr(self.model, "image_token_id", None)
+        if image is not None:
+            reserved.add(int(image))
+        for cfg in (self.model_config, self.model_config.get("text_config") or {}):
+            for key, value in cfg.items():
+                if key.endswith(("_token_id", "_token_index", "_token_ids")):
+                    values = value if isinstance(value, list) else [value]
+                    reserved.update(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+        return reserved
 
     def fail_all(self, error: str) -> list[RequestOutput]:
         """End every request in flight with ``error`` and free its blocks (after an unexpected failure)."""

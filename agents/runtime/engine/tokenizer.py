@@ -77,6 +77,22 @@ class Tokenizer:
             return self._fast.get_vocab_size(with_added_tokens=True)
         return len(self._hf)
 
+    def special_ids(self) -> set[int]:
+        """Every special or added token's id (BOS, EOS, pad, image and other control tokens): ids no ordinary text
+        encodes to."""
+        ids = set(self.eos_token_ids)
+        if self._fast is not None:
+            ids.update(int(i) for i in self._fast.get_added_tokens_decoder())
+        else:
+            ids.update(int(i) for i in getattr(self._hf, "all_special_ids", ()) or ())
+            ids.update(int(i) for i in getattr(self._hf, "added_tokens_decoder", {}) or {})
+        for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            text = _token_str(self.config.get(name))
+            tid = self.token_to_id(text) if text else None
+            if tid is not None:
+                ids.add(tid)
+        return ids
+
     def token_to_id(self, token: str) -> int | None:
         if self._fast is not None:
             return self._fast.token_to_id(token)

@@ -24,18 +24,38 @@ class ModelReleaseSerializer(serializers.ModelSerializer):
         fields = ["id", "slug", "name", "organization", "hf_repo", "architecture", "family", "params_total",
                   "params_active", "published_params_total", "published_params_active", "context_length", "dtype",
                   "modalities", "released_at", "visibility", "config", "manifest", "manifest_source", "manifest_seen",
-                  "tensor_count", "has_chat_template", "digest_conflict", "reference_source", "created_at",
+                  "tensor_count", "has_chat_template", "digest_conflict", "hardware_digests", "reference_source",
+                  "created_at",
                   "updated_at"]
         read_only_fields = ["id", "architecture", "family", "params_total", "params_active", "context_length",
                             "dtype", "manifest_source", "manifest_seen", "digest_conflict", "created_at", "updated_at"]
         extra_kwargs = {
             "manifest": {"help_text": "the checksum manifest of the weight files, [{name, size, sha256}] (as "
-                                      "`day0 manifest MODEL_DIR` prints it); every load is compared with it. Without "
-                                      "one, the first passing load's digests are recorded (\"first seen\")"},
+                                      "`day0 manifest MODEL_DIR` prints it); every load is compared with it. Given by "
+                                      "the creator (\"given\"; once the release has one, only staff change it: "
+                                      "\"staff\"), or recorded by the release's reference run (\"reference\"); "
+                                      "never taken from a vendor's load"},
             "tensor_count": {"min_value": 1, "max_value": 10_000_000},
         }
 
     manifest = serializers.JSONField(required=False)
+    digest_conflict = serializers.SerializerMethodField(
+        help_text="while the release has no manifest loads are compared with: where two hardware loaded different "
+                  "bytes ({file, hardware: [a, b], sha256: [x, y], jobs, files_differing, files, groups}); "
+                  "staff settle it (POST manifest/settle/); {} when none")
+    hardware_digests = serializers.SerializerMethodField(
+        help_text="per hardware, its newest passing load's shard digests [{hardware, job, at, shards: {file: "
+                  "sha256}}]: kept apart, never the release's manifest")
+
+    def get_digest_conflict(self, model: ModelRelease) -> dict[str, Any]:
+        from apps.evidence.manifests import digest_disagreement  # the API layer reads both apps
+
+        return digest_disagreement(model) or {}
+
+    def get_hardware_digests(self, model: ModelRelease) -> list[dict[str, Any]]:
+        from apps.evidence.manifests import hardware_digests
+
+        return hardware_digests(model.pk)
 
     def validate_manifest(self, value: Any) -> list[dict[str, Any]]:
         try:
@@ -73,7 +93,8 @@ class ModelReleaseListSerializer(ModelReleaseSerializer):
     """The list omits the (large) config and manifest."""
 
     class Meta(ModelReleaseSerializer.Meta):
-        fields = [f for f in ModelReleaseSerializer.Meta.fields if f not in ("config", "manifest")]
+        fields = [f for f in ModelReleaseSerializer.Meta.fields
+                  if f not in ("config", "manifest", "digest_conflict", "hardware_digests")]
 
 
 class HardwareSerializer(serializers.ModelSerializer):

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -68,6 +73,7 @@ class ModelReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
     def create(self, request: Request, *args, **kwargs) -> Response:
         actor = get_actor(request)
         require(actor.has_scope(Scope.SUBMIT), actor, "creating a model needs the submit scope")
+        services.check_slug_free(ModelRelease, request.data.get("slug") if isinstance(request.data, dict) else None)
         return super().create(request, *args, **kwargs)
 
     def perform_create(self, serializer: ModelReleaseSerializer) -> None:
@@ -96,7 +102,32 @@ class ModelReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
                 "changing a model needs the submit scope in its organization")
         serializer = ModelReleaseSerializer(model, data=request.data, partial=kwargs.get("partial", False))
         serializer.is_valid(raise_exception=True)
-        model = services.do_update_model_release(model, **serializer.validated_data)
+        data = dict(serializer.validated_data)
+        if "manifest" in data:
+            data.update(_manifest_provenance(actor, model, data["manifest"]))
+        # a changed manifest re-judges the release's stored results (do_update_model_release: rejudge_results)
+        model = services.check_update_model_release(actor, model, **data)
+        return Response(ModelReleaseSerializer(model).data)
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=ModelReleaseSerializer)
+    @action(detail=True, methods=["post"], url_path="manifest/settle")
+    def settle_manifest(self, request: Request, slug: str | None = None) -> Response:
+        """POST (staff): ``{"hardware": slug}`` makes that hardware's newest passing load's digests the release's
+        manifest, or ``{"manifest": [{name, size, sha256}]}`` gives one (``manifest_source`` "staff"); the
+        disagreement between hardware is then settled."""
+        from apps.evidence.manifests import check_settle_manifest
+
+        model = self.get_object()
+        actor = get_actor(request)
+        require(actor.is_staff, actor, "settling a release's manifest needs staff")
+        body = request.data if isinstance(request.data, dict) else {}
+        hardware = body.get("hardware")
+        if hardware is not None and not isinstance(hardware, str):
+            raise ValidationError({"hardware": "must be a hardware slug"})
+        try:
+            model = check_settle_manifest(actor, model, hardware=hardware, manifest=body.get("manifest"))
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from None
         return Response(ModelReleaseSerializer(model).data)
 
 
@@ -127,6 +158,7 @@ class HardwareViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.C
         """An organization admin's new hardware is that organization's (``organization`` defaults to the one
         organization the creator administers); staff may create shared entries with ``"organization": null``."""
         actor = get_actor(request)
+        services.check_slug_free(Hardware, request.data.get("slug") if isinstance(request.data, dict) else None)
         serializer = HardwareSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
@@ -137,6 +169,22 @@ class HardwareViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.C
     def perform_update(self, serializer: HardwareSerializer) -> None:
         serializer.instance = services.check_update_hardware(get_actor(self.request), serializer.instance,
                                                              **serializer.validated_data)
+
+
+def _manifest_provenance(actor: Actor, model: ModelRelease, manifest: list) -> dict[str, Any]:
+    """Who gives a manifest through a PATCH: staff ("staff"), or the release's organization while the release has
+    none that loads are compared with ("given"); replacing or clearing such a manifest needs staff (403)."""
+    from apps.evidence.manifests import actor_username, has_trusted_manifest
+
+    if actor.is_staff:
+        return {"manifest_source": "staff" if manifest else "",
+                "manifest_seen": {"by": actor_username(actor), "at": timezone.now().isoformat()} if manifest else {}}
+    if has_trusted_manifest(model) and manifest != model.manifest:
+        raise PermissionDenied(f"{model.slug} has a manifest ({model.manifest_source}) that loads are compared "
+                               "with; only staff change it")
+    if has_trusted_manifest(model):  # the same manifest again: where it came from does not change
+        return {"manifest_source": model.manifest_source, "manifest_seen": model.manifest_seen}
+    return {"manifest_source": "given" if manifest else "", "manifest_seen": {}}
 
 
 def _default_owner(actor: Actor) -> Organization | None:

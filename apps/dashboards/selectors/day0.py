@@ -1,4 +1,6 @@
-"""The Day-0 timeline: hours from each release to each tier per hardware, and the hardware leaderboard."""
+"""The Day-0 timeline: hours from each release to each tier per hardware, and the hardware leaderboard. A cell
+whose tier rests on custom thresholds or synthetic evidence, or whose claim the portal refuted (disputed), is
+shown marked and left out of the leaderboard's ranking (listed apart, with why)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class Day0Row:
     hours: list[float | None]  # one per TIMELINE_TIERS
     tier: int
     failed_stage: str
+    marks: tuple[str, ...] = ()  # "custom thresholds", "synthetic", "disputed": not ranked
 
     @property
     def cells(self) -> list[tuple[float | None, str, str]]:
@@ -77,20 +80,30 @@ class Day0Timeline:
     rank_tier: int
     tiers: list[tuple[int, str]]
     hidden_hosts: list[Hardware]  # non-accelerator hosts left out of the leaderboard
+    unranked: list[tuple[ModelRelease, Hardware, tuple[str, ...]]] = ()  # marked cells, left out of the medians
+
+
+def cell_marks(custom_thresholds: bool, synthetic: bool, disputed: Any) -> tuple[str, ...]:
+    """Why a cell's tier is not ranked beside the others: it rests on looser thresholds than the defaults, on
+    seeded (synthetic) evidence, or the agent's claim of one of its stages was refuted by the portal."""
+    return tuple(mark for mark, on in (("custom thresholds", custom_thresholds), ("synthetic", synthetic),
+                                       ("disputed", bool(disputed))) if on)
 
 
 def release_timeline(model: ModelRelease, hardware: list[Hardware],
-                     cells: dict[tuple[int, int], tuple[int, str, dict[str, str]]]) -> Day0Release:
-    """One release: per tested hardware, hours from the release to each tier (untested hardware counted)."""
+                     cells: dict[tuple[int, int], tuple[Any, ...]]) -> Day0Release:
+    """One release: per tested hardware, hours from the release to each tier (untested hardware counted).
+    ``cells``: (model id, hardware id) -> (tier, failed stage, reached times[, marks])."""
     rows, untested = [], 0
     for h in hardware:
-        tier, failed, reached = cells.get((model.pk, h.pk), (0, "", {}))
+        tier, failed, reached, *rest = cells.get((model.pk, h.pk), (0, "", {}))
+        marks = tuple(rest[0]) if rest else ()
         times = reached_times(reached)
         hours = [lead_hours(times.get(t), model.released_at) if t <= tier else None for t in TIMELINE_TIERS]
         if tier < TIMELINE_TIERS[0] and not failed:
             untested += 1
             continue
-        rows.append(Day0Row(h, hours, tier, failed))
+        rows.append(Day0Row(h, hours, tier, failed, marks))
     rows.sort(key=lambda r: (-r.tier, r.hours[0] if r.hours[0] is not None else float("inf")))
     return Day0Release(model, rows, untested)
 
@@ -104,13 +117,19 @@ def day0_timeline(actor: Actor, *, rank_tier: int = 3, include_hosts: bool = Fal
     models = list(ModelRelease.objects.filter(visible_models_q(actor), released_at__isnull=False)
                   .only("id", "slug", "name", "released_at", "visibility", "family"))
     hardware = list(Hardware.objects.only("id", "slug", "name", "vendor", "shared_memory"))
-    cells = {(m, h): (tier, failed, reached) for m, h, tier, failed, reached in
+    cells = {(m, h): (tier, failed, reached, cell_marks(custom, synthetic, disputed))
+             for m, h, tier, failed, reached, custom, synthetic, disputed in
              Cell.objects.filter(model_id__in=[m.pk for m in models])
-             .values_list("model_id", "hardware_id", "tier", "failed_stage", "tier_reached_at")}
+             .values_list("model_id", "hardware_id", "tier", "failed_stage", "tier_reached_at", "custom_thresholds",
+                          "synthetic", "disputed")}
     per_hw: dict[int, list[list[float]]] = {h.pk: [[] for _ in TIMELINE_TIERS] for h in hardware}
     releases = [release_timeline(m, hardware, cells) for m in models]
+    unranked = []
     for release in releases:
         for row in release.rows:
+            if row.marks:  # shown on the release, left out of the ranking
+                unranked.append((release.model, row.hardware, row.marks))
+                continue
             for i, value in enumerate(row.hours):
                 if value is not None:
                     per_hw[row.hardware.pk][i].append(value)
@@ -125,4 +144,4 @@ def day0_timeline(actor: Actor, *, rank_tier: int = 3, include_hosts: bool = Fal
         board.append(LeaderRow(h, medians, [len(v) for v in lists], medians[rank_index]))
     board.sort(key=lambda r: (r.rank_hours is None, r.rank_hours if r.rank_hours is not None else 0,
                               r.hardware.slug))
-    return Day0Timeline(releases, board, rank_tier, [(t, TIER_NAMES[t]) for t in TIMELINE_TIERS], hidden)
+    return Day0Timeline(releases, board, rank_tier, [(t, TIER_NAMES[t]) for t in TIMELINE_TIERS], hidden, unranked)

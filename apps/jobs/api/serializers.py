@@ -16,7 +16,7 @@ from apps.jobs.selectors import job_waiting_reason
 BENCH_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "input_len": (1, 1 << 20, True), "output_len": (1, 1 << 20, True), "long_input_len": (1, 1 << 20, True),
     "num_prompts": (1, 100_000, True), "max_concurrency": (1, 4096, True), "request_rate": (1e-3, 10_000, False),
-    "ready_timeout": (1, 86_400, False), "seed": (0, 2**63 - 1, True),
+    "ready_timeout": (1, 86_400, False), "seed": (0, 2**63 - 1, True), "min_seconds": (0, 86_400, False),
     # the comm stage's sweep (agents/pipeline/comm.py checks the same bounds when it runs)
     "comm_min_bytes": (8, 1 << 34, True), "comm_max_bytes": (8, 1 << 34, True), "comm_factor": (2, 1024, True),
     "comm_iters": (1, 10_000, True), "comm_warmup": (0, 1000, True), "comm_timeout_s": (0.001, 3600, False),
@@ -81,8 +81,9 @@ class JobCreateSerializer(serializers.Serializer):
             if isinstance(v, bool) or not isinstance(v, int if integral else int | float) or not low <= v <= high:
                 raise serializers.ValidationError(
                     {key: [f"must be {kind} from {_bound(low)} to {_bound(high)}, got {v!r}"]})
-        if "compile" in value and not isinstance(value["compile"], bool):  # the compiled path (serve --compile)
-            raise serializers.ValidationError({"compile": [f"must be true or false, got {value['compile']!r}"]})
+        for flag in ("compile", "probe"):  # the compiled path (serve --compile); the repeated-prompt probe
+            if flag in value and not isinstance(value[flag], bool):
+                raise serializers.ValidationError({flag: [f"must be true or false, got {value[flag]!r}"]})
         serve_args = value.get("serve_args")
         if serve_args is not None and not (isinstance(serve_args, list) and len(serve_args) <= 64 and all(
                 isinstance(a, str) and len(a) <= 256 for a in serve_args)):
@@ -130,8 +131,9 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="why a dispatched job is not claimed yet, once it waited DAY0_JOB_STUCK_SECONDS; else null")
     stuck = serializers.SerializerMethodField(help_text="true when waiting_reason is set")
     manifest = serializers.JSONField(source="model.manifest", read_only=True,
-                                     help_text="the release's checksum manifest [{name, size, sha256}] the load "
-                                               "stage compares every shard with; empty when none is known yet")
+                                     help_text="the release's checksum manifest [{name, size, sha256}] the portal "
+                                               "compares every load with; empty when none is known yet. Not in what "
+                                               "an agent token reads: the agent reports digests, the portal compares")
     custom_thresholds = serializers.SerializerMethodField(
         help_text="the job's threshold overrides looser than the defaults (its tiers are marked custom)")
     node_rows = serializers.SerializerMethodField(
@@ -144,6 +146,14 @@ class JobSerializer(serializers.ModelSerializer):
                   "failed_stage", "error", "events_acked", "created_at", "updated_at", "dispatched_at", "started_at",
                   "finished_at", "stuck", "waiting_reason", "manifest", "custom_thresholds", "nodes", "node_rows"]
         read_only_fields = fields
+
+    def to_representation(self, job: Job) -> dict:
+        data = super().to_representation(job)
+        request = self.context.get("request")
+        token = getattr(getattr(request, "auth", None), "hardware_id", None) if request is not None else None
+        if token is not None:  # an agent token: it proves its load by reporting digests, never by echoing ours
+            data["manifest"] = None  # the key stays (the schema's), its digests never reach an agent
+        return data
 
     def get_node_rows(self, job: Job) -> list[dict]:
         if job.nodes <= 1:

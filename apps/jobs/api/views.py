@@ -18,6 +18,7 @@ from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.core.api.mixins import get_actor, get_or_404, require
 from apps.jobs import node_services, services
+from apps.jobs import results as results_service
 from apps.jobs.api.serializers import (
     JobCreateSerializer,
     JobEventSerializer,
@@ -145,12 +146,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"])
     def results(self, request: Request, pk: str | None = None) -> Response:
-        """POST (agent): one stage's section ``{"stage", "section"}`` or a whole stage report."""
+        """POST (agent): one stage's section ``{"stage", "section", "attempt", "nonce"}`` or a whole stage report
+        with ``attempt`` and ``nonce`` beside ``stages``: bound to the job's current attempt (409 otherwise)."""
         job = self.get_object()
         actor = get_actor(request)
         require(actor.authenticated, actor, "")
-        services.check_agent_for_job(actor, job, reporting=True)
-        results = services.do_record_job_results(job, request.data)
+        results = results_service.check_record_job_results(actor, job, request.data)
         cell = Cell.objects.get(model_id=job.model_id, hardware_id=job.hardware_id)
         return Response({"job": job.pk, "stored": [r.summary() for r in results],
                          "cell": {"tier": cell.tier, "tier_name": cell.tier_name, "failed_stage": cell.failed_stage,

@@ -135,3 +135,5 @@ class CellDetailSerializer(serializers.Serializer):
                   "jitter, expert balance, soak device memory")
     stack = ANY()
     jobs = JobSerializer(many=True)
+    history = ANY(help_text="tier changes and re-judgings, newest first: {at, kind, tier_before, tier_after, reason, "
+                            "data}")

@@ -11,15 +11,18 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents.pipeline.tiers import TIER_NAMES
+from agents.pipeline.verdicts_load import LEGACY_SOURCES
 from apps.alerts.stacks import cell_stack
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.core.api.mixins import get_actor, get_or_404
 from apps.dashboards.selectors.runtime_evidence import runtime_evidence
+from apps.evidence.manifests import digest_disagreement
 from apps.evidence.selectors import cell_evidence
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
 from apps.matrix.api.serializers import CellDetailSerializer
+from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
 from apps.matrix.selectors import MatrixFilters, build_matrix, lead_hours
 
@@ -84,8 +87,10 @@ class CellDetailView(APIView):
             "custom_thresholds": cell.custom_thresholds,
             "synthetic": cell.synthetic,
             "manifest": {"files": len(model_row.manifest or []), "source": model_row.manifest_source or None,
-                         "first_seen": model_row.manifest_seen or None},
-            "digest_conflict": model_row.digest_conflict or None,
+                         "from": model_row.manifest_seen or None,  # job, hardware, by, at
+                         "first_seen": model_row.manifest_seen or None if model_row.manifest_source in LEGACY_SOURCES
+                         else None},
+            "digest_conflict": digest_disagreement(model_row),
             "tier_reached_at": {TIER_NAMES[t]: at for t, at in sorted(reached.items())},
             "lead_time_hours": lead,
             "fits": {"fits": cell.fits, "devices": cell.fits_devices, "plan": cell.fits_plan,
@@ -94,4 +99,6 @@ class CellDetailView(APIView):
             "runtime_evidence": runtime_evidence(model_row.pk, hardware_row.pk),
             "stack": cell_stack(model_row.pk, hardware_row.pk),  # evidence's stack, stale since a change
             "jobs": JobSerializer(jobs, many=True).data,
+            # tier changes and re-judgings, newest first, each with its reason
+            "history": cell_history(cell) if cell.pk else [],
         })

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ('catalog', '0005_reference_source'),
+        ('catalog', '0006_reference_source'),
         ('jobs', '0005_job_nonce_job_purpose'),
     ]
 

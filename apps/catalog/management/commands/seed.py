@@ -22,6 +22,11 @@ class Command(BaseCommand):
         summary = seed_catalog(include_cpu=not options["no_cpu"])
         self.stdout.write(f"catalog: {len(summary.created)} created, {len(summary.updated)} updated, "
                           f"{len(summary.unchanged)} unchanged")
+        from apps.evidence.rejudge import rejudge_outdated_defaults
+
+        for done in rejudge_outdated_defaults():  # verdicts stored under an older defaults table
+            self.stdout.write(f"re-judged {done['results']} results of defaults {done['from']} → {done['to']} "
+                              f"({done['changed']} changed, {done['cells']} cells)")
         from apps.references.services import ensure_references  # the current pool's references (idempotent)
 
         self.stdout.write(f"reference runs queued: {len(ensure_references())}")

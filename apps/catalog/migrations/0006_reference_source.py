@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('catalog', '0004_hardware_reference'),
+        ('catalog', '0005_manifest_sources'),
     ]
 
     operations = [

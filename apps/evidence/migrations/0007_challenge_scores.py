@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('evidence', '0004_rejudge_stored_results'),
+        ('evidence', '0006_merge_history_weight_samples'),
     ]
 
     operations = [
