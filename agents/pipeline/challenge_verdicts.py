@@ -89,7 +89,7 @@ class ChallengeJudge:
         k = int(t["e2e_top_k"])
         drawn = list(self.challenge["e2e"])
         score = cs.score_e2e(drawn, answers["e2e"], self.reference["e2e"], k)
-        minimum = float(t.get("min_token_match_rate", DEFAULT_MIN_TOKEN_MATCH_RATE))
+        minimum = float(t.get("align_min_token_match", DEFAULT_MIN_TOKEN_MATCH_RATE))
         # the reference's own tokens never leave the portal: reasons and stored scores name the target's only
         for row in score["rows"]:
             row.pop("ref_token", None)

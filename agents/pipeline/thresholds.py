@@ -102,7 +102,7 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
     Threshold("eval_accuracy_tol", 0.07, 0.0, 1.0, "max", doc="|accuracy_target - accuracy_ref|, at most"),
     Threshold("eval_perplexity_rel_tol", 0.02, 0.0, INF, "max", doc="eval texts' relative perplexity difference"),
     # the portal's challenges (docs/references.md): the end-to-end gate and the power rule sizing eval samples
-    Threshold("min_token_match_rate", 0.9, 0.0, 1.0, "min",
+    Threshold("align_min_token_match", 0.9, 0.0, 1.0, "min",
               doc="end to end: matched / compared greedy tokens against the portal's reference, at least"),
     Threshold("challenge_theta", 0.1, 0.0, 1.0, "max", low_open=True,
               doc="the accuracy drop a challenge is sized to detect (larger: fewer items)"),
