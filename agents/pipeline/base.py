@@ -51,6 +51,14 @@ class StageContext:
     # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (a job's
     # ``manifest``, ``day0 adapt --manifest FILE``); the load stage fails on any shard that disagrees with it
     manifest: list[dict[str, Any]] | None = None
+    # what the portal's job hands the stages beyond the model (docs/references.md): ``purpose`` "certify" or
+    # "reference"; ``nonce`` this attempt's secret; ``challenge`` the items a certify job answers with the target
+    # (``{"nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle"}``); ``reference_pool`` the items a reference
+    # run answers with ``transformers`` fp32 (the ``reference`` stage). None: not part of this job.
+    purpose: str = "certify"
+    nonce: str | None = None
+    challenge: dict[str, Any] | None = None
+    reference_pool: dict[str, Any] | None = None
     workdir: Path = field(default_factory=lambda: Path("var/adapt"))
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     emit_fn: Emit = _print_emit

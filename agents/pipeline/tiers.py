@@ -30,7 +30,7 @@ TIER_GATES: tuple[tuple[int, str], ...] = (
 )
 
 STAGE_ORDER: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "eval", "soak", "comm",
-                               "env")
+                               "env", "reference")
 DEFAULT_STAGES: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "env")
 
 

@@ -67,7 +67,12 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any,
     manifest = manifest or spec.get("manifest") or None
     if manifest is not None and not (isinstance(manifest, list) and all(isinstance(m, dict) for m in manifest)):
         raise ValueError(f"job {job_id}: the manifest must be a list of {{name, size, sha256}} objects")
+    for key in ("challenge", "reference_pool"):
+        if spec.get(key) is not None and not isinstance(spec[key], dict):
+            raise ValueError(f"job {job_id}: the spec's {key} must be an object, got {type(spec[key]).__name__}")
     return StageContext(
+        purpose=str(spec.get("purpose") or "certify"), nonce=spec.get("nonce") or None,
+        challenge=spec.get("challenge"), reference_pool=spec.get("reference_pool"),
         model_dir=model_dir, config=config, hardware=hardware, dtype=spec.get("dtype") or "float32",
         device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), pp=spec.get("pp"),
         thresholds=dict(spec.get("thresholds") or {}),
