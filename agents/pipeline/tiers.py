@@ -29,6 +29,7 @@ TIER_GATES: tuple[tuple[int, str], ...] = (
     (6, "eval"),
 )
 
+# ``reference``: a reference job's outputs (docs/references.md); it gates no tier
 STAGE_ORDER: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "eval", "soak", "comm",
                                "env", "reference")
 DEFAULT_STAGES: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "env")
