@@ -49,6 +49,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     tok = tokenizer(ctx)
     if tok is None:
         raise StageFailed("the reference stage needs the model's tokenizer, and the checkpoint has none")
+    for key in ("model", "model_fp32"):  # the last stage: the runtime's copy of the weights is not needed now
+        ctx.shared.pop(key, None)
     ctx.emit("log", f"reference: {total} pool items ({', '.join(f'{len(v)} {k}' for k, v in items.items() if v)}) "
                     "through transformers float32 cpu")
     lm = ReferenceLM(reference_model(ctx), tok)
