@@ -25,6 +25,7 @@ from agents.pipeline.runner import run_pipeline
 from agents.pipeline.serve import ServerProcess
 from agents.runtime.loader import load_model
 from agents.runtime.testing.make_model import cached_model
+from tests.pipeline.conftest import EventLog
 
 KINDS = ("e2e", "mc", "qa", "ppl", "needle")
 NEEDLE = {"key": "apple", "value": "4821730", "distractors": [{"key": "pear", "value": "7654321"}]}
@@ -84,11 +85,14 @@ def reference_section(sharp_llama: Path) -> dict[str, Any]:
 
     path = sharp_llama
     torch.set_num_threads(1)
+    log = EventLog()
     ctx = StageContext(model_dir=path, config=json.loads((path / "config.json").read_text()), hardware={"slug": "cpu"},
-                       purpose="reference", nonce="ref-nonce", reference_pool=suite_pool(), emit_fn=lambda *a, **k: None)
+                       purpose="reference", nonce="ref-nonce", reference_pool=suite_pool(), emit_fn=log)
     report = run_pipeline(ctx, ["reference"])
     assert report["failed_stage"] is None, report["error"]
     assert report["verdicts"]["reference"]["status"] == "pass"
+    progress = {e["data"]["what"] for e in log.events if e["kind"] == "progress"}
+    assert {f"reference {kind}" for kind in KINDS} <= progress  # progress events per kind, as eval reports them
     return report["stages"]["reference"]
 
 
@@ -198,11 +202,14 @@ def test_a_certify_align_posts_the_targets_raw_e2e_answers_for_the_drawn_items(m
 def _eval_with_server(make_ctx: Any, model: Path, served: Path, tmp_path: Path, challenge: dict[str, Any]
                       ) -> tuple[Any, dict]:
     """The eval stage of a certify job on ``model`` whose served target is ``served`` (the same or a faulty copy)."""
-    ctx, _ = make_ctx(model, challenge=challenge, nonce=challenge["nonce"], workdir=tmp_path)
+    ctx, log = make_ctx(model, challenge=challenge, nonce=challenge["nonce"], workdir=tmp_path)
     server = ServerProcess(served, dtype="float32", device="cpu", tp=None, log_path=tmp_path / "serve.log")
     ctx.shared["server"] = server
     server.wait_ready(120)
-    return ctx, run_pipeline(ctx, ["eval"])
+    report = run_pipeline(ctx, ["eval"])
+    progress = {e["data"]["what"] for e in log.events if e["kind"] == "progress"}
+    assert {f"eval challenge {kind}" for kind in challenge if kind in ("mc", "qa", "ppl", "needle")} <= progress
+    return ctx, report
 
 
 def test_a_certify_eval_posts_the_served_targets_raw_outputs_without_a_reference(make_ctx, sharp_llama,
