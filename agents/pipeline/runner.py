@@ -6,8 +6,8 @@ not passing evidence; the report then names that stage and why. Whether a sectio
 pipeline knows: config, manifest, chat template, hardware), so the tier a report claims is the tier the portal
 computes from the same numbers; each stage's verdict is kept in ``report["verdicts"]``. A section whose own flags
 say it failed stops the run too. A section of raw outputs answering the portal's challenge (``scored_by``
-"portal", docs/references.md) is judged by the portal alone: its local verdict is kept and stops nothing. ``JobCancelled`` ends the run with the stage it interrupted and the error
-"cancelled"."""
+"portal", docs/references.md) is judged by the portal alone: its local verdict is kept and stops nothing.
+``JobCancelled`` ends the run with the stage it interrupted and the error "cancelled"."""
 
 from __future__ import annotations
 
