@@ -268,3 +268,21 @@ def test_a_wrong_rope_theta_in_the_served_target_changes_its_raw_eval_outputs(ma
                   for a, b in zip(row["loglikelihoods"], ref_mc[row["id"]]["loglikelihoods"], strict=True))
     ppl_diff = max(abs(row["loglikelihood"] - ref_ppl[row["id"]]["loglikelihood"]) for row in raw["ppl"])
     assert mc_diff > 0.1 and ppl_diff > 1.0, (mc_diff, ppl_diff)  # fp32 agreement is within 1e-3 (above)
+
+
+def test_a_needle_with_given_keys_and_values_hides_exactly_them() -> None:
+    from agents.pipeline import eval_needle
+
+    def count(text: str) -> int:
+        return len(text.split())
+
+    needle = ("apple", "4821730", [("pear", "7654321"), ("plum", "1112223")])
+    item = eval_needle.build_item(count, 400, 75, seed="needle-400-75-0", needle=needle)
+    assert item.key == "apple" and item.value == "4821730" and item.distractors == ("7654321", "1112223")
+    assert 380 <= item.tokens <= 400 and item.prompt.endswith(eval_needle.QUESTION.format(key="apple"))
+    for key, value in (("apple", "4821730"), ("pear", "7654321"), ("plum", "1112223")):
+        assert item.prompt.count(eval_needle.NEEDLE.format(key=key, value=value)) == 1
+    body = item.prompt[len(eval_needle.HEADER): item.prompt.index("\nWhat is the special")]
+    assert abs(body.index("for apple is") / len(body) - 0.75) < 0.15  # at its depth
+    assert eval_needle.build_item(count, 400, 75, seed="needle-400-75-0", needle=needle) == item  # deterministic
+    assert eval_needle.build_item(count, 400, 75, seed="another-id", needle=needle).prompt != item.prompt
