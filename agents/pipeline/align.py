@@ -8,7 +8,7 @@ import importlib
 from typing import Any
 
 from agents.pipeline.align_common import align_thresholds, encode, reference_model, target_model
-from agents.pipeline.align_e2e import PROMPTS, run_e2e
+from agents.pipeline.align_e2e import PROMPTS, challenge_raw, run_e2e
 from agents.pipeline.align_layers import run_layers
 from agents.pipeline.base import JobCancelled, StageContext
 from agents.runtime.engine.multimodal import config_takes_images
@@ -73,6 +73,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
 
     section["e2e"], e2e_notes = run_e2e(ctx, target, ref, thresholds)
     notes += e2e_notes
+    raw, raw_notes = challenge_raw(ctx, target)  # a certify job's drawn e2e items, for the portal to score
+    if raw is not None:
+        section["e2e"]["raw"] = raw
+    notes += raw_notes
     ctx.check_cancelled()
     ctx.progress(3, steps, "alignment checks")
 

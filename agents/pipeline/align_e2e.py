@@ -7,7 +7,13 @@ check passes when every step matches or is a near-tie, and the perplexity of a f
 A continuation ends at the end-of-sequence token on either side: the reference stops after emitting one (the
 EOS step itself is compared), and the comparison of a prompt stops at the first step where the target predicts
 EOS — past it the target would have stopped, and what the reference generates there is not compared with
-anything the target would say. Each prompt records why it stopped (``stopped``)."""
+anything the target would say. Each prompt records why it stopped (``stopped``).
+
+A certify job's challenge (docs/references.md) adds the ``raw`` block: the portal's drawn e2e items answered by
+the target alone, its own greedy decode with the top-k logprobs of every position, for the portal to score against
+the reference it holds (``challenge_raw``). The align stage runs before any server is up, so the target is the
+runtime in-process: the model the load stage left, through the runtime's own engine (``LLMEngine``: the paged KV
+cache, chunked prefill and greedy sampler the server runs), in the job's dtype on the job's device."""
 
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from agents.pipeline.align_common import (
     target_forward,
     tokenizer,
 )
-from agents.pipeline.base import StageContext
+from agents.pipeline.base import JobCancelled, StageContext
 
 PROMPTS: tuple[str, ...] = (
     "The harbour woke before the sun, and",
@@ -178,3 +184,66 @@ def run_e2e(ctx: StageContext, target: Any, ref: torch.nn.Module, thresholds: di
 def _text(ctx: StageContext, tokens: list[int]) -> str:
     tok = tokenizer(ctx)
     return tok.decode(tokens) if tok is not None else " ".join(map(str, tokens))
+
+
+def target_greedy_top(ctx: StageContext, model: Any, prompts: list[list[int]], limits: list[int], top_k: int
+                      ) -> list[dict[str, Any]]:
+    """Per prompt the target's greedy continuation through the runtime's engine (ending at the model's
+    end-of-sequence tokens or ``limits[i]`` tokens) with each position's logprobs: ``{"tokens", "top_logprobs",
+    "prompt_tokens"}`` in the reference stage's shape (``eval_backends.top_entries``)."""
+    from agents.pipeline.eval_backends import top_entries
+    from agents.runtime.engine import LLMEngine, SamplingParams
+    from agents.runtime.engine.tokenizer import Tokenizer
+
+    block = 16
+    blocks = sum(-(-(len(p) + n) // block) for p, n in zip(prompts, limits, strict=True)) + 4  # all at once
+    engine = LLMEngine(None, model=model, config=ctx.config, tokenizer=Tokenizer(ctx.model_dir), num_blocks=blocks,
+                       block_size=block, device=ctx.device, dtype=ctx.dtype, max_num_batched_tokens=512)
+    try:
+        ids = [engine.add_request(p, SamplingParams(max_tokens=n, temperature=0.0, logprobs=top_k))
+               for p, n in zip(prompts, limits, strict=True)]
+        runs: dict[str, dict[str, Any]] = {i: {"tokens": [], "top_logprobs": []} for i in ids}
+        finished = 0
+        while finished < len(ids):
+            ctx.check_cancelled()
+            for out in engine.step():
+                if out.error:
+                    raise RuntimeError(f"the runtime failed an e2e request: {out.error}")
+                run = runs[out.request_id]
+                for token, lp in zip(out.new_token_ids, out.new_logprobs or [], strict=True):
+                    run["tokens"].append(int(token))
+                    run["top_logprobs"].append(top_entries(token, lp.logprob, lp.top))
+                if out.finished:
+                    finished += 1
+                    ctx.progress(finished, len(ids), "align challenge e2e")
+    finally:
+        engine.close()
+    return [{**runs[i], "prompt_tokens": len(p)} for i, p in zip(ids, prompts, strict=True)]
+
+
+def challenge_raw(ctx: StageContext, target: Any) -> tuple[dict[str, Any] | None, list[str]]:
+    """The e2e ``raw`` block of a job whose challenge has e2e items: ``{"nonce", "method", "top_k", "items":
+    [{"id", "tokens", "top_logprobs", "prompt_tokens"}]}``; None without such a challenge. A challenge the
+    target cannot answer leaves ``items`` empty and says why in ``error`` (the portal then calls it
+    incomplete)."""
+    from agents.pipeline import challenge_answers as answers
+
+    challenge = ctx.challenge
+    if not isinstance(challenge, dict) or not challenge.get("e2e"):
+        return None, []
+    nonce = answers.nonce_of(challenge, "challenge", ctx.nonce)
+    block: dict[str, Any] = {"nonce": nonce, "method": "runtime engine greedy decode (in-process, paged KV cache)",
+                             "device": ctx.device, "dtype": ctx.dtype}
+    try:
+        top_k = answers.top_k_of(challenge, "challenge")
+        items = answers.parse_items(challenge, "challenge", ("e2e",))["e2e"]
+        prompts, limits = answers.e2e_prompts(ctx, items)
+        block["top_k"] = top_k
+        runs = target_greedy_top(ctx, target, prompts, limits, top_k)
+    except JobCancelled:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the rest of align still stands; the portal sees no answers
+        return {**block, "items": [], "error": f"{type(exc).__name__}: {exc}"}, [
+            f"the challenge's e2e items were not answered: {type(exc).__name__}: {exc}"]
+    block["items"] = [{"id": item["id"], **run} for item, run in zip(items, runs, strict=True)]
+    return block, [f"challenge: {len(items)} e2e items answered by the target for the portal to score"]

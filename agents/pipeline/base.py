@@ -55,6 +55,14 @@ class StageContext:
     # ``{"count", "length", "positions"}`` to sample each shard at, or a certify job's ``{"nonce", "probes"}``
     weight_samples: dict[str, Any] | None = None
     weight_probe: dict[str, Any] | None = None
+    # what the portal's job hands the stages beyond the model (docs/references.md): ``purpose`` "certify" or
+    # "reference"; ``nonce`` this attempt's secret; ``challenge`` the items a certify job answers with the target
+    # (``{"nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle"}``); ``reference_pool`` the items a reference
+    # run answers with ``transformers`` fp32 (the ``reference`` stage). None: not part of this job.
+    purpose: str = "certify"
+    nonce: str | None = None
+    challenge: dict[str, Any] | None = None
+    reference_pool: dict[str, Any] | None = None
     workdir: Path = field(default_factory=lambda: Path("var/adapt"))
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     emit_fn: Emit = _print_emit

@@ -14,7 +14,10 @@ the reference's. The Wilson 95 % lower bound of each accuracy is reported beside
 Options (the job's ``bench`` settings): ``eval_tasks`` (subset of TASKS), ``eval_limit`` (first N documents per
 task), ``eval_needle_lengths`` (prompt tokens; default: doubling from 256, then ``eval_needle_max_length``
 (1024) itself, never past the served context), ``eval_needle_depths`` (percent), ``eval_needle_samples`` (items per
-cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight)."""
+cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight).
+
+A certify job carrying the portal's challenge runs only the drawn items through the served target and posts
+their raw outputs (``eval_challenge``): no reference is loaded, no score is claimed (docs/references.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.pipeline import eval_needle, eval_tasks, serve
+from agents.pipeline import eval_challenge, eval_needle, eval_tasks, serve
 from agents.pipeline.align_common import reference_model, tokenizer
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.eval_backends import ReferenceLM, ServedError, ServedLM
@@ -260,6 +263,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     target = ServedLM(url)
     try:
         context = _served_context(target, ctx)
+        if eval_challenge.has_challenge(ctx):  # the portal's drawn items only, raw outputs, no reference
+            target.concurrency = _int_option(ctx.bench, "eval_concurrency", 4) or 4
+            return eval_challenge.run(ctx, target, tok, url, context)
         opts = options(ctx, context)
         target.concurrency = opts["concurrency"]
         lm_ref = ReferenceLM(reference_model(ctx), tok)

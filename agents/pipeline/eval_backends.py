@@ -6,6 +6,10 @@
   generations from greedy ``max_tokens`` with ``stop``. Prompts go as token ids, so both sides see the same
   tokens.
 
+``loglikelihood_greedy`` also says, per request, whether the continuation is the model's greedy one (every
+continuation token is the argmax at its position: lm-eval's ``is_greedy``); ``ReferenceLM.greedy_top`` is the
+greedy continuation with the top-k logprobs of every position (the ``reference`` stage's e2e answers).
+
 Both take a ``progress(done, total)`` callback and a ``check()`` called between units of work (cancellation)."""
 
 from __future__ import annotations
@@ -33,12 +37,17 @@ class ReferenceLM:
         self.tokenizer = tokenizer
         self.token_budget = token_budget  # tokens per right-padded log-likelihood batch
 
-    @torch.inference_mode()
     def loglikelihood(self, requests: Sequence[tuple[list[int], list[int]]], progress: Progress = _noop,
                       check: Callable[[], None] = _noop) -> list[float]:
         """Σ log p(continuation | context) per request, in batches of similar length."""
+        return [ll for ll, _ in self.loglikelihood_greedy(requests, progress, check)]
+
+    @torch.inference_mode()
+    def loglikelihood_greedy(self, requests: Sequence[tuple[list[int], list[int]]], progress: Progress = _noop,
+                             check: Callable[[], None] = _noop) -> list[tuple[float, bool]]:
+        """(Σ log p(continuation | context), whether the continuation is the greedy one) per request."""
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][0]) - len(requests[i][1]))
-        out: list[float] = [0.0] * len(requests)
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
         done = 0
         while done < len(order):
             longest = len(requests[order[done]][0]) + len(requests[order[done]][1])
@@ -55,7 +64,7 @@ class ReferenceLM:
                 start = len(context)
                 logprobs = torch.log_softmax(logits[row, start - 1 : start - 1 + len(continuation)].double(), -1)
                 targets = torch.tensor(continuation, dtype=torch.long)  # [C]
-                out[i] = float(logprobs.gather(1, targets[:, None]).sum())
+                out[i] = (float(logprobs.gather(1, targets[:, None]).sum()), bool((logprobs.argmax(-1) == targets).all()))
             done += len(batch)
             progress(done, len(order))
             check()
@@ -79,6 +88,50 @@ class ReferenceLM:
             progress(n + 1, len(prompts))
             check()
         return out
+
+
+    @torch.inference_mode()
+    def greedy_top(self, prompts: Sequence[list[int]], max_tokens: Sequence[int], top_k: int,
+                   eos: set[int] | frozenset[int] = frozenset(), progress: Progress = _noop,
+                   check: Callable[[], None] = _noop) -> list[dict[str, Any]]:
+        """Per prompt the greedy continuation (argmax of the fp32 logits, the KV cache between steps, ending
+        after an end-of-sequence token or ``max_tokens[i]`` tokens): ``{"tokens", "top_logprobs",
+        "prompt_tokens"}`` with ``top_logprobs`` as ``top_entries`` gives them."""
+        out = []
+        for n, (prompt, limit) in enumerate(zip(prompts, max_tokens, strict=True)):
+            res = self.model(input_ids=torch.tensor([prompt], dtype=torch.long), use_cache=True)
+            tokens: list[int] = []
+            tops: list[list[dict[str, Any]]] = []
+            for _ in range(limit):
+                logits = res.logits[0, -1]  # [V]
+                token = int(logits.argmax())
+                logprobs = torch.log_softmax(logits.double(), dim=-1)  # [V]
+                values, ids = logprobs.topk(min(top_k, logprobs.shape[-1]))
+                tokens.append(token)
+                tops.append(top_entries(token, float(logprobs[token]), zip(ids.tolist(), values.tolist(), strict=True)))
+                if token in eos or len(tokens) == limit:
+                    break
+                res = self.model(input_ids=torch.tensor([[token]], dtype=torch.long), use_cache=True, **_cache_of(res))
+            out.append({"tokens": tokens, "top_logprobs": tops, "prompt_tokens": len(prompt)})
+            progress(n + 1, len(prompts))
+            check()
+        return out
+
+
+def _cache_of(out: Any) -> dict[str, Any]:
+    """The KV cache of a forward's output as the next forward takes it (``cache`` in transformers 5.2x, the
+    deprecated ``past_key_values`` before)."""
+    if "cache" in getattr(out, "__dataclass_fields__", {}):
+        return {"cache": out.cache}
+    return {"past_key_values": out.past_key_values}
+
+
+def top_entries(token: int, logprob: float, top: Any) -> list[dict[str, Any]]:
+    """One position's ``top_logprobs`` (docs/references.md): the chosen token first, then the other top-k
+    ``(token id, logprob)`` pairs best first; logprobs rounded to 6 decimals."""
+    entries = [{"token": int(token), "logprob": round(float(logprob), 6)}]
+    entries += [{"token": int(t), "logprob": round(float(v), 6)} for t, v in top if int(t) != int(token)]
+    return entries
 
 
 class _StopOnText:
@@ -137,36 +190,56 @@ class ServedLM:
             pool.shutdown(wait=True, cancel_futures=True)
         return out
 
-    def _loglikelihood_batch(self, batch: Sequence[tuple[list[int], list[int]]]) -> list[float]:
-        """One request for the batch: prefill only (``max_tokens`` 0), the prompts' own logprobs echoed."""
+    def _loglikelihood_batch(self, batch: Sequence[tuple[list[int], list[int]]],
+                             greedy: bool = False) -> list[tuple[float, bool | None]]:
+        """One request for the batch: prefill only (``max_tokens`` 0), the prompts' own logprobs echoed (with
+        ``greedy``, each position's best alternative too: the continuation is greedy when every one of its tokens
+        is as likely as the best)."""
         body = self._post({"prompt": [c + x for c, x in batch], "max_tokens": 0, "temperature": 0, "echo": True,
-                           "logprobs": 0})
+                           "logprobs": 1 if greedy else 0})
         try:
-            rows = {int(c["index"]): c["logprobs"]["token_logprobs"] for c in body["choices"]}
+            rows = {int(c["index"]): c["logprobs"] for c in body["choices"]}
         except (KeyError, TypeError, ValueError) as exc:
-            raise ServedError(f"{self.url}: an echo+logprobs completion without choices[].logprobs."
-                              f"token_logprobs ({exc!r})") from None
-        out = []
+            raise ServedError(f"{self.url}: an echo+logprobs completion without choices[].logprobs "
+                              f"({exc!r})") from None
+        out: list[tuple[float, bool | None]] = []
         for i, (context, continuation) in enumerate(batch):
-            logprobs = rows.get(i) or []
-            wanted = logprobs[len(context) : len(context) + len(continuation)]
-            if len(wanted) != len(continuation) or any(v is None for v in wanted):
+            block = rows.get(i) or {}
+            logprobs = (block.get("token_logprobs") or []) if isinstance(block, dict) else []
+            span = slice(len(context), len(context) + len(continuation))
+            wanted = logprobs[span]
+            if len(wanted) != len(continuation) or any(not isinstance(v, int | float) for v in wanted):
                 raise ServedError(f"{self.url}: echo returned {len(logprobs)} token logprobs for prompt {i} of "
                                   f"{len(context) + len(continuation)} tokens")
-            out.append(float(sum(wanted)))
+            is_greedy = None
+            if greedy:
+                tops = (block.get("top_logprobs") or [])[span]
+                if len(tops) != len(continuation) or not all(isinstance(t, dict) and t for t in tops):
+                    raise ServedError(f"{self.url}: echo returned no top_logprobs for the continuation of prompt {i}")
+                is_greedy = all(v >= max(t.values()) for v, t in zip(wanted, tops, strict=True))
+            out.append((float(sum(wanted)), is_greedy))
         return out
 
     def loglikelihood(self, requests: Sequence[tuple[list[int], list[int]]], progress: Progress = _noop,
                       check: Callable[[], None] = _noop) -> list[float]:
         """Σ log p(continuation | context) per request, from the echoed prompt logprobs, ``batch`` prompts per
         HTTP request."""
+        return [ll for ll, _ in self._loglikelihoods(requests, False, progress, check)]
+
+    def loglikelihood_greedy(self, requests: Sequence[tuple[list[int], list[int]]], progress: Progress = _noop,
+                             check: Callable[[], None] = _noop) -> list[tuple[float, bool]]:
+        """(Σ log p(continuation | context), whether the continuation is the greedy one) per request."""
+        return [(ll, bool(g)) for ll, g in self._loglikelihoods(requests, True, progress, check)]
+
+    def _loglikelihoods(self, requests: Sequence[tuple[list[int], list[int]]], greedy: bool, progress: Progress,
+                        check: Callable[[], None]) -> list[tuple[float, bool | None]]:
         batches = [requests[i : i + self.batch] for i in range(0, len(requests), self.batch)]
 
         def batch_progress(done: int, _total: int) -> None:  # in requests, not batches
             progress(min(done * self.batch, len(requests)), len(requests))
 
-        results = self._map(self._loglikelihood_batch, batches, batch_progress, check)
-        return [ll for batch in results for ll in batch]
+        results = self._map(lambda b: self._loglikelihood_batch(b, greedy), batches, batch_progress, check)
+        return [row for batch in results for row in batch]
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, until: Sequence[str],
                  progress: Progress = _noop, check: Callable[[], None] = _noop) -> list[str]:

@@ -3,8 +3,11 @@ hides "one of the special magic numbers for KEY is: VALUE." at a given depth (0 
 last), and a few distractor needles of other keys elsewhere; the model is asked for KEY's number and answers
 by greedy generation. An answer is right when its first seven-digit number is VALUE.
 
-Items are deterministic for (tokenizer, length, depth, sample, seed). ``write_lm_eval_task`` writes the items a
-run used as an lm-eval task (YAML + JSONL), so the standard harness can rerun exactly that set."""
+Items are deterministic for (tokenizer, length, depth, sample, seed). A caller may also give the needles
+themselves (``needle=``: the key asked for, its value, the distractors' keys and values, as the portal's
+challenges do with fresh ones); the filler and the distractors' places are then still drawn from the seed.
+``write_lm_eval_task`` writes the items a run used as an lm-eval task (YAML + JSONL), so the standard harness can
+rerun exactly that set."""
 
 from __future__ import annotations
 
@@ -54,17 +57,24 @@ def _compose(filler: list[str], count: int, needles: list[tuple[int, str]]) -> s
 
 
 def build_item(count_tokens: Callable[[str], int], length: int, depth: int, sample: int = 0, *,
-               distractors: int = 3, seed: int = 0) -> NeedleItem:
-    """The item of (length, depth, sample): the most filler sentences whose prompt fits in ``length`` tokens."""
+               distractors: int = 3, seed: int | str = 0,
+               needle: tuple[str, str, Sequence[tuple[str, str]]] | None = None) -> NeedleItem:
+    """The item of (length, depth, sample): the most filler sentences whose prompt fits in ``length`` tokens.
+    ``needle``: (key, value, [(distractor key, value), ...]) instead of drawing them (``distractors`` is then
+    their count)."""
     if not 0 <= depth <= 100:
         raise ValueError(f"needle depth {depth} is outside 0..100 (percent)")
     filler, keys = haystack_data()
-    if distractors + 1 > len(keys):
-        raise ValueError(f"at most {len(keys) - 1} distractors (one key each), got {distractors}")
     rng = random.Random(f"{seed}-{length}-{depth}-{sample}")
-    chosen = rng.sample(keys, distractors + 1)
-    key, others = chosen[0], chosen[1:]
-    values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), distractors + 1)]
+    if needle is not None:
+        key, value, pairs = needle[0], needle[1], list(needle[2])
+        others, values = [k for k, _ in pairs], [value, *(v for _, v in pairs)]
+    else:
+        if distractors + 1 > len(keys):
+            raise ValueError(f"at most {len(keys) - 1} distractors (one key each), got {distractors}")
+        chosen = rng.sample(keys, distractors + 1)
+        key, others = chosen[0], chosen[1:]
+        values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), distractors + 1)]
     # Enough filler for the longest context: the sentences repeat, each pass in its own shuffled order.
     rounds = max(1, length // 8 // max(1, len(filler)) + 2)
     stream = [s for _ in range(rounds) for s in rng.sample(filler, len(filler))]

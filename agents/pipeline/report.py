@@ -22,6 +22,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "eval": ("passed",),
     "comm": ("ranks", "collectives"),
     "env": ("runtime_commit", "torch", "python", "device", "device_count", "dispatch_key", "driver"),
+    "reference": ("pool_version", "nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle"),  # docs/references.md
 }
 NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
     ("plan", "plan"): ("tp", "pp", "ep", "devices"),

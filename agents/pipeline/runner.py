@@ -5,8 +5,9 @@ not passing evidence; the report then names that stage and why. Whether a sectio
 ``agents.pipeline.verdicts`` (the same rules the portal judges with, on the job's thresholds and the facts the
 pipeline knows: config, manifest, chat template, hardware), so the tier a report claims is the tier the portal
 computes from the same numbers; each stage's verdict is kept in ``report["verdicts"]``. A section whose own flags
-say it failed stops the run too. ``JobCancelled`` ends the run with the stage it interrupted and the error
-"cancelled"."""
+say it failed stops the run too. A section of raw outputs answering the portal's challenge (``scored_by``
+"portal", docs/references.md) is judged by the portal alone: its local verdict is kept and stops nothing.
+``JobCancelled`` ends the run with the stage it interrupted and the error "cancelled"."""
 
 from __future__ import annotations
 
@@ -123,6 +124,13 @@ def judging_context(ctx: StageContext, stages: dict[str, Any] | None = None) -> 
     )
 
 
+def portal_scored(ctx: StageContext, section: dict[str, Any]) -> bool:
+    """A section of raw outputs answering the job's challenge (``scored_by`` "portal"): the portal scores it
+    against the reference it holds, so the agent's own verdict of it is kept but stops nothing (its tier claim
+    does not count the stage)."""
+    return isinstance(ctx.challenge, dict) and section.get("scored_by") == "portal"
+
+
 def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, Any]:
     """Run ``stages`` (in DESIGN order) on ``ctx`` and return the whole stage report."""
     requested = parse_stages(stages)
@@ -161,7 +169,9 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
                 raise StageFailed(f"stage {stage!r} returned a section without required keys: {', '.join(missing)}")
             verdict = verdicts.judge(stage, section, ctx.thresholds, judging_context(ctx, {**ctx.results, stage: section}))
             report["verdicts"][stage] = verdict.as_dict()
-            if not verdict.passed:
+            if portal_scored(ctx, section):  # raw challenge outputs: only the portal holds their reference
+                report["verdicts"][stage]["scored_by"] = "portal"
+            elif not verdict.passed:
                 error = "; ".join(verdict.reasons) or report_mod.failure_reason(stage, section)
             elif verdicts.claimed(stage, section) is False:  # the stage itself says it did not pass
                 error = report_mod.failure_reason(stage, section)

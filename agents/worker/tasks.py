@@ -63,10 +63,12 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
     hardware.setdefault("memory_gb", (hardware.get("memory_bytes") or 0) / 1e9)
     workdir = STATE.work_dir / f"job-{job_id}"
     workdir.mkdir(parents=True, exist_ok=True)
-    for key in ("weight_samples", "weight_probe"):
+    for key in ("weight_samples", "weight_probe", "challenge", "reference_pool"):
         if spec.get(key) is not None and not isinstance(spec[key], dict):
-            raise ValueError(f"job {job_id}: the delivery's {key} must be an object")
+            raise ValueError(f"job {job_id}: the delivery's {key} must be an object, got {type(spec[key]).__name__}")
     return StageContext(
+        purpose=str(spec.get("purpose") or "certify"), nonce=spec.get("nonce") or None,
+        challenge=spec.get("challenge"), reference_pool=spec.get("reference_pool"),
         model_dir=model_dir, config=config, hardware=hardware, dtype=spec.get("dtype") or "float32",
         device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), pp=spec.get("pp"),
         thresholds=dict(spec.get("thresholds") or {}),

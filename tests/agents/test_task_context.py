@@ -35,3 +35,15 @@ def test_the_weight_challenge_reaches_the_stage_context(spec: dict) -> None:
 def test_a_malformed_weight_challenge_fails_the_job_naming_it(spec: dict) -> None:
     with pytest.raises(ValueError, match="job 7: the delivery's weight_probe must be an object"):
         build_context(7, {**spec, "weight_probe": ["model.safetensors"]}, lambda *a, **k: None)
+
+
+def test_the_challenge_pool_nonce_and_purpose_reach_the_stage_context(spec: dict) -> None:
+    challenge = {"nonce": "n", "e2e": [{"id": "e2e-1", "prompt": "Hi", "chat": False, "max_tokens": 4}]}
+    pool = {"version": "v", "mc": []}
+    ctx = build_context(7, {**spec, "nonce": "n", "purpose": "certify", "challenge": challenge}, lambda *a, **k: None)
+    assert ctx.challenge == challenge and ctx.nonce == "n" and ctx.purpose == "certify" and ctx.reference_pool is None
+    ctx = build_context(7, {**spec, "purpose": "reference", "reference_pool": pool}, lambda *a, **k: None)
+    assert ctx.reference_pool == pool and ctx.purpose == "reference" and ctx.challenge is None and ctx.nonce is None
+    assert build_context(7, spec, lambda *a, **k: None).purpose == "certify"  # a spec from before purposes
+    with pytest.raises(ValueError, match="job 7: the delivery's challenge must be an object, got list"):
+        build_context(7, {**spec, "challenge": [challenge]}, lambda *a, **k: None)
