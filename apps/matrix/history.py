@@ -11,7 +11,7 @@ from django.db.models import Max
 from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
 from agents.pipeline.verdicts import PASS
 from apps.evidence.models import StageResult
-from apps.jobs.choices import JobState
+from apps.jobs.choices import JobPurpose, JobState
 from apps.jobs.models import Job
 from apps.matrix.models import Cell, CellHistory
 
@@ -32,12 +32,14 @@ def stages_to_prove(job: Job, passed_in_job: set[tuple[int, str]]) -> list[str]:
 def open_failure(model_id: int, hardware_id: int) -> Job | None:
     """The newest failed, lost or cancelled job of the cell that no newer job has proved wrong: one of its
     stages to prove (``stages_to_prove``) has no passing verdict from a job created after it. Three queries."""
-    failures = list(Job.objects.filter(model_id=model_id, hardware_id=hardware_id, state__in=UNSUCCESSFUL_STATES)
+    failures = list(Job.objects.filter(model_id=model_id, hardware_id=hardware_id, state__in=UNSUCCESSFUL_STATES,
+                                       purpose=JobPurpose.CERTIFY)
                     .order_by("-finished_at", "-id")
                     .only("id", "state", "spec", "failed_stage", "error", "created_at")[:FAILURES_SCANNED])
     if not failures:
         return None
-    passes = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id, verdict=PASS)
+    passes = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id, verdict=PASS,
+                                        job__purpose=JobPurpose.CERTIFY)
     newest_pass = dict(passes.values("stage").annotate(latest=Max("job__created_at")).values_list("stage", "latest"))
     passed_in_job = set(passes.filter(job_id__in=[j.pk for j in failures]).values_list("job_id", "stage"))
     for job in failures:

@@ -15,6 +15,7 @@ from agents.pipeline.verdicts import PASS
 from apps.alerts import services as alert_services
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import StageResult
+from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
 from apps.matrix.events import CellChangedMessage, broadcast_cell_changed, broadcast_matrix_changed
 from apps.matrix.history import failure_label, open_failure, record_history
@@ -95,7 +96,9 @@ def refresh_lead_times(model: ModelRelease) -> None:
 def _newest_verdicts(model_id: int, hardware_id: int) -> dict[str, StageResult]:
     """stage -> its newest result in this cell (with the verdict, the claim and when it arrived)."""
     newest: dict[str, int] = {}
-    for pk, stage in (StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
+    # a reference run (on the reference hardware) holds the release's references, not evidence for its cell
+    for pk, stage in (StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id,
+                                                 job__purpose=JobPurpose.CERTIFY)
                       .order_by("stage", "-created_at", "-id").values_list("id", "stage")):
         newest.setdefault(stage, pk)
     rows = StageResult.objects.filter(pk__in=list(newest.values())).defer("section")
@@ -159,7 +162,7 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     cell.disputed = sorted(stage for stage, r in newest.items() if r.disputed)
     cell.custom_thresholds = any(r.custom_thresholds for r in gates)
     cell.synthetic = any(r.synthetic for r in gates)
-    jobs = Job.objects.filter(model_id=model_id, hardware_id=hardware_id)
+    jobs = Job.objects.filter(model_id=model_id, hardware_id=hardware_id, purpose=JobPurpose.CERTIFY)
     cell.tier = tier
     cell.stage_passed = flags
     cell.tier_reached_at = reached
