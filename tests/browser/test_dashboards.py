@@ -192,12 +192,21 @@ def test_trends_chart_renders_with_zoom_and_hover_and_flags_the_planted_regressi
 
 
 def test_day0_timeline_renders_hours_and_leaderboard(world, portal_server, browser_factory, login_cookie, shot):
+    from apps.jobs.results import do_record_job_results
+    from tests.factories import HardwareFactory, JobFactory
+    from tests.portal.reports import bound, passing
+
+    # the world's evidence is synthetic (seeded), which the leaderboard lists apart: one cell of agent evidence
+    job = JobFactory(model=world.model, hardware=HardwareFactory(slug="agent-npu", name="AGENT-NPU"),
+                     spec={"stages": ["plan", "load"], "dtype": "bfloat16"})
+    do_record_job_results(job, bound(job, {"stages": {"plan": passing("plan"), "load": passing("load")}}))
     page = open_page(browser_factory, portal_server, login_cookie)
     page.goto("/day0/")
     page.locator("#leaderboard-chart[data-rendered=true] canvas").wait_for()
     release = page.locator(f'details[data-model="{world.model.slug}"]')
-    assert release.locator("tbody tr").count() == 2
+    assert release.locator("tbody tr").count() == 3
     assert " h" in release.locator("tbody tr").first.inner_text()
+    assert "synthetic" in page.locator("#unranked").inner_text()  # the seeded cells, listed apart with why
     shot(page, "desktop")
     assert not page.js_errors
 

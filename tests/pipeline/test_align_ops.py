@@ -159,7 +159,11 @@ def test_the_transformers_fallback_has_no_runtime_operator_to_check():
     assert row["status"] == "unchecked" and "fallback" in row["reason"]
 
 
-def test_the_planted_router_bug_fails_the_align_stage_at_the_router(make_ctx, tmp_path: Path) -> None:
+def test_the_planted_router_bug_fails_the_align_stage_at_the_router(make_ctx, tmp_path: Path, monkeypatch) -> None:
+    from agents.runtime.models import native
+
+    # registered as a native family above: the portal's torch-free list of native families says so too
+    monkeypatch.setitem(native.NATIVE_FAMILIES, PLANTED, "deepseek_v3")
     model_dir = tmp_path / "planted"
     shutil.copytree(cached_model("deepseek-v3"), model_dir)
     config = json.loads((model_dir / "config.json").read_text())

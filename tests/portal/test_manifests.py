@@ -10,6 +10,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.catalog.models import ModelRelease
+from apps.evidence.models import StageResult
 from apps.jobs.choices import JobPurpose, JobState
 from apps.jobs.dispatch import task_payload
 from apps.jobs.services import do_transition_job
@@ -140,17 +141,19 @@ def test_the_reference_runs_load_records_the_manifest_and_no_other_load_does(api
     ref_token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=reference)
     plain_hw, plain = vendor()
     # a certify job on the reference host, and a "reference" job on other hardware, record nothing
-    for hardware, token, purpose in ((reference, ref_token, JobPurpose.CERTIFY), (plain_hw, plain, JobPurpose.REFERENCE)):
+    for hardware, token, purpose in ((plain_hw, plain, JobPurpose.REFERENCE), (reference, ref_token, JobPurpose.CERTIFY)):
         job, _ = dispatched(model, hardware, purpose)
         assert post_load(api_client, job, token, load_section("d" * 64, B))["stored"][0]["verdict"] == "pass"
         assert ModelRelease.objects.get(pk=model.pk).manifest == []
+    certify_on_reference = job
     job, _ = dispatched(model, reference, JobPurpose.REFERENCE)
     post_load(api_client, job, ref_token, load_section(A, B))
     model.refresh_from_db()
     assert model.manifest_source == "reference" and model.manifest_seen["job"] == job.pk
     assert [m["sha256"] for m in model.manifest] == [A, B] and model.tensor_count == 201
     # the earlier loads are judged again against it
-    assert api_client.get(f"/api/v1/cells/{model.slug}/{plain_hw.slug}/").json()["verdicts"]["load"]["status"] == "fail"
+    assert api_client.get(f"/api/v1/cells/{model.slug}/{reference.slug}/").json()["verdicts"]["load"]["status"] == "fail"
+    assert StageResult.objects.get(job=certify_on_reference, stage="load").verdict == "fail"
     job, _ = dispatched(model, plain_hw)
     body = post_load(api_client, job, plain, load_section("d" * 64, B))
     assert body["stored"][0]["verdict"] == "fail" and SHARDS[0] in body["stored"][0]["reasons"][0]

@@ -136,6 +136,7 @@ def test_a_wrong_rope_theta_fails_align_by_the_portals_scores(api_client, sharp_
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # the real model's reference run answers the whole pool on CPU
 def test_a_wrong_rope_theta_fails_the_real_models_align_and_eval(api_client, tmp_path,
                                                                  django_capture_on_commit_callbacks) -> None:
     from agents.runtime.testing.real_models import cached_real_model
