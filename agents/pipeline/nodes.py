@@ -10,11 +10,11 @@ through the collectives; the follower itself emits its stage events (an agent po
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from agents.pipeline.base import StageContext, StageFailed
+from agents.runtime.commands.serve import serve_command as runtime_serve_command
 
 STAGE_PORTS = {"load": 0, "serve": 1, "comm": 2}
 RANKED_STAGES = tuple(STAGE_PORTS)
@@ -83,8 +83,8 @@ def serve_command(ctx: StageContext, tp: int, ep: int, pp: int) -> list[str]:
     """``day0 serve`` for this node's ranks of the serve stage (node 0 adds its HTTP port)."""
     node = stage_node(ctx, "serve")
     layout = [a for name, v in (("--tp", tp), ("--ep", ep), ("--pp", pp)) if v > 1 for a in (name, str(v))]
-    return [sys.executable, "-m", "day0portal.cli", "serve", str(ctx.model_dir), "--dtype", ctx.dtype,
-            "--device", ctx.device, *layout, *node.as_args(), *[str(a) for a in ctx.bench.get("serve_args", [])]]
+    return runtime_serve_command(ctx.model_dir, dtype=ctx.dtype, device=ctx.device,
+                                 args=[*layout, *node.as_args(), *ctx.bench.get("serve_args", [])])
 
 
 def _follow_serve(ctx: StageContext) -> None:

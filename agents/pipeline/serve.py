@@ -12,7 +12,6 @@ import base64
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from agents.pipeline import compiled
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.load_sharded import effective_layout, effective_tp
 from agents.pipeline.nodes import stage_node
+from agents.runtime.commands.serve import serve_command
 from agents.runtime.engine.multimodal import config_takes_images
 
 
@@ -46,22 +46,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.tp = tp or 1
-        cmd = [
-            sys.executable,
-            "-m",
-            "day0portal.cli",
-            "serve",
-            str(model_dir),
-            "--port",
-            str(self.port),
-            "--dtype",
-            dtype,
-            "--device",
-            device,
-            *(["--tp", str(tp)] if tp else []),
-            *(extra_args or []),
-            *layout_args,
-        ]
+        cmd = serve_command(model_dir, dtype=dtype, device=device, port=self.port,
+                            args=[*(["--tp", str(tp)] if tp else []), *(extra_args or []), *layout_args])
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("DAY0_API_KEY", None)  # the stage's own server on 127.0.0.1: its clients send no API key
         log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,12 @@ FAMILY_NAMES = frozenset(FAMILIES.values()) | {"unknown"}
 ROPE_TYPES = frozenset({"default", "linear", "dynamic", "llama3", "yarn", "longrope", "ntk"})
 
 
+def config_takes_images(config: dict[str, Any] | None) -> bool:
+    """Whether a model's ``config.json`` describes a vision-language model (it has a vision tower's config).
+    Torch-free, so the portal asks it too (a release records the image modality from it)."""
+    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)
+
+
 class SpecError(ValueError):
     """A config that cannot be turned into a ModelSpec; the message names the missing or bad key."""
 

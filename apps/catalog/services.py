@@ -9,7 +9,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
 from agents.runtime.params import count_params
-from agents.runtime.spec import SpecError, parse_config
+from agents.runtime.spec import SpecError, config_takes_images, parse_config
 from apps.accounts.access import Actor
 from apps.accounts.models import Organization
 from apps.catalog.models import Hardware, ModelRelease
@@ -125,8 +125,6 @@ def _refresh_model_cells(model: ModelRelease) -> None:
 def do_create_model_release(*, config: dict[str, Any], **fields: Any) -> ModelRelease:
     """Creates a model from its config (derived fields computed here) and its matrix row. A config with a
     vision tower records the release as taking images when no modalities are given."""
-    from agents.runtime.engine.multimodal import config_takes_images
-
     if not fields.get("modalities") and config_takes_images(config):
         fields["modalities"] = ["text", "image"]
     model = ModelRelease(config=config, **fields, **model_fields_from_config(config))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
+from collections.abc import Iterable
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,6 +64,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=handle)
 
 
+def serve_command(model_dir: Path | str, *, dtype: str, device: str, port: int | None = None,
+                  args: Iterable[object] = ()) -> list[str]:
+    """The argv that starts this command in a child process, as the runtime's own module (``python -m
+    agents.runtime serve``, not through the Django project's package): the model, ``--port`` when given,
+    ``--dtype``, ``--device``, then ``args`` in order (a later repeat of a flag wins, as argparse reads it). Run it
+    with the repository root as the working directory."""
+    return [sys.executable, "-m", "agents.runtime", "serve", str(model_dir),
+            *(["--port", str(port)] if port is not None else []), "--dtype", dtype, "--device", device,
+            *(str(a) for a in args)]
+
+
 def packs_by_default(dtype: str, device: str, compile_: bool) -> bool:
     """``--pack-weights`` unset: fp32 serving on a CPU packs (measured on 2-core AVX-512 hosts: the native panels
     decode at one row 1.3-1.5x faster than the plain or oneDNN layout and match oneDNN's batched GEMMs, which
@@ -71,8 +85,6 @@ def packs_by_default(dtype: str, device: str, compile_: bool) -> bool:
 
 def handle(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from pathlib import Path
-
     if not (Path(args.model_dir) / "config.json").is_file():
         print(f"day0 serve: {args.model_dir} is not a model directory (no config.json)", flush=True)
         return 2

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from agents.runtime.spec import config_takes_images  # noqa: F401 (re-exported: defined where config.json is read, torch-free)
+
 # a processor's outputs about the text, not the images
 TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
 
@@ -57,8 +59,3 @@ class ImageInputs:
                                  f"{len(self.positions)} placeholder tokens")
             self.features = features
         return self.features
-
-
-def config_takes_images(config: dict | None) -> bool:
-    """Whether a model's ``config.json`` describes a vision-language model (it has a vision tower's config)."""
-    return isinstance(config, dict) and isinstance(config.get("vision_config"), dict)

@@ -1,0 +1,44 @@
+"""The import contracts of pyproject.toml's ``[tool.importlinter]`` hold: the portal imports no torch, the agent
+layers point down (worker → pipeline → runtime), the agents import nothing of the portal or Django. import-linter
+reads every import statement, those inside functions included, and follows indirect chains.
+
+Runs ``lint-imports`` in a fresh interpreter with this checkout first on the path, so the graph is of these
+files and not of whatever checkout the environment's editable install points at."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT = "import sys; from importlinter.cli import lint_imports_command; sys.argv[0] = 'lint-imports'; lint_imports_command()"
+
+
+def _lint(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-c", LINT, "--no-cache", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_every_import_contract_is_kept() -> None:
+    done = _lint()
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    summary = re.search(r"Contracts: (\d+) kept, (\d+) broken", done.stdout)
+    assert summary and int(summary[1]) >= 4 and summary[2] == "0", done.stdout[-2000:]
+
+
+def test_a_broken_contract_fails_the_check(tmp_path: Path) -> None:
+    """The same checker, on this checkout's graph, fails on an arrow that exists (the catalog reads configs
+    with the runtime's spec parser): so a kept contract above means the arrows it forbids are really absent."""
+    config = tmp_path / "contracts.toml"
+    config.write_text(
+        '[tool.importlinter]\nroot_packages = ["agents", "apps", "day0portal"]\n\n'
+        '[[tool.importlinter.contracts]]\nname = "catalog without the runtime"\ntype = "forbidden"\n'
+        'source_modules = ["apps.catalog.services"]\nforbidden_modules = ["agents.runtime.spec"]\n'
+    )
+    done = _lint(str(config))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "apps.catalog.services -> agents.runtime.spec" in done.stdout
