@@ -5,7 +5,7 @@ The defaults meet the portal's minimum baseline (``thresholds``: ``bench_min_req
 ``bench_min_seconds`` 2 per level): 16 prompts a level, and a level that finishes them sooner goes on with
 fresh prompts until it has run 2 s. A tiny model on a CPU runs a level in well under a second, so without the
 minimum its percentiles would rest on a handful of requests; 2 s keeps the whole sweep plus the repeated-prompt
-probe (four runs) near 14 s."""
+probe near 10 s."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "output_len": 16,
     "num_prompts": 16,  # bench_min_requests
     "min_seconds": 2.0,  # bench_min_seconds: a level runs on with fresh prompts until it has run this long
-    "probe": True,  # the highest level again: repeated, fresh, fresh, repeated (each half's faster run)
+    "probe": True,  # the highest level again, one repeated prompt alternating with fresh ones
     "request_rate": None,
     "long_context": True,
     "long_input_len": 256,
