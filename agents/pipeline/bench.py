@@ -20,7 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "output_len": 16,
     "num_prompts": 16,  # bench_min_requests
     "min_seconds": 2.0,  # bench_min_seconds: a level runs on with fresh prompts until it has run this long
-    "probe": True,  # the highest level again, once with one repeated prompt and once with fresh ones
+    "probe": True,  # the highest level again, one repeated prompt alternating with fresh ones
     "request_rate": None,
     "long_context": True,
     "long_input_len": 256,

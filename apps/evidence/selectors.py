@@ -59,6 +59,7 @@ def cell_evidence(model_id: int, hardware_id: int) -> dict[str, Any]:
                            "claimed_passed": r.claimed_passed, "disputed": r.disputed,
                            "defaults_version": r.defaults_version, "custom_thresholds": r.custom_thresholds,
                            "synthetic": r.synthetic, "at": r.created_at.isoformat(),
+                           "scores": r.challenge_scores,  # align / eval: the portal's own scores of raw outputs
                            "section": sections.get(stage)} for stage, r in newest.items()},
     }
     inventory = newest.get("inventory")

@@ -10,7 +10,7 @@ from django.utils import timezone
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.selectors import visible_models_q
-from apps.jobs.choices import ACTIVE_STATES, JobState
+from apps.jobs.choices import ACTIVE_STATES, JobPurpose, JobState
 from apps.jobs.dispatch import stuck_after
 from apps.jobs.models import Job, JobEvent
 
@@ -63,6 +63,14 @@ def job_waiting_reason(job: Job, *, now: datetime | None = None) -> str | None:
     beats = Agent.objects.filter(hardware_id=job.hardware_id).aggregate(
         last=Max("last_heartbeat_at"), online=Count("pk", filter=Q(last_heartbeat_at__gte=now - ONLINE_WINDOW)))
     if beats["online"]:
+        # counts only: the running jobs may be another organization's; a reference run is the portal's own
+        busy = Job.objects.filter(hardware_id=job.hardware_id, state=JobState.RUNNING).aggregate(
+            running=Count("pk"), reference=Count("pk", filter=Q(purpose=JobPurpose.REFERENCE)))
+        if busy["running"]:
+            of_them = (f", {busy['reference']} of them a release's reference run"
+                       if busy["reference"] else "")
+            return (f"{since}: {beats['online']} agent(s) of {slug} online, but none took it from queue hw.{slug}: "
+                    f"{busy['running']} job(s) running on {slug}{of_them}; it waits its turn")
         return (f"{since}: {beats['online']} agent(s) of {slug} online, but none took it from queue hw.{slug} "
                 "(busy with other jobs, or consuming another queue)")
     if beats["last"] is None:

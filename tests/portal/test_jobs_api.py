@@ -278,6 +278,11 @@ def test_a_dispatched_job_nobody_claims_says_why_on_the_api_and_the_job_page(
     page = client.get(f"/jobs/{job.pk}/")
     assert page.status_code == 200
     assert 'id="job-waiting"' in page.content.decode() and expected.format(hw=job.hardware.slug) in page.content.decode()
+    if heartbeat_age is not None and heartbeat_age < timedelta(minutes=1):  # online: says what keeps it busy
+        JobFactory(hardware=job.hardware, state=JobState.RUNNING, purpose="reference")
+        busy = api_client.get(f"/api/v1/jobs/{job.pk}/", **auth(token)).json()["waiting_reason"]
+        assert busy.endswith(f"1 job(s) running on {job.hardware.slug}, 1 of them a release's reference run; "
+                             "it waits its turn"), busy
 
 
 def test_no_agent_reports_on_a_job_before_claiming_it(api_client, two_agents) -> None:

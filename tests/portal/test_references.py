@@ -189,6 +189,11 @@ def test_matching_raw_outputs_pass_align_and_eval_with_the_portals_scores(api_cl
     assert scores["mc"]["target"]["accuracy"] == 1.0 and scores["mc"]["target"]["n"] == 20
     assert scores["sizes"]["mc"]["p0"] == 1.0 and "sqrt" in scores["sizes"]["mc"]["rule"]
     assert [row["length"] for row in scores["needle"]] == [256, 512, 1024]
+    cell = api_client.get(f"/api/v1/cells/{world['model'].slug}/{world['hardware'].slug}/",
+                          **auth(world["token"])).json()
+    assert cell["evidence"]["stages"]["eval"]["scores"] == scores  # the cell API shows the portal's scores too
+    assert cell["evidence"]["stages"]["align"]["scores"]["e2e"]["n"] == 8
+    assert cell["evidence"]["stages"]["bench"]["scores"] is None
     page = Client().get(f"/cells/{world['model'].slug}/{world['hardware'].slug}/").content.decode()
     block = page[page.index('id="portal-scores"'):page.index('id="evaluation"')]
     assert "100.0 % (128 of 128 tokens over 8 prompts; at least 90.0 %)" in block  # 16 tokens each

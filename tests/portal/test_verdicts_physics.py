@@ -98,6 +98,17 @@ def test_a_level_shorter_than_the_minimum_fails_and_a_topped_up_level_may_issue_
     assert v.judge("bench", section, context=CONTEXT).passed
 
 
+def test_the_repeated_prompt_probe_is_compared_with_the_faster_fresh_run_at_its_level() -> None:
+    section = passing("bench")
+    top = section["runs"][-1]["output_tok_s"]
+    section["probe"]["fresh"]["output_tok_s"] = round(top / 2, 3)  # the probe's fresh run slowed by a busy host
+    section["probe"]["repeated"]["output_tok_s"] = round(top * 1.05, 3)
+    assert v.judge("bench", section, context=CONTEXT).passed  # the sweep's fresh level ran as fast
+    section["probe"]["repeated"]["output_tok_s"] = round(top * 1.5, 3)  # faster than any fresh run: a cache
+    reasons = v.judge("bench", section, context=CONTEXT).reasons
+    assert any(f"is 1.50× the fresh prompts' {top:g}" in r for r in reasons), reasons
+
+
 def test_align_rows_in_range_and_exact_zeros_only_where_a_lookup_copies() -> None:
     section = passing("align")
     section["ops"].append({"op": "embedding", "check": "embedding", "cosine": 1.0, "max_rel_err": 0.0,

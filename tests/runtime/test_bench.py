@@ -167,13 +167,18 @@ def test_each_concurrency_level_and_the_warm_up_get_prompts_of_their_own():
                                 long_context=False, seed=5, tokenizer=path)
     assert [r["seed"] for r in section["runs"]] == [5, 6] and all(r["failed"] == 0 for r in section["runs"])
     assert section["prompts"]["kind"] == "token_ids" and "tokenizer" in section["prompts"]["source"]
-    # the sweep, then the probe at the highest level: one prompt three times, then three fresh ones
-    warm, measured, repeated, fresh = sent[0], sent[1:7], sent[7:10], sent[10:]
-    assert len(measured) == 6 and all(len(p) == 10 for p in sent[1:]) and len(warm) < 10 and len(fresh) == 3
+    # the sweep, then the probe at the highest level: one run alternating one prompt (three times) with three
+    # fresh ones
+    warm, measured, probed = sent[0], sent[1:7], sent[7:]
+    assert len(measured) == 6 and all(len(p) == 10 for p in sent[1:]) and len(warm) < 10 and len(probed) == 6
     assert len({tuple(p) for p in measured}) == 6, "a prompt was sent at two concurrency levels"
-    assert len({tuple(p) for p in repeated}) == 1 and len({tuple(p) for p in [*measured, *fresh]}) == 9
+    counts = {tuple(p): probed.count(p) for p in probed}
+    assert sorted(counts.values()) == [1, 1, 1, 3]
+    fresh = [p for p in probed if counts[tuple(p)] == 1]
+    assert len({tuple(p) for p in [*measured, *fresh]}) == 9
     probe = section["probe"]
     assert probe["concurrency"] == 2 and probe["repeated"]["completed"] == probe["fresh"]["completed"] == 3
+    assert probe["interleaved"] and probe["fresh"]["output_tok_s"] > 0 and probe["repeated"]["output_tok_s"] > 0
     _, special = tokenizer_vocab(path)
     assert not special & {t for p in sent for t in p}
 

@@ -241,8 +241,9 @@ async def run_benchmark_async(
     the model's tokenizer directory, for token-id prompts on a server whose model card has no ``vocab_size``
     (vLLM's); level ``i`` of the sweep uses ``seed + i``, the long-context case ``seed + len(concurrency)``.
     ``min_seconds``: each level (and each half of the probe) issues fresh prompts past ``num_prompts`` until it
-    has run that long. ``probe``: the highest level once more with one prompt repeated and again with fresh ones
-    (``probe``: both tok/s; a server that caches results or prefixes shows it); ``requested``: what was asked."""
+    has run that long. ``probe``: the highest level once more, its requests alternating between one repeated
+    prompt and fresh ones (``probe``: each half's tok/s, see ``_probe``; a server that caches results or
+    prefixes shows it); ``requested``: what was asked."""
     base = url.rstrip("/")
     if input_len < 1 or output_len < 1 or num_prompts < 1 or not concurrency or min(concurrency) < 1:
         raise ValueError("input_len, output_len, num_prompts and every concurrency must be >= 1")
@@ -295,13 +296,10 @@ async def run_benchmark_async(
             kwargs = {"model": model, "output_len": output_len, "concurrency": max(concurrency), "request_rate": None,
                       "seed": seed + PROBE_SEED, "images": images, "min_seconds": min_seconds}
             one = prompts_for(1, input_len, seed + PROBE_SEED)[0]
-            # the repeated half first: a server still warming up favours the fresh half, never the repeated one
-            repeated = await _run(client, base, [one] * num_prompts, more=lambda i: one, **kwargs)
-            fresh = await _run(client, base, prompts_for(num_prompts, input_len, seed + PROBE_SEED + 1),
-                               more=lambda i: prompts_for(1, input_len, (seed + PROBE_SEED + 1) * MAX_LEVEL_PROMPTS
-                                                          + i)[0], **kwargs)
-            probed = {"concurrency": max(concurrency), "fresh": _probe_summary(fresh),
-                      "repeated": _probe_summary(repeated)}
+            fresh_seed = seed + PROBE_SEED + 1
+            fresh = prompts_for(num_prompts, input_len, fresh_seed)
+            probed = await _probe(client, base, one, fresh, lambda i: prompts_for(
+                1, input_len, fresh_seed * MAX_LEVEL_PROMPTS + i)[0], **kwargs)
         long_run = None
         if long_context and max_len:
             long_in = long_input_len or max_len - output_len - 1
@@ -341,6 +339,40 @@ async def run_benchmark_async(
         "peak_memory_bytes": peak,
         "expert_load": expert_load,
     }
+
+
+async def _probe(client: httpx.AsyncClient, base: str, one: Any, fresh: list[Any], more: Callable[[int], Any], *,
+                 model: str, output_len: int, concurrency: int, images: list[dict[str, Any]] = (),  # type: ignore[assignment]
+                 min_seconds: float = 0.0, **_: Any) -> dict:
+    """The repeated-prompt probe: one closed-loop run at ``concurrency`` whose requests alternate between the one
+    repeated prompt and fresh ones (``fresh``, then ``more(i)`` until ``min_seconds``), so both halves share the
+    same seconds of the server and of the host (a busy host slows both alike). Each half's ``output_tok_s`` is
+    its output tokens over its requests' summed end-to-end seconds, times the concurrency: the rate a request
+    slot gives that half. A cache of results or prefixes answers the repeated requests sooner."""
+    halves: dict[str, list[RequestResult]] = {"repeated": [], "fresh": []}
+    order = itertools.count()
+    start = time.perf_counter()
+
+    def next_prompt() -> tuple[str, Any] | None:
+        i = next(order)
+        if i >= 2 * len(fresh) and (time.perf_counter() - start >= min_seconds or i >= MAX_LEVEL_PROMPTS):
+            return None
+        if i % 2 == 0:
+            return "repeated", one
+        k = i // 2
+        return "fresh", fresh[k] if k < len(fresh) else more(k)
+
+    async def worker() -> None:
+        while (item := next_prompt()) is not None:
+            path, body = request_body(model, item[1], output_len, list(images))
+            halves[item[0]].append(await _one(client, base + path, body))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    out: dict[str, Any] = {"concurrency": concurrency, "interleaved": True}
+    for half, results in halves.items():
+        busy = sum(r.e2e for r in results if r.ok) / concurrency
+        out[half] = _probe_summary(summarize(results, busy, concurrency=concurrency))
+    return out
 
 
 def _probe_summary(run: dict) -> dict:

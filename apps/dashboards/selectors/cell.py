@@ -274,10 +274,16 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
     page.job_page = Paginator(Job.objects.filter(model=model, hardware=hardware).select_related("requested_by")
                               .order_by("-created_at", "-id"), JOB_PAGE).get_page(jobs_page)
     page.jobs = list(page.job_page.object_list)
-    for newer, older in zip(page.jobs, page.jobs[1:], strict=False):  # "compare with the job before"
-        newer.previous_id = older.pk
-    if page.jobs:
-        page.jobs[-1].previous_id = previous_job_ids(page.jobs[-1:]).get(page.jobs[-1].pk)
+    # "compare with the job before" of the same purpose: a certify job is never compared with a reference run
+    unmatched = []
+    for i, newer in enumerate(page.jobs):
+        older = next((j for j in page.jobs[i + 1:] if j.purpose == newer.purpose), None)
+        newer.previous_id = older.pk if older is not None else None
+        if older is None:
+            unmatched.append(newer)
+    previous = previous_job_ids(unmatched)
+    for job in unmatched:
+        job.previous_id = previous.get(job.pk)
     keys = section_keys(results)  # the serve, bench and align sections' runs, long-context run, compile blocks
     raw = keys.get("bench", {}).get("long_context")
     page.long_context = raw if isinstance(raw, dict) else None

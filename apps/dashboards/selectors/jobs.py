@@ -56,12 +56,13 @@ def job_list(actor: Actor, filters: JobFilters, page: Any = 1, *, per_page: int 
 
 
 def previous_job_ids(jobs: list[Job]) -> dict[int, int]:
-    """job id -> the job before it in the same cell (for "compare with previous"), in one query."""
+    """job id -> the job before it in the same cell and of the same purpose (for "compare with previous"; a
+    certify job is never compared with a reference run), in one query."""
     if not jobs:
         return {}
     from django.db.models import OuterRef, Subquery
 
     earlier = Job.objects.filter(model_id=OuterRef("model_id"), hardware_id=OuterRef("hardware_id"),
-                                 created_at__lt=OuterRef("created_at")).order_by("-created_at", "-id").values("id")[:1]
+                                 purpose=OuterRef("purpose"), created_at__lt=OuterRef("created_at")).order_by("-created_at", "-id").values("id")[:1]
     rows = Job.objects.filter(pk__in=[j.pk for j in jobs]).annotate(prev=Subquery(earlier)).values_list("id", "prev")
     return {pk: prev for pk, prev in rows if prev is not None}
