@@ -37,20 +37,9 @@ from tests.factories import (
     auth,
     make_token,
 )
-from tests.pipeline.test_challenges import sharp_llama  # noqa: F401 (the module's fixture)
+from tests.pipeline.test_challenges import _target_with_rope, sharp_llama  # noqa: F401 (the module's fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-def _wrong_rope(path: Path, out: Path, theta: float = 10.0) -> Path:
-    out.mkdir()
-    for file in path.iterdir():
-        if file.name != "config.json":
-            (out / file.name).symlink_to(file)
-    config = json.loads((path / "config.json").read_text())
-    config["rope_parameters"] = {**config["rope_parameters"], "rope_theta": theta}
-    (out / "config.json").write_text(json.dumps(config))
-    return out
 
 
 def _context(model_dir: Path, payload: dict[str, Any], workdir: Path) -> StageContext:
@@ -120,7 +109,7 @@ def test_a_wrong_rope_theta_fails_align_by_the_portals_scores(api_client, sharp_
                                                               django_capture_on_commit_callbacks) -> None:
     model, vendor_hw = _reference_run(api_client, sharp_llama, tmp_path, django_capture_on_commit_callbacks)
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=vendor_hw)
-    faulty = _certify(api_client, model, vendor_hw, token, _wrong_rope(sharp_llama, tmp_path / "wrong-rope"),
+    faulty = _certify(api_client, model, vendor_hw, token, _target_with_rope(sharp_llama, tmp_path, 10.0),
                       tmp_path / "faulty")
     align = faulty["align"]
     assert align["verdict"] == "fail", align
@@ -144,7 +133,7 @@ def test_a_wrong_rope_theta_fails_the_real_models_align_and_eval(api_client, tmp
     real = cached_real_model("smollm2-135m", "float32")
     model, vendor_hw = _reference_run(api_client, real, tmp_path, django_capture_on_commit_callbacks)
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=vendor_hw)
-    faulty = _certify(api_client, model, vendor_hw, token, _wrong_rope(real, tmp_path / "wrong-rope"),
+    faulty = _certify(api_client, model, vendor_hw, token, _target_with_rope(real, tmp_path, 10.0),
                       tmp_path / "faulty")
     assert faulty["align"]["verdict"] == "fail", faulty["align"]
     assert faulty["eval"]["verdict"] == "fail", faulty["eval"]
