@@ -42,8 +42,8 @@ def job_list(actor: Actor, filters: JobFilters, page: Any = 1, *, per_page: int 
     """One page of the visible jobs matching ``filters`` (newest first), rows carrying model, hardware,
     organization and requester."""
     jobs = visible_jobs(actor).select_related("model", "hardware", "organization", "requested_by").only(
-        "id", "state", "failed_stage", "created_at", "finished_at", "attempts", "spec", "model__slug", "model__name",
-        "hardware__slug", "hardware__name", "organization__slug", "requested_by__username")
+        "id", "state", "purpose", "failed_stage", "created_at", "finished_at", "attempts", "spec", "model__slug",
+        "model__name", "hardware__slug", "hardware__name", "organization__slug", "requested_by__username")
     if filters.state:
         jobs = jobs.filter(state=filters.state)
     if filters.model:
