@@ -53,6 +53,17 @@ def register_demo_release(slug: str, name: str, model_dir: Path, *, org_slug: st
     return models_dir
 
 
+def reference_line(base: str, slug: str) -> str:
+    """The console line naming the release's newest reference run (it runs first: the demo job waits for it)."""
+    from apps.references.models import ReferenceRun
+
+    run = ReferenceRun.objects.filter(release__slug=slug).order_by("-id").first()
+    if run is None or run.job_id is None:
+        return "  reference   none queued: align's end to end and eval will say \"awaiting reference\"\n"
+    return (f"  reference   {base}/jobs/{run.job_id}/   (the release's reference run: transformers fp32 on this "
+            f"host, first)\n")
+
+
 def make_agent_token(hardware: str = "cpu", *, org_slug: str = "day0-demo", username: str = "admin") -> str:
     """A fresh agent token bound to ``hardware`` (the secret is shown only now), minted by ``username`` through
     ``check_create_api_token``: the demo admin is a superuser (created as one here if missing), as the shared

@@ -14,10 +14,10 @@ def outdated_verdicts_check(app_configs: Any = None, databases: Any = None, **kw
     if not databases:
         return []
     from agents.pipeline.thresholds import DEFAULTS_VERSION
-    from apps.evidence.models import StageResult
+    from apps.evidence.rejudge import outdated_defaults_count
 
     try:
-        stale = StageResult.objects.exclude(defaults_version=DEFAULTS_VERSION).count()
+        stale = outdated_defaults_count()
     except DatabaseError:  # not migrated yet: nothing is stored under older defaults
         return []
     if not stale:

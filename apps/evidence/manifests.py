@@ -6,7 +6,7 @@ on ``reference`` hardware) — never from a vendor's load. Without one (or with 
 is never compared with), each hardware's digests are kept apart: per hardware, the newest passing load's shard
 digests. Where two hardware loaded different bytes the release shows the disagreement (model API, cell page)
 until staff settle it by choosing a hardware's digests or giving a manifest; nothing an agent posts sets a
-release-wide flag. When the manifest changes, the release's stored loads are judged again (``rejudge_loads``)."""
+release-wide flag. When the manifest changes, the release's stored results are judged again (``rejudge.rejudge_results``)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,15 @@ from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from agents.pipeline import verdicts
 from agents.pipeline.verdicts import check_manifest
 from agents.pipeline.verdicts_load import LEGACY_SOURCES
 from apps.accounts.access import Actor
 from apps.catalog.models import ModelRelease
 from apps.evidence.models import ShardChecksum, StageResult
+from apps.evidence.rejudge import rejudge_results
 from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
 
-LEGACY_SOURCE = "first seen (legacy)"
 MAX_SHOWN_FILES = 20  # disagreeing files listed on the model API (the count says how many in all)
 
 
@@ -129,34 +128,8 @@ def check_settle_manifest(actor: Actor, model: ModelRelease, *, hardware: str | 
     locked = ModelRelease.objects.select_for_update().get(pk=model.pk)
     locked.manifest, locked.manifest_source, locked.manifest_seen = entries, "staff", seen
     locked.save(update_fields=["manifest", "manifest_source", "manifest_seen", "updated_at"])
-    recompute_cells(locked.pk, rejudge_loads(locked.pk))
+    rejudge_results(model=locked, reason=f"manifest settled by staff ({len(entries)} files)")
     return locked
-
-
-def rejudge_loads(model_id: int) -> set[int]:
-    """Judges the release's stored loads again after its manifest changed; returns the hardware whose load
-    verdicts changed (their cells need recomputing)."""
-    from apps.evidence.services import judging_context  # services imports this module
-
-    changed = set()
-    for result in StageResult.objects.filter(job__model_id=model_id, stage="load").select_related(
-            "job__model", "job__hardware"):
-        job = result.job
-        verdict = verdicts.judge("load", result.section, job.spec.get("thresholds") or {}, judging_context(job))
-        if (verdict.status, verdict.reasons, verdict.notes) == (result.verdict, result.reasons, result.verdict_notes):
-            continue
-        result.verdict, result.passed, result.reasons = verdict.status, verdict.passed, verdict.reasons
-        result.verdict_notes = verdict.notes
-        result.save(update_fields=["verdict", "passed", "reasons", "verdict_notes"])
-        changed.add(job.hardware_id)
-    return changed
-
-
-def recompute_cells(model_id: int, hardware_ids: set[int]) -> None:
-    from apps.matrix.services import recompute_cell  # the matrix reads evidence: imported where it is needed
-
-    for hardware_id in sorted(hardware_ids):
-        recompute_cell(model_id, hardware_id)
 
 
 def is_reference_job(job: Job) -> bool:
@@ -180,5 +153,5 @@ def record_reference_load(job: Job, section: dict[str, Any]) -> None:
     if changed:
         model.save(update_fields=[*changed, "updated_at"])
         job.model = model
-        # every hardware's stored loads are now compared with it (this job's own cell is recomputed by its caller)
-        recompute_cells(model.pk, rejudge_loads(model.pk) - {job.hardware_id})
+        # every hardware's stored results are now judged with it, and the cells' history says why
+        rejudge_results(model=model, reason=f"manifest from the reference run (job {job.pk})")

@@ -50,19 +50,24 @@ def rejudge_results(*, model: Any = None, hardware: Any = None, reason: str,
         rows = rows.filter(job__hardware=hardware)
     now = timezone.now()
     changes: dict[tuple[int, int], dict[str, list[str]]] = {}  # cell -> stage -> [before, after]
-    contexts: dict[int, verdicts.Context] = {}  # one per job (its load section decides the runtime path)
+    # one job at a time (its load section decides the runtime path): its context, and one challenge judge per
+    # attempt its align and eval were posted under
+    job_id, context, judges = None, None, {}
     count = changed = 0
     batch: list[StageResult] = []
-    for result in rows.select_related("job__model", "job__hardware").order_by("id").iterator(chunk_size=500):
+    for result in rows.select_related("job__model", "job__hardware").order_by("job_id", "id").iterator(chunk_size=500):
         job = result.job
-        if job.pk not in contexts:
-            contexts[job.pk] = judging_context(job)
-        context = contexts[job.pk]
+        if job.pk != job_id:
+            job_id, context, judges = job.pk, judging_context(job), {}
+        judged_with = context
         if result.stage in CHALLENGED_STAGES and context.challenge is not None:  # the attempt it was posted under
-            context = dataclasses.replace(context, challenge=challenge_judge(job, attempt=result.attempt))
-        verdict = verdicts.judge(result.stage, result.section, (job.spec or {}).get("thresholds") or {}, context)
+            if result.attempt not in judges:
+                judges[result.attempt] = challenge_judge(job, attempt=result.attempt)
+            judged_with = dataclasses.replace(context, challenge=judges[result.attempt])
+        verdict = verdicts.judge(result.stage, result.section, (job.spec or {}).get("thresholds") or {}, judged_with)
         if result.stage in CHALLENGED_STAGES:
-            result.challenge_scores = context.challenge.scores.get(result.stage) if context.challenge else None
+            result.challenge_scores = (judged_with.challenge.scores.get(result.stage) if judged_with.challenge
+                                       else None)
         count += 1
         key = (job.model_id, job.hardware_id)
         moved = changes.setdefault(key, {})  # the cell is recomputed even when none of its verdicts changed

@@ -13,6 +13,14 @@ from apps.evidence.models import (
     BenchmarkRun,
     StageResult,
 )
+from apps.jobs.choices import JobPurpose
+
+
+def cell_results(model_id: int, hardware_id: int) -> QuerySet[StageResult]:
+    """The results that are evidence of a cell: its certify jobs' (a reference run on the reference hardware
+    holds the release's references, not evidence of that hardware's cell)."""
+    return StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id,
+                                      job__purpose=JobPurpose.CERTIFY)
 
 
 def newest_results(model_id: int, hardware_id: int) -> dict[str, StageResult]:
@@ -20,10 +28,12 @@ def newest_results(model_id: int, hardware_id: int) -> dict[str, StageResult]:
 
     One uncorrelated "newest id" subquery per stage: each sorts only that stage's results, so a year of daily
     benchmark runs costs a sort of the bench results, not reading the cell's whole history."""
-    cell_results = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
+    # every job of the cell, a reference run's too (the page shows its summary, labelled; the tier reads
+    # ``cell_results`` only)
+    evidence = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
     newest = Q()
     for stage in STAGE_ORDER:
-        newest |= Q(id=Subquery(cell_results.filter(stage=stage).order_by("-created_at", "-id").values("id")[:1]))
+        newest |= Q(id=Subquery(evidence.filter(stage=stage).order_by("-created_at", "-id").values("id")[:1]))
     rows = (StageResult.objects.filter(newest)
             .select_related("plan", "load", "alignment", "serve", "benchmark", "env")
             .defer("section"))

@@ -312,7 +312,7 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
                                         shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ()),
                                         memory_bandwidth_gbps=hardware.memory_bandwidth_gbps),
         dtype=job.spec.get("dtype") or "auto", **physics,
-        challenge=challenge_judge(job, sections),  # the portal judges e2e and eval from its own scores
+        challenge=challenge_judge(job),  # the portal judges e2e and eval from its own scores
     )
 
 
@@ -333,9 +333,10 @@ def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> li
     StageResult.objects.filter(job=job, stage__in=list(sections)).delete()
     results = []
     # load first: its verdict (and a reference run's manifest) is what later sections of the same report rely on
+    context = None  # built once, and again after a load (a reference run's load may give the release its manifest)
     for stage in sorted(sections, key=lambda name: name != "load"):
         section = sections[stage]
-        context = judging_context(job, sections)
+        context = context or judging_context(job, sections)
         verdict = verdicts.judge(stage, section, overrides, context)
         result = StageResult.objects.create(
             job=job, stage=stage, passed=verdict.passed, verdict=verdict.status, reasons=verdict.reasons,
@@ -351,6 +352,7 @@ def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> li
                 manifests.record_reference_load(job, section)
             if held:
                 held.save(job, verdict.passed)
+            context = None
         results.append(result)
     return results
 

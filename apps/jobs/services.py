@@ -21,7 +21,14 @@ from apps.core.errors import ConflictError
 from apps.core.validators import as_utc
 from apps.fleet.models import Agent
 from apps.jobs import dispatch, placement
-from apps.jobs.choices import ACTIVE_STATES, ALLOWED_TRANSITIONS, FINISHED_STATES, EventLevel, JobState
+from apps.jobs.choices import (
+    ACTIVE_STATES,
+    ALLOWED_TRANSITIONS,
+    FINISHED_STATES,
+    EventLevel,
+    JobPurpose,
+    JobState,
+)
 from apps.jobs.events import JobEventPayload, JobStateMessage, broadcast_job_events, broadcast_job_state
 from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobEvent, JobNode, NodeState
 
@@ -80,11 +87,12 @@ def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, s
 
 @transaction.atomic
 def do_create_job(*, model: ModelRelease, hardware: Hardware, spec: dict[str, Any],
-                  organization_id: int | None = None, requested_by_id: int | None = None) -> Job:
+                  organization_id: int | None = None, requested_by_id: int | None = None,
+                  purpose: str = JobPurpose.CERTIFY) -> Job:
     """Stores a queued job and hands it to ``do_dispatch_job`` once the transaction commits. ``nodes``: the
     hosts its plan spans (``placement.plan_nodes``), one agent each."""
     job = Job.objects.create(model=model, hardware=hardware, spec=spec, organization_id=organization_id,
-                             requested_by_id=requested_by_id, state=JobState.QUEUED,
+                             requested_by_id=requested_by_id, state=JobState.QUEUED, purpose=purpose,
                              nodes=placement.plan_nodes(model, hardware, spec))
     from apps.matrix.services import recompute_cell
 

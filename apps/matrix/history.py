@@ -10,7 +10,7 @@ from django.db.models import Max
 
 from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
 from agents.pipeline.verdicts import PASS
-from apps.evidence.models import StageResult
+from apps.evidence.selectors import cell_results
 from apps.jobs.choices import JobPurpose, JobState
 from apps.jobs.models import Job
 from apps.matrix.models import Cell, CellHistory
@@ -38,8 +38,7 @@ def open_failure(model_id: int, hardware_id: int) -> Job | None:
                     .only("id", "state", "spec", "failed_stage", "error", "created_at")[:FAILURES_SCANNED])
     if not failures:
         return None
-    passes = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id, verdict=PASS,
-                                        job__purpose=JobPurpose.CERTIFY)
+    passes = cell_results(model_id, hardware_id).filter(verdict=PASS)
     newest_pass = dict(passes.values("stage").annotate(latest=Max("job__created_at")).values_list("stage", "latest"))
     passed_in_job = set(passes.filter(job_id__in=[j.pk for j in failures]).values_list("job_id", "stage"))
     for job in failures:

@@ -15,6 +15,7 @@ from agents.pipeline.verdicts import PASS
 from apps.alerts import services as alert_services
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import StageResult
+from apps.evidence.selectors import cell_results
 from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
 from apps.matrix.events import CellChangedMessage, broadcast_cell_changed, broadcast_matrix_changed
@@ -96,9 +97,7 @@ def refresh_lead_times(model: ModelRelease) -> None:
 def _newest_verdicts(model_id: int, hardware_id: int) -> dict[str, StageResult]:
     """stage -> its newest result in this cell (with the verdict, the claim and when it arrived)."""
     newest: dict[str, int] = {}
-    # a reference run (on the reference hardware) holds the release's references, not evidence for its cell
-    for pk, stage in (StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id,
-                                                 job__purpose=JobPurpose.CERTIFY)
+    for pk, stage in (cell_results(model_id, hardware_id)
                       .order_by("stage", "-created_at", "-id").values_list("id", "stage")):
         newest.setdefault(stage, pk)
     rows = StageResult.objects.filter(pk__in=list(newest.values())).defer("section")

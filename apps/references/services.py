@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
@@ -86,9 +86,8 @@ def do_queue_reference(release: ModelRelease, *, source: str | None = None, requ
 
     job = do_create_job(model=release, hardware=hardware, organization_id=release.organization_id,
                         requested_by_id=requested_by_id,
-                        spec={"stages": list(REFERENCE_STAGES), "dtype": "float32", "model_path": source})
-    Job.objects.filter(pk=job.pk).update(purpose=JobPurpose.REFERENCE)  # before the dispatch at commit
-    job.purpose = JobPurpose.REFERENCE
+                        spec={"stages": list(REFERENCE_STAGES), "dtype": "float32", "model_path": source},
+                        purpose=JobPurpose.REFERENCE)
     needles = cp.needle_items(cp.needle_lengths(release.context_length), samples=REFERENCE_NEEDLE_SAMPLES)
     return ReferenceRun.objects.create(release=release, pool_version=version, source=source, job=job,
                                        needles=needles)
@@ -181,34 +180,19 @@ def draw_challenge(job: Job) -> Challenge | None:
     return challenge
 
 
-def _raw_nonce(sections: Mapping[str, Any]) -> str | None:
-    for stage, section in sections.items():
-        if not isinstance(section, Mapping):
-            continue
-        holder = section if stage == "eval" else section.get("e2e")
-        raw = holder.get("raw") if isinstance(holder, Mapping) else None
-        if isinstance(raw, Mapping) and isinstance(raw.get("nonce"), str):
-            return raw["nonce"]
-    return None
-
-
-def challenge_judge(job: Job, sections: Mapping[str, Any] | None = None, *, attempt: int | None = None,
-                    any_attempt: bool = False) -> ChallengeJudge | None:
+def challenge_judge(job: Job, *, attempt: int | None = None) -> ChallengeJudge | None:
     """The judge of a certify job's raw outputs: the current attempt's challenge (raw outputs of an earlier
     attempt answer another challenge); judging stored results again, ``attempt``'s (the one they were posted
-    under) or with ``any_attempt`` the job's challenge whose nonce they carry; its keys, and the release's
-    finished reference for that pool version. None for
+    under); its keys, and the release's finished reference for that pool version. None for
     a reference job (nothing of it is judged against a reference) and for synthetic evidence (``seed_evidence``:
     no agent, marked synthetic everywhere), which is judged from its own numbers."""
     if job.purpose != JobPurpose.CERTIFY or job.spec.get("seeded"):
         return None
     challenges = Challenge.objects.filter(job_id=job.pk)
-    nonce = _raw_nonce(sections or {}) if any_attempt else None
     if attempt is not None:
         challenge = challenges.filter(attempt=attempt).first()
     else:
-        challenge = (challenges.filter(nonce=nonce).first() if nonce else None) or \
-            challenges.filter(attempt=job.attempts, nonce=job.nonce).first()
+        challenge = challenges.filter(attempt=job.attempts, nonce=job.nonce).first()
     if challenge is None:
         return ChallengeJudge(challenge=None)
     reference = finished_reference(job.model_id, challenge.pool_version)

@@ -200,7 +200,7 @@ def _run_demo_job(base: str, info: DemoInfo, env: dict[str, str], args: argparse
 
     from agents.worker.demo import start_agent, submit_job
     from agents.worker.lifecycle import die_with_parent
-    from day0portal.demo_seed import ensure_demo_model, make_agent_token, start_portal_worker
+    from day0portal.demo_seed import ensure_demo_model, make_agent_token, reference_line, start_portal_worker
 
     for noisy in ("httpx", "kombu.connection"):  # one line per poll, and the filesystem broker has no host name
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -215,7 +215,7 @@ def _run_demo_job(base: str, info: DemoInfo, env: dict[str, str], args: argparse
     job_url = f"{base}/jobs/{job['id']}/"
     cell_url = f"{base}/cells/{slug}/cpu/"
     print(f"""
-  demo job    {job_url}   (live console)
+{reference_line(base, slug)}  demo job    {job_url}   (live console)
   its cell    {cell_url}
   agent log   {agent_log}
 """, flush=True)
@@ -235,7 +235,10 @@ def _run_real_model_job(base: str, info: DemoInfo, helpers: list[subprocess.Pope
     slug, _, model_dir = real.ensure_real_demo_model()
     job = real.submit_real_model_job(base, info.token)
     cell_url = f"{base}/cells/{slug}/cpu/"
-    print(f"\n  real-model job {base}/jobs/{job['id']}/   (live console)\n  its cell       {cell_url}\n", flush=True)
+    from day0portal.demo_seed import reference_line
+
+    print(f"\n{reference_line(base, slug)}  real-model job {base}/jobs/{job['id']}/   (live console)\n"
+          f"  its cell       {cell_url}\n", flush=True)
     code = _follow_job(base, info.token, int(job["id"]), cell_url, timeout_s=5400.0, progress=True)
     server, answer = real.start_chat_server(model_dir, data_dir() / "logs" / "chat-serve.log")
     helpers.append(server.proc)
