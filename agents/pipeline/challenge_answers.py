@@ -29,7 +29,7 @@ MAX_UNTIL = 8
 MAX_DISTRACTORS = 32
 DEFAULT_TOP_K = 5
 MAX_TOP_K = 20  # what the served endpoint gives (``logprobs`` 0..20)
-NEEDLE_MAX_TOKENS = 12
+NEEDLE_MAX_TOKENS = eval_needle.MAX_TOKENS
 NEEDLE_UNTIL = ("\n",)
 PPL_MAX_WINDOW = 2048
 

@@ -15,7 +15,6 @@ from agents.pipeline import challenge_scoring as cs
 from agents.pipeline.verdict_base import Verdict
 
 EVAL_KINDS: tuple[str, ...] = ("mc", "qa", "ppl", "needle")
-DEFAULT_MIN_TOKEN_MATCH_RATE = 0.9
 
 
 @dataclass
@@ -89,7 +88,7 @@ class ChallengeJudge:
         k = int(t["e2e_top_k"])
         drawn = list(self.challenge["e2e"])
         score = cs.score_e2e(drawn, answers["e2e"], self.reference["e2e"], k)
-        minimum = float(t.get("align_min_token_match", DEFAULT_MIN_TOKEN_MATCH_RATE))
+        minimum = float(t["align_min_token_match"])
         # the reference's own tokens never leave the portal: reasons and stored scores name the target's only
         for row in score["rows"]:
             row.pop("ref_token", None)

@@ -33,7 +33,7 @@ from agents.pipeline.thresholds import DEFAULTS as THRESHOLD_DEFAULTS
 
 TASKS: tuple[str, ...] = (*eval_tasks.TASK_FILES, eval_needle.TASK)
 DEFAULT_DEPTHS = (0, 25, 50, 75, 100)
-NEEDLE_MAX_TOKENS = 12
+NEEDLE_MAX_TOKENS = eval_needle.MAX_TOKENS
 OPTION_BOUNDS: dict[str, tuple[int, int]] = {
     "eval_limit": (1, 100_000),
     "eval_needle_max_length": (64, 1 << 20),

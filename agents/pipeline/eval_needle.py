@@ -25,6 +25,7 @@ NEEDLE = "One of the special magic numbers for {key} is: {value}."
 QUESTION = ("\nWhat is the special magic number for {key} mentioned in the provided text? "
             "The special magic number for {key} mentioned in the provided text is")
 ANSWER_PATTERN = re.compile(r"\d{7}")
+MAX_TOKENS = 12  # the answer's budget: a needle prompt of length L needs L + MAX_TOKENS of context
 TASK = "needle"
 
 
