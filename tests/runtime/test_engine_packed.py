@@ -10,6 +10,7 @@ import torch
 from agents.runtime import kernels
 from agents.runtime.engine import LLMEngine, SamplingParams
 from agents.runtime.engine.config import EngineConfig
+from agents.runtime.kernels import library
 from agents.runtime.layers import linear
 from agents.runtime.testing.make_model import cached_model
 
@@ -134,7 +135,7 @@ def test_packed_experts_refuse_a_reload_and_give_tracers_the_stacked_ops(monkeyp
     assert any("grouped_mm" in op for op in seen)
     torch.testing.assert_close(traced, fast, rtol=1e-5, atol=1e-5)
     one = experts(x[:1], weights[:1], ids[:1])
-    monkeypatch.setattr(kernels, "_state", "unavailable")  # no kernel: one token takes its plain path
+    monkeypatch.setattr(library, "state", "unavailable")  # no kernel: one token takes its plain path
     torch.testing.assert_close(experts(x[:1], weights[:1], ids[:1]), one, rtol=1e-5, atol=1e-5)
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from agents.runtime import kernels
 from agents.runtime.engine import LLMEngine, SamplingParams
+from agents.runtime.kernels import build, library
 from agents.runtime.layers.rotary import RotaryEmbedding
 from agents.runtime.testing.make_model import cached_model
 
@@ -29,7 +30,7 @@ needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"kernels not
 @pytest.fixture
 def kernels_off(monkeypatch):
     """The layers' torch code, as on a host where the library is not built."""
-    monkeypatch.setattr(kernels, "_state", "unavailable")
+    monkeypatch.setattr(library, "state", "unavailable")
 
 
 def ref_rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -261,11 +262,11 @@ def test_greedy_sampling_is_the_argmax_with_or_without_the_kernel(monkeypatch):
     seqs = [Sequence(f"r{i}", [1, 2], SamplingParams(temperature=0.0)) for i in range(5)]
     want = logits.argmax(-1).tolist()
     assert sample(logits, seqs) == want and want[1] == 10
-    monkeypatch.setattr(kernels, "_state", "unavailable")
+    monkeypatch.setattr(library, "state", "unavailable")
     assert sample(logits, seqs) == want
     nan = logits.clone()
     nan[2, 5] = float("nan")
-    monkeypatch.setattr(kernels, "_state", "loaded")
+    monkeypatch.setattr(library, "state", "loaded")
     assert sample(nan, seqs)[2] == nan.argmax(-1).tolist()[2]
 
 
@@ -469,7 +470,7 @@ PARAMS = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 def test_engine_greedy_tokens_equal_with_and_without_kernels(arch, monkeypatch):
     path = cached_model(arch)
     fused = [o.output_token_ids for o in LLMEngine(path, num_blocks=64, block_size=4).generate(PROMPTS, PARAMS)]
-    monkeypatch.setattr(kernels, "_state", "unavailable")
+    monkeypatch.setattr(library, "state", "unavailable")
     plain = [o.output_token_ids for o in LLMEngine(path, num_blocks=64, block_size=4).generate(PROMPTS, PARAMS)]
     assert fused == plain
 
@@ -491,14 +492,14 @@ def test_engine_logits_close_with_and_without_kernels(monkeypatch):
 
     fused = logprobs()
     assert len(fused) == len(PROMPTS) * 6 * 6  # each token: its logprob and the top 5
-    monkeypatch.setattr(kernels, "_state", "unavailable")
+    monkeypatch.setattr(library, "state", "unavailable")
     torch.testing.assert_close(torch.tensor(fused), torch.tensor(logprobs()), rtol=1e-4, atol=1e-4)
 
 
 def _reset(monkeypatch):
-    monkeypatch.setattr(kernels, "_state", "unloaded")
-    monkeypatch.setattr(kernels, "_lib", None)
-    monkeypatch.setattr(kernels, "_reason", "")
+    monkeypatch.setattr(library, "state", "unloaded")
+    monkeypatch.setattr(library, "lib", None)
+    monkeypatch.setattr(library, "reason", "")
 
 
 def test_turned_off_by_the_environment(monkeypatch):
@@ -514,7 +515,7 @@ def test_a_failing_build_is_said_once_and_the_torch_code_runs(monkeypatch, tmp_p
     _reset(monkeypatch)
     broken = tmp_path / "broken.c"
     broken.write_text("int day0_abi_version(void) { return 1 }\n")  # a syntax error
-    monkeypatch.setattr(kernels, "SOURCE", broken)
+    monkeypatch.setattr(build, "SOURCE", broken)
     monkeypatch.setenv("DAY0_KERNEL_CACHE", str(tmp_path / "cache"))
     assert not kernels.available()
     reason = kernels.status()["reason"]
@@ -556,7 +557,7 @@ def test_a_new_build_prunes_libraries_unused_for_a_month(monkeypatch, tmp_path):
                             cache / "notes.txt")
     for path in (stale, recent, other):
         path.write_bytes(b"x")
-    month_ago = time.time() - (kernels.PRUNE_DAYS + 1) * 86400
+    month_ago = time.time() - (build.PRUNE_DAYS + 1) * 86400
     os.utime(stale, (month_ago, month_ago))
     os.utime(other, (month_ago, month_ago))
     assert kernels.available()

@@ -13,6 +13,7 @@ import torch
 
 from agents.runtime import kernels
 from agents.runtime.engine import LLMEngine, SamplingParams
+from agents.runtime.kernels import library
 from agents.runtime.layers import linear
 from agents.runtime.models import native_decode
 from agents.runtime.testing.make_model import cached_model
@@ -196,7 +197,7 @@ def test_shapes_past_the_kernels_buffers_are_refused(packs_small, monkeypatch):
     assert kernels.decode_scratch(layers, model.hidden, 1) == -1
     assert not kernels.decode_layers(x, delta, False, normed, layers, one, one, slots, tables, seqlens, 8)
     scratch = torch.empty(1 << 20)  # the C call itself, past the wrapper's scratch count: refused before writing
-    rc = kernels._lib.day0_decode_layers(x.data_ptr(), delta.data_ptr(), 0, normed.data_ptr(), ctypes.addressof(layers),
+    rc = library.lib.day0_decode_layers(x.data_ptr(), delta.data_ptr(), 0, normed.data_ptr(), ctypes.addressof(layers),
                                          1, 1, model.hidden, one.data_ptr(), one.data_ptr(), slots.data_ptr(),
                                          tables.data_ptr(), seqlens.data_ptr(), 8, 1, scratch.data_ptr())
     assert rc == -1 and torch.equal(x, before)

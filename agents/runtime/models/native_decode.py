@@ -181,7 +181,7 @@ class DecodePlan:
         them, no forward hooks on the layers (an alignment capture, a test's probe), nothing tracing, and the
         layers still holding the weights and caches the plan points into."""
         ctx = meta.ctx
-        if (not ctx.is_decode or meta.slots is None or meta.slot_rows is not None or not kernels._ok(x)
+        if (not ctx.is_decode or meta.slots is None or meta.slot_rows is not None or not kernels.ok(x)
                 or x.dim() != 2 or not x.is_contiguous() or x.shape[1] != self.hidden):
             return False
         if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
