@@ -1,4 +1,4 @@
-"""The shared-memory all-reduce of CPU ranks on one host (``distributed.ShmAllReduce``): the sum in rank order,
+"""The shared-memory all-reduce of CPU ranks on one host (``distributed.shm_allreduce``): the sum in rank order,
 the same bits on every rank, tensors larger than a slot in pieces, gloo for what it does not take, and an error
 instead of a hang when a peer is gone or abandoned its step."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from agents.runtime import distributed, kernels
-from agents.runtime.distributed import ShmAllReduce, launch
+from agents.runtime.distributed import ShmAllReduce, launch, shm_allreduce
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="native kernels not built here")
 
@@ -25,7 +25,7 @@ def _part(rank: int, n: int) -> torch.Tensor:
 
 def sums() -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
-    shm = distributed._SHM
+    shm = shm_allreduce.active()
     out = []
     for n in SIZES:
         expected = _part(0, n).clone()
@@ -99,8 +99,7 @@ def shm_fails(where: str) -> dict:
     from unittest import mock
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    distributed._SHM.close()
-    distributed._SHM = None
+    shm_allreduce.stop()
     before = set(glob.glob("/dev/shm/day0-allreduce-*"))
 
     def no_space(*_a):
@@ -108,12 +107,12 @@ def shm_fails(where: str) -> dict:
 
     fault = {("reserve", 0): (os, "posix_fallocate"), ("map", 1): (mmap, "mmap")}.get((where, rank))
     with mock.patch.object(*fault, no_space) if fault else contextlib.nullcontext():
-        distributed._start_shm(rank, world, "gloo", 30.0, None)
+        shm_allreduce.start(rank, world, "gloo", 30.0, None)
     dist.barrier()
     left = sorted(set(glob.glob("/dev/shm/day0-allreduce-*")) - before)
     expected = _part(0, 768) + _part(1, 768)
     got = distributed.all_reduce(_part(rank, 768), group="tp")
-    return {"shm": distributed._SHM is not None, "left": left, "sum": torch.equal(got, expected)}
+    return {"shm": shm_allreduce.active() is not None, "left": left, "sum": torch.equal(got, expected)}
 
 
 @pytest.mark.parametrize("where", ["reserve", "map"])
