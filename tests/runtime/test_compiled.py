@@ -1,4 +1,4 @@
-"""The compiled path (``engine/compiled.py``): compiled greedy tokens equal eager ones; a second process with the
+"""The compiled path (``engine/compiled/``): compiled greedy tokens equal eager ones; a second process with the
 same cache directory takes its graphs from Inductor's FX graph cache; no graph breaks, no recompile in service;
 clear errors where it cannot run."""
 

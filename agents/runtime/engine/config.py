@@ -19,7 +19,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_pending: int = 1024  # requests waiting or running before add_request refuses more
-    compile: bool = False  # the decoder layers compiled with torch.compile (engine/compiled.py)
+    compile: bool = False  # the decoder layers compiled with torch.compile (engine/compiled/)
     compile_cache_dir: str | None = None  # Inductor's caches; None: engine.compiled.default_cache_dir()
     pack_weights: bool = False  # dense fp32 CPU weights packed (panels or oneDNN; day0 serve's default on CPU fp32)
 
