@@ -30,8 +30,8 @@ def decode_layers(x: torch.Tensor, delta: torch.Tensor, has_delta: bool, normed:
     if floats < 0:
         return False
     scratch = thread_buffer("decode_layers", floats, torch.float32)
-    rc = library.lib.day0_decode_layers(x.data_ptr(), delta.data_ptr(), int(has_delta), normed.data_ptr(),
-                                 ctypes.addressof(layers), len(layers), x.shape[0], x.shape[1], cos.data_ptr(),
-                                 sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), seqlens.data_ptr(), block_size,
-                                 tables.shape[1], scratch.data_ptr())
+    rc = library.lib.day0_decode_layers(
+        x.data_ptr(), delta.data_ptr(), int(has_delta), normed.data_ptr(), ctypes.addressof(layers), len(layers),
+        x.shape[0], x.shape[1], cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), seqlens.data_ptr(),
+        block_size, tables.shape[1], scratch.data_ptr())
     return rc == 0

@@ -28,11 +28,11 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(h = x + delta, rms_norm(h) * weight), both new [T, N] tensors; None when not covered."""
     if not library.ok(x, delta, weight) or x.dim() != 2 or x.shape != delta.shape or not (x.is_contiguous() and
-                                                                          delta.is_contiguous()):
+                                                                                 delta.is_contiguous()):
         return None
     h, normed = torch.empty_like(x), torch.empty_like(x)
     library.lib.day0_add_rms_norm(h.data_ptr(), normed.data_ptr(), x.data_ptr(), delta.data_ptr(), weight.data_ptr(),
-                           x.shape[0], x.shape[1], eps)
+                                  x.shape[0], x.shape[1], eps)
     return h, normed
 
 
@@ -53,8 +53,8 @@ def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot: int) -> 
     if not library.ok(x, cos, sin) or x.dim() != 3 or x.stride(2) != 1 or x.stride(1) != x.shape[2] or rot % 2 or (
             rot > x.shape[2] or cos.numel() != x.shape[0] * rot or sin.numel() != cos.numel()):
         return False
-    library.lib.day0_rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.shape[2], x.stride(0),
-                     rot)
+    library.lib.day0_rotary(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.shape[2],
+                            x.stride(0), rot)
     return True
 
 

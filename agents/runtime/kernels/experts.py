@@ -29,7 +29,8 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch
     scratch = torch.empty(pairs * (inter + h))
     work = torch.empty(2 * e + 1 + 2 * pairs, dtype=torch.int64)
     rc = library.lib.day0_moe_experts(out.data_ptr(), x.data_ptr(), w13.data_ptr(), w2.data_ptr(), ids.data_ptr(),
-                               weights.data_ptr(), t, ids.shape[1], e, h, inter, scratch.data_ptr(), work.data_ptr())
+                                      weights.data_ptr(), t, ids.shape[1], e, h, inter, scratch.data_ptr(),
+                                      work.data_ptr())
     return out if rc == 0 else None
 
 
@@ -75,7 +76,8 @@ def moe_panels(x: torch.Tensor, w13p: torch.Tensor, w2p: torch.Tensor, inter: in
     e, two_gp, h13, lanes = w13p.shape
     gp, hp = -(-inter // PANEL), -(-h // PANEL)
     if (inter < 1 or h13 != h or lanes != PANEL or two_gp != 2 * gp or tuple(w2p.shape) != (e, hp, inter, PANEL)
-            or ids.shape[0] != t or ids.dtype is not torch.int64 or not library.ok(x, w13p, w2p, weights) or not ids.is_cpu
+            or ids.shape[0] != t or ids.dtype is not torch.int64 or not library.ok(x, w13p, w2p, weights)
+            or not ids.is_cpu
             or not all(z.is_contiguous() for z in (x, w13p, w2p, ids, weights))):
         return None
     pairs = ids.numel()
@@ -85,5 +87,6 @@ def moe_panels(x: torch.Tensor, w13p: torch.Tensor, w2p: torch.Tensor, inter: in
     scratch = thread_buffer("moe", rows * (h + inter) + pairs * h, torch.float32)
     work = thread_buffer("moe_work", 10 * e + 9 * pairs + 3, torch.int64)
     rc = library.lib.day0_moe_panels(out.data_ptr(), x.data_ptr(), w13p.data_ptr(), w2p.data_ptr(), ids.data_ptr(),
-                              weights.data_ptr(), t, ids.shape[1], e, h, inter, scratch.data_ptr(), work.data_ptr())
+                                     weights.data_ptr(), t, ids.shape[1], e, h, inter, scratch.data_ptr(),
+                                     work.data_ptr())
     return out if rc == 0 else None

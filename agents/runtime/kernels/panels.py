@@ -34,6 +34,6 @@ def panel_linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor |
     m, k = x.shape
     y = torch.empty((m, n), dtype=torch.float32)
     xp = thread_buffer("buf", (m + PANEL - 1) * k).data_ptr() if m > 1 else 0  # tiles of <= 16 rows; one row in place
-    library.lib.day0_panel_linear(y.data_ptr(), x.data_ptr(), wp.data_ptr(), 0 if bias is None else bias.data_ptr(), m, n,
-                           k, x.stride(0), n, xp)
+    library.lib.day0_panel_linear(y.data_ptr(), x.data_ptr(), wp.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                                  m, n, k, x.stride(0), n, xp)
     return y
