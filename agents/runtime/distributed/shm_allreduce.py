@@ -29,9 +29,9 @@ class ShmAllReduce:
     """Sums over all the ranks of a CPU world that runs on one host, through a shared-memory segment instead of
     gloo's TCP loopback (``kernels.shm_allreduce``: copy into one's slot, publish a sequence number, wait for
     every rank's, add the slots in rank order). A decode step of a 100M Llama at ``--tp 2`` on 2 cores makes 18
-    collectives of 3 KB; gloo took 0.9-1.9 ms each, this 0.09-0.12. Made by ``init_distributed`` where it applies (gloo, one
-    host, the native kernels loaded; ``DAY0_SHM_ALLREDUCE=0`` keeps gloo); fp32 tensors of a group that is the
-    whole world take it, anything else gloo. A peer that is gone (its process ended) or that abandoned its step
+    collectives of 3 KB; gloo took 0.9-1.9 ms each, this 0.09-0.12. Made by ``init_distributed`` (``start``) where
+    it applies (gloo, one host, the native kernels loaded; ``DAY0_SHM_ALLREDUCE=0`` keeps gloo); fp32 tensors of a
+    group that is the whole world take it, anything else gloo. A peer that is gone (its process ended) or that abandoned its step
     (``abandon``) ends the wait with an error instead of a hang."""
 
     SLOT = 1 << 18  # floats a rank publishes per call (1 MiB); larger tensors go in pieces
