@@ -2,5 +2,6 @@
 
 ``app`` (Celery app, queue ``hw.<slug>``) · ``tasks`` (``run_job_task``: claim, run the pipeline, report) ·
 ``spool`` (durable, ordered, idempotent event delivery) · ``client`` (the portal's REST API) · ``heartbeat`` ·
-``agent_state`` (who this agent is, from ``DAY0_AGENT_*``) · ``commands`` (``day0 agent``, ``day0 jobs``) ·
-``demo`` (helpers for ``day0 demo`` and the end-to-end benchmark). Nothing here touches the database."""
+``agent_state`` (who this agent is, from ``DAY0_AGENT_*``) · ``commands`` (``day0 agent``, ``day0 jobs``, also
+``python -m agents.worker``) · ``demo`` (helpers for ``day0 demo`` and the end-to-end benchmark). Nothing here
+touches the database."""
