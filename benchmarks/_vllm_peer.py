@@ -285,7 +285,7 @@ def _base_env(threads: int) -> dict[str, str]:
 def day0_server(model_dir: Path, threads: int, max_model_len: int, kv_gib: float, logs: Path, tp: int = 1) -> Server:
     """``tp`` > 1: that many ranks, which split the ``threads`` CPUs between them (``threads.plan_rank_threads``)."""
     port = free_port()
-    cmd = [sys.executable, "-c", "import sys; from day0portal.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", "import sys; from day0cli.main import main; sys.exit(main())",
            "serve", str(model_dir), "--port", str(port), "--dtype", "float32", "--max-model-len", str(max_model_len),
            "--num-blocks", str(kv_blocks_for(model_dir, kv_gib)), "--served-model-name", SERVED_NAME,
            *(["--tp", str(tp)] if tp > 1 else [])]

@@ -48,7 +48,7 @@ def wait_agent(base: str, token: str, timeout: float = 120) -> float:
 
 def run_portal_job(arch: str) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from day0portal.commands.demo import demo_environment, prepare_demo, start_portal, stop_portal
+    from day0cli.demo import demo_environment, prepare_demo, start_portal, stop_portal
 
     data = Path(tempfile.mkdtemp(prefix="day0-e2e-"))
     env = demo_environment(data)
@@ -58,7 +58,7 @@ def run_portal_job(arch: str) -> dict:
     portal = start_portal(port=port, env=env)
     from agents.runtime.testing.make_model import cached_model
     from agents.worker import demo
-    from day0portal.demo_seed import ensure_demo_model, make_agent_token
+    from day0cli.demo_seed import ensure_demo_model, make_agent_token
 
     cached_model(arch)  # built before the clock starts
     slug, models_dir = ensure_demo_model(arch)
@@ -92,7 +92,7 @@ def run_adapt(arch: str) -> dict:
     model_dir = cached_model(arch)
     report = Path(tempfile.mkdtemp(prefix="day0-adapt-")) / "report.json"
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "day0portal.cli", "adapt", str(model_dir), "--hardware", "cpu",
+    subprocess.run([sys.executable, "-m", "day0cli", "adapt", str(model_dir), "--hardware", "cpu",
                     "--stages", ",".join(STAGES), "--dtype", "float32", "--report", str(report)],
                    cwd=ROOT, check=False, capture_output=True)
     elapsed = time.monotonic() - t0

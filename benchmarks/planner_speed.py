@@ -50,7 +50,7 @@ def peer_seconds(config: dict) -> tuple[float, int]:
 
 
 def cli_seconds(slug: str, hardware: str) -> float:
-    cmd = [sys.executable, "-m", "day0portal.cli", "estimate", slug, "--hardware", hardware, "--dtype", "fp8",
+    cmd = [sys.executable, "-m", "day0cli", "estimate", slug, "--hardware", hardware, "--dtype", "fp8",
            "--json"]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -39,7 +39,7 @@ def start_demo(data_dir: Path, *args: str, until: str, timeout: float = 240) -> 
 
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_") or k == "DAY0_TEST_MODELS_DIR"}
-    process = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(free_port()),
+    process = subprocess.Popen([sys.executable, "-m", "day0cli", "demo", "--port", str(free_port()),
                                 "--data-dir", str(data_dir), *args], cwd=root, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []

@@ -1,6 +1,6 @@
 """Agent-side helpers of ``day0 demo`` (and the end-to-end benchmark): start and stop a CPU agent on the embedded
 default, and submit a job over REST. No Django and no database here: what the demo seeds into the portal (the
-tiny model's release, the agent token) lives in ``day0portal.demo_seed``.
+tiny model's release, the agent token) lives in ``day0cli.demo_seed``.
 
 The agent and the portal share the kombu filesystem broker under ``$DAY0_DATA_DIR/broker``. The agent gets its
 token through its environment (``DAY0_AGENT_TOKEN``), never its command line, so ``ps`` does not show it; it
@@ -36,11 +36,11 @@ def agent_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def start_agent(portal_url: str, token: str, *, hardware: str = "cpu", models_dir: Path | None = None,
                 log_path: Path | None = None, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
-    """Starts ``day0 agent`` in its own process group, the token in its environment; returns the process and its
-    log file."""
+    """Starts ``day0 agent`` (as ``python -m agents.worker agent``) in its own process group, the token in its
+    environment; returns the process and its log file."""
     log_path = log_path or data_dir() / "logs" / f"agent-{hardware}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "day0portal.cli", "agent", "--hardware", hardware, "--portal", portal_url,
+    command = [sys.executable, "-m", "agents.worker", "agent", "--hardware", hardware, "--portal", portal_url,
                "--device", "cpu"]
     if models_dir is not None:
         command += ["--models-dir", str(models_dir)]

@@ -150,6 +150,8 @@ def align_section(p: CellProfile, rng: random.Random, *, passed: bool = True) ->
                 "prompt_texts": list(PROMPTS),
                 "ref_texts": ["".join(rng.choice(VOCAB) for _ in range(32)) for _ in PROMPTS],
                 "first_divergence": first_divergence, "divergences": divergences,
+                # as the agent reports it: every divergent step beyond a near-tie, recorded or not
+                "hard_divergences": 0 if passed else len(divergences) * 6,
                 "perplexity_ref": ppl, "perplexity_target": round(ppl * (1.0004 if passed else 1.3), 3)},
         "kv_cache": {"lengths": [n for n in (512, 2048, 8192) if n <= (p.context_length or 8192)] or [128],
                      "max_abs_err": 10 ** rng.uniform(-6, -4), "passed": True},

@@ -132,7 +132,7 @@ def start_agent(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[...,
                    DAY0_AGENT_STOP_SECONDS="2")  # teardown: a stopped agent is gone within 2 s
         env.update(extra_env or {})
         log_path = LOGS / f"agent-{hardware}-{len(agents)}.log"
-        cmd = [sys.executable, "-m", "day0portal.cli", "agent", "--hardware", hardware, "--portal", portal_url or portal.url,
+        cmd = [sys.executable, "-m", "day0cli", "agent", "--hardware", hardware, "--portal", portal_url or portal.url,
                "--broker", broker or _redis_url(), "--heartbeat", "1",
                "--hostname", hostname or f"host-{hardware}"]
         if models_dir is not None:
@@ -152,7 +152,7 @@ def start_agent(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[...,
 def portal_worker(portal: PortalProcess, tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen]]:
     """The portal's Celery worker with beat on a queue of its own (detects lost jobs every second)."""
     from agents.worker.demo import stop_agent
-    from day0portal.demo_seed import start_portal_worker
+    from day0cli.demo_seed import start_portal_worker
 
     procs: list[subprocess.Popen] = []
 

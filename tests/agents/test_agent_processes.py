@@ -84,7 +84,7 @@ def test_the_demo_agent_gets_its_token_by_environment_never_on_its_command_line(
     process, _ = start_agent(f"http://127.0.0.1:{free_port()}", secret, log_path=tmp_path / "agent.log")
     try:
         def exec_done() -> bool:
-            return b"day0portal.cli" in Path(f"/proc/{process.pid}/cmdline").read_bytes()
+            return b"agents.worker" in Path(f"/proc/{process.pid}/cmdline").read_bytes()
 
         wait_for(exec_done, 20, "the agent process to start")
         ps = subprocess.run(["ps", "-eo", "pid,args", "ww"], capture_output=True, text=True).stdout
@@ -191,21 +191,23 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_dispatch_imports_no_service_and_the_agent_worker_no_portal_code() -> None:
     """``apps.jobs.dispatch`` is the broker side only (services import it, never the reverse: no cycle), and
-    the agent's modules, the demo's agent helpers included, import neither Django nor ``apps`` nor
-    ``day0portal`` (the demo's seeding lives in ``day0portal.demo_seed``)."""
+    the agent's modules, the demo's agent helpers and its commands included, import neither Django nor ``apps``
+    nor ``day0portal`` nor the ``day0`` command's package (the demo's seeding lives in ``day0cli.demo_seed``)."""
     assert "apps.jobs.services" not in imported_modules(ROOT / "apps" / "jobs" / "dispatch.py")
-    for path in sorted((ROOT / "agents" / "worker").glob("*.py")):
-        portal = {m for m in imported_modules(path) if m.split(".")[0] in ("django", "apps", "day0portal")}
+    paths = sorted((ROOT / "agents" / "worker").rglob("*.py"))
+    assert ROOT / "agents" / "worker" / "commands" / "agent.py" in paths
+    for path in paths:
+        portal = {m for m in imported_modules(path) if m.split(".")[0] in ("django", "apps", "day0portal", "day0cli")}
         assert not portal, (path.name, portal)
 
 
 def test_an_agent_token_file_must_be_readable_by_its_owner_only(tmp_path: Path) -> None:
-    from agents.worker.commands import _token_from_file
+    from agents.worker.commands.agent import _token_from_file
 
     token_file = tmp_path / "agent.token"
     token_file.write_text("d0a_secret\n")
     token_file.chmod(0o644)
-    refused = subprocess.run([sys.executable, "-m", "day0portal.cli", "agent", "--hardware", "cpu", "--portal",
+    refused = subprocess.run([sys.executable, "-m", "day0cli", "agent", "--hardware", "cpu", "--portal",
                               f"http://127.0.0.1:{free_port()}", "--token-file", str(token_file)], cwd=ROOT,
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "is readable by others (mode 644); chmod 600 it" in refused.stderr

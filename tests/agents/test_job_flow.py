@@ -81,7 +81,7 @@ def test_job_runs_from_post_to_tier_with_evidence(portal, start_agent, cell) -> 
     assert progress and progress[-1].data["done"] == progress[-1].data["total"]  # tensors loaded of total
     assert Cell.objects.get(model=cell.model, hardware=cell.hardware).tier == 2  # plan + load: "loads"
     # the vendor's terminal view of the finished job: a line per stage, then the tier
-    watch = subprocess.run([sys.executable, "-m", "day0portal.cli", "jobs", "watch", str(job_id), "--portal",
+    watch = subprocess.run([sys.executable, "-m", "day0cli", "jobs", "watch", str(job_id), "--portal",
                             portal.url, "--token", cell.submit.secret], capture_output=True, text=True, timeout=120)
     assert watch.returncode == 0, watch.stderr
     assert "websocket unavailable" not in watch.stderr  # it followed /ws/jobs/<id>/, not the polling fallback
@@ -91,7 +91,7 @@ def test_job_runs_from_post_to_tier_with_evidence(portal, start_agent, cell) -> 
 
 
 def test_cancel_of_a_queued_job_is_never_run(portal, start_agent, cell) -> None:  # noqa: ANN001
-    submitted = subprocess.run([sys.executable, "-m", "day0portal.cli", "jobs", "submit", "--model", cell.model.slug,
+    submitted = subprocess.run([sys.executable, "-m", "day0cli", "jobs", "submit", "--model", cell.model.slug,
                                 "--hardware", cell.hardware.slug, "--stages", "plan,load", "--dtype", "float32",
                                 "--portal", portal.url, "--token", cell.submit.secret],
                                capture_output=True, text=True, timeout=120)

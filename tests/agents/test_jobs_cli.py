@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def day0(portal_url: str, token: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "DAY0_TOKEN": token}  # the token by environment, as an operator would
-    return subprocess.run([sys.executable, "-m", "day0portal.cli", "jobs", *args, "--portal", portal_url], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "day0cli", "jobs", *args, "--portal", portal_url], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -105,7 +105,7 @@ def test_jobs_submit_pins_a_layout_and_says_when_the_plan_spans_several_nodes(jo
 def test_jobs_watch_says_why_a_dispatched_job_waits(jobs) -> None:  # noqa: ANN001
     url, token, _, hardware, _, stuck = jobs
     env = {**os.environ, "DAY0_TOKEN": token}
-    watch = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "jobs", "watch", str(stuck.pk), "--portal",
+    watch = subprocess.Popen([sys.executable, "-m", "day0cli", "jobs", "watch", str(stuck.pk), "--portal",
                               url], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 30

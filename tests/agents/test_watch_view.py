@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from agents.worker.commands import ProgressView
+from agents.worker.commands.watch import ProgressView
 
 
 class Terminal(io.StringIO):
@@ -34,7 +34,7 @@ def test_bars_then_outcomes_then_the_tier_each_event_once() -> None:
 
 
 def test_another_nodes_lines_are_tagged_each_once_and_leave_the_tier_to_node_0() -> None:
-    from agents.worker.commands import _ws_url
+    from agents.worker.commands.watch import _ws_url
 
     out = Terminal()
     view = ProgressView(out)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agents.runtime.testing.make_model import cached_model
-from day0portal.cli import main
+from day0cli.main import main
 
 # DESIGN.md §6, written out here so the test checks the document, not report.py's copy of it.
 TOP_KEYS = {"model", "hardware", "dtype", "tier", "failed_stage", "error", "stages"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents.runtime.testing.make_model import cached_model
-from day0portal.cli import main
+from day0cli.main import main
 
 
 def _adapt(tmp_path: Path, model: Path, *extra: str) -> dict:

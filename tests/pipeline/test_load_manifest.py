@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents.pipeline.runner import run_pipeline
-from day0portal.cli import main
+from day0cli.main import main
 from tests.runtime.test_loader import checksum_cache, model_dir  # noqa: F401 - the loader tests' fixtures
 
 

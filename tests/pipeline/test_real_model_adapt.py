@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from day0portal.cli import main
+from day0cli.main import main
 from tests.real_model_fixtures import smollm2  # noqa: F401 - the session fixture
 
 STAGES = "plan,load,inventory,align,serve,bench,eval,env"

@@ -109,7 +109,7 @@ def test_adapt_with_tp2_reports_tp2_in_plan_load_and_serve(tmp_path):
     import sys
 
     report = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "day0portal.cli", "adapt", str(cached_model("llama")), "--hardware", "cpu",
+    cmd = [sys.executable, "-m", "day0cli", "adapt", str(cached_model("llama")), "--hardware", "cpu",
            "--tp", "2", "--stages", "plan,load,serve,bench", "--workdir", str(tmp_path), "--report", str(report)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stdout + done.stderr

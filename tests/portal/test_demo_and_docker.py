@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def test_day0_demo_adapts_a_tiny_moe_end_to_end_and_prints_the_tier(tmp_path) ->
     """The README's first command: portal, portal worker and a CPU agent on the embedded default; the tiny MoE
     job goes through every default stage and the cell ends baselined."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAY0_") or k == "DAY0_TEST_MODELS_DIR"}
-    result = subprocess.run([sys.executable, "-m", "day0portal.cli", "demo", "--port", str(free_port()),
+    result = subprocess.run([sys.executable, "-m", "day0cli", "demo", "--port", str(free_port()),
                              "--data-dir", str(tmp_path), "--exit-when-done", "--no-real-model"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=360)
     output = result.stdout + result.stderr
@@ -85,8 +86,11 @@ def test_compose_runs_the_production_stack_from_the_dockerfiles() -> None:
     assert "uvicorn day0portal.asgi:application" in commands["web"]
     assert "celery -A day0portal worker -B" in commands["worker"]  # beat: lost-job detection runs somewhere
     assert "day0 agent" in commands["agent"]
+    script = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["day0"]
+    package = script.split(".")[0]  # the image installs `day0` from this package: it must be copied in
+    assert f"COPY {package} ./{package}" in (ROOT / services["agent"]["build"]["dockerfile"]).read_text(), package
     for flag in re.findall(r"(--[a-z-]+)", commands["agent"]):  # every flag the image passes exists
-        assert flag in subprocess.run([sys.executable, "-m", "day0portal.cli", "agent", "--help"], cwd=ROOT,
+        assert flag in subprocess.run([sys.executable, "-m", "day0cli", "agent", "--help"], cwd=ROOT,
                                       capture_output=True, text=True).stdout, flag
     for name in ("web", "worker"):
         env = services[name]["environment"]

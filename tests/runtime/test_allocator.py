@@ -48,7 +48,7 @@ def test_missing_tcmalloc(monkeypatch):
 
 def test_in_process_cli_call_never_re_executes(monkeypatch, tmp_path):
     """``main([...])`` from a test or a script must not replace the calling process."""
-    from day0portal.cli import main
+    from day0cli.main import main
 
     monkeypatch.setattr(allocator, "find_tcmalloc", lambda: FAKE)
     monkeypatch.setattr(allocator, "reexec_with", lambda env: pytest.fail("re-executed an in-process call"))
@@ -65,7 +65,7 @@ def test_day0_serve_runs_under_tcmalloc(tmp_path):
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", allocator.MARK)}
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(cached_model("llama")), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "day0cli", "serve", str(cached_model("llama")), "--port",
                              str(port), "--num-blocks", "32"], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120

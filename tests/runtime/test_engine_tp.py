@@ -36,7 +36,7 @@ def test_tensor_parallel_server_matches_a_single_process(tmp_path):
         [
             sys.executable,
             "-m",
-            "day0portal.cli",
+            "day0cli",
             "serve",
             str(model_dir),
             "--tp",

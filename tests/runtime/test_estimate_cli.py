@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agents.runtime.hardware import find_config
-from day0portal.cli import main
+from day0cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,7 +64,7 @@ def test_hardware_and_memory_are_exclusive() -> None:
 
 def test_three_trillion_parameter_moe_as_a_subprocess() -> None:
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "day0portal.cli", "estimate", "synthetic-3t-moe", "--hardware",
+    done = subprocess.run([sys.executable, "-m", "day0cli", "estimate", "synthetic-3t-moe", "--hardware",
                            "nvidia-h200", "--dtype", "fp8", "--json"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     wall = time.perf_counter() - t0

@@ -133,7 +133,7 @@ def test_tensor_parallel_over_nccl_matches_one_gpu(tmp_path):
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--tp", "2", "--device", "cuda",
+            [sys.executable, "-m", "day0cli", "serve", str(model_dir), "--tp", "2", "--device", "cuda",
              "--port", str(port), "--num-blocks", "64"],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, cwd=REPO)
     url = f"http://127.0.0.1:{port}"

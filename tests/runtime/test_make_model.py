@@ -100,7 +100,7 @@ def test_unknown_arch_and_non_empty_out_are_refused(tmp_path: Path) -> None:
 
 
 def test_cli_builds_a_model(tmp_path: Path) -> None:
-    from day0portal.cli import main
+    from day0cli.main import main
 
     assert main(["make-model", "--arch", "mixtral", "--size", "tiny", "--seed", "1", "--out", str(tmp_path / "m")]) == 0
     assert (tmp_path / "m" / "model.safetensors.index.json").is_file()

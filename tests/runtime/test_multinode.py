@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _serve(model_dir: Path, node_rank: int, master_port: int, http_port: int, log: Path,
            *extra: str) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--pp", "2", "--num-blocks", "32",
+    cmd = [sys.executable, "-m", "day0cli", "serve", str(model_dir), "--pp", "2", "--num-blocks", "32",
            "--port", str(http_port), "--nnodes", "2", "--node-rank", str(node_rank), "--master-addr", "127.0.0.1",
            "--master-port", str(master_port), *extra]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -103,7 +103,7 @@ def test_a_multi_node_layout_is_held_to_the_planners_whole_node_rule():
 
 
 def test_day0_serve_refuses_a_layout_that_breaks_the_node_rule(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "day0portal.cli", "serve", str(cached_model("llama")), "--tp", "2",
+    out = subprocess.run([sys.executable, "-m", "day0cli", "serve", str(cached_model("llama")), "--tp", "2",
                           "--nnodes", "2", "--node-rank", "0"], capture_output=True, text=True, cwd=REPO,
                          timeout=120)
     assert out.returncode == 2 and "tp=2 must stay inside a node" in out.stdout, out.stdout + out.stderr
@@ -125,7 +125,7 @@ def test_day0_serve_refuses_tp_2_on_a_fallback_model_before_loading_it(tmp_path)
     model_dir = tmp_path / "config-only"  # no weights: a server that got past the check would fail loading
     model_dir.mkdir()
     (model_dir / "config.json").write_text((cached_model("qwen2-vl") / "config.json").read_text())
-    out = subprocess.run([sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--tp", "2"],
+    out = subprocess.run([sys.executable, "-m", "day0cli", "serve", str(model_dir), "--tp", "2"],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "tp=2 cannot run: architecture" in out.stdout and "the transformers fallback runs on one device only" \
@@ -137,7 +137,7 @@ def test_day0_adapt_over_two_nodes_runs_the_ranked_stages_and_node_0_reports_eve
     model_dir, master = cached_model("llama"), free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "day0portal.cli", "adapt", str(model_dir), "--hardware", "cpu", "--pp", "2",
+        [sys.executable, "-m", "day0cli", "adapt", str(model_dir), "--hardware", "cpu", "--pp", "2",
          "--stages", "plan,load,serve,comm", "--nnodes", "2", "--node-rank", str(r), "--master-port", str(master),
          "--rendezvous-timeout", "120", "--workdir", str(tmp_path / f"n{r}"), "--report", str(tmp_path / f"r{r}.json")],
         stdout=(tmp_path / f"n{r}.log").open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO) for r in (0, 1)]
@@ -154,11 +154,11 @@ def test_day0_adapt_over_two_nodes_runs_the_ranked_stages_and_node_0_reports_eve
 
 
 def test_day0_adapt_refuses_node_flags_that_break_the_rules(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "day0portal.cli", "adapt", str(cached_model("llama")), "--hardware",
+    out = subprocess.run([sys.executable, "-m", "day0cli", "adapt", str(cached_model("llama")), "--hardware",
                           "cpu", "--nnodes", "2", "--node-rank", "1", "--tp", "2"], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert out.returncode == 2 and "--nnodes 2: tp=2 must stay inside a node" in out.stderr, out.stdout + out.stderr
-    out = subprocess.run([sys.executable, "-m", "day0portal.cli", "adapt", str(cached_model("llama")), "--hardware",
+    out = subprocess.run([sys.executable, "-m", "day0cli", "adapt", str(cached_model("llama")), "--hardware",
                           "cpu", "--nnodes", "2", "--node-rank", "2", "--pp", "2"], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert out.returncode == 2 and "node rank 2 is outside the 2 node" in out.stderr, out.stdout + out.stderr

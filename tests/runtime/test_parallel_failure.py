@@ -44,7 +44,7 @@ def _serve_with_fault(tmp_path: Path, fault: str) -> tuple[httpx.Response | Exce
     log_path = tmp_path / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DAY0_INJECT_RANK_FAULT": fault, "OMP_NUM_THREADS": "1"}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(cached_model("llama")), "--tp",
+        proc = subprocess.Popen([sys.executable, "-m", "day0cli", "serve", str(cached_model("llama")), "--tp",
                                  "2", "--port", str(port), "--num-blocks", "64"], stdout=log,
                                 stderr=subprocess.STDOUT, env=env, cwd=REPO)
         url = f"http://127.0.0.1:{port}"

@@ -25,7 +25,7 @@ def test_a_pp2_moe_server_reports_every_ranks_overhead_and_every_stages_experts(
     layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]
     port, log = free_port(), tmp_path / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--pp", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "day0cli", "serve", str(model_dir), "--pp", "2",
                              "--num-blocks", "32", "--port", str(port)], stdout=log.open("w"),
                             stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"

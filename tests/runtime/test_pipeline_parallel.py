@@ -144,7 +144,7 @@ def test_day0_serve_with_two_pipeline_stages_answers_as_one_process(tmp_path) ->
     alone = [o.text for o in LLMEngine(model_dir, num_blocks=64).generate(prompts, greedy)]
     port, log_path = free_port(), tmp_path / "serve.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--pp", "2",
+        proc = subprocess.Popen([sys.executable, "-m", "day0cli", "serve", str(model_dir), "--pp", "2",
                                  "--port", str(port), "--num-blocks", "64"], stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
                                 cwd=Path(__file__).resolve().parents[2])

@@ -90,7 +90,7 @@ def test_unknown_names_and_dtypes_are_errors_naming_them(tmp_path) -> None:
 
 
 def test_cli_copies_the_converted_model_and_names_a_bad_output(smollm2, tmp_path, capsys) -> None:  # noqa: F811
-    from day0portal.cli import main
+    from day0cli.main import main
 
     assert main(["make-model", "--real", "smollm2-135m", "--out", str(tmp_path / "m")]) == 0
     assert "LlamaForCausalLM smollm2-135m (float32" in capsys.readouterr().out

@@ -17,7 +17,7 @@ import pytest
 from agents.pipeline.base import StageFailed
 from agents.pipeline.serve import ServerProcess
 from agents.runtime.commands.serve import serve_command
-from day0portal.cli import build_parser, main
+from day0cli.main import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}

@@ -89,7 +89,7 @@ def test_lm_eval_local_completions_runs_against_day0_serve(tmp_path):
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), "--port", str(port), "--num-blocks",
+            [sys.executable, "-m", "day0cli", "serve", str(model_dir), "--port", str(port), "--num-blocks",
              "256", "--served-model-name", "tiny"], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     try:
         wait_until_ready(url, server, log)

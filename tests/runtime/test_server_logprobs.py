@@ -267,7 +267,7 @@ def test_prompt_logprobs_under_tensor_parallelism_equal_one_process(url, tmp_pat
     log = tmp_path / "serve.log"
     repo = Path(__file__).resolve().parents[2]
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(cached_model("llama")), "--tp",
+        proc = subprocess.Popen([sys.executable, "-m", "day0cli", "serve", str(cached_model("llama")), "--tp",
                                  "2", "--port", str(port), "--num-blocks", "64", "--max-num-batched-tokens", "8"],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                                 cwd=repo)

@@ -255,7 +255,7 @@ def test_parallel_serve_answers_images_as_one_process(model_dir, expected, tmp_p
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "day0portal.cli", "serve", str(model_dir), *layout,
+        proc = subprocess.Popen([sys.executable, "-m", "day0cli", "serve", str(model_dir), *layout,
                                  "--port", str(port), "--num-blocks", "64", "--served-model-name", "tiny-llava"],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:

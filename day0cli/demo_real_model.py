@@ -17,7 +17,7 @@ def ensure_real_demo_model() -> tuple[str, Path, Path]:
     """Converts (once per cache) and registers the real model; returns (slug, models_dir, model_dir), the last
     being the link named by the slug (so that ``day0 serve`` serves it under that name)."""
     from agents.runtime.testing.real_models import cached_real_model
-    from day0portal.demo_seed import register_demo_release
+    from day0cli.demo_seed import register_demo_release
 
     models_dir = register_demo_release(REAL_SLUG, REAL_NAME, cached_real_model("smollm2-135m", "float32"))
     return REAL_SLUG, models_dir, models_dir / REAL_SLUG

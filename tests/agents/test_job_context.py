@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agents.worker.agent_state import STATE
-from agents.worker.tasks import build_context
+from agents.worker.job_context import build_context
 
 MANIFEST = [{"name": "model-00001-of-00001.safetensors", "size": 1024, "sha256": "ab" * 32}]
 

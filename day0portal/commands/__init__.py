@@ -1,1 +1,0 @@
-"""`day0` subcommands that belong to the portal."""
