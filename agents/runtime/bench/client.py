@@ -169,8 +169,8 @@ async def _peak_memory(client: httpx.AsyncClient, base: str) -> int | None:
         text = (await client.get(f"{base}/metrics")).text
     except httpx.HTTPError:
         return None
-    for name in ("day0_peak_memory_bytes", "process_resident_memory_bytes"):
-        match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
+    for name in ("day0:peak_memory_bytes", "process_resident_memory_bytes"):
+        match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.MULTILINE)
         if match:
             return int(float(match.group(1)))
     return None

@@ -33,6 +33,7 @@ from agents.runtime.server.images import (
     processor_for,
     with_placeholders,
 )
+from agents.runtime.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agents.runtime.server.middleware import (
     DEFAULT_MAX_BODY_BYTES,
     ApiKeyMiddleware,
@@ -72,6 +73,7 @@ def create_app(
     if max_body_bytes < 1024:
         raise ValueError(f"max_body_bytes must be at least 1024, got {max_body_bytes}")
     runtime = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, warmup=warmup, on_fatal=on_fatal)
+    runtime.metrics.bind(model_name, lambda: runtime.engine if runtime.ready else None)
     started = time.time()
     limits = image_limits or ImageLimits()
     processors: dict[int, ImageProcessor | None] = {}  # per engine: its model's image processor, if any
@@ -228,7 +230,7 @@ def create_app(
         return JSONResponse({"status": status, "error": runtime.error}, status_code=503)
 
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(runtime.metrics.render(runtime.stats), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(runtime.metrics.render(runtime.stats), media_type=METRICS_CONTENT_TYPE)
 
     async def expert_load(request: Request) -> Response:
         engine = runtime.engine if runtime.ready else None
