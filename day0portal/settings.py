@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "apps.dashboards",
     "apps.alerts",
     "apps.references",
+    "apps.ops",
 ]
 
 MIDDLEWARE = [
@@ -74,6 +75,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.ops.middleware.RefusedResultsMiddleware",
 ]
 
 ROOT_URLCONF = "day0portal.urls"
@@ -151,6 +153,10 @@ else:
 # Where ``manage.py broker_user`` manages RabbitMQ users: the management API (http://admin:pass@host:15672),
 # else ``rabbitmqctl`` on this host.
 BROKER_ADMIN_URL = env_str("DAY0_BROKER_ADMIN_URL")
+# the bearer token Prometheus presents to /metrics (staff sessions see it too); empty: staff only
+METRICS_TOKEN = env_str("DAY0_METRICS_TOKEN")
+# OpenTelemetry: "" (off: a no-op tracer), "console", "otlp" (OTEL_EXPORTER_OTLP_* configure the endpoint)
+TRACING_EXPORTER = env_str("DAY0_TRACING_EXPORTER")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
