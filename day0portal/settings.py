@@ -76,6 +76,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "apps.ops.middleware.RefusedResultsMiddleware",
+    "apps.ops.tracing.TraceMiddleware",
 ]
 
 ROOT_URLCONF = "day0portal.urls"
@@ -252,7 +253,9 @@ SPECTACULAR_SETTINGS.update(SWAGGER_UI_DIST="SIDECAR", SWAGGER_UI_FAVICON_HREF="
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # the job, trace and request ids appended when known (agents.runtime.tracing)
+    "formatters": {"plain": {"()": "agents.runtime.tracing.ContextFormatter",
+                             "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("DAY0_LOG_LEVEL", "INFO").upper()},
     "loggers": {"django.db.backends": {"level": "INFO"}},

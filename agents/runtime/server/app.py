@@ -50,6 +50,7 @@ from agents.runtime.server.protocol import (
 )
 from agents.runtime.server.render import ChatRenderer, Choice, Renderer
 from agents.runtime.server.sse import SSEResponse, collect_unless_disconnected
+from agents.runtime.server.trace import TraceMiddleware
 
 log = logging.getLogger(__name__)
 INLINE_PARSE_BYTES = 64 * 1024  # bodies above this are parsed in a worker thread, off the event loop
@@ -307,6 +308,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "X-Request-Id"], expose_headers=["X-Request-Id"],
         ))
     middleware.append(Middleware(RequestIdMiddleware))
+    middleware.append(Middleware(TraceMiddleware))  # a span per /v1 request; ids on its log lines
     if api_key:
         middleware.append(Middleware(ApiKeyMiddleware, api_key=api_key))
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
