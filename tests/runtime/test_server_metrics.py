@@ -19,7 +19,9 @@ from agents.runtime.server import create_app
 from agents.runtime.server.launcher import ServerThread
 from agents.runtime.testing.make_model import cached_model
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docker/grafana/dashboards/day0-runtime.json"
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
+DASHBOARD = DOCKER / "grafana/dashboards/day0-runtime.json"
+RULES = DOCKER / "prometheus/rules/day0.yml"
 MODEL = "tiny-llama"
 # served only where they mean something: an MoE model's expert balance, and the ranks' time in collectives while
 # the timer runs (``POST /stats/comm``); each has its own test below
@@ -83,7 +85,7 @@ def test_the_dashboards_metrics_are_served_under_load_and_count_per_token(url):
     assert 0 <= value(after, "vllm:kv_cache_usage_perc") <= 1
     assert value(after, "vllm:num_requests_running") == 0 and value(after, "vllm:num_requests_waiting") == 0
 
-    queried = set(re.findall(r"\b((?:vllm|day0):[a-z0-9_:]+)", DASHBOARD.read_text()))
+    queried = set(re.findall(r"\b((?:vllm|day0):[a-z0-9_:]+)", DASHBOARD.read_text() + RULES.read_text()))
     assert {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
             "vllm:inter_token_latency_seconds_bucket"} <= queried
     served = {name for name, _ in after}
