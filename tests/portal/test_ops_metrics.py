@@ -113,3 +113,41 @@ def test_promtool_accepts_the_portal_exposition(client) -> None:
     text = client.get("/metrics", **bearer(TOKEN)).content.decode()
     done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_websocket_connections_are_counted_open_and_closed() -> None:
+    import asyncio
+
+    from channels.testing import WebsocketCommunicator
+
+    from day0portal.asgi import application
+
+    token = make_token(organization=OrganizationFactory())
+    open_now = lambda: store.read_counter("websocket_connections").get(("matrix",), 0)  # noqa: E731
+    before, opened = open_now(), store.read_counter("websocket_opened").get(("matrix",), 0)
+
+    async def session() -> float:
+        comm = WebsocketCommunicator(application, f"/ws/matrix/?token={token.secret}",
+                                     headers=[(b"origin", b"http://localhost"), (b"host", b"localhost")])
+        connected, _ = await comm.connect()
+        assert connected
+        during = await asyncio.to_thread(open_now)
+        await comm.disconnect()
+        return during
+
+    assert asyncio.run(session()) == before + 1
+    assert open_now() == before
+    assert store.read_counter("websocket_opened").get(("matrix",), 0) == opened + 1
+
+
+def test_a_portal_task_run_is_counted_with_its_time() -> None:
+    from apps.jobs.tasks import detect_lost_jobs_task
+
+    key = ("jobs.detect_lost_jobs", "success")
+    before = store.read_counter("celery_tasks").get(key, 0)
+    timed = store.read_histogram("celery_task_seconds", store.TASK_BUCKETS).get(("jobs.detect_lost_jobs",))
+    detect_lost_jobs_task.apply()  # run here, through Celery's tracer: its prerun and postrun signals fire
+    assert store.read_counter("celery_tasks")[key] == before + 1
+    after = store.read_histogram("celery_task_seconds", store.TASK_BUCKETS)[("jobs.detect_lost_jobs",)]
+    assert after["count"] == (timed["count"] if timed else 0) + 1
