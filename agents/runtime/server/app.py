@@ -231,7 +231,8 @@ def create_app(
         return JSONResponse({"status": status, "error": runtime.error}, status_code=503)
 
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(runtime.metrics.render(runtime.stats), media_type=METRICS_CONTENT_TYPE)
+        text = await run_in_threadpool(runtime.metrics.render, runtime.stats)  # may ask the other ranks
+        return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)
 
     async def expert_load(request: Request) -> Response:
         engine = runtime.engine if runtime.ready else None
