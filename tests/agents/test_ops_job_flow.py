@@ -24,6 +24,12 @@ def read_spans(folder: Path) -> list[dict]:
     return [json.loads(line) for path in sorted(folder.glob("spans-*.jsonl")) for line in path.read_text().splitlines()]
 
 
+def portal_samples() -> dict[tuple[str, frozenset], float]:
+    """One scrape of the portal's metrics, rendered here: the same database, broker and Redis counters."""
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(render().decode()) for s in family.samples}
+
+
 @pytest.fixture
 def traced_portal(django_db_setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001
     folder = tmp_path / "spans"
@@ -41,6 +47,8 @@ def test_a_job_moves_the_portal_counters_and_leaves_one_trace(traced_portal, sta
     slug = cell.hardware.slug
     before = {name: store.read_counter(name) for name in ("events_ingested", "tier_changes")}
     job_id = submit(portal.url, cell, STAGES)
+    depth = ("day0_portal_queue_depth", frozenset({"hardware": slug, "source": "broker"}.items()))
+    assert portal_samples()[depth] == 1  # the message waits on hw.<slug> for an agent
     agent = start_agent(slug, cell.agent.secret, models_dir=cell.models_dir,
                         extra_env={"DAY0_TRACING_EXPORTER": f"jsonl:{folder}"})
     wait_for(lambda: state_of(job_id) in ("succeeded", "failed"), 300, "the job to finish", agent)
@@ -51,12 +59,11 @@ def test_a_job_moves_the_portal_counters_and_leaves_one_trace(traced_portal, sta
     ingested = store.read_counter("events_ingested").get((slug,), 0) - before["events_ingested"].get((slug,), 0)
     assert ingested >= 2 * len(STAGES)  # a start and a finish per stage at least
     assert store.read_counter("tier_changes").get((slug, "up"), 0) > before["tier_changes"].get((slug, "up"), 0)
-    found = {(s.name, frozenset(s.labels.items())): s.value
-             for family in text_string_to_metric_families(render().decode()) for s in family.samples}
+    found = portal_samples()
     assert found[("day0_portal_jobs", frozenset({"state": "succeeded", "hardware": slug}.items()))] == 1
     assert found[("day0_portal_agents_online", frozenset({"hardware": slug}.items()))] == 1
     assert found[("day0_portal_event_ingest_lag_seconds_count", frozenset({"hardware": slug}.items()))] >= ingested
-    assert found[("day0_portal_queue_depth", frozenset({"hardware": slug, "source": "broker"}.items()))] == 0
+    assert found[depth] == 0  # taken by the agent
 
     def whole_trace() -> list[dict] | None:
         spans = read_spans(folder)
