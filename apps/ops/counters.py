@@ -56,7 +56,7 @@ def refusal_reason(status: int, data: Any) -> str:
     text = str(detail or "").lower()
     if status == 400 and isinstance(data, dict) and data:
         field = next(iter(data))
-        return f"invalid_{field}" if field in _KNOWN_FIELDS else "invalid_document"
+        return f"invalid_{field}" if field in _KNOWN_FIELDS else "invalid_document"  # "detail": the document
     if status == 409:
         for needle, reason in _CONFLICTS:
             if needle in text:
@@ -65,7 +65,7 @@ def refusal_reason(status: int, data: Any) -> str:
     return {401: "unauthenticated", 403: "forbidden", 404: "no_such_job", 413: "too_large"}.get(status, "other")
 
 
-_KNOWN_FIELDS = frozenset({"attempt", "nonce", "hardware", "stage", "section", "stages", "detail"})
+_KNOWN_FIELDS = frozenset({"attempt", "nonce", "hardware", "stage", "section", "stages"})
 _CONFLICTS = (
     ("superseded attempt", "superseded_attempt"),
     ("nonce does not match", "wrong_nonce"),

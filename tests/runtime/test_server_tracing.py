@@ -30,7 +30,7 @@ def test_a_request_joins_the_callers_trace_and_logs_its_ids(spans):
     handler = logging.StreamHandler(lines)
     access = logging.getLogger("agents.runtime.server.access")
     access.addHandler(handler)
-    access.setLevel(logging.INFO)
+    access.setLevel(logging.DEBUG)
     tracing.install_log_context([handler])
     engine = LLMEngine(cached_model("llama"), num_blocks=32)
     try:
@@ -41,6 +41,7 @@ def test_a_request_joins_the_callers_trace_and_logs_its_ids(spans):
             httpx.get(f"{url}/metrics")  # probes are not traced
     finally:
         access.removeHandler(handler)
+        access.setLevel(logging.NOTSET)
     caller = stage.get_span_context()
     served = [s for s in spans.get_finished_spans() if s.name == "POST /v1/completions"]
     assert len(served) == 1

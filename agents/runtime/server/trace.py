@@ -21,7 +21,9 @@ class TraceMiddleware:
     def __init__(self, app: ASGIApp, service: str = "day0-runtime") -> None:
         self.app = app
         tracing.configure(service)
-        tracing.install_log_context()
+        tracing.install_log_context()  # the root logger's handlers, and uvicorn's: its access line is written
+        for name in ("uvicorn.access", "uvicorn.error"):  # while the response starts, inside the request's span
+            tracing.install_log_context(logging.getLogger(name).handlers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1"):
@@ -47,4 +49,5 @@ class TraceMiddleware:
             try:
                 await self.app(scope, receive, send_status)
             finally:
-                log.info("%s %s %d in %.3f s", method, path, status, time.perf_counter() - started)
+                # uvicorn's access line says as much at INFO; this one adds the time taken
+                log.debug("%s %s %d in %.3f s", method, path, status, time.perf_counter() - started)
