@@ -4,9 +4,9 @@ lowest layer so the runtime need not look up).
 
 Off by default: unless ``DAY0_TRACING_EXPORTER`` names an exporter, no SDK is installed and OpenTelemetry's API
 answers with its no-op tracer (spans cost a function call; context still propagates, so a process with tracing on
-continues a trace begun elsewhere). Exporters: ``console`` (spans as JSON on stderr), ``otlp`` (the
-``opentelemetry-exporter-otlp`` package; ``OTEL_EXPORTER_OTLP_*`` say where), ``jsonl:DIR`` (one file of JSON
-lines per process under DIR: a trace read without a collector).
+continues a trace begun elsewhere). Exporters: ``console`` (spans as JSON on stderr), ``otlp`` (the ``otlp``
+extra, ``opentelemetry-exporter-otlp-proto-http``; ``OTEL_EXPORTER_OTLP_*`` say where), ``jsonl:DIR`` (one
+file of JSON lines per process under DIR: a trace read without a collector).
 
 Across processes the context travels as W3C ``traceparent`` (and ``baggage`` carrying ``day0.job_id``): in the
 portal's Celery message headers, and on the agent's HTTP requests to the runtime."""
@@ -85,7 +85,8 @@ def _exporter_from_env() -> Any:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError as exc:
-            raise RuntimeError(f"{ENV}=otlp needs the opentelemetry-exporter-otlp package") from exc
+            raise RuntimeError(f"{ENV}=otlp needs the opentelemetry-exporter-otlp-proto-http package "
+                               "(pip install .[otlp])") from exc
         return OTLPSpanExporter()
     if name.startswith("jsonl:"):
         return _JsonLinesExporter(Path(name[len("jsonl:"):]))
