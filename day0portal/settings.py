@@ -156,8 +156,7 @@ else:
 BROKER_ADMIN_URL = env_str("DAY0_BROKER_ADMIN_URL")
 # the bearer token Prometheus presents to /metrics (staff sessions see it too); empty: staff only
 METRICS_TOKEN = env_str("DAY0_METRICS_TOKEN")
-# OpenTelemetry: "" (off: a no-op tracer), "console", "otlp" (OTEL_EXPORTER_OTLP_* configure the endpoint)
-TRACING_EXPORTER = env_str("DAY0_TRACING_EXPORTER")
+# OpenTelemetry traces: DAY0_TRACING_EXPORTER, read by agents.runtime.tracing in every process (off when empty)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
