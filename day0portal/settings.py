@@ -61,6 +61,7 @@ INSTALLED_APPS = [
     "apps.dashboards",
     "apps.alerts",
     "apps.references",
+    "apps.ops",
 ]
 
 MIDDLEWARE = [
@@ -74,6 +75,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "apps.ops.middleware.RefusedResultsMiddleware",
+    "apps.ops.tracing.TraceMiddleware",
 ]
 
 ROOT_URLCONF = "day0portal.urls"
@@ -151,6 +154,9 @@ else:
 # Where ``manage.py broker_user`` manages RabbitMQ users: the management API (http://admin:pass@host:15672),
 # else ``rabbitmqctl`` on this host.
 BROKER_ADMIN_URL = env_str("DAY0_BROKER_ADMIN_URL")
+# the bearer token Prometheus presents to /metrics (staff sessions see it too); empty: staff only
+METRICS_TOKEN = env_str("DAY0_METRICS_TOKEN")
+# OpenTelemetry traces: DAY0_TRACING_EXPORTER, read by agents.runtime.tracing in every process (off when empty)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -246,7 +252,9 @@ SPECTACULAR_SETTINGS.update(SWAGGER_UI_DIST="SIDECAR", SWAGGER_UI_FAVICON_HREF="
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # the job, trace and request ids appended when known (agents.runtime.tracing)
+    "formatters": {"plain": {"()": "agents.runtime.tracing.ContextFormatter",
+                             "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("DAY0_LOG_LEVEL", "INFO").upper()},
     "loggers": {"django.db.backends": {"level": "INFO"}},

@@ -8,6 +8,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from apps.core import views as core_views
+from apps.ops import views as ops_views
 
 urlpatterns = [
     path("", include("apps.dashboards.urls")),  # cell page, job console, trends, Day-0 timeline, badges, exports
@@ -20,4 +21,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("healthz", core_views.healthz, name="healthz"),
     path("readyz", core_views.readyz, name="readyz"),
+    path("metrics", ops_views.metrics, name="metrics"),  # Prometheus: staff or DAY0_METRICS_TOKEN
 ]

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from agents.pipeline.eval_tasks import cut_at_stop
+from agents.runtime import tracing
 
 Progress = Callable[[int, int], None]
 
@@ -160,7 +161,7 @@ class ServedLM:
         self.url = url.rstrip("/")
         self.concurrency = concurrency
         self.batch = batch  # log-likelihood prompts per request
-        self.client = httpx.Client(base_url=self.url, timeout=timeout)
+        self.client = httpx.Client(base_url=self.url, timeout=timeout, headers=tracing.inject())  # the job's trace
 
     def close(self) -> None:
         self.client.close()

@@ -22,6 +22,7 @@ from typing import Any
 from agents.pipeline import report as report_mod
 from agents.pipeline import thresholds, tiers, verdicts
 from agents.pipeline.base import JobCancelled, StageContext, StageFailed
+from agents.runtime import tracing
 from agents.runtime.engine.multimodal import config_takes_images
 
 
@@ -160,7 +161,8 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
         try:
             ctx.check_cancelled()
             ctx.emit("stage_started", f"{stage} started", data={"stage": stage})
-            section = import_stage(stage).run(ctx)
+            with tracing.span(f"stage {stage}", stage=stage):  # under the job's span when an agent runs it
+                section = import_stage(stage).run(ctx)
             if not isinstance(section, dict):
                 raise StageFailed(f"stage {stage!r} returned {type(section).__name__}, not its report section")
             section = report_mod.json_safe(section)

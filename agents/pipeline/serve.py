@@ -22,6 +22,7 @@ from agents.pipeline import compiled
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.load_sharded import effective_layout, effective_tp
 from agents.pipeline.nodes import stage_node
+from agents.runtime import tracing
 from agents.runtime.commands.serve import serve_command
 from agents.runtime.engine.multimodal import config_takes_images
 
@@ -170,7 +171,7 @@ def expected_chat_ids(ctx: StageContext) -> list[int] | None:
 def text_path_checks(url: str, has_chat_template: bool,
                      expected_chat: list[int] | None = None) -> list[dict[str, Any]]:
     """The completions (plain, streamed) and, with a template, chat checks: ``{name, ok, detail}`` each."""
-    client = httpx.Client(base_url=url, timeout=120)
+    client = httpx.Client(base_url=url, timeout=120, headers=tracing.inject())  # the job's trace goes on
     req = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
 
     def completion() -> str:
@@ -254,7 +255,7 @@ def expected_image_prompt_tokens(model_dir: Path, png: bytes) -> int:
 def image_path_checks(url: str, model_dir: Path) -> list[dict[str, Any]]:
     """A chat request with an image (data: URL), streamed and not: answered, and its prompt as long as the
     model's processor makes it (each image placeholder expanded to the image's tokens)."""
-    client = httpx.Client(base_url=url, timeout=120)
+    client = httpx.Client(base_url=url, timeout=120, headers=tracing.inject())  # the job's trace goes on
     png = probe_image_png()
     request = {"messages": image_messages(png), "max_tokens": 8, "temperature": 0}
 

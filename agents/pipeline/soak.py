@@ -65,7 +65,7 @@ def soak_settings(options: Any) -> dict[str, Any]:
         raise StageFailed(f"soak: window_seconds ({settings['window_seconds']:g}) exceeds seconds "
                           f"({settings['seconds']:g})")
     return settings
-_KV_RE = re.compile(r"^day0_kv_blocks_used\s+([0-9.eE+-]+)$", re.M)
+_KV_RE = re.compile(r"^day0:kv_blocks_used(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
 
 
 def rss_bytes(pid: int) -> int | None:

@@ -55,7 +55,8 @@ def filesystem_options(data_dir: Path | None = None) -> dict:
 
 def make_app(broker_url: str | None = None) -> Celery:
     broker = broker_url or default_broker_url()
-    app = Celery("day0agent", broker=broker, include=["agents.worker.tasks"])
+    # agents.worker.tracing: the job's span around each task, connected by signals
+    app = Celery("day0agent", broker=broker, include=["agents.worker.tasks", "agents.worker.tracing"])
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -31,6 +31,7 @@ from apps.jobs.choices import (
 )
 from apps.jobs.events import JobEventPayload, JobStateMessage, broadcast_job_events, broadcast_job_state
 from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobEvent, JobNode, NodeState
+from apps.ops.counters import events_stored
 
 logger = logging.getLogger(__name__)
 
@@ -385,6 +386,7 @@ def do_store_job_events(job: Job, events: list[dict[str, Any]]) -> int:
                                     level=e["level"], message=e["message"], data=e["data"]) for e in fresh]
         job_id = job.pk
         transaction.on_commit(lambda: broadcast_job_events(job_id, payloads))
+        events_stored(job, [e["ts"] for e in fresh])
     return acked
 
 

@@ -78,7 +78,8 @@ def test_compose_runs_the_production_stack_from_the_dockerfiles() -> None:
 
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"postgres", "redis", "rabbitmq", "web", "worker", "agent"}
+    assert set(services) == {"postgres", "redis", "rabbitmq", "web", "worker", "agent", "runtime", "prometheus",
+                             "grafana"}
     commands = {}
     for name in ("web", "worker", "agent"):
         dockerfile = ROOT / services[name]["build"]["dockerfile"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agents.runtime.server.launcher import free_port
 from agents.runtime.testing.make_model import cached_model
@@ -37,6 +38,11 @@ def test_a_pp2_moe_server_reports_every_ranks_overhead_and_every_stages_experts(
         r = httpx.post(f"{url}/v1/completions", timeout=60,
                        json={"prompt": "Hello world", "max_tokens": 6, "temperature": 0, "ignore_eos": True})
         assert r.status_code == 200, r.text
+        scraped = [s for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text)
+                   for s in family.samples]  # while the timer runs: rank 0 gathers every rank's ratio
+        assert sorted(s.labels["rank"] for s in scraped if s.name == "day0:comm_overhead_ratio") == ["0", "1"]
+        assert [s.value for s in scraped if s.name == "vllm:request_success_total"] == [1.0]  # rank 0's alone
+        assert {s.labels["layers"] for s in scraped if s.name == "day0:expert_load_max_over_mean"} == {"mean", "worst"}
         totals = httpx.post(f"{url}/stats/comm", json={"enabled": False}, timeout=30).json()
         ranks = totals["ranks"]
         assert [r["rank"] for r in ranks] == [0, 1]

@@ -172,7 +172,7 @@ def test_client_disconnect_aborts_and_frees_blocks(engine, url, stream):
             assert _wait(lambda: engine.stats()["kv_blocks_used"] > 0)
     assert _wait(lambda: engine.stats()["kv_blocks_used"] == 0 and engine.stats()["num_running"] == 0)
     metrics = httpx.get(f"{url}/metrics").text
-    assert 'day0_requests_total{finish_reason="abort"}' in metrics
+    assert 'vllm:request_success_total{finished_reason="abort",model_name="tiny-llama"}' in metrics
 
 
 def test_models_health_and_metrics(url):
@@ -181,14 +181,13 @@ def test_models_health_and_metrics(url):
     assert httpx.get(f"{url}/health").json() == {"status": "ok"}
     text = httpx.get(f"{url}/metrics").text
     for name in (
-        "day0_time_to_first_token_seconds_bucket",
-        "day0_time_per_output_token_seconds_count",
-        "day0_kv_blocks_used",
-        "day0_kv_blocks_free",
-        "day0_num_requests_waiting",
-        "day0_generation_tokens_total",
-        "day0_request_errors_total",
-        "day0_engine_step_seconds_bucket",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:time_per_output_token_seconds_count",
+        "day0:kv_blocks_used",
+        "day0:kv_blocks_free",
+        "vllm:num_requests_waiting",
+        "vllm:generation_tokens_total",
+        "day0:engine_step_seconds_bucket",
     ):
         assert name in text
 
@@ -196,8 +195,10 @@ def test_models_health_and_metrics(url):
 def test_engine_step_histogram_counts_the_steps(engine, url):
     def steps() -> tuple[int, float]:
         lines = dict(line.rsplit(" ", 1) for line in httpx.get(f"{url}/metrics").text.splitlines()
-                     if line.startswith("day0_engine_step_seconds_"))
-        return int(lines["day0_engine_step_seconds_count"]), float(lines["day0_engine_step_seconds_sum"])
+                     if line.startswith("day0:engine_step_seconds_"))
+        labels = '{model_name="tiny-llama"}'
+        return (int(float(lines[f"day0:engine_step_seconds_count{labels}"])),
+                float(lines[f"day0:engine_step_seconds_sum{labels}"]))
 
     before, seconds = steps()
     body = {"prompt": "count the steps", "max_tokens": 5, "temperature": 0, "ignore_eos": True}

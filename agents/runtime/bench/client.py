@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from agents.runtime import tracing
 from agents.runtime.bench.metrics import RequestResult, expert_balance, summarize
 from agents.runtime.bench.vocab import resolve_vocab
 
@@ -169,8 +170,8 @@ async def _peak_memory(client: httpx.AsyncClient, base: str) -> int | None:
         text = (await client.get(f"{base}/metrics")).text
     except httpx.HTTPError:
         return None
-    for name in ("day0_peak_memory_bytes", "process_resident_memory_bytes"):
-        match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.MULTILINE)
+    for name in ("day0:peak_memory_bytes", "process_resident_memory_bytes"):
+        match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.MULTILINE)
         if match:
             return int(float(match.group(1)))
     return None
@@ -253,7 +254,8 @@ async def run_benchmark_async(
         raise ValueError(f"images_per_request must be in [0, 64], got {images_per_request}")
     images = image_parts(images_per_request, seed)
     limits = httpx.Limits(max_connections=max(concurrency) + 4, max_keepalive_connections=max(concurrency) + 4)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None  # a server started with --api-key
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # a server started with --api-key
+    tracing.inject(headers)  # the job's trace (traceparent) goes on to the server, when there is one
     async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers) as client:
         listing = await client.get(f"{base}/v1/models")
         if listing.status_code == 401:

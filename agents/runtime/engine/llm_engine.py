@@ -254,6 +254,7 @@ class LLMEngine:
             text=seq.text if seq.is_finished else None,
             error=error,
             arrival_time=seq.arrival_time,
+            first_scheduled_time=seq.first_scheduled_time,
             first_token_time=seq.first_token_time,
             finish_time=seq.finish_time,
             new_logprobs=new_logprobs,

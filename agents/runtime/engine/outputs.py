@@ -31,6 +31,7 @@ class RequestOutput:
     text: str | None = None  # set when finished
     error: str | None = None
     arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
     new_logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asked for logprobs

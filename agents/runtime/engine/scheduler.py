@@ -5,6 +5,7 @@ blocks run out the newest running sequence is preempted (its blocks freed, recom
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -136,6 +137,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            seq.first_scheduled_time = seq.first_scheduled_time or time.monotonic()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
@@ -151,6 +153,7 @@ class Scheduler:
             if not self.blocks.can_allocate(seq, seq.num_computed_tokens + 1):
                 return None
             self.waiting.popleft()
+            seq.first_scheduled_time = seq.first_scheduled_time or time.monotonic()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
         if seq is None:

@@ -35,6 +35,7 @@ class Sequence:
         self.isolate = False  # run alone: it was in a batch whose forward pass failed
         self.num_failures = 0
         self.arrival_time = time.monotonic()
+        self.first_scheduled_time: float | None = None  # left the waiting queue (its queue time ends)
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         self.generator: torch.Generator | None = None

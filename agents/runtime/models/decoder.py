@@ -135,6 +135,7 @@ class DecoderCausalLM(nn.Module):
         self.native_decode = native_decode_enabled()
         self._decode_plan: DecodePlan | None | bool = False  # False: not made yet; None: the layers are not covered
         self.decode_plan_reason: str | None = None
+        self.decode_steps = self.native_decode_steps = 0  # this stage's decode forwards, and those the plan ran
         self._decode_plan_said = ""
 
     def use_decode_layout(self) -> None:
@@ -236,10 +237,12 @@ class DecoderCausalLM(nn.Module):
             else:  # the previous stage's hidden states
                 x = recv(torch.empty((input_ids.shape[0], self.hidden), dtype=self.dtype, device=input_ids.device),
                          stage_peer(-1))
+            self.decode_steps += ctx.is_decode and not output_hidden_states
             if self.native_decode and not output_hidden_states and ctx.is_decode:
                 plan = self.decode_plan()
                 stepped = plan.forward(x, meta) if plan is not None and plan.usable(x, meta) else None
                 if stepped is not None:  # the residual stream and the last MLP's output, not yet added
+                    self.native_decode_steps += 1
                     if self.is_last:
                         return ForwardOutput(self.model.norm.add_forward(*stepped)[1])
                     x = stepped[0] + stepped[1]

@@ -19,6 +19,7 @@ from agents.runtime.server.handlers.common import ServerState
 from agents.runtime.server.images import ImageLimits
 from agents.runtime.server.middleware import DEFAULT_MAX_BODY_BYTES, ApiKeyMiddleware, RequestIdMiddleware
 from agents.runtime.server.routes import http_error, routes
+from agents.runtime.server.trace import TraceMiddleware
 
 
 def create_app(
@@ -39,6 +40,7 @@ def create_app(
     if max_body_bytes < 1024:
         raise ValueError(f"max_body_bytes must be at least 1024, got {max_body_bytes}")
     runtime = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, warmup=warmup, on_fatal=on_fatal)
+    runtime.metrics.bind(model_name, lambda: runtime.engine if runtime.ready else None)
     state = ServerState(runtime, model_name, max_body_bytes=max_body_bytes, image_limits=image_limits or ImageLimits())
 
     @asynccontextmanager
@@ -54,6 +56,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", "X-Request-Id"], expose_headers=["X-Request-Id"],
         ))
     middleware.append(Middleware(RequestIdMiddleware))
+    middleware.append(Middleware(TraceMiddleware))  # a span per /v1 request; ids on its log lines
     if api_key:
         middleware.append(Middleware(ApiKeyMiddleware, api_key=api_key))
     app = Starlette(routes=routes(state), lifespan=lifespan, middleware=middleware,

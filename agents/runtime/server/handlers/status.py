@@ -3,10 +3,12 @@ by ``server/metrics.py``)."""
 
 from __future__ import annotations
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from agents.runtime.server.handlers.common import ServerState
+from agents.runtime.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 
 async def health(state: ServerState, request: Request) -> Response:
@@ -23,4 +25,5 @@ async def ready(state: ServerState, request: Request) -> Response:
 
 async def metrics(state: ServerState, request: Request) -> Response:
     runtime = state.runtime
-    return PlainTextResponse(runtime.metrics.render(runtime.stats), media_type="text/plain; version=0.0.4")
+    text = await run_in_threadpool(runtime.metrics.render, runtime.stats)  # may ask the other ranks
+    return PlainTextResponse(text, media_type=METRICS_CONTENT_TYPE)

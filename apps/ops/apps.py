@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class OpsConfig(AppConfig):
+    """The portal's operations surface: Prometheus metrics at ``/metrics`` and OpenTelemetry traces."""
+
+    name = "apps.ops"
+    label = "ops"
+
+    def ready(self) -> None:
+        from agents.runtime import tracing
+        from apps.ops import receivers  # noqa: F401 (tier changes, Celery tasks)
+        from apps.ops import tracing as portal_tracing  # noqa: F401 (the dispatch span in the message headers)
+
+        tracing.configure("day0-portal")  # DAY0_TRACING_EXPORTER: off (a no-op tracer) unless it names one
