@@ -1,0 +1,99 @@
+"""The rendered matrix (the page's grid, the API's JSON) cached in Django's cache, per what the viewer may see.
+
+A key holds the matrix *version*, the viewer's *scope* and a digest of everything else the output depends on
+(filters, page, the viewer's open regression flags). The version is one integer in the cache, bumped whenever a
+cell, a model or a hardware changes (``matrix_changed``: at the write and again once its transaction commits, so
+a reader that raced the write cannot keep its stale render under the new version); old entries are never read
+again and expire. The scope is what decides which rows exist for a viewer: every model for staff, else the
+public ones plus those of the viewer's organizations — two viewers share an entry only when they see the same
+rows. An embargo that ends changes what the public sees without a write, so an entry for a non-staff viewer
+expires no later than the next embargo's end."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.core.cache import cache
+from django.db import transaction
+from django.db.models import Min
+from django.utils import timezone
+
+from apps.accounts.access import Actor
+
+VERSION_KEY = "day0:matrix:version"
+GRID_SECONDS = 3600  # an entry nobody invalidated still leaves after an hour
+T = TypeVar("T")
+
+
+def version() -> int:
+    """The current matrix version. A missing key (a fresh or flushed cache) starts from the clock, so a version
+    never repeats one whose entries might survive."""
+    current = cache.get(VERSION_KEY)
+    if isinstance(current, int):
+        return current
+    cache.add(VERSION_KEY, time.time_ns(), None)
+    current = cache.get(VERSION_KEY)
+    return current if isinstance(current, int) else 0
+
+
+def bump() -> None:
+    try:
+        cache.incr(VERSION_KEY)
+    except ValueError:  # no version yet: the next read starts one
+        cache.add(VERSION_KEY, time.time_ns(), None)
+
+
+def matrix_changed() -> None:
+    """Every rendered matrix is stale: call where a cell, a model or a hardware is written (inside or outside a
+    transaction)."""
+    bump()
+    transaction.on_commit(bump)
+
+
+def scope(actor: Actor) -> str:
+    """Which rows the viewer may see, as a key part (``apps.catalog.selectors.visible_models_q``'s cases)."""
+    if actor.is_staff:
+        return "staff"
+    return "orgs-" + "-".join(map(str, sorted(actor.org_ids))) if actor.org_ids else "public"
+
+
+def _timeout(actor: Actor) -> int:
+    """Seconds an entry may live: until the next embargo ends (non-staff), at most ``GRID_SECONDS``."""
+    if actor.is_staff:
+        return GRID_SECONDS
+    from apps.catalog.choices import Visibility
+    from apps.catalog.models import ModelRelease
+
+    now = timezone.now()
+    nxt = ModelRelease.objects.filter(visibility=Visibility.PRIVATE, released_at__gt=now).aggregate(
+        at=Min("released_at"))["at"]
+    if nxt is None:
+        return GRID_SECONDS
+    return max(1, min(GRID_SECONDS, math.ceil((nxt - now).total_seconds())))
+
+
+def digest(parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def cached(kind: str, actor: Actor, parts: Any, build: Callable[[], T]) -> T:
+    """``build()``'s value (JSON data: strings, numbers, lists, dicts) from the cache, or built and stored. The
+    version is read before ``build`` reads the database."""
+    key = f"day0:matrix:{kind}:{version()}:{scope(actor)}:{digest(parts)}"
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    value = build()
+    cache.set(key, value, _timeout(actor))
+    return value
+
+
+def on_catalog_change(sender: type, **kwargs: Any) -> None:  # noqa: ARG001 - a signal receiver
+    """``post_save``/``post_delete`` of a model or a hardware: names, release times, visibility and configs show
+    in the grid."""
+    matrix_changed()
