@@ -11,10 +11,12 @@ expires no later than the next embargo's end."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -81,15 +83,33 @@ def digest(parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def _pack(value: Any) -> str:
+    """A rendered grid or JSON body is megabytes of repetitive text: stored zlib-compressed (level 1) in base64,
+    a string the cache's JSON serializer passes through without escaping every quote (a tenth of the bytes to
+    Redis and back, and a fast read). A string is stored as itself ("t"), other data as JSON ("j")."""
+    kind, text = ("t", value) if isinstance(value, str) else ("j", json.dumps(value, separators=(",", ":")))
+    return kind + base64.b64encode(zlib.compress(text.encode(), 1)).decode("ascii")
+
+
+def _unpack(packed: Any) -> Any:
+    if not isinstance(packed, str) or packed[:1] not in ("t", "j"):
+        return None
+    try:
+        text = zlib.decompress(base64.b64decode(packed[1:], validate=True)).decode()
+        return text if packed[0] == "t" else json.loads(text)
+    except (ValueError, zlib.error):  # not ours: a miss
+        return None
+
+
 def cached(kind: str, actor: Actor, parts: Any, build: Callable[[], T]) -> T:
     """``build()``'s value (JSON data: strings, numbers, lists, dicts) from the cache, or built and stored. The
     version is read before ``build`` reads the database."""
     key = f"day0:matrix:{kind}:{version()}:{scope(actor)}:{digest(parts)}"
-    hit = cache.get(key)
+    hit = _unpack(cache.get(key))
     if hit is not None:
         return hit
     value = build()
-    cache.set(key, value, _timeout(actor))
+    cache.set(key, _pack(value), _timeout(actor))
     return value
 
 

@@ -175,11 +175,9 @@ class MatrixPage:
         return min(self.shown, self.number * self.size)
 
 
-def build_matrix_page(actor: Actor, filters: MatrixFilters, number: int, size: int,
-                      keep: Callable[[ModelRelease], bool] | None = None) -> MatrixPage:
-    """Page ``number`` (from 1; past the last, the last) of ``size`` rows of ``build_matrix``, the rows first
-    narrowed by ``keep``: the cells of that page's models only. Four queries at most whatever the rows: hardware,
-    models, the models reaching ``min_tier`` (only with that filter), the page's cells."""
+def select_rows(actor: Actor, filters: MatrixFilters) -> tuple[list[Hardware], list[ModelRelease]]:
+    """The hardware columns and the model rows of ``build_matrix`` without their cells: two queries, three with
+    ``min_tier`` (the models reaching it)."""
     hardware = _hardware(filters)
     models = _models(actor, filters)
     if filters.min_tier and models:
@@ -188,14 +186,26 @@ def build_matrix_page(actor: Actor, filters: MatrixFilters, number: int, size: i
             reaching = reaching.filter(hardware_id__in=[h.pk for h in hardware])
         ids = set(reaching.values_list("model_id", flat=True).distinct())
         models = [m for m in models if m.pk in ids]
+    return hardware, models
+
+
+def page_of(models: list[ModelRelease], number: int, size: int) -> tuple[int, list[ModelRelease]]:
+    """Page ``number`` (from 1; past the last, the last) of ``size`` rows: its number and its rows."""
+    number = min(max(1, number), max(1, -(-len(models) // size)))
+    return number, models[(number - 1) * size:number * size]
+
+
+def build_matrix_page(actor: Actor, filters: MatrixFilters, number: int, size: int,
+                      keep: Callable[[ModelRelease], bool] | None = None) -> MatrixPage:
+    """Page ``number`` of ``size`` rows of ``build_matrix``, the rows first narrowed by ``keep``: the cells of that
+    page's models only. Four queries at most whatever the rows (``select_rows``, the page's cells)."""
+    hardware, models = select_rows(actor, filters)
     total = len(models)
     if keep is not None:
         models = [m for m in models if keep(m)]
-    shown = len(models)
-    number = min(max(1, number), max(1, -(-shown // size)))
-    rows = models[(number - 1) * size:number * size]
+    number, rows = page_of(models, number, size)
     matrix = Matrix(models=rows, hardware=hardware, cells=_cells(actor, rows, hardware, filters))
-    return MatrixPage(matrix=matrix, number=number, size=size, total=total, shown=shown)
+    return MatrixPage(matrix=matrix, number=number, size=size, total=total, shown=len(models))
 
 
 def family_choices() -> list[str]:

@@ -120,7 +120,7 @@ def _grid(actor: Actor, filters: MatrixFilters, options: PageOptions, number: in
         "prev": link(page.number - 1) if page.number > 1 else "",
         "next": link(page.number + 1) if page.number < page.pages else "",
         "first": link(1), "last": link(page.pages),
-    })
+    }).strip()
     return {"html": html, "count": count, "vendors": vendor_choices(), "families": family_choices()}
 
 

@@ -7,7 +7,6 @@ from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import ValidationError
-from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -24,10 +23,11 @@ from apps.evidence.selectors import cell_evidence
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
 from apps.matrix import grid_cache
+from apps.matrix.api.matrix_json import matrix_data, matrix_json
 from apps.matrix.api.serializers import CellDetailSerializer
 from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
-from apps.matrix.selectors import MatrixFilters, build_matrix, build_matrix_page, lead_hours
+from apps.matrix.selectors import MatrixFilters, lead_hours
 
 API_PAGE_SIZE, API_PAGE_SIZE_MAX = 50, 1000
 
@@ -47,34 +47,6 @@ def _page_param(params: Any, name: str, default: int, most: int) -> int:
     if not raw.isdecimal() or not 1 <= int(raw) <= most:
         raise ValidationError({name: f"must be a whole number from 1 to {most}"})
     return int(raw)
-
-
-def matrix_data(actor: Any, filters: MatrixFilters, number: int | None, size: int) -> dict[str, Any]:
-    """The API's matrix as plain data: every row, or page ``number`` of ``size`` rows (then with ``page``)."""
-    if number is None:
-        matrix = build_matrix(actor, filters)
-        page = None
-    else:
-        page = build_matrix_page(actor, filters, number, size)
-        matrix = page.matrix
-    hardware = [{"slug": h.slug, "vendor": h.vendor, "name": h.name, "memory_bytes": h.memory_bytes,
-                 "devices_per_node": h.devices_per_node} for h in matrix.hardware]
-    columns = [(h.pk, h.slug) for h in matrix.hardware]
-    cells = matrix.cells
-    rows = []
-    for m in matrix.models:
-        row_cells = {}
-        for hw_id, slug in columns:
-            cell = cells.get((m.pk, hw_id))
-            row_cells[slug] = cell.as_dict() if cell is not None else None
-        rows.append({"slug": m.slug, "name": m.name, "organization": m.organization.slug,
-                     "architecture": m.architecture, "family": m.family, "params_total": m.params_total,
-                     "params_active": m.params_active,
-                     "released_at": m.released_at.isoformat() if m.released_at else None, "cells": row_cells})
-    data: dict[str, Any] = {"tiers": TIER_NAMES, "hardware": hardware, "models": rows}
-    if page is not None:
-        data["page"] = {"number": page.number, "size": page.size, "pages": page.pages, "count": page.shown}
-    return data
 
 
 class MatrixView(APIView):
@@ -102,8 +74,7 @@ class MatrixView(APIView):
         if getattr(request.accepted_renderer, "format", "") != "json":  # the browsable API renders the data
             return Response(matrix_data(actor, filters, number, size))
         parts = [filters.vendor, filters.family, filters.min_tier, number, size if paged else None]
-        body = grid_cache.cached("api", actor, parts, lambda: JSONRenderer().render(
-            matrix_data(actor, filters, number, size)).decode())
+        body = grid_cache.cached("api", actor, parts, lambda: matrix_json(actor, filters, number, size))
         return HttpResponse(body, content_type="application/json")
 
 
