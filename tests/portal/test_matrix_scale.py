@@ -80,7 +80,7 @@ def test_search_and_filters_apply_to_every_row_and_keep_the_exports_complete(cli
     assert ROW.findall(fragment) == [oldest.slug]
     tier6 = set(ModelRelease.objects.filter(cells__tier=6).values_list("slug", flat=True))
     shown = []
-    for page in (1, 2, 3):
+    for page in range(1, -(-len(tier6) // 10) + 1):
         shown += ROW.findall(client.get(f"/?tier=6&page_size=10&page={page}").content.decode())
     assert set(shown) == tier6 and len(shown) == len(tier6)
     assert ROW.findall(client.get("/?family=no-such-family").content.decode()) == []
