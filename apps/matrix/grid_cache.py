@@ -1,10 +1,10 @@
 """The rendered matrix (the page's grid, the API's JSON) cached in Django's cache, per what the viewer may see.
 
-A key holds the matrix *version*, the viewer's *scope* and a digest of everything else the output depends on
-(filters, page, the viewer's open regression flags). The version is one integer in the cache, bumped whenever a
-cell, a model or a hardware changes (``matrix_changed``: at the write and again once its transaction commits, so
-a reader that raced the write cannot keep its stale render under the new version); old entries are never read
-again and expire. The scope is what decides which rows exist for a viewer: every model for staff, else the
+A key holds the viewer's *scope* and a digest of everything else the output depends on (filters, page, the
+viewer's open regression flags); an entry holds the matrix *version* it was built under. The version is one
+integer in the cache, replaced whenever a cell, a model or a hardware changes (``matrix_changed``: at the write
+and again once its transaction commits, so a reader that raced the write cannot keep its stale render under the
+new version); an entry of another version is a miss and is rebuilt in place. The scope is what decides which rows exist for a viewer: every model for staff, else the
 public ones plus those of the viewer's organizations — two viewers share an entry only when they see the same
 rows. An embargo that ends changes what the public sees without a write, so an entry for a non-staff viewer
 expires no later than the next embargo's end."""
@@ -15,7 +15,7 @@ import base64
 import hashlib
 import json
 import math
-import time
+import secrets
 import zlib
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -33,21 +33,19 @@ T = TypeVar("T")
 
 
 def version() -> int:
-    """The current matrix version. A missing key (a fresh or flushed cache) starts from the clock, so a version
-    never repeats one whose entries might survive."""
+    """The current matrix version: a random token (a missing or unreadable one is replaced, so a flushed or
+    tampered cache never makes an old entry current again)."""
     current = cache.get(VERSION_KEY)
     if isinstance(current, int):
         return current
-    cache.add(VERSION_KEY, time.time_ns(), None)
-    current = cache.get(VERSION_KEY)
-    return current if isinstance(current, int) else 0
+    fresh = secrets.randbits(62)
+    cache.set(VERSION_KEY, fresh, None)
+    return fresh
 
 
 def bump() -> None:
-    try:
-        cache.incr(VERSION_KEY)
-    except ValueError:  # no version yet: the next read starts one
-        cache.add(VERSION_KEY, time.time_ns(), None)
+    """A new version: every entry built under another one is stale."""
+    cache.set(VERSION_KEY, secrets.randbits(62), None)
 
 
 def matrix_changed() -> None:
@@ -102,14 +100,18 @@ def _unpack(packed: Any) -> Any:
 
 
 def cached(kind: str, actor: Actor, parts: Any, build: Callable[[], T]) -> T:
-    """``build()``'s value (JSON data: strings, numbers, lists, dicts) from the cache, or built and stored. The
-    version is read before ``build`` reads the database."""
-    key = f"day0:matrix:{kind}:{version()}:{scope(actor)}:{digest(parts)}"
-    hit = _unpack(cache.get(key))
-    if hit is not None:
-        return hit
+    """``build()``'s value (JSON data: strings, numbers, lists, dicts) from the cache when it was built under the
+    current version, else built and stored with it. The version is read before ``build`` reads the database, so
+    an entry built while a write committed carries the version before it and is never served after."""
+    key = f"day0:matrix:{kind}:{scope(actor)}:{digest(parts)}"
+    current = version()
+    entry = cache.get(key)
+    if isinstance(entry, dict) and entry.get("v") == current:
+        hit = _unpack(entry.get("z"))
+        if hit is not None:
+            return hit
     value = build()
-    cache.set(key, _pack(value), _timeout(actor))
+    cache.set(key, {"v": current, "z": _pack(value)}, _timeout(actor))
     return value
 
 
