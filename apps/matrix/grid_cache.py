@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import math
 import secrets
 import zlib
@@ -27,6 +28,7 @@ from django.utils import timezone
 
 from apps.accounts.access import Actor
 
+logger = logging.getLogger(__name__)
 VERSION_KEY = "day0:matrix:version"
 GRID_SECONDS = 3600  # an entry nobody invalidated still leaves after an hour
 T = TypeVar("T")
@@ -44,8 +46,12 @@ def version() -> int:
 
 
 def bump() -> None:
-    """A new version: every entry built under another one is stale."""
-    cache.set(VERSION_KEY, secrets.randbits(62), None)
+    """A new version: every entry built under another one is stale. A cache that cannot be written is logged,
+    never raised: the write that called this is already stored (and a cache that is down serves nothing)."""
+    try:
+        cache.set(VERSION_KEY, secrets.randbits(62), None)
+    except Exception:  # noqa: BLE001 - any backend's connection error
+        logger.warning("matrix cache: the version could not be replaced", exc_info=True)
 
 
 def matrix_changed() -> None:
