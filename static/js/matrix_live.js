@@ -8,6 +8,7 @@
   var grid = document.getElementById("matrix-grid");
   if (!grid || !window.WebSocket) { return; }
   var retry = 0;
+  var LIVE = "● live: cells update as evidence arrives";
 
   var status = document.createElement("p");
   status.id = "matrix-live";
@@ -64,14 +65,14 @@
   function connect() {
     var proto = location.protocol === "https:" ? "wss://" : "ws://";
     var ws = new WebSocket(proto + location.host + "/ws/matrix/");
-    ws.onopen = function () { retry = 0; say("● live: cells update as evidence arrives", "live"); };
+    ws.onopen = function () { retry = 0; say(LIVE, "live"); };
     ws.onmessage = function (e) {
       var msg;
       try { msg = JSON.parse(e.data); } catch (err) { return; }
       if (msg.type === "cell.changed") {
-        if (updateCell(msg)) { return; }
+        if (updateCell(msg)) { if (status.dataset.state === "live") { say(LIVE, "live"); } return; }
         if (onThisPage(msg.model)) { say("● live: a cell outside this view changed — reload to see it", "stale"); }
-        else { say("● live: cells update as evidence arrives (a model on another page changed)", "live"); }
+        else if (status.dataset.state === "live") { say(LIVE + " (a model on another page changed)", "live"); }
       } else if (msg.type === "matrix.changed") {
         status.textContent = "● live: the matrix changed — ";
         var a = document.createElement("a");
