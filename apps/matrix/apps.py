@@ -7,3 +7,13 @@ class MatrixConfig(AppConfig):
     name = "apps.matrix"
     label = "matrix"
     verbose_name = "Compatibility matrix"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_delete, post_save
+
+        from apps.matrix.grid_cache import on_catalog_change
+
+        # the rendered matrix shows models and hardware: any save or delete of one makes it stale
+        for name, signal in (("save", post_save), ("delete", post_delete)):
+            for sender in ("catalog.ModelRelease", "catalog.Hardware", "matrix.Cell"):
+                signal.connect(on_catalog_change, sender=sender, dispatch_uid=f"matrix-grid:{sender}:{name}")

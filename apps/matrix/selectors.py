@@ -3,6 +3,7 @@ number of models, hardware or jobs: models, hardware, cells (one query each)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -101,38 +102,110 @@ def lead_hours(reached_at: datetime | None, released_at: datetime | None) -> flo
     return round((reached_at - released_at).total_seconds() / 3600, 1)
 
 
-def build_matrix(actor: Actor, filters: MatrixFilters | None = None) -> Matrix:
-    """The models ``actor`` may see (newest release first) × hardware, with their cells."""
-    filters = filters or MatrixFilters()
-    models_q = visible_models_q(actor)
-    if filters.family:
-        models_q &= Q(family=filters.family)
+def _hardware(filters: MatrixFilters) -> list[Hardware]:
     hardware_qs = Hardware.objects.all()
     if filters.vendor:
         hardware_qs = hardware_qs.filter(vendor__iexact=filters.vendor)
-    hardware = list(hardware_qs.only("id", "slug", "vendor", "name", "memory_bytes", "devices_per_node"))
-    models = list(
+    return list(hardware_qs.only("id", "slug", "vendor", "name", "memory_bytes", "devices_per_node"))
+
+
+def _models(actor: Actor, filters: MatrixFilters) -> list[ModelRelease]:
+    models_q = visible_models_q(actor)
+    if filters.family:
+        models_q &= Q(family=filters.family)
+    return list(
         ModelRelease.objects.filter(models_q).select_related("organization").only(
             "id", "slug", "name", "architecture", "family", "params_total", "params_active", "context_length",
             "released_at", "visibility", "organization__slug", "organization__name",
         )
     )
+
+
+def _cells(actor: Actor, models: list[ModelRelease], hardware: list[Hardware],
+           filters: MatrixFilters) -> dict[tuple[int, int], CellView]:
     known = {m.pk for m in models}
-    cells_q = Q(model_id__in=[m.pk for m in models]) if len(models) < 1000 else Q(
-        visible_models_q(actor, prefix="model__"))
+    cells_q = Q(model_id__in=list(known)) if len(known) < 1000 else Q(visible_models_q(actor, prefix="model__"))
     if filters.vendor:
         cells_q &= Q(hardware_id__in=[h.pk for h in hardware])
     cells: dict[tuple[int, int], CellView] = {}
+    if not known:
+        return cells
     for (model_id, hw_id, tier, failed, fits, devices, lead, jobs, reached, dtype, reached_map, custom, synthetic,
          disputed) in Cell.objects.filter(cells_q).values_list(*CELL_COLUMNS):
         if model_id in known:
             cells[(model_id, hw_id)] = CellView(tier, failed, fits, devices, lead, jobs, reached, dtype,
                                                 reached_map if isinstance(reached_map, dict) else {},
                                                 bool(custom), bool(synthetic), list(disputed or []))
+    return cells
+
+
+def build_matrix(actor: Actor, filters: MatrixFilters | None = None) -> Matrix:
+    """The models ``actor`` may see (newest release first) × hardware, with their cells."""
+    filters = filters or MatrixFilters()
+    hardware = _hardware(filters)
+    models = _models(actor, filters)
+    cells = _cells(actor, models, hardware, filters)
     if filters.min_tier:
         keep = {mid for (mid, _), cell in cells.items() if cell.tier >= filters.min_tier}
         models = [m for m in models if m.pk in keep]
     return Matrix(models=models, hardware=hardware, cells=cells)
+
+
+@dataclass
+class MatrixPage:
+    """One page of the matrix's rows: ``matrix`` holds only this page's models and their cells; ``total`` the
+    rows the filters keep, ``shown`` those ``keep`` keeps too (what the pages split)."""
+
+    matrix: Matrix
+    number: int
+    size: int
+    total: int
+    shown: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.shown // self.size))
+
+    @property
+    def first_row(self) -> int:
+        return (self.number - 1) * self.size + 1 if self.shown else 0
+
+    @property
+    def last_row(self) -> int:
+        return min(self.shown, self.number * self.size)
+
+
+def select_rows(actor: Actor, filters: MatrixFilters) -> tuple[list[Hardware], list[ModelRelease]]:
+    """The hardware columns and the model rows of ``build_matrix`` without their cells: two queries, three with
+    ``min_tier`` (the models reaching it)."""
+    hardware = _hardware(filters)
+    models = _models(actor, filters)
+    if filters.min_tier and models:
+        reaching = Cell.objects.filter(model_id__in=[m.pk for m in models], tier__gte=filters.min_tier)
+        if filters.vendor:
+            reaching = reaching.filter(hardware_id__in=[h.pk for h in hardware])
+        ids = set(reaching.values_list("model_id", flat=True).distinct())
+        models = [m for m in models if m.pk in ids]
+    return hardware, models
+
+
+def page_of(models: list[ModelRelease], number: int, size: int) -> tuple[int, list[ModelRelease]]:
+    """Page ``number`` (from 1; past the last, the last) of ``size`` rows: its number and its rows."""
+    number = min(max(1, number), max(1, -(-len(models) // size)))
+    return number, models[(number - 1) * size:number * size]
+
+
+def build_matrix_page(actor: Actor, filters: MatrixFilters, number: int, size: int,
+                      keep: Callable[[ModelRelease], bool] | None = None) -> MatrixPage:
+    """Page ``number`` of ``size`` rows of ``build_matrix``, the rows first narrowed by ``keep``: the cells of that
+    page's models only. Four queries at most whatever the rows (``select_rows``, the page's cells)."""
+    hardware, models = select_rows(actor, filters)
+    total = len(models)
+    if keep is not None:
+        models = [m for m in models if keep(m)]
+    number, rows = page_of(models, number, size)
+    matrix = Matrix(models=rows, hardware=hardware, cells=_cells(actor, rows, hardware, filters))
+    return MatrixPage(matrix=matrix, number=number, size=size, total=total, shown=len(models))
 
 
 def family_choices() -> list[str]:

@@ -19,6 +19,7 @@ from apps.evidence.selectors import cell_results
 from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
 from apps.matrix.events import CellChangedMessage, broadcast_cell_changed, broadcast_matrix_changed
+from apps.matrix.grid_cache import matrix_changed
 from apps.matrix.history import failure_label, open_failure, record_history
 from apps.matrix.models import Cell, CellHistory
 from apps.matrix.selectors import lead_hours
@@ -80,6 +81,7 @@ def refresh_cells(*, models: Iterable[ModelRelease] | None = None,
                 setattr(cell, name, value)
             changed.append(cell)
     Cell.objects.bulk_update(changed, FIT_FIELDS, batch_size=500)
+    matrix_changed()
     model_id = model_list[0].pk if len(model_list) == 1 else None
     hardware_id = hardware_list[0].pk if len(hardware_list) == 1 else None
     transaction.on_commit(lambda: broadcast_matrix_changed(model_id=model_id, hardware_id=hardware_id))
@@ -92,6 +94,7 @@ def refresh_lead_times(model: ModelRelease) -> None:
     for cell in cells:
         cell.lead_hours = lead_hours(cell.current_tier_reached_at, model.released_at)
     Cell.objects.bulk_update(cells, ["lead_hours"])
+    matrix_changed()
 
 
 def _newest_verdicts(model_id: int, hardware_id: int) -> dict[str, StageResult]:
@@ -180,7 +183,7 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
         cell.failed_stage, cell.error = "", ""
     cell.last_job = jobs.order_by("-created_at", "-id").first()
     cell.job_count = jobs.count()
-    cell.save()
+    cell.save()  # post_save: matrix_changed (the rendered grids are stale)
     if history is not None:
         record_history(cell, kind=history.get("kind", CellHistory.Kind.REJUDGE), tier_before=before[0],
                        reason=reason or "re-judged", data=history.get("data"))

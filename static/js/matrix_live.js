@@ -1,18 +1,21 @@
 /* Live matrix: follows /ws/matrix/ and updates a cell in place when its tier, failure or fit changes
    ("cell.changed"); other changes ("matrix.changed": a new model, refreshed estimates) offer a reload.
-   Cells are found by their link, /cells/<model>/<hardware>/, so the server-rendered table needs no ids. */
+   Cells are found by their link, /cells/<model>/<hardware>/, so the server-rendered table needs no ids. The grid
+   shows one page of rows and the search replaces it (matrix_filters.js): the table is looked up at each message,
+   and a change to a model on another page is left to that page (the server renders it afresh). */
 (function () {
   "use strict";
-  var table = document.getElementById("matrix");
-  if (!table || !window.WebSocket) { return; }
+  var grid = document.getElementById("matrix-grid");
+  if (!grid || !window.WebSocket) { return; }
   var retry = 0;
+  var LIVE = "● live: cells update as evidence arrives";
 
   var status = document.createElement("p");
   status.id = "matrix-live";
   status.className = "matrix-live";
   status.setAttribute("role", "status");
   status.style.cssText = "margin:4px 0 8px;font-size:0.85rem;color:#4b5563";
-  table.parentNode.insertBefore(status, table);
+  grid.parentNode.insertBefore(status, grid);
 
   function say(text, cls) { status.textContent = text; status.dataset.state = cls; }
 
@@ -23,8 +26,14 @@
     return s;
   }
 
+  function onThisPage(model) {
+    var rows = grid.querySelectorAll("tbody tr[data-model]");
+    for (var i = 0; i < rows.length; i++) { if (rows[i].dataset.model === model) { return true; } }
+    return false;
+  }
+
   function updateCell(msg) {
-    var link = table.querySelector('a[href="/cells/' + CSS.escape(msg.model) + "/" + CSS.escape(msg.hardware) + '/"]');
+    var link = grid.querySelector('a[href="/cells/' + CSS.escape(msg.model) + "/" + CSS.escape(msg.hardware) + '/"]');
     if (!link) { return false; }
     var td = link.closest("td");
     var oldTier = td.dataset.tier;
@@ -56,12 +65,14 @@
   function connect() {
     var proto = location.protocol === "https:" ? "wss://" : "ws://";
     var ws = new WebSocket(proto + location.host + "/ws/matrix/");
-    ws.onopen = function () { retry = 0; say("● live: cells update as evidence arrives", "live"); };
+    ws.onopen = function () { retry = 0; say(LIVE, "live"); };
     ws.onmessage = function (e) {
       var msg;
       try { msg = JSON.parse(e.data); } catch (err) { return; }
       if (msg.type === "cell.changed") {
-        if (!updateCell(msg)) { say("● live: a cell outside this view changed — reload to see it", "stale"); }
+        if (updateCell(msg)) { if (status.dataset.state === "live") { say(LIVE, "live"); } return; }
+        if (onThisPage(msg.model)) { say("● live: a cell outside this view changed — reload to see it", "stale"); }
+        else if (status.dataset.state === "live") { say(LIVE + " (a model on another page changed)", "live"); }
       } else if (msg.type === "matrix.changed") {
         status.textContent = "● live: the matrix changed — ";
         var a = document.createElement("a");

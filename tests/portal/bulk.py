@@ -14,6 +14,7 @@ from apps.catalog.services import model_fields_from_config
 from apps.evidence.models import StageResult
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
+from apps.matrix.grid_cache import matrix_changed
 from apps.matrix.models import Cell
 from tests.factories import tiny_config
 
@@ -50,6 +51,7 @@ def build_matrix(n_models: int, n_hardware: int, jobs_per_cell: int, *, seed: in
                               lead_hours=round((reached - m.released_at).total_seconds() / 3600, 1) if tier else None,
                               job_count=jobs_per_cell))
     Cell.objects.bulk_create(cells, batch_size=2000)
+    matrix_changed()  # bulk inserts send no signal: the portal's writers call this too
     if not jobs_per_cell:
         return
     jobs = [Job(model=m, hardware=h, organization=org, spec={"stages": ["plan"]}, state=JobState.SUCCEEDED,

@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import ValidationError
@@ -21,10 +22,14 @@ from apps.evidence.manifests import digest_disagreement
 from apps.evidence.selectors import cell_evidence
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
+from apps.matrix import grid_cache
+from apps.matrix.api.matrix_json import matrix_data, matrix_json
 from apps.matrix.api.serializers import CellDetailSerializer
 from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
-from apps.matrix.selectors import MatrixFilters, build_matrix, lead_hours
+from apps.matrix.selectors import MatrixFilters, lead_hours
+
+API_PAGE_SIZE, API_PAGE_SIZE_MAX = 50, 1000
 
 
 def parse_filters(params: Any) -> MatrixFilters:
@@ -35,29 +40,42 @@ def parse_filters(params: Any) -> MatrixFilters:
         raise ValidationError({"tier": str(exc)}) from None
 
 
+def _page_param(params: Any, name: str, default: int, most: int) -> int:
+    raw = (params.get(name) or "").strip()
+    if not raw:
+        return default
+    if not raw.isdecimal() or not 1 <= int(raw) <= most:
+        raise ValidationError({name: f"must be a whole number from 1 to {most}"})
+    return int(raw)
+
+
 class MatrixView(APIView):
-    """The whole matrix: one row per visible model (newest release first), one cell per hardware."""
+    """The whole matrix: one row per visible model (newest release first), one cell per hardware; with ``page``
+    or ``page_size``, one page of rows and a ``page`` key. The JSON is cached per viewer scope and query until a
+    cell, model or hardware changes (``apps.matrix.grid_cache``)."""
 
     @extend_schema(responses=OpenApiTypes.OBJECT, parameters=[
         OpenApiParameter("vendor", str, description="only hardware of this vendor"),
         OpenApiParameter("family", str, description="only models of this family (llama, qwen3, deepseek_v3 …)"),
         OpenApiParameter("tier", str, description="only models reaching at least this tier on some hardware "
                                                   "(0-6 or its name)"),
+        OpenApiParameter("page", int, description="optional: this page of rows (from 1), with a 'page' key "
+                                                  "{number, size, pages, count}; without it every row"),
+        OpenApiParameter("page_size", int, description=f"optional: rows per page (1-{API_PAGE_SIZE_MAX}, default "
+                                                       f"{API_PAGE_SIZE}); implies page=1"),
     ])
-    def get(self, request: Request) -> Response:
-        matrix = build_matrix(get_actor(request), parse_filters(request.query_params))
-        hardware = [{"slug": h.slug, "vendor": h.vendor, "name": h.name, "memory_bytes": h.memory_bytes,
-                     "devices_per_node": h.devices_per_node} for h in matrix.hardware]
-        rows = []
-        for m in matrix.models:
-            cells = {}
-            for h, cell in zip(matrix.hardware, matrix.row(m), strict=True):
-                cells[h.slug] = cell.as_dict() if cell is not None else None
-            rows.append({"slug": m.slug, "name": m.name, "organization": m.organization.slug,
-                         "architecture": m.architecture, "family": m.family, "params_total": m.params_total,
-                         "params_active": m.params_active,
-                         "released_at": m.released_at.isoformat() if m.released_at else None, "cells": cells})
-        return Response({"tiers": TIER_NAMES, "hardware": hardware, "models": rows})
+    def get(self, request: Request) -> Response | HttpResponse:
+        actor = get_actor(request)
+        filters = parse_filters(request.query_params)
+        params = request.query_params
+        paged = "page" in params or "page_size" in params
+        number = _page_param(params, "page", 1, 10**6) if paged else None
+        size = _page_param(params, "page_size", API_PAGE_SIZE, API_PAGE_SIZE_MAX)
+        if getattr(request.accepted_renderer, "format", "") != "json":  # the browsable API renders the data
+            return Response(matrix_data(actor, filters, number, size))
+        parts = [filters.vendor, filters.family, filters.min_tier, number, size if paged else None]
+        body = grid_cache.cached("api", actor, parts, lambda: matrix_json(actor, filters, number, size))
+        return HttpResponse(body, content_type="application/json")
 
 
 class CellDetailView(APIView):
