@@ -33,8 +33,8 @@ from torch.func import functional_call
 from agents.pipeline import align_refs as ref
 from agents.pipeline.align_common import paged_context
 from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.thresholds import OPS as OP_THRESHOLDS
 from agents.runtime.context import ForwardContext
+from contract.thresholds import OPS as OP_THRESHOLDS
 
 DEFAULT_THRESHOLDS: dict[str, float] = OP_THRESHOLDS
 TOKENS = 32

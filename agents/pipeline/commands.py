@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
+from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

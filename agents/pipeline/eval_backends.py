@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.eval_tasks import cut_at_stop
+from contract.suites.tasks import cut_at_stop
 
 Progress = Callable[[int, int], None]
 

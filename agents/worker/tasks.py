@@ -127,7 +127,7 @@ def _retryable(exc: Exception) -> bool:
 def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any] | None:
     """Runs job ``job_id`` as its ``spec`` says; returns a short summary (or None when skipped)."""
     from agents.pipeline.runner import run_pipeline
-    from agents.pipeline.tiers import DEFAULT_STAGES
+    from contract.tiers import DEFAULT_STAGES
 
     if STATE.stopping.is_set():
         from celery.exceptions import Reject
@@ -268,7 +268,7 @@ def run_node(task: Any, client: PortalClient, job_id: int, job: dict[str, Any], 
     stages (``agents.pipeline.nodes.follow``), post its stage events to the node's log and say how it ended.
     Node 0 claims the job, posts the results and finishes it."""
     from agents.pipeline.nodes import follow
-    from agents.pipeline.tiers import DEFAULT_STAGES
+    from contract.tiers import DEFAULT_STAGES
 
     attempt = spec.get("attempt")
     STATE.current_job = job_id

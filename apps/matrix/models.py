@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from agents.pipeline.tiers import TIER_NAMES
+from contract.tiers import TIER_NAMES
 
 
 class Cell(models.Model):

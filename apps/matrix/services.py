@@ -10,8 +10,6 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from agents.pipeline.tiers import TIER_GATES, TIER_NAMES, compute_tier
-from agents.pipeline.verdicts import PASS
 from apps.alerts import services as alert_services
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import StageResult
@@ -22,6 +20,8 @@ from apps.matrix.events import CellChangedMessage, broadcast_cell_changed, broad
 from apps.matrix.history import failure_label, open_failure, record_history
 from apps.matrix.models import Cell, CellHistory
 from apps.matrix.selectors import lead_hours
+from contract.tiers import TIER_GATES, TIER_NAMES, compute_tier
+from contract.verdicts import PASS
 
 logger = logging.getLogger(__name__)
 

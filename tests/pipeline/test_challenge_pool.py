@@ -1,4 +1,4 @@
-"""The challenge pool (agents/pipeline/challenge_pool.py): items rendered as the harness renders the suites,
+"""The challenge pool (contract/challenges/pool.py): items rendered as the harness renders the suites,
 agent-facing items without answers, a version that follows the content, fresh needles."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import hashlib
 import subprocess
 import sys
 
-from agents.pipeline import challenge_pool as cp
-from agents.pipeline import eval_tasks
+from contract.challenges import pool as cp
+from contract.suites import tasks as eval_tasks
 
 
 def test_pool_items_render_as_the_harness_does() -> None:
@@ -62,6 +62,6 @@ def test_needles_are_fresh_and_distinct() -> None:
 
 
 def test_pool_and_scoring_import_neither_torch_nor_django() -> None:
-    code = ("import sys; import agents.pipeline.challenge_pool as p, agents.pipeline.challenge_verdicts; "
+    code = ("import sys; import contract.challenges.pool as p, contract.challenges.verdicts; "
             "p.pool(); assert not {'torch', 'django'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,4 @@
-"""The portal's scoring of raw outputs (agents/pipeline/challenge_scoring.py and challenge_verdicts.py), with
+"""The portal's scoring of raw outputs (contract/challenges/scoring.py and challenge_verdicts.py), with
 numbers computed by hand: the power rule, Wilson bounds, first divergence with the mutual top-k rule, the
 checks that raw outputs answer exactly the drawn challenge, and the verdicts built from them."""
 
@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from agents.pipeline import challenge_scoring as cs
-from agents.pipeline import thresholds as th
-from agents.pipeline import verdicts
-from agents.pipeline.challenge_verdicts import ChallengeJudge
+from contract import thresholds as th
+from contract import verdicts
+from contract.challenges import scoring as cs
+from contract.challenges.verdicts import ChallengeJudge
 
 
 def test_sample_size_follows_the_power_rule() -> None:

@@ -1,4 +1,4 @@
-"""The pure verdict rules (``agents.pipeline.verdicts``) and the threshold table: no database, no torch."""
+"""The pure verdict rules (``contract.verdicts``) and the threshold table: no database, no torch."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from agents.pipeline import thresholds as th
-from agents.pipeline import verdicts as v
+from contract import thresholds as th
+from contract import verdicts as v
+from contract.manifest import check_manifest
 from tests.factories import TINY_LLAMA_CONFIG, tiny_config
 from tests.portal.reports import PASSING, failing, passing
 
@@ -171,14 +172,14 @@ def test_looser_means_lower_for_minimums_and_higher_for_maximums() -> None:
 
 
 def test_manifest_check_normalises_and_bounds() -> None:
-    assert v.check_manifest([{"name": "a.safetensors", "size": 3, "sha256": "AB" * 32}]) == [
+    assert check_manifest([{"name": "a.safetensors", "size": 3, "sha256": "AB" * 32}]) == [
         {"name": "a.safetensors", "size": 3, "sha256": "ab" * 32}]
     with pytest.raises(ValueError, match=r"\[0\].sha256 \(a\) must be 64 hexadecimal digits"):
-        v.check_manifest([{"name": "a", "size": 3, "sha256": "zz" * 32}])
+        check_manifest([{"name": "a", "size": 3, "sha256": "zz" * 32}])
 
 
 def test_verdicts_import_neither_django_nor_torch() -> None:
-    code = ("import sys, agents.pipeline.verdicts, agents.pipeline.tiers, agents.pipeline.thresholds; "
+    code = ("import sys, contract.verdicts, contract.tiers, contract.thresholds; "
             "print(sorted(m for m in ('django', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

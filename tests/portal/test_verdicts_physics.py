@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.pipeline import verdicts as v
-from agents.pipeline.verdicts_align import reduced_dtype, runtime_path
-from agents.pipeline.verdicts_bench import decode_floor_bytes
 from apps.benchmarks.regressions import Point, detect_regressions
+from contract import verdicts as v
+from contract.verdicts.align import reduced_dtype, runtime_path
+from contract.verdicts.bench import decode_floor_bytes
 from tests.factories import TINY_LLAMA_CONFIG, tiny_config
 from tests.portal.reports import passing
 

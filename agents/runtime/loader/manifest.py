@@ -36,8 +36,8 @@ def build_manifest(model_dir: Path | str, *, use_cache: bool = True) -> list[dic
 
 def parse_manifest(value: Any) -> dict[str, ManifestEntry]:
     """{shard name: entry} from a manifest document; a ValueError names what is wrong. The list is validated by
-    the one manifest rule the portal judges with (``agents.pipeline.verdicts.check_manifest``, pure Python)."""
-    from agents.pipeline.verdicts import check_manifest
+    the one manifest rule the portal judges with (``contract.manifest.check_manifest``, pure Python)."""
+    from contract.manifest import check_manifest
 
     if isinstance(value, Mapping) and ("files" in value or "manifest" in value):
         value = value.get("files", value.get("manifest"))

@@ -1,4 +1,4 @@
-"""Judges every stored stage result with the portal's verdict rules (``agents.pipeline.verdicts``): before
+"""Judges every stored stage result with the portal's verdict rules (``contract.verdicts``): before
 0003 a result's ``passed`` was the agent's own flag. The flag is kept as ``claimed_passed``; nothing else
 changes. Cells take the new verdicts on their next recompute (``manage.py recompute_cells``)."""
 
@@ -10,7 +10,7 @@ from django.db import migrations
 
 
 def rejudge(apps: Any, schema_editor: Any) -> None:
-    from agents.pipeline import verdicts
+    from contract import verdicts
 
     StageResult = apps.get_model("evidence", "StageResult")
     for result in StageResult.objects.select_related("job__model", "job__hardware").iterator(chunk_size=500):

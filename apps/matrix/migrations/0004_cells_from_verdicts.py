@@ -11,7 +11,7 @@ from django.db import migrations
 
 
 def recompute(apps: Any, schema_editor: Any) -> None:
-    from agents.pipeline.tiers import TIER_GATES, compute_tier
+    from contract.tiers import TIER_GATES, compute_tier
     from apps.matrix.services import tier_times
 
     Cell = apps.get_model("matrix", "Cell")

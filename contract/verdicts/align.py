@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from agents.pipeline.verdict_base import PASS, Context, Verdict
-from agents.pipeline.verdict_base import number as _number
-from agents.pipeline.verdict_base import text as _text
+from contract.verdicts.base import PASS, Context, Verdict
+from contract.verdicts.base import number as _number
+from contract.verdicts.base import text as _text
 
 # --- align -----------------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SUITES_DIR = Path(__file__).resolve().parent / "eval_suites"
+SUITES_DIR = Path(__file__).resolve().parent
 HEADER = ("Some special magic numbers are hidden within the following text. Make sure to memorize them. "
           "I will quiz you about the numbers afterwards.\n")
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
@@ -44,7 +44,7 @@ class NeedleItem:
 
 
 def haystack_data() -> tuple[list[str], list[str]]:
-    """The filler sentences and the needle keys (eval_suites/needle_haystack.json)."""
+    """The filler sentences and the needle keys (``needle_haystack.json`` beside this module)."""
     data = json.loads((SUITES_DIR / "needle_haystack.json").read_text())
     return list(data["filler"]), list(data["keys"])
 

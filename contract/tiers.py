@@ -1,13 +1,13 @@
 """The tier rule of DESIGN.md §3, shared by the pipeline (the tier a report claims) and the portal (the tier
 a cell shows from the newest verdict of each stage). Pure functions, no Django, no torch; the per-stage rules
-live in ``agents.pipeline.verdicts``."""
+live in ``contract.verdicts``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from agents.pipeline import verdicts
+from contract import verdicts
 
 TIER_NAMES: dict[int, str] = {
     0: "untested",
@@ -37,7 +37,7 @@ DEFAULT_STAGES: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve"
 
 def stage_passed(stage: str, section: Mapping[str, Any] | None, thresholds: Mapping[str, Any] | None = None,
                  context: verdicts.Context | None = None) -> bool | None:
-    """Whether a stage's report section is passing evidence by ``agents.pipeline.verdicts`` (None: no section).
+    """Whether a stage's report section is passing evidence by ``contract.verdicts`` (None: no section).
     An incomplete section is not passing. Stages that gate no tier (inventory, env) pass with a section."""
     if section is None:
         return None

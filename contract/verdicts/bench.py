@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import Any
 
-from agents.pipeline.verdict_base import LATENCY_METRICS, PERCENTILES, Context, Verdict
-from agents.pipeline.verdict_base import number as _number
-from agents.pipeline.verdict_base import text as _text
+from contract.verdicts.base import LATENCY_METRICS, PERCENTILES, Context, Verdict
+from contract.verdicts.base import number as _number
+from contract.verdicts.base import text as _text
 
 ASKED_KEYS = ("concurrency", "num_prompts", "input_len", "output_len", "ignore_eos", "min_seconds")
 COUNT_SLACK = 0.05  # rounded rates times a rounded duration: within 5 % (and one request or token) of the count

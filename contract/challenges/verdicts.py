@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.pipeline import challenge_scoring as cs
-from agents.pipeline.verdict_base import Verdict
+from contract.challenges import scoring as cs
+from contract.verdicts.base import Verdict
 
 EVAL_KINDS: tuple[str, ...] = ("mc", "qa", "ppl", "needle")
 

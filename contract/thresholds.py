@@ -1,7 +1,7 @@
 """Every threshold a job may override: one versioned table of defaults and valid ranges, importable without
 torch or Django. The portal checks a job's overrides against it when the job is submitted (a value outside
 its range is a 400 naming the key and the range), ``day0 adapt --threshold`` does too, and the verdicts of
-``agents.pipeline.verdicts`` read the defaults from here and store ``DEFAULTS_VERSION`` with each verdict.
+``contract.verdicts`` read the defaults from here and store ``DEFAULTS_VERSION`` with each verdict.
 
 Each key says which way is *looser*: for a ``min`` key (a cosine the result must reach) a lower value lets
 more through; for a ``max`` key (an error the result must stay under) a higher value does. A job whose

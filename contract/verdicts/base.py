@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.pipeline import thresholds as th
+from contract import thresholds as th
 
 PASS, FAIL, INCOMPLETE = "pass", "fail", "incomplete"
 LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agents.pipeline import thresholds as th
-from agents.pipeline.verdict_base import (  # noqa: F401 (re-exported: the module's public names)
+from contract import thresholds as th
+from contract.verdicts.align import _align
+from contract.verdicts.base import (  # noqa: F401 (re-exported: the module's public names)
     CLAIM_KEYS,
     FAIL,
     HIGHER_IS_BETTER,
@@ -29,16 +30,10 @@ from agents.pipeline.verdict_base import (  # noqa: F401 (re-exported: the modul
     Verdict,
     claimed,
 )
-from agents.pipeline.verdict_base import number as _number
-from agents.pipeline.verdict_base import text as _text
-from agents.pipeline.verdicts_align import _align
-from agents.pipeline.verdicts_bench import _bench
-from agents.pipeline.verdicts_load import (  # noqa: F401 (re-exported: the module's public names)
-    MAX_MANIFEST_FILES,
-    _load,
-    check_manifest,
-    manifest_mismatches,
-)
+from contract.verdicts.base import number as _number
+from contract.verdicts.base import text as _text
+from contract.verdicts.bench import _bench
+from contract.verdicts.load import _load
 
 # --- plan ------------------------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The challenge pool (docs/references.md): every item the portal may ask an agent to answer, built from the
-bundled eval suites (``eval_suites``, rendered the way ``eval_tasks`` and the harness render them) and a fixed
+bundled eval suites (``contract.suites``, rendered the way ``suites.tasks`` and the harness render them) and a fixed
 set of end-to-end prompts. Each item has a stable ``id``; the pool's ``version`` is the sha256 of its canonical
 JSON, answers included, so any change to an item, an answer or a metric option is a new version (and a new
 reference run for every release).
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from agents.pipeline import eval_needle, eval_tasks
+from contract.suites import needle as eval_needle
+from contract.suites import tasks as eval_tasks
 
 KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl", "needle")
 POOL_KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl")  # the stored pool; needles are fresh per draw

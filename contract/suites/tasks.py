@@ -1,5 +1,5 @@
-"""The eval stage's task suites, read from lm-eval task files (``eval_suites/*.yaml`` + JSONL) and scored the way
-the harness scores them, so that ``lm_eval --include_path agents/pipeline/eval_suites`` runs the same suite:
+"""The eval stage's task suites, read from lm-eval task files (``contract/suites/*.yaml`` + JSONL) and scored the way
+the harness scores them, so that ``lm_eval --include_path contract/suites`` runs the same suite:
 
 * ``multiple_choice``: the context ``doc_to_text``, each choice after ``target_delimiter``; the prediction is the
   choice of highest summed log-likelihood (``acc``);
@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-SUITES_DIR = Path(__file__).resolve().parent / "eval_suites"
+SUITES_DIR = Path(__file__).resolve().parent
 TASK_FILES: dict[str, str] = {"day0_mc": "day0_mc.yaml", "day0_qa": "day0_qa.yaml", "day0_ppl": "day0_ppl.yaml"}
 OUTPUT_TYPES = ("multiple_choice", "generate_until", "loglikelihood_rolling")
 
@@ -84,6 +82,8 @@ def load_task(name: str, suites_dir: Path = SUITES_DIR) -> Task:
     """The task ``name`` (a key of TASK_FILES) with all its documents."""
     if name not in TASK_FILES:
         raise TaskError(f"unknown eval task {name!r}; known: {', '.join(TASK_FILES)}")
+    import yaml  # the harness's task format; imported here so that importing the contract needs no third party
+
     path = suites_dir / TASK_FILES[name]
     config = yaml.safe_load(path.read_text())
     if config.get("output_type") not in OUTPUT_TYPES:

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 from typing import Any
 
-from agents.pipeline import eval_needle, eval_tasks
+from contract.suites import needle as eval_needle
+from contract.suites import tasks as eval_tasks
 
 Z95 = NormalDist().inv_cdf(0.975)
 MAX_TEXT = 4096  # characters of one generated answer
