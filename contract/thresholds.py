@@ -101,7 +101,7 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
     Threshold("bench_min_concurrency_levels", 3, 1, 64, "min", integer=True,
               doc="distinct concurrency levels a baseline must sweep"),
     Threshold("bench_max_failure_ratio", 0.0, 0.0, 1.0, "max", doc="failed / all requests of a run, at most"),
-    # bench physics and length (verdicts_bench): a decode step cannot beat the memory bandwidth, a level is long
+    # bench physics and length (verdicts.bench): a decode step cannot beat the memory bandwidth, a level is long
     # enough for its percentiles to mean something, and the counts agree with each other and with what was asked
     Threshold("bench_tpot_floor_factor", 0.5, 0.0, 1.0, "min", low_open=True,
               doc="TPOT p50 at least this × the bandwidth floor (bytes a decode step reads per device / bandwidth)"),

@@ -28,7 +28,7 @@ def plan_nodes(model: Any, hardware: Any, spec: dict[str, Any]) -> int:
     config cannot be planned (the plan stage reports that)."""
     if hardware.shared_memory or hardware.devices_per_node < 1:
         return 1
-    from agents.runtime.planner import plan_report
+    from contract.planner import plan_report
 
     try:
         report = plan_report(model.config, memory_bytes=hardware.memory_bytes,

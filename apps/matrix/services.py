@@ -29,10 +29,10 @@ FIT_FIELDS = ("fits", "fits_devices", "fits_plan", "fits_error")
 
 
 def estimate_fit(model: ModelRelease, hardware: Hardware, dtype: str = "auto") -> dict[str, Any]:
-    """The fits estimate of a cell from the config alone, via ``agents.runtime.planner.plan_report``; by default
+    """The fits estimate of a cell from the config alone, via ``contract.planner.plan_report``; by default
     in the checkpoint's own format (``"auto"``: FP8, MXFP4, bf16 …), recorded as ``fits_plan["dtype"]``."""
     try:
-        from agents.runtime.planner import plan_report
+        from contract.planner import plan_report
     except ImportError as exc:
         return {"fits": None, "fits_devices": None, "fits_plan": {}, "fits_error": f"planner unavailable: {exc}"}
     try:

@@ -11,13 +11,13 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.safestring import mark_safe
 
-from agents.runtime.planner.memory import DTYPES
 from apps.accounts.access import actor_for
 from apps.catalog.models import Hardware, ModelRelease
 from apps.dashboards.selectors.regressions import open_regressions
 from apps.matrix.presenters import dtype_short, human_count, rows_html
 from apps.matrix.selectors import Matrix, MatrixFilters, build_matrix, family_choices, vendor_choices
 from apps.matrix.services import estimate_fit
+from contract.planner.memory import DTYPES
 from contract.tiers import TIER_NAMES
 
 PLAN_DTYPES = tuple(DTYPES)  # the formats the planner knows

@@ -1,5 +1,5 @@
 """The align end-to-end part and the eval verdict as the portal judges them: from its own scores of an agent's
-raw outputs against the reference it holds (``challenge_scoring``), never from the agent's numbers, which stay
+raw outputs against the reference it holds (``scoring``), never from the agent's numbers, which stay
 claims. The portal builds a ``ChallengeJudge`` per job attempt and passes it in the verdict ``Context``; the
 verdicts call it for those two parts and it keeps what it scored in ``scores`` (stored with the result).
 

@@ -80,7 +80,7 @@ def _plan(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
         return
     planner = ctx.planner
     if planner is None:
-        from agents.runtime.planner import plan_report as planner
+        from contract.planner import plan_report as planner
     dtype = s.get("dtype") if isinstance(s.get("dtype"), str) and s.get("dtype") else (ctx.dtype or "bfloat16")
     try:
         report = planner(dict(config), memory_bytes=ctx.hardware.memory_bytes,

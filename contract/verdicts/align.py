@@ -34,7 +34,7 @@ def reduced_dtype(dtype: Any, config: Mapping[str, Any] | None) -> str | None:
     """The canonical name of ``dtype`` (``"auto"``: the checkpoint's) when it is a reduced precision, else None."""
     if not isinstance(dtype, str) or not dtype:
         return None
-    from agents.runtime.planner.memory import resolve_dtype
+    from contract.planner.memory import resolve_dtype
 
     try:
         name, _ = resolve_dtype(dtype, dict(config or {}))
@@ -187,12 +187,12 @@ def _kv(v: Verdict, kv: Any, t: Mapping[str, float], ctx: Context, path: str | N
 
 
 def runtime_path(ctx: Context) -> tuple[str | None, str]:
-    """Which code runs the model, decided by the portal from the config (``runtime/models/native``, the list of
+    """Which code runs the model, decided by the portal from the config (``contract.model.native``, the list of
     native families the registry asserts against), and how it was decided; the load section's word only when
     the config is not known."""
     config = ctx.model.config
     if config:
-        from agents.runtime.models.native import config_runtime_path
+        from contract.model.native import config_runtime_path
 
         try:
             return config_runtime_path(dict(config))[0], "the config"

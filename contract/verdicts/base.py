@@ -55,8 +55,8 @@ class Context:
     layout: Mapping[str, int] | None = None
     bench_asked: Mapping[str, Any] | None = None
     inventory_ops: Sequence[str] | None = None
-    planner: Callable[..., Mapping[str, Any]] | None = None  # default: agents.runtime.planner.plan_report
-    # the portal's judge of raw outputs against its reference (challenge_verdicts.ChallengeJudge): when set, the
+    planner: Callable[..., Mapping[str, Any]] | None = None  # default: contract.planner.plan_report
+    # the portal's judge of raw outputs against its reference (challenges.verdicts.ChallengeJudge): when set, the
     # align end-to-end part and the eval verdict come from it; None (a standalone run) judges the agent's numbers
     challenge: Callable[[Verdict, str, Mapping[str, Any], Mapping[str, float]], None] | None = None
     # the load's weight probe as the portal expects it: {"nonce", "probes": [{"file", "offset", "length",

@@ -40,9 +40,9 @@ def decode_floor_bytes(config: Mapping[str, Any], dtype: str | None, tp: int, ep
     devices, the LM head's vocabulary-parallel share, and the KV cache of one sequence of ``context_tokens``
     over ``tp``. Pipeline stages run one after another for a token, so ``pp`` does not divide it. A ValueError
     (or the spec's own error) when the config or dtype cannot be read."""
-    from agents.runtime.params import count_params
-    from agents.runtime.planner.memory import DTYPES, kv_bytes_per_token, layer_bits, resolve_dtype
-    from agents.runtime.spec import parse_config
+    from contract.model.params import count_params
+    from contract.model.spec import parse_config
+    from contract.planner.memory import DTYPES, kv_bytes_per_token, layer_bits, resolve_dtype
 
     config = dict(config)
     name, keep_attention = resolve_dtype(dtype or "auto", config)

@@ -37,8 +37,8 @@ def test_a_broken_contract_fails_the_check(tmp_path: Path) -> None:
     config.write_text(
         '[tool.importlinter]\nroot_packages = ["agents", "apps", "day0portal"]\n\n'
         '[[tool.importlinter.contracts]]\nname = "catalog without the runtime"\ntype = "forbidden"\n'
-        'source_modules = ["apps.catalog.services"]\nforbidden_modules = ["agents.runtime.spec"]\n'
+        'source_modules = ["apps.catalog.services"]\nforbidden_modules = ["contract.model.spec"]\n'
     )
     done = _lint(str(config))
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "apps.catalog.services -> agents.runtime.spec" in done.stdout
+    assert "apps.catalog.services -> contract.model.spec" in done.stdout

@@ -1,4 +1,4 @@
-"""The portal's scoring of raw outputs (contract/challenges/scoring.py and challenge_verdicts.py), with
+"""The portal's scoring of raw outputs (contract/challenges/scoring.py and verdicts.py), with
 numbers computed by hand: the power rule, Wilson bounds, first divergence with the mutual top-k rule, the
 checks that raw outputs answer exactly the drawn challenge, and the verdicts built from them."""
 

@@ -4,10 +4,10 @@ from typing import Any
 
 from rest_framework import serializers
 
-from agents.runtime.planner.memory import ALIASES as DTYPE_ALIASES
 from apps.catalog.api.serializers import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.selectors import job_waiting_reason
+from contract.planner.memory import ALIASES as DTYPE_ALIASES
 from contract.thresholds import check_thresholds, looser_keys
 from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
 

@@ -1,7 +1,7 @@
 """Which code runs an architecture, from its ``config.json`` alone and without torch (the planner and the portal
 import this): the native families by ``architectures[0]``, and the config options their layers do not
-implement. ``registry.runtime_path`` decides the same with the native code itself at build time; the tests hold
-the two equal over the bundled configs and every option variant they know.
+implement. The runtime's ``models/registry.runtime_path`` decides the same with the native code itself at build
+time; the tests hold the two equal over the bundled configs and every option variant they know.
 
 What the answer means for a deployment: a native family runs any TP × PP × EP layout the planner's rules allow
 (``planner/search.layout_problem``); the transformers fallback runs on one device only."""

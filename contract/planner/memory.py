@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agents.runtime.params import LayerParams, ParamCount
-from agents.runtime.spec import ModelSpec
+from contract.model.params import LayerParams, ParamCount
+from contract.model.spec import ModelSpec
 
 GIB = 1 << 30
 # canonical dtype -> (bits of quantisable weights, bits of the rest, extra scale bits per quantised weight)

@@ -21,7 +21,7 @@ plan is whole nodes, within one it divides the node; pp is a divisor of the laye
 
 from __future__ import annotations
 
-from agents.runtime.planner.memory import (
+from contract.planner.memory import (
     DTYPES,
     PlanSettings,
     activation_bytes,
@@ -31,7 +31,7 @@ from agents.runtime.planner.memory import (
     resolve_dtype,
     weight_bytes,
 )
-from agents.runtime.planner.report import plan_report
+from contract.planner.report import plan_report
 
 __all__ = [
     "DTYPES",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.runtime.vision_params import count_vision_params
+from contract.model.vision_params import count_vision_params
 
 # transformers builds q/k/v projections with biases (o_proj without) for these, whatever the config says
 QKV_BIAS_MODEL_TYPES = frozenset({"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"})

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from agents.runtime.spec import ModelSpec
+from contract.model.spec import ModelSpec
 
 
 @dataclass(frozen=True)

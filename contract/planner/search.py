@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.runtime.params import LayerParams, ParamCount
-from agents.runtime.planner.memory import DTYPES, PlanSettings, activation_bytes, kv_layer_bytes, layer_bits
-from agents.runtime.spec import ModelSpec
+from contract.model.params import LayerParams, ParamCount
+from contract.model.spec import ModelSpec
+from contract.planner.memory import DTYPES, PlanSettings, activation_bytes, kv_layer_bytes, layer_bits
 
 
 @dataclass(frozen=True)
@@ -220,8 +220,8 @@ def config_layout_error(config: Any, hardware: Any, tp: int | None, pp: int | No
     """``check_layout`` on a model's ``config.json``: the LayoutError pinned degrees raise, or None (also when
     the config cannot be parsed: the plan stage reports that). A model the runtime runs on the transformers
     fallback takes no degree above 1."""
-    from agents.runtime.models.native import single_device_reason
-    from agents.runtime.spec import parse_config
+    from contract.model.native import single_device_reason
+    from contract.model.spec import parse_config
 
     try:
         spec = parse_config(config)

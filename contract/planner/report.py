@@ -6,11 +6,11 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from agents.runtime.models.native import FALLBACK_LAYOUT, config_runtime_path
-from agents.runtime.params import ParamCount, count_params
-from agents.runtime.planner import search as _candidates
-from agents.runtime.planner.memory import PlanSettings, kv_bytes_per_token, resolve_dtype, weight_bytes
-from agents.runtime.spec import ModelSpec, parse_config
+from contract.model.native import FALLBACK_LAYOUT, config_runtime_path
+from contract.model.params import ParamCount, count_params
+from contract.model.spec import ModelSpec, parse_config
+from contract.planner import search as _candidates
+from contract.planner.memory import PlanSettings, kv_bytes_per_token, resolve_dtype, weight_bytes
 
 # The per-model part of a plan (parse, count, per-layer bytes) is O(layers); the per-hardware part is O(candidate
 # plans × pipeline stages). A matrix refresh plans one model on every hardware (or one hardware for every model),
@@ -19,7 +19,7 @@ PREPARED_CACHE_SIZE = 64
 
 
 def runtime_layouts(config: Any) -> dict[str, Any]:
-    """The ``runtime`` block of the plan: which code runs the model (``models/native.py``, from the config
+    """The ``runtime`` block of the plan: which code runs the model (``contract/model/native.py``, from the config
     alone) and so which layouts can run: a native family any TP × PP × EP within the rules, the transformers
     fallback one device."""
     path, reason = config_runtime_path(config)
