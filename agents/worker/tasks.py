@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from agents.worker.agent_state import STATE
-from agents.worker.app import TASK_NAME, app
+from agents.worker.app import app
 from agents.worker.client import PortalClient, PortalError, PortalUnavailable
 from agents.worker.outbox import ResultOutbox
 from agents.worker.spool import JobSpool, SpoolGap, SpoolSender, release_job_files
+from contract.jobspec import JobSpec, JobSpecError
+from contract.queues import RUN_JOB_TASK
 
 logger = logging.getLogger(__name__)
 
@@ -47,34 +49,37 @@ def _model_dir(spec: dict[str, Any]) -> Path | None:
     return None
 
 
+def read_spec(job_id: int, spec: dict[str, Any]) -> JobSpec:
+    """The delivery's job spec (``contract.jobspec``); a ValueError names the job and the malformed key."""
+    try:
+        return JobSpec.from_dict(spec)
+    except JobSpecError as exc:
+        raise ValueError(f"job {job_id}: the delivery's {exc}") from None
+
+
 def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
     """The ``StageContext`` of a job spec (as ``apps.jobs.dispatch`` builds it). The agent is not handed the
     release's manifest: its load reports each shard's digest and the portal compares; the spec's
     ``weight_samples`` (a reference run) or ``weight_probe`` (a certify job) go to the load stage."""
     from agents.pipeline.base import StageContext
 
+    job = read_spec(job_id, spec)
     model_dir = _model_dir(spec)
-    config = (spec.get("model") or {}).get("config")
+    config = job.model.get("config")
     if model_dir is not None:
         config = json.loads((model_dir / "config.json").read_text())
     if not isinstance(config, dict):
         raise ValueError(f"job {job_id}: no model files and no config in the job spec")
-    hardware = dict(spec.get("hardware") or {})
+    hardware = dict(job.hardware)
     hardware.setdefault("memory_gb", (hardware.get("memory_bytes") or 0) / 1e9)
     workdir = STATE.work_dir / f"job-{job_id}"
     workdir.mkdir(parents=True, exist_ok=True)
-    for key in ("weight_samples", "weight_probe", "challenge", "reference_pool"):
-        if spec.get(key) is not None and not isinstance(spec[key], dict):
-            raise ValueError(f"job {job_id}: the delivery's {key} must be an object, got {type(spec[key]).__name__}")
     return StageContext(
-        purpose=str(spec.get("purpose") or "certify"), nonce=spec.get("nonce") or None,
-        challenge=spec.get("challenge"), reference_pool=spec.get("reference_pool"),
-        model_dir=model_dir, config=config, hardware=hardware, dtype=spec.get("dtype") or "float32",
-        device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), pp=spec.get("pp"),
-        thresholds=dict(spec.get("thresholds") or {}),
-        bench=dict(spec.get("bench") or {}), workdir=workdir, emit_fn=emit_fn,
-        weight_samples=spec.get("weight_samples"), weight_probe=spec.get("weight_probe"),
-        node=node_of(job_id, spec),
+        purpose=job.purpose, nonce=job.nonce, challenge=job.challenge, reference_pool=job.reference_pool,
+        model_dir=model_dir, config=config, hardware=hardware, dtype=job.dtype,
+        device=STATE.device, tp=job.tp, ep=job.ep, pp=job.pp, thresholds=dict(job.thresholds),
+        bench=dict(job.bench), workdir=workdir, emit_fn=emit_fn,
+        weight_samples=job.weight_samples, weight_probe=job.weight_probe, node=node_of(job_id, spec),
     )
 
 
@@ -123,7 +128,7 @@ def _retryable(exc: Exception) -> bool:
     return isinstance(exc, PortalUnavailable) or not isinstance(exc, PortalError | SpoolGap)
 
 
-@app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_DELIVERY_RETRIES)
+@app.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_DELIVERY_RETRIES)
 def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any] | None:
     """Runs job ``job_id`` as its ``spec`` says; returns a short summary (or None when skipped)."""
     from agents.pipeline.runner import run_pipeline
