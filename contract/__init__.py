@@ -11,4 +11,5 @@ reading the bundled lm-eval task files (``suites.tasks.load_task``) needs PyYAML
 - ``model`` (a ``config.json`` parsed, its parameters counted, which code runs it), ``hardware`` (accelerator
   specs and the bundled catalog under ``data/``), ``planner`` (memory per device of a TP × PP × EP layout),
   ``expert_balance`` (the bench section's routing balance);
-- ``queues`` (the agent's task and queue names) and ``jobspec`` (the payload an agent receives)."""
+- ``queues`` (the agent's task and queue names), ``jobspec`` (the payload an agent receives) and ``nodes`` (how
+  many nodes a job may span, the ports they meet at)."""

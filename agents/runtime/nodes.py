@@ -17,7 +17,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-MAX_NODES = 1024
+from contract.nodes import MAX_NODES
+
 KEY_PREFIX = "day0/rendezvous"
 POLL_S = 0.05
 
