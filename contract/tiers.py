@@ -1,6 +1,6 @@
-"""The tier rule of DESIGN.md §3, shared by the pipeline (the tier a report claims) and the portal (the tier
-a cell shows from the newest verdict of each stage). Pure functions, no Django, no torch; the per-stage rules
-live in ``contract.verdicts``."""
+"""The tier rule (tiers 0–6, each gated by one stage's passing evidence on top of every lower tier's), shared by
+the pipeline (the tier a report claims) and the portal (the tier a cell shows from the newest verdict of each
+stage). Pure functions, no Django, no torch; the per-stage rules live in ``contract.verdicts``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``plan_report``: the ``plan`` section of the stage report (DESIGN.md §6), from a config dict alone."""
+"""``plan_report``: the ``plan`` section of the stage report (``day0 adapt --report``), from a config dict alone."""
 
 from __future__ import annotations
 

@@ -204,7 +204,7 @@ def _no_rule(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Cont
     """inventory, env, comm gate no tier: a section is enough."""
 
 
-# soak (issue 13): the portal's own limits, recomputed from the windows; it gates no tier
+# soak: the portal's own limits, recomputed from the windows; it gates no tier
 SOAK_MIN_THROUGHPUT_RATIO = 0.95
 SOAK_MAX_MEMORY_SLOPE = 1024.0 * 1024.0  # bytes/s of the final server process
 SOAK_MAX_RECOVER_SECONDS = 180.0
