@@ -28,8 +28,8 @@ def main() -> None:
 
     from agents.pipeline.base import StageContext
     from agents.pipeline.runner import run_pipeline
-    from agents.runtime.hardware import get_hardware
     from agents.runtime.testing.make_model import cached_model
+    from contract.hardware import get_hardware
 
     hf_logging.disable_progress_bar()
     if args.threads:

@@ -68,8 +68,8 @@ def memory_bandwidth_gbps(mib: int = 256, repeats: int = 5) -> float:
 
 def plan_bytes(config: dict, layout: tuple[int, int, int]) -> tuple[int | None, int | None]:
     """(bytes per device, weight bytes per device) the planner gives this layout pinned, on this host."""
-    from agents.runtime.hardware import cpu_hardware
-    from agents.runtime.planner import plan_report
+    from contract.hardware import cpu_hardware
+    from contract.planner import plan_report
 
     hw = cpu_hardware()
     tp, ep, pp = layout

@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agents.runtime.hardware import DATA_DIR, get_hardware  # noqa: E402
-from agents.runtime.planner import plan_report  # noqa: E402
+from contract.hardware import DATA_DIR, get_hardware  # noqa: E402
+from contract.planner import plan_report  # noqa: E402
 
 
 def median_ms(fn, repeat: int) -> float:

@@ -1,5 +1,6 @@
-"""The Celery app. Broker from settings (Redis, or kombu's filesystem transport on the embedded default).
-Routing of adaptation tasks to the queue ``hw.<hardware-slug>`` is set by the agents' dispatch code."""
+"""The portal's Celery app. Broker from settings (Redis, or kombu's filesystem transport on the embedded default).
+The portal's own tasks run on its default queue (``DAY0_CELERY_DEFAULT_QUEUE``); a job goes to an agent as the
+task and on the queue ``contract.queues`` names, sent by ``apps.jobs.dispatch.send_job``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Broker users of agents on RabbitMQ: one user per agent, allowed to read its own two queues and nothing else.
 
-An agent consumes ``hw.<hardware>`` and ``agent.<id>`` (a multi-node job's node). Its user gets, on the portal's
+An agent consumes ``hw.<hardware>`` and ``agent.<id>`` (a multi-node job's node; ``contract.queues``). Its user gets, on the portal's
 virtual host, configure ``^$`` (it declares, deletes and binds nothing), write ``^$`` (it publishes nothing, and
 binds nothing) and read on exactly those two queues (consume, get and purge need read). The portal declares the
 queues when it creates the user, as its publisher would, so the agent never has to. Users are managed with
@@ -19,6 +19,8 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from kombu.utils.url import parse_url
+
+from contract.queues import agent_queues
 
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 NOTHING = "^$"  # matches no exchange or queue name (the default exchange is checked as "amq.default")
@@ -203,7 +205,7 @@ def do_put_agent_user(admin: BrokerAdmin, app: Any, *, broker_url: str, agent_id
     ``agent.<agent_id>`` only, declares those queues on ``broker_url`` (the portal's), and returns the agent's
     broker URL (its password is not kept anywhere else)."""
     vhost = broker_parts(broker_url)["vhost"]
-    queues = (f"hw.{hardware_slug}", f"agent.{agent_id}")
+    queues = agent_queues(hardware_slug, agent_id)
     username, password = agent_username(agent_id, hardware_slug), new_password()
     declare_queues(app, broker_url, queues)
     created = admin.put_user(username, password)

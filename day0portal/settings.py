@@ -156,7 +156,7 @@ else:
 BROKER_ADMIN_URL = env_str("DAY0_BROKER_ADMIN_URL")
 # the bearer token Prometheus presents to /metrics (staff sessions see it too); empty: staff only
 METRICS_TOKEN = env_str("DAY0_METRICS_TOKEN")
-# OpenTelemetry traces: DAY0_TRACING_EXPORTER, read by agents.runtime.tracing in every process (off when empty)
+# OpenTelemetry traces: DAY0_TRACING_EXPORTER, read by telemetry.tracing in every process (off when empty)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -252,8 +252,8 @@ SPECTACULAR_SETTINGS.update(SWAGGER_UI_DIST="SIDECAR", SWAGGER_UI_FAVICON_HREF="
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    # the job, trace and request ids appended when known (agents.runtime.tracing)
-    "formatters": {"plain": {"()": "agents.runtime.tracing.ContextFormatter",
+    # the job, trace and request ids appended when known (telemetry.tracing)
+    "formatters": {"plain": {"()": "telemetry.tracing.ContextFormatter",
                              "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("DAY0_LOG_LEVEL", "INFO").upper()},

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.thresholds import ALIGN as ALIGN_THRESHOLDS
 from agents.runtime.context import ForwardContext
 from agents.runtime.engine.multimodal import config_takes_images
+from contract.thresholds import ALIGN as ALIGN_THRESHOLDS
 
 # DESIGN.md §4 defaults (every dtype), overridable per job through ctx.thresholds.
 DEFAULT_THRESHOLDS: dict[str, float] = ALIGN_THRESHOLDS

@@ -38,7 +38,7 @@ def compare(eager: list[list[tuple[int, set[int]]]], compiled: list[list[tuple[i
             ) -> dict[str, Any]:
     """Token equality per prompt; the first divergence of each, and whether it is a near-tie. ``rows`` keep
     both token lists and, at a first divergence, both sides' top-k ids: the portal's verdict recomputes from them
-    (``verdicts_align._compiled``)."""
+    (``contract.verdicts.align._compiled``)."""
     first: list[int | None] = []
     divergences: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []

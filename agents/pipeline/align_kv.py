@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from agents.pipeline import thresholds
 from agents.pipeline.base import StageContext
+from contract import thresholds
 
 DEFAULT_THRESHOLD = 1e-4
 BLOCK_SIZE = 16

@@ -33,8 +33,8 @@ from torch.func import functional_call
 from agents.pipeline import align_refs as ref
 from agents.pipeline.align_common import paged_context
 from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.thresholds import OPS as OP_THRESHOLDS
 from agents.runtime.context import ForwardContext
+from contract.thresholds import OPS as OP_THRESHOLDS
 
 DEFAULT_THRESHOLDS: dict[str, float] = OP_THRESHOLDS
 TOKENS = 32
@@ -553,7 +553,7 @@ def inventory_coverage(inventory: list[dict[str, Any]], rows: list[Row]) -> dict
     traced = sorted({str(op.get("op")) for op in inventory if isinstance(op, dict)})
     phases = {str(op.get("op")): op.get("phases") or [] for op in inventory if isinstance(op, dict)}
     missed = [name for name in traced if name not in by_op]
-    # the portal asks a reason for each operator no check runs (its coverage rule, verdicts_align)
+    # the portal asks a reason for each operator no check runs (its coverage rule, contract.verdicts.align)
     reasons = {name: f"traced in the {' and '.join(phases[name]) or 'model'} pass outside every checked module "
                      "(the engine's sampling, cache or index bookkeeping); the layer and end-to-end comparisons "
                      "run it" for name in missed}

@@ -1,7 +1,7 @@
 """The stage interface: every stage module exposes ``run(ctx: StageContext) -> dict`` returning its report
 section (DESIGN.md §6 keys). A stage that cannot continue raises ``StageFailed`` with a message naming what
 was wrong; a stage whose section says "not passing" (align.passed false, load.ok false …) also stops the
-pipeline — the runner decides that with ``agents.pipeline.verdicts``."""
+pipeline — the runner decides that with ``contract.verdicts``."""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agents.pipeline import eval_needle, eval_tasks
 from agents.pipeline.base import StageContext, StageFailed
+from contract.suites import needle as eval_needle
+from contract.suites import tasks as eval_tasks
 
 KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl", "needle")
 EVAL_KINDS: tuple[str, ...] = ("mc", "qa", "ppl", "needle")

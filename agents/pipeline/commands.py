@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
+from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -188,7 +188,7 @@ def handle(args: argparse.Namespace) -> int:
         for name, value in (("--tp", args.tp), ("--ep", args.ep), ("--pp", args.pp), ("--threads", args.threads)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
-        from agents.runtime.hardware import get_hardware
+        from contract.hardware import get_hardware
 
         try:
             hardware = get_hardware(args.hardware).to_dict()

@@ -1,7 +1,7 @@
 """The ``eval`` stage (tier 6, "validated"): task quality of the SERVED target against the ``transformers`` fp32
 reference on the same weights, the same token ids on both sides.
 
-Suites (``eval_suites/``, lm-eval task files, see ``eval_tasks``): ``day0_mc`` (multiple choice by
+Suites (``contract/suites``, lm-eval task files, see ``contract.suites.tasks``): ``day0_mc`` (multiple choice by
 log-likelihood), ``day0_qa`` (short answers, greedy, exact match), ``day0_ppl`` (word perplexity of held-out
 text) and ``needle`` (``eval_needle``: RULER-style single needle with distractors, accuracy per length × depth).
 The target answers through the server the serve stage left running (``/v1/completions``: echo + logprobs for
@@ -25,11 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.pipeline import eval_challenge, eval_needle, eval_tasks, serve
+from agents.pipeline import eval_challenge, serve
 from agents.pipeline.align_common import reference_model, tokenizer
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.eval_backends import ReferenceLM, ServedError, ServedLM
-from agents.pipeline.thresholds import DEFAULTS as THRESHOLD_DEFAULTS
+from contract.suites import needle as eval_needle
+from contract.suites import tasks as eval_tasks
+from contract.thresholds import DEFAULTS as THRESHOLD_DEFAULTS
 
 TASKS: tuple[str, ...] = (*eval_tasks.TASK_FILES, eval_needle.TASK)
 DEFAULT_DEPTHS = (0, 25, 50, 75, 100)

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.eval_tasks import cut_at_stop
-from agents.runtime import tracing
+from contract.suites.tasks import cut_at_stop
+from telemetry import tracing
 
 Progress = Callable[[int, int], None]
 

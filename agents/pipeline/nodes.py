@@ -15,8 +15,8 @@ from typing import Any
 
 from agents.pipeline.base import StageContext, StageFailed
 from agents.runtime.commands.serve import serve_command as runtime_serve_command
+from contract.nodes import STAGE_PORTS
 
-STAGE_PORTS = {"load": 0, "serve": 1, "comm": 2}
 RANKED_STAGES = tuple(STAGE_PORTS)
 
 

@@ -16,7 +16,7 @@ def hardware_memory(hardware: Any) -> tuple[dict[str, Any], int, int]:
     """(hardware as a dict, memory bytes per device, devices per node) from ``ctx.hardware``: a dict with
     ``memory_bytes`` or ``memory_gb`` (decimal GB), or only a ``slug`` of the catalog (or ``"cpu"``), or a
     HardwareSpec."""
-    from agents.runtime.hardware import get_hardware
+    from contract.hardware import get_hardware
 
     if hasattr(hardware, "to_dict"):
         hardware = hardware.to_dict()
@@ -51,8 +51,8 @@ def _positive(name: str, value: Any) -> int | None:
 
 def run(ctx: StageContext) -> dict[str, Any]:
     """Plan ``ctx.config`` on ``ctx.hardware`` at ``ctx.dtype``, pinning ``ctx.tp``/``ctx.ep`` when given."""
-    from agents.runtime.planner import plan_report
-    from agents.runtime.spec import SpecError
+    from contract.model.spec import SpecError
+    from contract.planner import plan_report
 
     hw, memory, per_node = hardware_memory(ctx.hardware)
     tp, ep, pp = _positive("tp", ctx.tp), _positive("ep", ctx.ep), _positive("pp", ctx.pp)

@@ -2,7 +2,7 @@
 
 The runner stops at the first stage that raises (``StageFailed`` or any other exception) or whose section is
 not passing evidence; the report then names that stage and why. Whether a section passes is the verdict of
-``agents.pipeline.verdicts`` (the same rules the portal judges with, on the job's thresholds and the facts the
+``contract.verdicts`` (the same rules the portal judges with, on the job's thresholds and the facts the
 pipeline knows: config, manifest, chat template, hardware), so the tier a report claims is the tier the portal
 computes from the same numbers; each stage's verdict is kept in ``report["verdicts"]``. A section whose own flags
 say it failed stops the run too. A section of raw outputs answering the portal's challenge (``scored_by``
@@ -20,10 +20,10 @@ from types import ModuleType
 from typing import Any
 
 from agents.pipeline import report as report_mod
-from agents.pipeline import thresholds, tiers, verdicts
 from agents.pipeline.base import JobCancelled, StageContext, StageFailed
-from agents.runtime import tracing
 from agents.runtime.engine.multimodal import config_takes_images
+from contract import thresholds, tiers, verdicts
+from telemetry import tracing
 
 
 def known_threshold_keys() -> set[str]:

@@ -22,9 +22,9 @@ from agents.pipeline import compiled
 from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.load_sharded import effective_layout, effective_tp
 from agents.pipeline.nodes import stage_node
-from agents.runtime import tracing
 from agents.runtime.commands.serve import serve_command
 from agents.runtime.engine.multimodal import config_takes_images
+from telemetry import tracing
 
 
 class ServerProcess:

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-MAX_NODES = 1024
+from contract.nodes import MAX_NODES
+
 KEY_PREFIX = "day0/rendezvous"
 POLL_S = 0.05
 
@@ -158,7 +159,7 @@ def node_layout_problem(config: dict[str, Any], tp: int, pp: int, ep: int, node:
     on one host too; its ``pp × max(tp, ep)`` ranks split into whole nodes, and the planner's rules hold with a
     node of that many ranks (TP inside a node, PP spanning whole nodes). ValueError when the config names no
     architecture."""
-    from agents.runtime.models.native import single_device_reason
+    from contract.model.native import single_device_reason
 
     single = single_device_reason(config)
     if single:
@@ -172,8 +173,8 @@ def node_layout_problem(config: dict[str, Any], tp: int, pp: int, ep: int, node:
         return f"tp={tp}, ep={ep}, pp={pp}: {exc}"
     if not node.multi:
         return None
-    from agents.runtime.planner.search import layout_problem
-    from agents.runtime.spec import parse_config
+    from contract.model.spec import parse_config
+    from contract.planner.search import layout_problem
 
     problem = layout_problem(parse_config(config), _Nodes(local), tp, pp, ep, single_device=single)
     return None if problem is None else f"{problem} ({node.nnodes} nodes of {local} rank(s) each)"

@@ -1,4 +1,5 @@
-"""The agent's Celery app: a worker on an accelerator host consuming the queue ``hw.<hardware-slug>``.
+"""The agent's Celery app: a worker on an accelerator host consuming the queue ``hw.<hardware-slug>``
+(its names: ``contract.queues``).
 
 It loads no Django settings and holds no database credentials: only the broker URL, the portal URL and an
 agent token. One job at a time (solo pool, concurrency 1, prefetch 1); acknowledgement after the task ends and
@@ -19,17 +20,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from agents.worker.agent_state import data_dir as agent_data_dir
-
-TASK_NAME = "day0.run_job"
-
-
-def queue_name(hardware_slug: str) -> str:
-    return f"hw.{hardware_slug}"
-
-
-def agent_queue_name(agent_id: int) -> str:
-    """The queue only this agent consumes: a multi-node job's node reserved for it (``apps.jobs.dispatch``)."""
-    return f"agent.{agent_id}"
+from contract.queues import AGENT_DEFAULT_QUEUE, agent_queues
 
 
 def default_broker_url() -> str:
@@ -62,7 +53,7 @@ def make_app(broker_url: str | None = None) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         worker_concurrency=1,
-        task_default_queue="hw.default",
+        task_default_queue=AGENT_DEFAULT_QUEUE,
         task_track_started=False,
         result_backend=None,
         task_ignore_result=True,
@@ -82,7 +73,7 @@ def make_app(broker_url: str | None = None) -> Celery:
 def consume(app: Celery, hardware_slug: str, agent_id: int) -> list[str]:
     """The queues this agent consumes (its hardware's, and its own for a multi-node job's node), set on ``app``.
     On RabbitMQ they are not declared by the agent (its user may not): the portal declared them."""
-    names = [queue_name(hardware_slug), agent_queue_name(agent_id)]
+    names = list(agent_queues(hardware_slug, agent_id))
     no_declare = is_amqp(app.conf.broker_url or "")
     app.conf.task_queues = [Queue(n, Exchange(n), routing_key=n, no_declare=no_declare) for n in names]
     return names

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.worker.agent_state import STATE
+from contract.jobspec import JobSpec, JobSpecError
 
 
 def _model_dir(spec: dict[str, Any]) -> Path | None:
@@ -24,34 +25,37 @@ def _model_dir(spec: dict[str, Any]) -> Path | None:
     return None
 
 
+def read_spec(job_id: int, spec: dict[str, Any]) -> JobSpec:
+    """The delivery's job spec (``contract.jobspec``); a ValueError names the job and the malformed key."""
+    try:
+        return JobSpec.from_dict(spec)
+    except JobSpecError as exc:
+        raise ValueError(f"job {job_id}: the delivery's {exc}") from None
+
+
 def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
     """The ``StageContext`` of a job spec (as ``apps.jobs.dispatch`` builds it). The agent is not handed the
     release's manifest: its load reports each shard's digest and the portal compares; the spec's
     ``weight_samples`` (a reference run) or ``weight_probe`` (a certify job) go to the load stage."""
     from agents.pipeline.base import StageContext
 
+    job = read_spec(job_id, spec)
     model_dir = _model_dir(spec)
-    config = (spec.get("model") or {}).get("config")
+    config = job.model.get("config")
     if model_dir is not None:
         config = json.loads((model_dir / "config.json").read_text())
     if not isinstance(config, dict):
         raise ValueError(f"job {job_id}: no model files and no config in the job spec")
-    hardware = dict(spec.get("hardware") or {})
+    hardware = dict(job.hardware)
     hardware.setdefault("memory_gb", (hardware.get("memory_bytes") or 0) / 1e9)
     workdir = STATE.work_dir / f"job-{job_id}"
     workdir.mkdir(parents=True, exist_ok=True)
-    for key in ("weight_samples", "weight_probe", "challenge", "reference_pool"):
-        if spec.get(key) is not None and not isinstance(spec[key], dict):
-            raise ValueError(f"job {job_id}: the delivery's {key} must be an object, got {type(spec[key]).__name__}")
     return StageContext(
-        purpose=str(spec.get("purpose") or "certify"), nonce=spec.get("nonce") or None,
-        challenge=spec.get("challenge"), reference_pool=spec.get("reference_pool"),
-        model_dir=model_dir, config=config, hardware=hardware, dtype=spec.get("dtype") or "float32",
-        device=STATE.device, tp=spec.get("tp"), ep=spec.get("ep"), pp=spec.get("pp"),
-        thresholds=dict(spec.get("thresholds") or {}),
-        bench=dict(spec.get("bench") or {}), workdir=workdir, emit_fn=emit_fn,
-        weight_samples=spec.get("weight_samples"), weight_probe=spec.get("weight_probe"),
-        node=node_of(job_id, spec),
+        purpose=job.purpose, nonce=job.nonce, challenge=job.challenge, reference_pool=job.reference_pool,
+        model_dir=model_dir, config=config, hardware=hardware, dtype=job.dtype,
+        device=STATE.device, tp=job.tp, ep=job.ep, pp=job.pp, thresholds=dict(job.thresholds),
+        bench=dict(job.bench), workdir=workdir, emit_fn=emit_fn,
+        weight_samples=job.weight_samples, weight_probe=job.weight_probe, node=node_of(job_id, spec),
     )
 
 

@@ -197,7 +197,7 @@ class JobRun(DeliveryRun):
 
     def body(self, ctx: Any) -> dict[str, Any]:
         from agents.pipeline.runner import run_pipeline
-        from agents.pipeline.tiers import DEFAULT_STAGES
+        from contract.tiers import DEFAULT_STAGES
 
         return run_pipeline(ctx, self.spec.get("stages") or list(DEFAULT_STAGES))
 
@@ -281,7 +281,7 @@ class NodeRun(DeliveryRun):
 
     def body(self, ctx: Any) -> dict[str, Any]:
         from agents.pipeline.nodes import follow
-        from agents.pipeline.tiers import DEFAULT_STAGES
+        from contract.tiers import DEFAULT_STAGES
 
         return follow(ctx, self.spec.get("stages") or list(DEFAULT_STAGES))
 

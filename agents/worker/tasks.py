@@ -9,9 +9,10 @@ import logging
 from typing import Any
 
 from agents.worker.agent_state import STATE
-from agents.worker.app import TASK_NAME, app
+from agents.worker.app import app
 from agents.worker.client import PortalClient, PortalError, PortalUnavailable
 from agents.worker.runs import JobRun, NodeRun
+from contract.queues import RUN_JOB_TASK
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def _is_current(job: dict[str, Any], spec: dict[str, Any], running_ok: bool = Fa
     return None
 
 
-@app.task(name=TASK_NAME, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_DELIVERY_RETRIES)
+@app.task(name=RUN_JOB_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_DELIVERY_RETRIES)
 def run_job_task(self: Any, job_id: int, spec: dict[str, Any]) -> dict[str, Any] | None:
     """Runs job ``job_id`` as its ``spec`` says; returns a short summary (or None when skipped)."""
     if STATE.stopping.is_set():

@@ -11,9 +11,9 @@ from typing import Any
 from celery import signals
 from opentelemetry.trace import SpanKind
 
-from agents.runtime import tracing
+from contract.queues import RUN_JOB_TASK
+from telemetry import tracing
 
-TASK_NAME = "day0.run_job"  # agents.worker.app.TASK_NAME (not imported: the app module imports this one)
 _open: dict[str, ExitStack] = {}  # task id -> the span and job context of the task running
 
 
@@ -26,7 +26,7 @@ def _mark_log_lines(logger: Any = None, **kwargs: Any) -> None:
 
 @signals.task_prerun.connect(dispatch_uid="day0.tracing.prerun")
 def _task_started(task_id: str | None = None, task: Any = None, args: Any = None, **kwargs: Any) -> None:
-    if task is None or task.name != TASK_NAME or not task_id:
+    if task is None or task.name != RUN_JOB_TASK or not task_id:
         return
     tracing.configure("day0-agent")
     tracing.install_log_context()  # the root logger's handlers (the agent's, when Celery leaves them alone)

@@ -331,7 +331,7 @@ def check_redeliver(actor: Actor, delivery: Delivery) -> Delivery:
 
 def do_alert_tier_drop(cell: Any, before_tier: int) -> list[Delivery]:
     """A cell's tier fell (``matrix.services.recompute_cell`` calls this when it recomputes a lower tier)."""
-    from agents.pipeline.tiers import TIER_NAMES
+    from contract.tiers import TIER_NAMES
 
     if cell.tier >= before_tier:
         return []

@@ -140,8 +140,8 @@ def cell_stack(model_id: int, hardware_id: int) -> dict[str, Any]:
     result of another stage (or a failing one) clears nothing. Three queries."""
     from django.db.models import Max
 
-    from agents.pipeline.verdicts import PASS
     from apps.evidence.models import EnvLock, StageResult
+    from contract.verdicts import PASS
 
     proved = dict(StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id, verdict=PASS)
                   .values("stage").annotate(latest=Max("created_at")).values_list("stage", "latest"))

@@ -39,7 +39,7 @@ class CellProfile:
     device_bytes: int | None = None  # the planner's bytes per device, when known
     context_length: int | None = None
     digest_seed: str = ""  # the same model has the same weight files (and digests) on every hardware
-    tpot_floor_ms: float | None = None  # the portal's physical floor for this cell's layout (verdicts_bench)
+    tpot_floor_ms: float | None = None  # the portal's physical floor for this cell's layout (contract.verdicts.bench)
 
     @property
     def bytes_per_param(self) -> int:
@@ -233,7 +233,7 @@ def run_extras(p: CellProfile, run: dict[str, Any]) -> dict[str, Any]:
     communication overhead per rank (rank 0's, each rank's, the slowest), for a MoE (fewer active parameters
     than total) the expert balance. Drawn from a generator seeded by the run's own numbers, so adding them
     leaves the rest of the seeded history as it was."""
-    from agents.runtime.bench.metrics import expert_balance
+    from contract.expert_balance import expert_balance
 
     tpot = run["tpot_ms"]
     extras: dict[str, Any] = {"tpot_jitter": round(tpot["p99"] / tpot["p50"], 4)}

@@ -20,7 +20,6 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from agents.pipeline.tiers import STAGE_ORDER
 from apps.benchmarks import sections as sec
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import BenchmarkRun, StageResult
@@ -30,6 +29,7 @@ from apps.jobs.results import do_record_job_results
 from apps.jobs.services import do_store_job_events, do_transition_job, parse_event_batch
 from apps.matrix.models import Cell
 from apps.matrix.services import recompute_cell
+from contract.tiers import STAGE_ORDER
 
 # Hours each stage takes, (low, high)
 STAGE_HOURS: dict[str, tuple[float, float]] = {
@@ -143,7 +143,7 @@ def profile_for(model: ModelRelease, hardware: Hardware, cell: Cell | None, dtyp
 def _tpot_floor(model: ModelRelease, hardware: Hardware, cell: Cell | None, dtype: str, devices: int) -> float | None:
     """The portal's TPOT floor (ms) for the layout the seeded plan section states, so that seeded benchmarks
     are as physically plausible as the portal requires; None when the config cannot be planned."""
-    from agents.pipeline.verdicts_bench import decode_floor_bytes
+    from contract.verdicts.bench import decode_floor_bytes
 
     plan = ((cell.fits_plan if cell else None) or {}).get("plan") or {}
     tp, ep = plan.get("tp") or min(devices, 8), plan.get("ep") or 1

@@ -1,4 +1,4 @@
-"""Loads the bundled catalog (``agents/runtime/data``: real public model configs and accelerator specs) into
+"""Loads the bundled catalog (``contract/data``: real public model configs and accelerator specs) into
 the database. Idempotent: rows are matched by slug and updated when the data changed."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _upsert(existing: Any, fields: dict[str, Any], create: Any, update: Any, lab
 @transaction.atomic
 def seed_catalog(*, include_cpu: bool = True) -> SeedSummary:
     """Hardware from ``hardware.json`` (plus this host as ``cpu``), then models from ``models.json``."""
-    from agents.runtime.hardware import cpu_hardware, load_catalog, load_model_catalog
+    from contract.hardware import cpu_hardware, load_catalog, load_model_catalog
 
     summary = SeedSummary()
     specs = list(load_catalog().values()) + ([cpu_hardware()] if include_cpu else [])

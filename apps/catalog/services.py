@@ -8,12 +8,12 @@ from typing import Any
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
-from agents.runtime.params import count_params
-from agents.runtime.spec import SpecError, config_takes_images, parse_config
 from apps.accounts.access import Actor
 from apps.accounts.models import Organization
 from apps.catalog.models import Hardware, ModelRelease
 from apps.core.errors import ConflictError
+from contract.model.params import count_params
+from contract.model.spec import SpecError, config_takes_images, parse_config
 
 # Fields derived from config.json; clients cannot set them.
 DERIVED_MODEL_FIELDS: tuple[str, ...] = ("architecture", "family", "params_total", "params_active",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from agents.pipeline.tiers import TIER_NAMES
+from contract.tiers import TIER_NAMES
 
 # background, text colour per tier (the label always carries the number and name: never colour alone). The
 # backgrounds are the portal's tier palette (--tier-N-line in static/css/day0.css; a test keeps them equal), the

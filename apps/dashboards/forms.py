@@ -10,12 +10,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.pipeline.thresholds import TABLE as THRESHOLDS
-from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import model_is_public
+from contract.thresholds import TABLE as THRESHOLDS
+from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
 
 # Named sets of threshold overrides (the empty one: the versioned defaults). A looser set marks the job and
 # every tier it reaches "custom thresholds".

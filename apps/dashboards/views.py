@@ -18,7 +18,6 @@ from django.shortcuts import redirect, render
 from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_POST
 
-from agents.pipeline.tiers import STAGE_ORDER, TIER_NAMES
 from apps.accounts.access import actor_for
 from apps.accounts.models import Organization
 from apps.benchmarks.regressions import RegressionRule
@@ -59,6 +58,7 @@ from apps.jobs.services import check_create_job
 from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
 from apps.matrix.selectors import MatrixFilters, build_matrix
+from contract.tiers import STAGE_ORDER, TIER_NAMES
 
 
 def cell_page(request: HttpRequest, model: str, hardware: str, *, form: RunForm | None = None,

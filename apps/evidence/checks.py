@@ -13,8 +13,8 @@ from django.db import DatabaseError
 def outdated_verdicts_check(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     if not databases:
         return []
-    from agents.pipeline.thresholds import DEFAULTS_VERSION
     from apps.evidence.rejudge import outdated_defaults_count
+    from contract.thresholds import DEFAULTS_VERSION
 
     try:
         stale = outdated_defaults_count()

@@ -18,14 +18,13 @@ from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from agents.pipeline.verdicts import check_manifest
-from agents.pipeline.verdicts_load import LEGACY_SOURCES
 from apps.accounts.access import Actor
 from apps.catalog.models import ModelRelease
 from apps.evidence.models import ShardChecksum, StageResult
 from apps.evidence.rejudge import rejudge_results
 from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
+from contract.manifest import LEGACY_SOURCES, check_manifest
 
 MAX_SHOWN_FILES = 20  # disagreeing files listed on the model API (the count says how many in all)
 

@@ -11,7 +11,7 @@ from django.db import models
 class StageResult(models.Model):
     """One stage's section of one job's report and the portal's verdict on it.
 
-    ``verdict`` is computed by the portal (``agents.pipeline.verdicts``) from the numbers in the section, with
+    ``verdict`` is computed by the portal (``contract.verdicts``) from the numbers in the section, with
     the job's thresholds over the defaults of ``defaults_version``; ``passed`` is ``verdict == "pass"``.
     ``claimed_passed`` is the agent's own flag, kept as a claim and never read by a tier. ``synthetic``: written
     by ``seed_evidence``, not by an agent."""

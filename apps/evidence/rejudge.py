@@ -1,5 +1,5 @@
 """Re-judging stored verdicts: when the facts a verdict was judged with change (the hardware's spec, the model's
-config or manifest) or the versioned defaults move (``agents.pipeline.thresholds.DEFAULTS_VERSION``), every
+config or manifest) or the versioned defaults move (``contract.thresholds.DEFAULTS_VERSION``), every
 affected stage result is judged again from its stored section with the same rules as at ingest, its cell's tier
 is recomputed and the cell's history records why."""
 
@@ -12,9 +12,9 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from agents.pipeline import verdicts
-from agents.pipeline.thresholds import DEFAULTS_VERSION
 from apps.evidence.models import StageResult
+from contract import verdicts
+from contract.thresholds import DEFAULTS_VERSION
 
 # the facts ``evidence.services.judging_context`` reads: a change of any of them re-judges
 HARDWARE_JUDGED_FIELDS: tuple[str, ...] = ("memory_bytes", "devices_per_node", "intra_node_gbps", "inter_node_gbps",

@@ -6,7 +6,6 @@ from typing import Any
 
 from django.db.models import Prefetch, Q, QuerySet, Subquery
 
-from agents.pipeline.tiers import STAGE_ORDER
 from apps.evidence.models import (
     AlignmentReport,
     BenchmarkPoint,
@@ -14,6 +13,7 @@ from apps.evidence.models import (
     StageResult,
 )
 from apps.jobs.choices import JobPurpose
+from contract.tiers import STAGE_ORDER
 
 
 def cell_results(model_id: int, hardware_id: int) -> QuerySet[StageResult]:

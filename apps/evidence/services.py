@@ -1,5 +1,5 @@
 """Turns stage result documents into evidence rows, each with the portal's own verdict on it
-(``agents.pipeline.verdicts``) beside the agent's claimed flag. Validation (types and bounds) happens before
+(``contract.verdicts``) beside the agent's claimed flag. Validation (types and bounds) happens before
 anything is written, so a bad document stores nothing; posting a stage again for the same job replaces its
 rows. A section missing what its verdict needs is stored as *incomplete*, never passing."""
 
@@ -11,8 +11,6 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from agents.pipeline import verdicts
-from agents.pipeline.tiers import STAGE_ORDER
 from apps.alerts import services as alert_services
 from apps.evidence import manifests, weights
 from apps.evidence import parsing as p
@@ -37,6 +35,8 @@ from apps.evidence.models import (
 )
 from apps.jobs.models import Job
 from apps.references.sections import parse_reference
+from contract import verdicts
+from contract.tiers import STAGE_ORDER
 
 Saver = Callable[[StageResult], None]
 OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing"})
@@ -319,7 +319,7 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
 @transaction.atomic
 def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> list[StageResult]:
     """Stores validated sections of ``job`` (replacing earlier results of the same stages) as evidence rows,
-    each with the portal's verdict (``agents.pipeline.verdicts``: the numbers in the section judged with the
+    each with the portal's verdict (``contract.verdicts``: the numbers in the section judged with the
     job's thresholds over the versioned defaults) beside the agent's claimed flag. Every section is validated
     (types, bounds) before the first write. A load's weight samples and probe answers are kept apart from the
     stored section (``weights``); a passing load of the reference run records the release's manifest when it

@@ -7,7 +7,7 @@ A release's reference run samples its shards: its payload carries ``weight_sampl
 certify job then carries ``weight_probe`` ``{"nonce", "probes": [{"file", "offset", "length"}]}``: a few of
 those ranges per shard, drawn per attempt and kept secret (``WeightDraw``); its load section answers
 ``weight_probe: [{"file", "offset", "length", "sha256"}]`` with ``sha256(nonce as ASCII + the bytes)``, and
-the load verdict (``agents/pipeline/verdicts_load.py``) compares them with the portal's own hashes. The stored
+the load verdict (``contract/verdicts/load.py``) compares them with the portal's own hashes. The stored
 sections keep only counts: the bytes, the positions and the answers stay in the two secret tables."""
 
 from __future__ import annotations

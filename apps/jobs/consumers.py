@@ -25,9 +25,10 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from apps.jobs.events import job_group
+from contract.nodes import MAX_NODES
 
 REPLAY_PAGE = 1000
-MAX_NODE_CURSORS = 1024  # nodes_after entries (agents.runtime.nodes.MAX_NODES)
+MAX_NODE_CURSORS = MAX_NODES  # nodes_after entries: one per node of a job at most
 TOKEN_RECHECK_S = 5.0
 CLOSE_UNAUTHENTICATED, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_BAD_REQUEST = 4401, 4403, 4404, 4400
 

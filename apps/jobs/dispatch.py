@@ -4,8 +4,8 @@ Nothing here writes a row but the weight challenge an attempt is sent (``apps.ev
 ``services.do_requeue_lost_jobs`` (run periodically by ``tasks.detect_lost_jobs_task``) decides which jobs are
 lost. This module imports no service (services import it), so the two never form an import cycle.
 
-The payload carries the whole job spec (model config, hardware spec, stages, dtype, overrides): agents never read
-the database."""
+The payload carries the whole job spec (model config, hardware spec, stages, dtype, overrides; its keys and types
+are ``contract.jobspec``'s): agents never read the database. The task and queue names are ``contract.queues``'s."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from datetime import timedelta
 from typing import Any
 
 from apps.jobs.models import Job, JobNode
+from contract import jobspec
+from contract.queues import RUN_JOB_TASK, agent_queue, hardware_queue
 from day0portal.env import env_int
-
-AGENT_TASK_NAME = "day0.run_job"  # agents/worker/app.py: TASK_NAME (the portal never imports agent code)
 
 
 def max_attempts() -> int:
@@ -34,12 +34,9 @@ def stuck_after() -> timedelta:
     return timedelta(seconds=env_int("DAY0_JOB_STUCK_SECONDS", 120, minimum=1))
 
 
-def queue_for(hardware_slug: str) -> str:
-    return f"hw.{hardware_slug}"
-
-
 def task_payload(job: Job) -> dict[str, Any]:
-    """What the agent needs to run ``job``, as the agent's ``run_job_task(job_id, spec)`` reads it."""
+    """What the agent needs to run ``job``, as the agent's ``run_job_task(job_id, spec)`` reads it
+    (``contract.jobspec``; ``send_job`` validates it before it publishes)."""
     from apps.references.selectors import payload_for  # reads only: the challenge or the reference pool
 
     hw = job.hardware
@@ -70,24 +67,22 @@ def weight_challenge(job: Job) -> dict[str, Any]:
     return payload_for(job)
 
 
-def agent_queue(agent_id: int) -> str:
-    """The queue only agent ``agent_id`` consumes (beside its hardware's): a multi-node job's node goes there."""
-    return f"agent.{agent_id}"
-
-
 def send_job(job: Job, nodes: Sequence[JobNode] = ()) -> None:
     """Publishes the agent task of ``job`` on ``hw.<slug>``, or, for a multi-node job, one task per reserved
-    node on its agent's own queue with its node rank and the rendezvous address; raises whatever the broker
-    raises (the caller then releases every node: none runs)."""
+    node on its agent's own queue with its node rank and the rendezvous address; raises a ``JobSpecError`` for a
+    payload an agent could not read, else whatever the broker raises (the caller then releases every node: none
+    runs)."""
     from apps.jobs.placement import node_payload
     from day0portal.celery import app
 
-    if not nodes:
-        queue = queue_for(job.hardware.slug)
-        app.send_task(AGENT_TASK_NAME, args=[job.pk, task_payload(job)], queue=queue, routing_key=queue)
-        return
     payload = task_payload(job)
+    if not nodes:
+        queue = hardware_queue(job.hardware.slug)
+        jobspec.validate(payload)
+        app.send_task(RUN_JOB_TASK, args=[job.pk, payload], queue=queue, routing_key=queue)
+        return
     for node in nodes:
         queue = agent_queue(node.agent_id)
-        app.send_task(AGENT_TASK_NAME, args=[job.pk, {**payload, "node": node_payload(node, len(nodes))}],
-                      queue=queue, routing_key=queue)
+        node_spec = {**payload, "node": node_payload(node, len(nodes))}
+        jobspec.validate(node_spec)
+        app.send_task(RUN_JOB_TASK, args=[job.pk, node_spec], queue=queue, routing_key=queue)

@@ -16,9 +16,9 @@ from django.utils import timezone
 
 from apps.fleet.models import ONLINE_WINDOW, Agent
 from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobNode, NodeState
+from contract.nodes import PORTS_PER_JOB
 
 DEFAULT_RENDEZVOUS_PORT = 29500
-PORTS_PER_JOB = 3  # the load, serve and comm stages meet at port, port + 1, port + 2 (agents.pipeline.nodes)
 PORT_SLOTS = 1000
 
 
@@ -28,7 +28,7 @@ def plan_nodes(model: Any, hardware: Any, spec: dict[str, Any]) -> int:
     config cannot be planned (the plan stage reports that)."""
     if hardware.shared_memory or hardware.devices_per_node < 1:
         return 1
-    from agents.runtime.planner import plan_report
+    from contract.planner import plan_report
 
     try:
         report = plan_report(model.config, memory_bytes=hardware.memory_bytes,

@@ -118,8 +118,8 @@ def do_record_job_results(job: Job, doc: Any, *, actor: Actor | None = None) -> 
 
 def stages_without_result(job: Job) -> list[str]:
     """The stages ``job`` asked for that have no stored verdict from its current attempt, in DESIGN order."""
-    from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
     from apps.evidence.models import StageResult
+    from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
 
     requested = job.stages or list(DEFAULT_STAGES)
     have = set(StageResult.objects.filter(job=job, attempt=job.attempts).values_list("stage", flat=True))

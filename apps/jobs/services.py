@@ -32,6 +32,7 @@ from apps.jobs.choices import (
 from apps.jobs.events import JobEventPayload, JobStateMessage, broadcast_job_events, broadcast_job_state
 from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobEvent, JobNode, NodeState
 from apps.ops.counters import events_stored
+from contract.queues import hardware_queue
 
 logger = logging.getLogger(__name__)
 
@@ -436,7 +437,7 @@ def do_dispatch_job(job_id: int) -> None:
         else:
             dispatch.send_job(job)
     except Exception as exc:  # the broker is down: the job stays visible as queued, with the reason
-        logger.exception("job %s: sending to %s failed", job_id, dispatch.queue_for(job.hardware.slug))
+        logger.exception("job %s: sending to %s failed", job_id, hardware_queue(job.hardware.slug))
         with transaction.atomic():
             locked = Job.objects.select_for_update().filter(pk=job_id, state=JobState.DISPATCHED,
                                                             attempts=job.attempts, agent__isnull=True).first()

@@ -8,12 +8,12 @@ from typing import Any
 
 from django.db.models import Max
 
-from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
-from agents.pipeline.verdicts import PASS
 from apps.evidence.selectors import cell_results
 from apps.jobs.choices import JobPurpose, JobState
 from apps.jobs.models import Job
 from apps.matrix.models import Cell, CellHistory
+from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
+from contract.verdicts import PASS
 
 UNSUCCESSFUL_STATES = (JobState.FAILED, JobState.LOST, JobState.CANCELLED)
 FAILURES_SCANNED = 50  # the newest unsuccessful jobs of a cell looked at for one still open

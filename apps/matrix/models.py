@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from agents.pipeline.tiers import TIER_NAMES
+from contract.tiers import TIER_NAMES
 
 
 class Cell(models.Model):
@@ -27,7 +27,7 @@ class Cell(models.Model):
     error = models.TextField(blank=True)
     last_job = models.ForeignKey("jobs.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     job_count = models.PositiveIntegerField(default=0)
-    # the fits estimate, from the model's config alone (agents.runtime.planner.plan_report)
+    # the fits estimate, from the model's config alone (contract.planner.plan_report)
     fits = models.BooleanField(null=True)
     fits_devices = models.PositiveIntegerField(null=True, blank=True)
     fits_plan = models.JSONField(default=dict, blank=True)

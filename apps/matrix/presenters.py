@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from html import escape
 
-from agents.pipeline.tiers import TIER_NAMES
 from apps.catalog.models import Hardware, ModelRelease
 from apps.dashboards.selectors.format import reached_times
 from apps.matrix.selectors import CellView, lead_hours
+from contract.tiers import TIER_NAMES
 
 
 def human_count(n: int | None) -> str:

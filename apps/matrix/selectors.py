@@ -10,11 +10,11 @@ from typing import Any
 
 from django.db.models import Q
 
-from agents.pipeline.tiers import TIER_NAMES
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
 from apps.matrix.models import Cell
+from contract.tiers import TIER_NAMES
 
 # lead_hours is stored on the cell: parsing 8,000 timestamps per request would cost more than the rest
 CELL_COLUMNS = ("model_id", "hardware_id", "tier", "failed_stage", "fits", "fits_devices", "lead_hours", "job_count",

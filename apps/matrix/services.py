@@ -10,8 +10,6 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from agents.pipeline.tiers import TIER_GATES, TIER_NAMES, compute_tier
-from agents.pipeline.verdicts import PASS
 from apps.alerts import services as alert_services
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import StageResult
@@ -23,6 +21,8 @@ from apps.matrix.grid_cache import matrix_changed
 from apps.matrix.history import failure_label, open_failure, record_history
 from apps.matrix.models import Cell, CellHistory
 from apps.matrix.selectors import lead_hours
+from contract.tiers import TIER_GATES, TIER_NAMES, compute_tier
+from contract.verdicts import PASS
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +30,10 @@ FIT_FIELDS = ("fits", "fits_devices", "fits_plan", "fits_error")
 
 
 def estimate_fit(model: ModelRelease, hardware: Hardware, dtype: str = "auto") -> dict[str, Any]:
-    """The fits estimate of a cell from the config alone, via ``agents.runtime.planner.plan_report``; by default
+    """The fits estimate of a cell from the config alone, via ``contract.planner.plan_report``; by default
     in the checkpoint's own format (``"auto"``: FP8, MXFP4, bf16 …), recorded as ``fits_plan["dtype"]``."""
     try:
-        from agents.runtime.planner import plan_report
+        from contract.planner import plan_report
     except ImportError as exc:
         return {"fits": None, "fits_devices": None, "fits_plan": {}, "fits_error": f"planner unavailable: {exc}"}
     try:

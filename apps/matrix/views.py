@@ -13,8 +13,6 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.safestring import mark_safe
 
-from agents.pipeline.tiers import TIER_NAMES
-from agents.runtime.planner.memory import DTYPES
 from apps.accounts.access import Actor, actor_for
 from apps.catalog.models import Hardware, ModelRelease
 from apps.dashboards.selectors.regressions import open_regressions
@@ -22,6 +20,8 @@ from apps.matrix import grid_cache
 from apps.matrix.presenters import dtype_short, human_count, rows_html
 from apps.matrix.selectors import Matrix, MatrixFilters, build_matrix_page, family_choices, vendor_choices
 from apps.matrix.services import estimate_fit
+from contract.planner.memory import DTYPES
+from contract.tiers import TIER_NAMES
 
 PLAN_DTYPES = tuple(DTYPES)  # the formats the planner knows
 FIT_CACHE_SECONDS = 3600

@@ -10,8 +10,8 @@ class OpsConfig(AppConfig):
     label = "ops"
 
     def ready(self) -> None:
-        from agents.runtime import tracing
         from apps.ops import receivers  # noqa: F401 (tier changes, Celery tasks)
         from apps.ops import tracing as portal_tracing  # noqa: F401 (the dispatch span in the message headers)
+        from telemetry import tracing
 
         tracing.configure("day0-portal")  # DAY0_TRACING_EXPORTER: off (a no-op tracer) unless it names one

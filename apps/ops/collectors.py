@@ -30,7 +30,7 @@ def broker_queue_depths(slugs: list[str], timeout: float = 2.0) -> dict[str, tup
     when the broker cannot be reached."""
     from kombu import Connection
 
-    from apps.jobs.dispatch import queue_for
+    from contract.queues import hardware_queue
 
     try:
         with Connection(settings.CELERY_BROKER_URL, connect_timeout=timeout,
@@ -40,7 +40,7 @@ def broker_queue_depths(slugs: list[str], timeout: float = 2.0) -> dict[str, tup
             for slug in slugs:
                 channel = conn.channel()
                 try:
-                    _name, messages, consumers = channel.queue_declare(queue=queue_for(slug), passive=True)
+                    _name, messages, consumers = channel.queue_declare(queue=hardware_queue(slug), passive=True)
                     out[slug] = (int(messages), int(consumers))
                 except conn.channel_errors:  # never declared: nothing queued there yet
                     out[slug] = (0, 0)

@@ -1,4 +1,4 @@
-"""The portal's part of a job's trace (``agents.runtime.tracing``): a span per API request (the submit among them,
+"""The portal's part of a job's trace (``telemetry.tracing``): a span per API request (the submit among them,
 with the new job's id), and the dispatch span whose context travels in the Celery message's headers to the
 agent. Log lines written while a request for a job is served carry the job id (``LOGGING``'s formatter)."""
 
@@ -12,9 +12,9 @@ from celery import signals
 from django.http import HttpRequest, HttpResponse
 from opentelemetry.trace import SpanKind
 
-from agents.runtime import tracing
+from contract.queues import RUN_JOB_TASK
+from telemetry import tracing
 
-AGENT_TASK = "day0.run_job"  # apps.jobs.dispatch.AGENT_TASK_NAME
 JOB_PATH = re.compile(r"^/api/v1/jobs/(\d+)(/|$)")
 
 
@@ -43,7 +43,7 @@ class TraceMiddleware:
 @signals.before_task_publish.connect(dispatch_uid="ops.trace_dispatch")
 def trace_dispatch(sender: str | None = None, body: Any = None, headers: dict | None = None, **kwargs: Any) -> None:
     """The agent task's message carries the dispatch span's context (``traceparent``, the job in ``baggage``)."""
-    if sender != AGENT_TASK or headers is None:
+    if sender != RUN_JOB_TASK or headers is None:
         return
     args = body[0] if isinstance(body, tuple | list) and body and isinstance(body[0], list | tuple) else []
     job_id = args[0] if args else None

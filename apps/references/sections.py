@@ -11,10 +11,10 @@ from typing import Any
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
-from agents.pipeline import challenge_pool as cp
-from agents.pipeline import challenge_scoring as cs
 from apps.evidence import parsing as p
 from apps.jobs.choices import JobPurpose
+from contract.challenges import pool as cp
+from contract.challenges import scoring as cs
 
 # what the portal keeps of each answer (anything else in an item is dropped)
 KEPT: dict[str, tuple[str, ...]] = {"e2e": ("tokens", "top_logprobs", "prompt_tokens"),

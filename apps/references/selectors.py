@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.pipeline import challenge_pool as cp
 from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
 from apps.references.models import Challenge, ReferenceRun
+from contract.challenges import pool as cp
 
 
 def payload_for(job: Job) -> dict[str, Any]:

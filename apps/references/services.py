@@ -11,15 +11,15 @@ from typing import Any
 
 from django.db import transaction
 
-from agents.pipeline import challenge_pool as cp
-from agents.pipeline import challenge_scoring as cs
-from agents.pipeline import thresholds as th
-from agents.pipeline.challenge_verdicts import ChallengeJudge
 from apps.catalog.models import Hardware, ModelRelease
 from apps.core.errors import ConflictError
 from apps.jobs.choices import ACTIVE_STATES, JobPurpose
 from apps.jobs.models import Job
 from apps.references.models import Challenge, ReferenceRun, ReferenceState
+from contract import thresholds as th
+from contract.challenges import pool as cp
+from contract.challenges import scoring as cs
+from contract.challenges.verdicts import ChallengeJudge
 
 logger = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from apps.jobs import dispatch
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.services import do_transition_job
+from contract import queues
 from tests.agents.conftest import PortalProcess, model_config, unique_slug, wait_for
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, make_token
 from tests.live_services import free_port, start_demo
@@ -129,8 +130,8 @@ def test_sigterm_stops_an_agent_mid_job_within_seconds_with_its_portal_and_broke
                      spec={"stages": ["plan", "load", "inventory", "align", "env"], "dtype": "float32"})
     do_transition_job(job, JobState.DISPATCHED)
     sender = Celery("private-portal", broker=broker_url)
-    sender.send_task(dispatch.AGENT_TASK_NAME, args=[job.pk, dispatch.task_payload(Job.objects.get(pk=job.pk))],
-                     queue=dispatch.queue_for(hardware.slug))
+    sender.send_task(queues.RUN_JOB_TASK, args=[job.pk, dispatch.task_payload(Job.objects.get(pk=job.pk))],
+                     queue=queues.hardware_queue(hardware.slug))
     spool_root = tmp_path / "spool"
     agent = start_agent(hardware.slug, token.secret, models_dir=tmp_path / "models", spool_dir=spool_root,
                         broker=broker_url, portal_url=portal.url, extra_env={"DAY0_AGENT_STOP_SECONDS": "3"})

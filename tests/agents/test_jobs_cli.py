@@ -13,9 +13,9 @@ import pytest
 from django.utils import timezone
 
 from agents.worker.client import describe_error
-from apps.jobs import dispatch
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
+from contract import queues
 from tests.agents.conftest import unique_slug
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, make_token
 
@@ -46,7 +46,7 @@ def jobs(portal):  # noqa: ANN001, ANN201
     from day0portal.celery import app
 
     with app.connection_for_write() as conn:  # leave no message behind in hw.<slug>
-        conn.default_channel.queue_purge(dispatch.queue_for(hardware.slug))
+        conn.default_channel.queue_purge(queues.hardware_queue(hardware.slug))
 
 
 def test_jobs_list_prints_a_table_with_why_a_job_waits_and_filters_by_state(jobs) -> None:  # noqa: ANN001

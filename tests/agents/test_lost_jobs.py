@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 
 from apps.fleet.models import Agent
-from apps.jobs import dispatch
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.tasks import detect_lost_jobs_task
+from contract import queues
 from tests.agents.conftest import unique_slug
 from tests.factories import HardwareFactory, JobFactory
 
@@ -30,7 +30,7 @@ def running_job():  # noqa: ANN201
     from day0portal.celery import app
 
     with app.connection_for_write() as conn:  # leave no message behind in hw.<slug>
-        conn.default_channel.queue_purge(dispatch.queue_for(hardware.slug))
+        conn.default_channel.queue_purge(queues.hardware_queue(hardware.slug))
 
 
 def test_a_heartbeating_agent_keeps_its_job(running_job) -> None:  # noqa: ANN001

@@ -1,6 +1,7 @@
-"""The web process imports no torch: setting up Django and importing every portal module (the ASGI and WSGI
-applications, the URL configuration, the Celery app and every module of every app, migrations included) leaves
-torch and transformers out of ``sys.modules``. Runs in a fresh interpreter, so nothing the suite imported
+"""The web process imports no torch and nothing of the agents: setting up Django and importing every portal
+module (the ASGI and WSGI applications, the URL configuration, the Celery app and every module of every app,
+migrations included) leaves torch, transformers and ``agents`` out of ``sys.modules`` (what it shares with the
+agents comes from ``contract``). Runs in a fresh interpreter, so nothing the suite imported
 before counts."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ django.setup()
 import apps
 names = ["day0portal.asgi", "day0portal.wsgi", "day0portal.urls", "day0portal.celery"]
 names += [m.name for m in pkgutil.walk_packages(apps.__path__, "apps.")]
-heavy = ("torch", "transformers")
+heavy = ("torch", "transformers", "agents")
 culprits = {h: "django.setup()" for h in heavy if h in sys.modules}
 for name in names:
     before = {h for h in heavy if h in sys.modules}
@@ -41,7 +42,7 @@ def _probe() -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_the_web_process_imports_no_torch_nor_transformers() -> None:
+def test_the_web_process_imports_no_torch_nor_transformers_nor_agents() -> None:
     result = _probe()
     # the walk really reached the portal: the entry points, every app's services, and the migrations
     assert {"day0portal.asgi", "day0portal.urls", "apps.catalog.services", "apps.jobs.api.views"} <= set(result["imported"])

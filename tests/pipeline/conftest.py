@@ -43,7 +43,7 @@ def make_ctx() -> Callable[..., tuple[StageContext, EventLog]]:
     """make_ctx(arch | path, **overrides) -> (StageContext on the cpu hardware, its event log)."""
 
     def build(model: str | Path = "llama", **overrides: Any) -> tuple[StageContext, EventLog]:
-        from agents.runtime.hardware import get_hardware
+        from contract.hardware import get_hardware
 
         path = cached_model(model) if isinstance(model, str) else model
         log = EventLog()

@@ -160,7 +160,7 @@ def test_the_transformers_fallback_has_no_runtime_operator_to_check():
 
 
 def test_the_planted_router_bug_fails_the_align_stage_at_the_router(make_ctx, tmp_path: Path, monkeypatch) -> None:
-    from agents.runtime.models import native
+    from contract.model import native
 
     # registered as a native family above: the portal's torch-free list of native families says so too
     monkeypatch.setitem(native.NATIVE_FAMILIES, PLANTED, "deepseek_v3")

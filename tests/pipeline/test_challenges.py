@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 
-from agents.pipeline import eval_tasks
 from agents.pipeline.align_common import encode, reference_model, tokenizer
 from agents.pipeline.align_e2e import CHAT, PROMPTS, eos_token_ids, reference_greedy
 from agents.pipeline.eval_backends import ReferenceLM, ServedLM
@@ -25,6 +24,7 @@ from agents.pipeline.runner import run_pipeline
 from agents.pipeline.serve import ServerProcess
 from agents.runtime.loader import load_model
 from agents.runtime.testing.make_model import cached_model
+from contract.suites import tasks as eval_tasks
 from tests.pipeline.conftest import EventLog
 
 KINDS = ("e2e", "mc", "qa", "ppl", "needle")
@@ -271,7 +271,7 @@ def test_a_wrong_rope_theta_in_the_served_target_changes_its_raw_eval_outputs(ma
 
 
 def test_a_needle_with_given_keys_and_values_hides_exactly_them() -> None:
-    from agents.pipeline import eval_needle
+    from contract.suites import needle as eval_needle
 
     def count(text: str) -> int:
         return len(text.split())

@@ -82,7 +82,7 @@ def test_align_then_serve_and_bench_carry_compile_evidence(tmp_path, monkeypatch
 
 
 def _align_with(block: dict):
-    from agents.pipeline import verdicts as v
+    from contract import verdicts as v
     from tests.factories import TINY_LLAMA_CONFIG
     from tests.portal.reports import passing
 

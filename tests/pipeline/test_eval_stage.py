@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from agents.pipeline import eval as eval_stage
-from agents.pipeline import eval_needle, eval_tasks
 from agents.pipeline.base import StageFailed
+from contract.suites import needle as eval_needle
+from contract.suites import tasks as eval_tasks
 
 
 def _words(text: str) -> list[int]:
@@ -37,7 +38,7 @@ def test_suite_files_are_lm_eval_tasks_pointing_at_their_data() -> None:
         config = yaml.safe_load((eval_tasks.SUITES_DIR / filename).read_text())
         assert config["task"] == name and config["dataset_path"] == "json"
         data = config["dataset_kwargs"]["data_files"][config["test_split"]]
-        assert data.startswith("agents/pipeline/eval_suites/") and (eval_tasks.SUITES_DIR.parents[2] / data).is_file()
+        assert data.startswith("contract/suites/") and (eval_tasks.SUITES_DIR.parents[1] / data).is_file()
         assert config["output_type"] in eval_tasks.OUTPUT_TYPES and config["metric_list"][0]["metric"]
 
 

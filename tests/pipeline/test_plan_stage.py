@@ -8,7 +8,7 @@ from agents.pipeline.base import StageContext, StageFailed
 from agents.pipeline.plan import run
 from agents.pipeline.report import section_problems
 from agents.pipeline.runner import run_pipeline
-from agents.runtime.hardware import find_config, get_hardware
+from contract.hardware import find_config, get_hardware
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.pipeline import verdicts
 from agents.pipeline.runner import judging_context
 from agents.runtime.testing.make_model import cached_model
+from contract import verdicts
 from day0cli.main import main
 
 SERVE_OK = {"ready_seconds": 1.0, "endpoint": "http://127.0.0.1:1", "text_path_ok": True, "chat_path_ok": True,

@@ -8,7 +8,7 @@ import copy
 import hashlib
 from typing import Any
 
-from agents.pipeline import challenge_pool as cp
+from contract.challenges import pool as cp
 
 VOCAB = 32000
 

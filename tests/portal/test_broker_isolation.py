@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from contract.queues import RUN_JOB_TASK
 from day0portal import rabbitmq
 from tests.factories import HardwareFactory
 from tests.rabbit import rabbitmq_vhost
@@ -24,7 +25,7 @@ from tests.rabbit import rabbitmq_vhost
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB_TASK = "day0.run_job"  # agents/worker/app.py: TASK_NAME
+JOB_TASK = RUN_JOB_TASK
 
 
 @pytest.fixture(scope="module")

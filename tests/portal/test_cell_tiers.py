@@ -9,12 +9,12 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from agents.pipeline.tiers import compute_tier
 from apps.jobs.choices import JobState
 from apps.jobs.results import do_record_job_results
 from apps.jobs.services import do_transition_job
 from apps.matrix.models import Cell
 from apps.matrix.services import tier_times
+from contract.tiers import compute_tier
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory
 from tests.portal.challenges import answer, answered
 from tests.portal.reports import TIER_STAGES, bound, failing, passing

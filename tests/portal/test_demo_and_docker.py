@@ -27,7 +27,7 @@ INTERNAL_VARIABLES = {"DAY0_AGENT_ID", "DAY0_TEST_MODELS_DIR", "DAY0_AGENT_PORTA
 
 def test_env_example_lists_every_variable_the_code_reads() -> None:
     read: set[str] = set()
-    for folder in ("day0portal", "apps", "agents"):
+    for folder in ("day0portal", "apps", "agents", "contract"):
         for path in (ROOT / folder).rglob("*.py"):
             read |= set(re.findall(r'"(DAY0_[A-Z0-9_]*[A-Z0-9])"', path.read_text()))
     read = {name for name in read if not name.endswith("_")} - INTERNAL_VARIABLES
@@ -119,3 +119,16 @@ def test_the_compose_agent_holds_its_own_broker_user_and_nothing_of_the_portals(
     assert "--broker" not in next(line for line in dockerfile.splitlines() if line.startswith("CMD"))  # not in ps
     example = (ROOT / "docker" / ".env.example").read_text()
     assert re.search(r"^DAY0_AGENT_BROKER=$", example, re.M) and re.search(r"^DAY0_BROKER_URL=$", example, re.M)
+
+
+def test_every_image_copies_every_package_it_installs() -> None:
+    """``pip install`` in an image installs the packages pyproject.toml finds; each must be copied in first (the
+    portal, the portal's worker and the agent all import ``contract``)."""
+    import tomllib
+
+    packages = [p.rstrip("*") for p in
+                tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]]
+    assert "contract" in packages
+    for name in ("Dockerfile.portal", "Dockerfile.worker", "Dockerfile.agent"):
+        copied = re.findall(r"^COPY (\S+) \./\1$", (ROOT / "docker" / name).read_text(), re.M)
+        assert set(packages) <= set(copied), (name, sorted(set(packages) - set(copied)))

@@ -16,7 +16,7 @@ from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, OrganizationFactory, auth, make_token, tiny_config
 
 pytestmark = pytest.mark.django_db
-CONFIGS = Path(__file__).resolve().parents[2] / "agents" / "runtime" / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "contract" / "data" / "configs"
 
 
 def _post_model(api_client, token, config: dict[str, Any], slug: str = "m") -> Any:
@@ -93,7 +93,7 @@ def test_the_earlier_eight_minute_config_is_a_fast_400(api_client) -> None:
 
 
 def _plan_seconds(config: dict[str, Any], hardware: list[tuple[int, int]]) -> float:
-    from agents.runtime.planner import plan_report
+    from contract.planner import plan_report
 
     started = time.perf_counter()
     for memory, per_node in hardware:

@@ -21,6 +21,7 @@ from apps.fleet.models import Agent
 from apps.jobs import dispatch, placement, services
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job, JobEvent, JobNode, NodeState
+from contract import queues
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
 
 
@@ -60,7 +61,7 @@ def clean_queues():
 def test_a_two_node_job_reserves_two_idle_agents_and_sends_each_its_node(clean_queues) -> None:
     hardware = HardwareFactory()
     agents = _agents(hardware, 3, busy=1, offline=1)
-    clean_queues += [dispatch.agent_queue(a.pk) for a in agents]
+    clean_queues += [queues.agent_queue(a.pk) for a in agents]
     _broker().delete(*clean_queues)
     job = JobFactory(hardware=hardware, model=ModelReleaseFactory(visibility="public"), state=JobState.QUEUED,
                      nodes=2)
@@ -73,13 +74,13 @@ def test_a_two_node_job_reserves_two_idle_agents_and_sends_each_its_node(clean_q
     port = 31000 + placement.PORTS_PER_JOB * (job.pk % placement.PORT_SLOTS)
     assert {(n.master_addr, n.master_port, n.attempt) for n in nodes} == {("10.0.0.1", port, 1)}
     for rank, agent in enumerate(agents[:2]):
-        [message] = _queued(dispatch.agent_queue(agent.pk))
+        [message] = _queued(queues.agent_queue(agent.pk))
         body = json.loads(base64.b64decode(message["body"]))
         job_id, spec = body[0]
         assert job_id == job.pk and spec["attempt"] == 1
         assert spec["node"] == {"nnodes": 2, "node_rank": rank, "master_addr": "10.0.0.1", "master_port": port,
                                 "agent": agent.pk}
-    assert all(_queued(dispatch.agent_queue(a.pk)) == [] for a in agents[2:])  # the third, busy, offline
+    assert all(_queued(queues.agent_queue(a.pk)) == [] for a in agents[2:])  # the third, busy, offline
     # the reserved agents are not idle for another job until this one ends
     assert set(placement.idle_agents(hardware.pk).values_list("pk", flat=True)) == {agents[2].pk}
     services.do_transition_job(job, JobState.CANCELLED)

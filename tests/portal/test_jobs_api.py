@@ -13,6 +13,7 @@ from apps.jobs.choices import ALLOWED_TRANSITIONS, JobState
 from apps.jobs.models import Job
 from apps.jobs.services import InvalidTransition, do_transition_job
 from apps.matrix.models import Cell
+from contract import queues
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
 
 pytestmark = pytest.mark.django_db
@@ -239,7 +240,7 @@ def test_a_dispatch_the_broker_refuses_stays_queued_with_the_reason_and_counts_n
                      broker_transport_options={"max_retries": 0})
 
     def send_to_dead_broker(job: Job) -> None:
-        dead.send_task(dispatch.AGENT_TASK_NAME, args=[job.pk], queue=dispatch.queue_for(job.hardware.slug),
+        dead.send_task(queues.RUN_JOB_TASK, args=[job.pk], queue=queues.hardware_queue(job.hardware.slug),
                        retry=False)
 
     monkeypatch.setattr(dispatch, "send_job", send_to_dead_broker)

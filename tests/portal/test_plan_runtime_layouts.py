@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from agents.runtime.hardware import find_config
 from apps.jobs.models import Job
 from apps.matrix.models import Cell
+from contract.hardware import find_config
 from tests.factories import HardwareFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
 
 pytestmark = pytest.mark.django_db

@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def _context(model_dir: Path, payload: dict[str, Any], workdir: Path) -> StageContext:
-    from agents.runtime.hardware import get_hardware
+    from contract.hardware import get_hardware
 
     return StageContext(model_dir=model_dir, config=json.loads((model_dir / "config.json").read_text()),
                         hardware=get_hardware("cpu").to_dict(), dtype="float32", purpose=payload["purpose"],

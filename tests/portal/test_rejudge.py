@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from agents.pipeline.thresholds import DEFAULTS_VERSION
 from apps.accounts.choices import Role
 from apps.evidence.models import StageResult
 from apps.evidence.rejudge import outdated_defaults_count
 from apps.matrix.models import Cell
+from contract.thresholds import DEFAULTS_VERSION
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
 from tests.portal.reports import PASSING, bound, passing
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from agents.pipeline.thresholds import DEFAULTS_VERSION
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
@@ -20,6 +19,7 @@ from apps.evidence.models import (
 )
 from apps.jobs.choices import JobState
 from apps.matrix.models import Cell
+from contract.thresholds import DEFAULTS_VERSION
 from tests.factories import HardwareFactory, JobFactory, OrganizationFactory, auth, make_token
 from tests.portal.challenges import answered
 from tests.portal.reports import PASSING, bound, new_attempt, passing

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from agents.pipeline import verdicts as v
-from agents.pipeline.verdicts_align import reduced_dtype, runtime_path
-from agents.pipeline.verdicts_bench import decode_floor_bytes
 from apps.benchmarks.regressions import Point, detect_regressions
+from contract import verdicts as v
+from contract.verdicts.align import reduced_dtype, runtime_path
+from contract.verdicts.bench import decode_floor_bytes
 from tests.factories import TINY_LLAMA_CONFIG, tiny_config
 from tests.portal.reports import passing
 
-CONFIGS = Path(__file__).resolve().parents[2] / "agents" / "runtime" / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "contract" / "data" / "configs"
 H100 = v.HardwareFacts(memory_bytes=80 * 10**9, devices_per_node=8, memory_bandwidth_gbps=3350.0)
 CONTEXT = v.Context(model=v.ModelFacts(config=TINY_LLAMA_CONFIG), hardware=H100, dtype="bfloat16",
                     layout={"tp": 1, "pp": 1, "ep": 1})

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from agents.runtime.testing.make_model import cached_model
-from agents.runtime.vision_params import count_vision_params
 from apps.accounts.choices import Role
+from contract.model.vision_params import count_vision_params
 from tests.factories import OrganizationFactory, auth, make_token
 
 pytestmark = pytest.mark.django_db

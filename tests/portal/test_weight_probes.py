@@ -158,8 +158,8 @@ def test_sampling_reads_the_bytes_at_the_positions_the_portal_chose(weights: Pat
 
 
 def test_a_stored_load_is_judged_again_with_the_answers_the_portal_kept(api_client, sampled) -> None:
-    from agents.pipeline import verdicts
     from apps.evidence.services import judging_context
+    from contract import verdicts
 
     model, weights, _ = sampled
     hardware, token = vendor()

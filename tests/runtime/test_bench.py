@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents.runtime.bench.client import make_prompts
-from agents.runtime.bench.metrics import RequestResult, expert_balance, format_table, stats_ms, summarize
+from agents.runtime.bench.metrics import RequestResult, format_table, stats_ms, summarize
+from contract.expert_balance import expert_balance
 
 
 def test_tpot_excludes_the_first_token_and_itl_is_per_chunk():

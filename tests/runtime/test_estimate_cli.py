@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.runtime.hardware import find_config
+from contract.hardware import find_config
 from day0cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -257,6 +257,8 @@ def test_manifest_is_checked(model_dir):
     ([{"name": "x.safetensors", "sha256": "xyz"}], "manifest[0].sha256 (x.safetensors) must be 64 hexadecimal"),
     ([{"name": "x.safetensors", "sha256": "0" * 64, "size": -1}], "manifest[0].size"),
     ([{"name": "x.safetensors", "sha256": "0" * 64, "mtime": 3}], "unknown keys ['mtime']"),
+    # the portal's limit: one manifest rule on both sides (contract.manifest)
+    ([{"name": f"m{i}.safetensors", "sha256": "0" * 64} for i in range(10_001)], "at most 10000 are accepted"),
 ])
 def test_a_malformed_manifest_is_refused_before_loading(model_dir, manifest, message):
     _refused(model_dir, "checksum manifest", message, manifest=manifest)

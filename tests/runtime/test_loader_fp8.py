@@ -239,8 +239,8 @@ def test_other_quantisation_methods_are_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_estimate_auto_plans_the_checkpoints_fp8_bytes() -> None:
-    from agents.runtime.hardware import load_model_catalog
-    from agents.runtime.planner import plan_report
+    from contract.hardware import load_model_catalog
+    from contract.planner import plan_report
 
     config = next(m["config"] for m in load_model_catalog() if m["slug"] == "deepseek-v3")
     assert config["quantization_config"]["quant_method"] == "fp8"

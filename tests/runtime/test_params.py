@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from agents.runtime.hardware import DATA_DIR, load_model_catalog
-from agents.runtime.params import count_params
-from agents.runtime.spec import parse_config
+from contract.hardware import DATA_DIR, load_model_catalog
+from contract.model.params import count_params
+from contract.model.spec import parse_config
 
 BASE = {"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 96, "max_position_embeddings": 256}

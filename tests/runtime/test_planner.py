@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from agents.runtime.hardware import find_config, get_hardware, load_catalog, load_model_catalog
-from agents.runtime.params import count_params
-from agents.runtime.planner import PlanSettings, kv_bytes_per_token, normalize_dtype, plan_report, weight_bytes
-from agents.runtime.spec import parse_config
+from contract.hardware import find_config, get_hardware, load_catalog, load_model_catalog
+from contract.model.params import count_params
+from contract.model.spec import parse_config
+from contract.planner import PlanSettings, kv_bytes_per_token, normalize_dtype, plan_report, weight_bytes
 
 CATALOG = {row["slug"]: row["config"] for row in load_model_catalog()}
 H100, H200 = get_hardware("nvidia-h100-sxm"), get_hardware("nvidia-h200")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from agents.runtime.hardware import find_config, get_hardware, load_model_catalog
-from agents.runtime.planner import plan_report
-from agents.runtime.planner.search import LayoutError, check_layout, config_layout_error, layout_problem
-from agents.runtime.spec import parse_config
+from contract.hardware import find_config, get_hardware, load_model_catalog
+from contract.model.spec import parse_config
+from contract.planner import plan_report
+from contract.planner.search import LayoutError, check_layout, config_layout_error, layout_problem
 
 CATALOG = {row["slug"]: row["config"] for row in load_model_catalog()}
 H100, H200, B200 = (get_hardware(s) for s in ("nvidia-h100-sxm", "nvidia-h200", "nvidia-b200"))

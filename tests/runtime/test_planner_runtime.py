@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from agents.runtime.hardware import find_config, get_hardware, load_model_catalog
-from agents.runtime.models.native import config_runtime_path, single_device_reason
-from agents.runtime.params import count_params
-from agents.runtime.planner import plan_report
-from agents.runtime.planner.search import LayoutError, check_layout, config_layout_error
-from agents.runtime.spec import parse_config
 from agents.runtime.testing.make_model import cached_model
+from contract.hardware import find_config, get_hardware, load_model_catalog
+from contract.model.native import config_runtime_path, single_device_reason
+from contract.model.params import count_params
+from contract.model.spec import parse_config
+from contract.planner import plan_report
+from contract.planner.search import LayoutError, check_layout, config_layout_error
 
 H100, H200 = get_hardware("nvidia-h100-sxm"), get_hardware("nvidia-h200")
 QWEN_VL = find_config("qwen2.5-vl-7b")
@@ -82,8 +82,8 @@ def test_the_config_only_decision_equals_the_runtimes() -> None:
 
 
 def test_the_planner_and_the_decision_import_no_torch() -> None:
-    code = ("import sys, json; from agents.runtime.planner import plan_report; "
-            "from agents.runtime.planner.search import config_layout_error; "
+    code = ("import sys, json; from contract.planner import plan_report; "
+            "from contract.planner.search import config_layout_error; "
             f"r = plan_report(json.loads({json.dumps(QWEN_VL)!r}), memory_bytes=80 << 30, "
             "devices_per_node=8); "
             "print(r['runtime']['path'], sorted(m for m in ('django', 'torch') if m in sys.modules))")

@@ -19,7 +19,7 @@ from agents.runtime.testing.make_model import cached_model
 from tests.runtime.served import wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
-SUITES = REPO / "agents" / "pipeline" / "eval_suites"  # the project's own suites, when present
+SUITES = REPO / "contract" / "suites"  # the project's own suites, when present
 
 MC = [
     ("What is the capital of France?", ["Paris", "Lyon", "Madrid", "Berlin"], 0),

@@ -10,11 +10,11 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agents.runtime import tracing
 from agents.runtime.engine import LLMEngine
 from agents.runtime.server import create_app
 from agents.runtime.server.launcher import ServerThread
 from agents.runtime.testing.make_model import cached_model
+from telemetry import tracing
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaConfig
 
-from agents.runtime.hardware import load_model_catalog
-from agents.runtime.spec import ModelSpec, SpecError, parse_config
+from contract.hardware import load_model_catalog
+from contract.model.spec import ModelSpec, SpecError, parse_config
 
 CATALOG = {row["slug"]: row["config"] for row in load_model_catalog()}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,

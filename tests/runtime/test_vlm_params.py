@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from agents.runtime.params import count_params
-from agents.runtime.planner import plan_report
-from agents.runtime.spec import parse_config
 from agents.runtime.testing.make_model import cached_model
-from agents.runtime.vision_params import count_vision_params, count_vision_tower
+from contract.model.params import count_params
+from contract.model.spec import parse_config
+from contract.model.vision_params import count_vision_params, count_vision_tower
+from contract.planner import plan_report
 
 transformers = pytest.importorskip("transformers")
 
@@ -78,7 +78,7 @@ def test_the_bundled_qwen2_5_vl_7b_config_is_counted_as_transformers_builds_it()
     8,292,166,656 parameters, its published 8.29B, as transformers builds it on the meta device."""
     import torch
 
-    from agents.runtime.hardware import find_config
+    from contract.hardware import find_config
 
     config = find_config("qwen2.5-vl-7b")
     counts = count_params(parse_config(config))

@@ -20,9 +20,10 @@ from typing import Any
 
 import httpx
 
-from agents.runtime import tracing
-from agents.runtime.bench.metrics import RequestResult, expert_balance, summarize
+from agents.runtime.bench.metrics import RequestResult, summarize
 from agents.runtime.bench.vocab import resolve_vocab
+from contract.expert_balance import expert_balance
+from telemetry import tracing
 
 MAX_LEVEL_PROMPTS = 100_000  # a level topped up to its minimum seconds stops here whatever the time
 PROBE_SEED = 7919  # the probe's prompts: seeds of their own, never a measured level's

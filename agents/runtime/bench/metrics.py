@@ -77,35 +77,6 @@ def summarize(results: list[RequestResult], duration: float, **extra: object) ->
     }
 
 
-def expert_balance(counts: list[list[int]], ep_size: int = 1) -> dict | None:
-    """Per-layer expert counts summarised: max/mean load per layer (1.0 is perfect balance, averaged over layers
-    and the worst layer), coefficient of variation, tokens per expert (all layers) and per EP rank (experts
-    partitioned in contiguous blocks, as the runtime places them) with that rank's max/mean."""
-    rows = [np.asarray(row, dtype=np.float64) for row in counts]
-    rows = [r for r in rows if r.sum() > 0]
-    if not rows:
-        return None
-    ratio = [float(r.max() / r.mean()) for r in rows]
-    experts = int(rows[0].size)
-    per_expert = np.sum([r for r in rows if r.size == experts], axis=0)
-    ep = ep_size if ep_size >= 1 and experts % ep_size == 0 else 1
-    per_rank = per_expert.reshape(ep, experts // ep).sum(axis=1)
-    # the busiest rank's share of the layer, per layer: what an EP step waits for
-    rank_ratio = [float(r.reshape(ep, -1).sum(axis=1).max() / (r.sum() / ep)) for r in rows if r.size == experts]
-    return {
-        "layers": len(rows),
-        "experts": experts,
-        "max_over_mean": round(float(np.mean(ratio)), 4),
-        "worst_layer_max_over_mean": round(max(ratio), 4),
-        "cv": round(float(np.mean([r.std() / r.mean() for r in rows])), 4),
-        "routed_tokens": int(sum(r.sum() for r in rows)),
-        "tokens_per_expert": [int(v) for v in per_expert],
-        "ep_size": ep,
-        "tokens_per_ep_rank": [int(v) for v in per_rank],
-        "ep_max_over_mean": round(float(np.mean(rank_ratio)), 4),
-    }
-
-
 def format_table(section: dict) -> str:
     """The runs of a bench section as a fixed-width table."""
     head = f"{'case':<10}{'conc':>5}{'ok':>5}{'fail':>5}{'out tok/s':>11}{'req/s':>8}"

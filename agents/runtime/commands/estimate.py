@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def resolve_config(value: str) -> tuple[dict[str, Any], str]:
     """(config dict, where it came from). ValueError naming the CONFIG argument when it is none of the three."""
-    from agents.runtime.hardware import find_config, load_model_catalog
+    from contract.hardware import find_config, load_model_catalog
 
     path = Path(value)
     if path.is_dir():
@@ -110,9 +110,9 @@ def format_report(report: dict[str, Any], source: str, target: str) -> str:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from agents.runtime.hardware import get_hardware
-    from agents.runtime.planner import plan_report
-    from agents.runtime.spec import SpecError
+    from contract.hardware import get_hardware
+    from contract.model.spec import SpecError
+    from contract.planner import plan_report
 
     try:
         config, source = resolve_config(args.config)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from agents.runtime.spec import config_takes_images  # noqa: F401 (re-exported: defined where config.json is read, torch-free)
+from contract.model.spec import config_takes_images  # noqa: F401 (re-exported: defined where config.json is read, torch-free)
 
 # a processor's outputs about the text, not the images
 TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})

@@ -15,8 +15,7 @@ from typing import Any
 
 from agents.runtime.loader.checkpoint import Checkpoint
 from agents.runtime.loader.hashing import ShardHasher
-
-MAX_ENTRIES = 100_000  # a checkpoint with more shards than this is not a checkpoint
+from contract.manifest import check_manifest
 
 
 @dataclass(frozen=True)
@@ -36,9 +35,7 @@ def build_manifest(model_dir: Path | str, *, use_cache: bool = True) -> list[dic
 
 def parse_manifest(value: Any) -> dict[str, ManifestEntry]:
     """{shard name: entry} from a manifest document; a ValueError names what is wrong. The list is validated by
-    the one manifest rule the portal judges with (``agents.pipeline.verdicts.check_manifest``, pure Python)."""
-    from agents.pipeline.verdicts import check_manifest
-
+    the one manifest rule the portal judges with (``contract.manifest.check_manifest``, its limits included)."""
     if isinstance(value, Mapping) and ("files" in value or "manifest" in value):
         value = value.get("files", value.get("manifest"))
     if isinstance(value, Mapping):  # the older {name: sha256} form
@@ -46,7 +43,7 @@ def parse_manifest(value: Any) -> dict[str, ManifestEntry]:
     if isinstance(value, list) and not value:
         raise ValueError("manifest is empty: it must list every weight file")
     try:
-        entries = check_manifest(value, max_files=MAX_ENTRIES)
+        entries = check_manifest(value)  # the portal's limit too: one rule for both sides
     except ValueError as exc:
         raise ValueError(f"manifest{exc}" if str(exc).startswith("[") else f"manifest {exc}") from None
     return {e["name"]: ManifestEntry(e["name"], e["sha256"], e["size"]) for e in entries}

@@ -18,8 +18,8 @@ import torch
 from agents.runtime.layers.weights import replicated
 from agents.runtime.models.llama import LlamaForCausalLM
 from agents.runtime.models.mapping import WeightMapping
-from agents.runtime.models.native import decoder_gap
 from agents.runtime.models.registry import register
+from contract.model.native import decoder_gap
 
 # Checkpoint prefix -> parameter prefix (the layout of LLaVA checkpoints on the hub and of transformers' save):
 # the decoder's names then go through the dense mapping; the vision tower's and projector's stay as they are.

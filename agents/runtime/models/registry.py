@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from agents.runtime.interface import RuntimeModel
-from agents.runtime.models.native import NATIVE_FAMILIES, architecture_of, decoder_gap
+from contract.model.native import NATIVE_FAMILIES, architecture_of, decoder_gap
 
 _REGISTRY: dict[str, type] = {}
 _FAMILY_MODULES = NATIVE_FAMILIES  # architecture -> module (``native.py``: the planner reads it without torch)

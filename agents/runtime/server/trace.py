@@ -10,7 +10,7 @@ from opentelemetry.trace import SpanKind
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agents.runtime import tracing
+from telemetry import tracing
 
 log = logging.getLogger("agents.runtime.server.access")
 

@@ -53,10 +53,11 @@ def run_agent(args: argparse.Namespace) -> int:
 
     from agents.pipeline.env import environment_lock
     from agents.worker.agent_state import STATE
-    from agents.worker.app import app, consume, queue_name, run_worker, worker_argv
+    from agents.worker.app import app, consume, run_worker, worker_argv
     from agents.worker.client import PortalClient, PortalError
     from agents.worker.heartbeat import Heartbeat
     from agents.worker.lifecycle import install_stop_on_shutdown
+    from contract.queues import hardware_queue
 
     client = PortalClient(STATE.portal_url, STATE.token)
     versions = environment_lock(STATE.device)
@@ -65,7 +66,7 @@ def run_agent(args: argparse.Namespace) -> int:
         return 2
     capabilities = {"device": STATE.device, "device_name": versions.get("device"),
                     "device_count": versions.get("device_count"), "dispatch_key": versions.get("dispatch_key"),
-                    "queue": queue_name(args.hardware), "address": args.address or _host_address(),
+                    "queue": hardware_queue(args.hardware), "address": args.address or _host_address(),
                     "rendezvous_port": args.rendezvous_port}
     for attempt in range(60):
         try:

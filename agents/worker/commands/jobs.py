@@ -13,7 +13,7 @@ def job_dtype(name: str | None) -> str | None:
     """The portal's name of a dtype given as ``day0 estimate`` takes it (``fp8`` → ``float8_e4m3fn``)."""
     if name is None:
         return None
-    from agents.runtime.planner.memory import ALIASES
+    from contract.planner.memory import ALIASES
 
     return ALIASES.get(name.strip().lower(), name.strip())
 

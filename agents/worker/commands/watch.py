@@ -87,7 +87,7 @@ class ProgressView:
         self._waiting_shown = bool(reason)
 
     def finish(self, job: dict[str, Any]) -> int:
-        from agents.pipeline.tiers import TIER_NAMES, compute_tier
+        from contract.tiers import TIER_NAMES, compute_tier
 
         tier = job.get("tier")
         if tier is None:

@@ -5,10 +5,10 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
-from agents.pipeline.verdicts import check_manifest
 from apps.accounts.models import Organization
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.services import model_fields_from_config
+from contract.manifest import check_manifest
 
 DTYPE_NAMES = frozenset({"float64", "float32", "tfloat32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2",
                          "float8_e4m3fnuz", "float8_e5m2fnuz", "hifloat8", "int8", "int4", "mxfp4", "mxfp8", "nvfp4",

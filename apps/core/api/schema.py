@@ -34,10 +34,10 @@ VERBS = {"get": "Get", "post": "Create", "put": "Replace", "patch": "Update", "d
 
 
 def _enums() -> dict[str, list[str]]:
-    from agents.pipeline.thresholds import TABLE
-    from agents.pipeline.tiers import STAGE_ORDER
     from apps.benchmarks.regressions import known_metrics
     from apps.catalog.api.serializers import DTYPE_NAMES
+    from contract.thresholds import TABLE
+    from contract.tiers import STAGE_ORDER
 
     return {"stages": list(STAGE_ORDER), "dtype": sorted(DTYPE_NAMES), "thresholds": list(TABLE),
             "metric": known_metrics(), "threshold_docs": [TABLE[k].doc for k in TABLE]}
@@ -51,7 +51,7 @@ def _enum_properties(schema: dict[str, Any], enums: dict[str, list[str]]) -> Non
         props["dtype"]["enum"] = enums["dtype"]
     if "thresholds" in props and props["thresholds"].get("type") == "object":  # the keys a job may override
         props["thresholds"] = {"type": "object", "additionalProperties": False, "description": "overrides of the "
-                               "versioned defaults (agents/pipeline/thresholds.py); a value out of range is a 400",
+                               "versioned defaults (contract/thresholds.py); a value out of range is a 400",
                                "properties": {key: {"type": "number", "description": doc} for key, doc in
                                               zip(enums["thresholds"], enums["threshold_docs"], strict=True)}}
 

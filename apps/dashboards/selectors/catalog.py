@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.runtime.planner.memory import resolve_dtype
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models, visible_models_q
@@ -16,6 +15,7 @@ from apps.dashboards.selectors.fleet import fleet
 from apps.dashboards.selectors.regressions import open_regressions
 from apps.evidence.models import StageResult
 from apps.matrix.models import Cell
+from contract.planner.memory import resolve_dtype
 
 # (config key(s), label): the first key present wins (families name the same thing differently)
 CONFIG_FACTS: tuple[tuple[tuple[str, ...], str], ...] = (

@@ -11,7 +11,6 @@ from typing import Any
 
 from django.core.paginator import Page, Paginator
 
-from agents.pipeline.tiers import STAGE_ORDER, TIER_GATES, TIER_NAMES
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
@@ -33,6 +32,7 @@ from apps.jobs.models import Job
 from apps.matrix.models import Cell
 from apps.matrix.selectors import lead_hours
 from apps.references.selectors import portal_scores
+from contract.tiers import STAGE_ORDER, TIER_GATES, TIER_NAMES
 
 OPERATOR_STATUSES = ("native", "decomposed", "fallback", "missing")
 LADDER_TIERS = tuple(level for level, _ in TIER_GATES)  # 1..6

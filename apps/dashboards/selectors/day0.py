@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from agents.pipeline.tiers import TIER_NAMES
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
 from apps.dashboards.selectors.format import hours_text, reached_times
 from apps.matrix.models import Cell
 from apps.matrix.selectors import lead_hours
+from contract.tiers import TIER_NAMES
 
 TIMELINE_TIERS = (2, 3, 4, 5, 6)  # loads, serves, aligned, baselined, validated
 

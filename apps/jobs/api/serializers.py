@@ -4,12 +4,12 @@ from typing import Any
 
 from rest_framework import serializers
 
-from agents.pipeline.thresholds import check_thresholds, looser_keys
-from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
-from agents.runtime.planner.memory import ALIASES as DTYPE_ALIASES
 from apps.catalog.api.serializers import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.selectors import job_waiting_reason
+from contract.planner.memory import ALIASES as DTYPE_ALIASES
+from contract.thresholds import check_thresholds, looser_keys
+from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
 
 # Bounds of the bench settings a job may carry (the bench, comm, eval and soak stages read ``spec.bench``):
 # key -> (lowest, highest, integers only). Any other number in ``bench`` is bounded by JSON_INT_BOUND.

@@ -11,8 +11,6 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents.pipeline.thresholds import check_thresholds
-from agents.runtime.planner.search import config_layout_error
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
@@ -29,6 +27,8 @@ from apps.jobs.api.serializers import (
 from apps.jobs.models import Job, JobNode
 from apps.jobs.selectors import job_events_after, visible_jobs
 from apps.matrix.models import Cell
+from contract.planner.search import config_layout_error
+from contract.thresholds import check_thresholds
 
 EVENTS_PAGE_DEFAULT = 500
 EVENTS_PAGE_MAX = 5000

@@ -11,11 +11,11 @@ from typing import Any
 from django.db import connection
 from rest_framework.renderers import JSONRenderer
 
-from agents.pipeline.tiers import TIER_NAMES
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
 from apps.matrix.models import Cell
 from apps.matrix.selectors import MatrixFilters, build_matrix, build_matrix_page, page_of, select_rows
+from contract.tiers import TIER_NAMES
 
 
 def matrix_data(actor: Actor, filters: MatrixFilters, number: int | None, size: int) -> dict[str, Any]:

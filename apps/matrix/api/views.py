@@ -11,8 +11,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents.pipeline.tiers import TIER_NAMES
-from agents.pipeline.verdicts_load import LEGACY_SOURCES
 from apps.alerts.stacks import cell_stack
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
@@ -28,6 +26,8 @@ from apps.matrix.api.serializers import CellDetailSerializer
 from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
 from apps.matrix.selectors import MatrixFilters, lead_hours
+from contract.manifest import LEGACY_SOURCES
+from contract.tiers import TIER_NAMES
 
 API_PAGE_SIZE, API_PAGE_SIZE_MAX = 50, 1000
 

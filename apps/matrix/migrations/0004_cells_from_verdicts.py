@@ -11,8 +11,7 @@ from django.db import migrations
 
 
 def recompute(apps: Any, schema_editor: Any) -> None:
-    from agents.pipeline.tiers import TIER_GATES, compute_tier
-    from apps.matrix.services import tier_times
+    from apps.matrix.migrations._frozen_0004 import TIER_GATES, compute_tier, tier_times
 
     Cell = apps.get_model("matrix", "Cell")
     StageResult = apps.get_model("evidence", "StageResult")

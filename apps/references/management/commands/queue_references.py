@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from agents.pipeline import challenge_pool as cp
 from apps.references.services import ensure_references, reference_hardware
+from contract.challenges import pool as cp
 
 
 class Command(BaseCommand):

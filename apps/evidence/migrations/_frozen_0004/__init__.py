@@ -1,0 +1,1 @@
+"""Migration 0004's verdict rules, frozen (``base``, ``rules``, ``thresholds``)."""
