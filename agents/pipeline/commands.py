@@ -177,8 +177,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from agents.pipeline.base import StageContext
     from agents.pipeline.runner import parse_stages, run_pipeline
+    from agents.pipeline.support.context import StageContext
 
     try:
         stages = parse_stages(args.stages)
@@ -249,7 +249,7 @@ def node_of(args: argparse.Namespace, config: dict[str, Any]) -> Any:
 
 def _follow(ctx: Any, stages: list[str], report_path: Path | None) -> int:
     """A node other than 0: run its ranks of each ranked stage; 1 when one failed."""
-    from agents.pipeline.nodes import follow
+    from agents.pipeline.support.nodes import follow
 
     outcome = follow(ctx, stages)
     if report_path is not None:

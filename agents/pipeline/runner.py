@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
-from agents.pipeline import report as report_mod
 from agents.pipeline import thresholds, tiers, verdicts
-from agents.pipeline.base import JobCancelled, StageContext, StageFailed
+from agents.pipeline.support import report as report_mod
+from agents.pipeline.support.context import JobCancelled, StageContext, StageFailed
 from agents.runtime.engine.multimodal import config_takes_images
 
 
@@ -45,8 +45,10 @@ def parse_stages(stages: Iterable[str] | str) -> list[str]:
 
 
 def import_stage(stage: str) -> ModuleType:
-    """``agents.pipeline.<stage>``; an absent module is a StageFailed naming it."""
-    name = f"agents.pipeline.{stage}"
+    """``agents.pipeline.stages.<stage>`` (``….<stage>.stage`` for a stage of several modules); an absent module
+    is a StageFailed naming it."""
+    package = stage in ("inventory", "align", "eval")
+    name = f"agents.pipeline.stages.{stage}" + (".stage" if package else "")
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -96,7 +98,7 @@ def judging_context(ctx: StageContext, stages: dict[str, Any] | None = None) -> 
     config = ctx.config or {}
     has_template = None
     if ctx.model_dir is not None:
-        from agents.pipeline.serve import chat_template_source
+        from agents.pipeline.stages.serve import chat_template_source
 
         has_template = chat_template_source(ctx.model_dir) is not None
     context = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")

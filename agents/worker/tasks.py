@@ -51,7 +51,7 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
     """The ``StageContext`` of a job spec (as ``apps.jobs.dispatch`` builds it). The agent is not handed the
     release's manifest: its load reports each shard's digest and the portal compares; the spec's
     ``weight_samples`` (a reference run) or ``weight_probe`` (a certify job) go to the load stage."""
-    from agents.pipeline.base import StageContext
+    from agents.pipeline.support.context import StageContext
 
     model_dir = _model_dir(spec)
     config = (spec.get("model") or {}).get("config")
@@ -265,9 +265,9 @@ def _finish(client: PortalClient, sender: SpoolSender, outbox: ResultOutbox, job
 def run_node(task: Any, client: PortalClient, job_id: int, job: dict[str, Any], spec: dict[str, Any],
              rank: int) -> dict[str, Any] | None:
     """A multi-node job's node ``rank`` > 0 on this agent: claim the node, run its ranks of the job's ranked
-    stages (``agents.pipeline.nodes.follow``), post its stage events to the node's log and say how it ended.
+    stages (``agents.pipeline.support.nodes.follow``), post its stage events to the node's log and say how it ended.
     Node 0 claims the job, posts the results and finishes it."""
-    from agents.pipeline.nodes import follow
+    from agents.pipeline.support.nodes import follow
     from agents.pipeline.tiers import DEFAULT_STAGES
 
     attempt = spec.get("attempt")

@@ -18,7 +18,7 @@ from apps.fleet.models import ONLINE_WINDOW, Agent
 from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobNode, NodeState
 
 DEFAULT_RENDEZVOUS_PORT = 29500
-PORTS_PER_JOB = 3  # the load, serve and comm stages meet at port, port + 1, port + 2 (agents.pipeline.nodes)
+PORTS_PER_JOB = 3  # the load, serve and comm stages meet at port, port + 1, port + 2 (agents.pipeline.support.nodes)
 PORT_SLOTS = 1000
 
 

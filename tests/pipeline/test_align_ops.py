@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from agents.pipeline import align_ops
-from agents.pipeline.report import ROW_KEYS
 from agents.pipeline.runner import run_pipeline
+from agents.pipeline.stages.align import ops as align_ops
+from agents.pipeline.support.report import ROW_KEYS
 from agents.runtime.layers import grouped_router
 from agents.runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
 from agents.runtime.models.registry import build_model, register

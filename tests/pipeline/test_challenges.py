@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from agents.pipeline import eval_tasks
-from agents.pipeline.align_common import encode, reference_model, tokenizer
-from agents.pipeline.align_e2e import CHAT, PROMPTS, eos_token_ids, reference_greedy
-from agents.pipeline.eval_backends import ReferenceLM, ServedLM
 from agents.pipeline.runner import run_pipeline
-from agents.pipeline.serve import ServerProcess
+from agents.pipeline.stages.align.e2e import CHAT, PROMPTS, eos_token_ids, reference_greedy
+from agents.pipeline.stages.serve import ServerProcess
+from agents.pipeline.support.lm_backends import ReferenceLM, ServedLM
+from agents.pipeline.support.models import encode, reference_model, tokenizer
 from agents.runtime.loader import load_model
 from agents.runtime.testing.make_model import cached_model
 from tests.pipeline.conftest import EventLog
@@ -81,7 +81,7 @@ def sharp_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference_section(sharp_llama: Path) -> dict[str, Any]:
     """The reference stage's section on the sharpened tiny Llama for ``suite_pool()`` (computed once)."""
-    from agents.pipeline.base import StageContext
+    from agents.pipeline.support.context import StageContext
 
     path = sharp_llama
     torch.set_num_threads(1)

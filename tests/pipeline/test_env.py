@@ -5,9 +5,9 @@ import platform
 import pytest
 import torch
 
-from agents.pipeline import env
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.report import section_problems
+from agents.pipeline.stages import env
+from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.report import section_problems
 
 
 def _ctx(device: str = "cpu") -> StageContext:

@@ -9,9 +9,9 @@ import math
 import pytest
 import yaml
 
-from agents.pipeline import eval as eval_stage
 from agents.pipeline import eval_needle, eval_tasks
-from agents.pipeline.base import StageFailed
+from agents.pipeline.stages.eval import stage as eval_stage
+from agents.pipeline.support.context import StageFailed
 
 
 def _words(text: str) -> list[int]:

@@ -38,11 +38,11 @@ def test_a_plan_that_does_not_fit_stops_the_pipeline_at_plan(make_ctx) -> None:
 
 
 def test_an_absent_stage_module_is_a_clear_failure(make_ctx, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "agents.pipeline.bench", None)  # as if the module were not installed
+    monkeypatch.setitem(sys.modules, "agents.pipeline.stages.bench", None)  # as if the module were not installed
     ctx, _ = make_ctx("llama")
     report = run_pipeline(ctx, ["plan", "bench"])
     assert report["failed_stage"] == "bench"
-    assert report["error"] == "stage 'bench' is not available: module agents.pipeline.bench is absent"
+    assert report["error"] == "stage 'bench' is not available: module agents.pipeline.stages.bench is absent"
     assert report["tier"] == 1
 
 
@@ -86,14 +86,14 @@ def test_the_report_claims_what_the_verdicts_judge_not_the_stages_own_flags(make
     """A load section that says ok while naming a problem is judged by its numbers: failed, tier stays 1."""
     import types
 
-    from agents.pipeline import load as real_load
+    from agents.pipeline.stages import load as real_load
 
     def lenient(ctx):
         section = real_load.run(ctx)
         section["problems"] = [{"tensor": "model.norm.weight", "problem": "3 NaN values"}]  # ok stays True
         return section
 
-    monkeypatch.setitem(sys.modules, "agents.pipeline.load", types.SimpleNamespace(run=lenient))
+    monkeypatch.setitem(sys.modules, "agents.pipeline.stages.load", types.SimpleNamespace(run=lenient))
     ctx, _ = make_ctx("llama")
     report = run_pipeline(ctx, ["plan", "load"])
     assert report["stages"]["load"]["ok"] is True  # the claim is kept as written

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agents.pipeline.runner import run_pipeline
-from agents.pipeline.serve import ServerProcess
+from agents.pipeline.stages.serve import ServerProcess
 from tests.real_model_fixtures import smollm2  # noqa: F401 - the session fixture
 
 SMALL = {"eval_limit": 4, "eval_needle_lengths": [160], "eval_needle_depths": [0, 100]}

@@ -8,8 +8,9 @@ import shutil
 import httpx
 import pytest
 
-from agents.pipeline import align_kv, bench, serve
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.stages import bench, serve
+from agents.pipeline.stages.align import kv as align_kv
+from agents.pipeline.support.context import StageContext, StageFailed
 from agents.runtime.testing.make_model import cached_model
 
 

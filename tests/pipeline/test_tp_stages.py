@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from agents.pipeline import load, load_sharded, serve
-from agents.pipeline.base import StageFailed
+from agents.pipeline.stages import load, serve
+from agents.pipeline.support import sharded_load as load_sharded
+from agents.pipeline.support.context import StageFailed
 from agents.runtime.testing.make_model import cached_model
 
 

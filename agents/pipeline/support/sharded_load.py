@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.nodes import stage_node
+from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.nodes import stage_node
 
 # CPU ranks are processes sharing this host's cores and memory: enough to prove TP, not to serve with it
 MAX_CPU_TP = 8

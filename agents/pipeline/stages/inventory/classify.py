@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from agents.pipeline.inventory_capture import OperatorRecorder, to_meta
+from agents.pipeline.support.op_capture import OperatorRecorder, to_meta
 
 STATUSES = ("native", "decomposed", "fallback", "missing")
 IMPLICIT = "CompositeImplicitAutograd"

@@ -25,10 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.pipeline import eval_challenge, eval_needle, eval_tasks, serve
-from agents.pipeline.align_common import reference_model, tokenizer
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.eval_backends import ReferenceLM, ServedError, ServedLM
+from agents.pipeline import eval_needle, eval_tasks
+from agents.pipeline.stages import serve
+from agents.pipeline.stages.eval import challenge as eval_challenge
+from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.lm_backends import ReferenceLM, ServedError, ServedLM
+from agents.pipeline.support.models import reference_model, tokenizer
 from agents.pipeline.thresholds import DEFAULTS as THRESHOLD_DEFAULTS
 
 TASKS: tuple[str, ...] = (*eval_tasks.TASK_FILES, eval_needle.TASK)

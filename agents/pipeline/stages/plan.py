@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext, StageFailed
 
 
 def hardware_memory(hardware: Any) -> tuple[dict[str, Any], int, int]:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext, StageFailed
 from agents.pipeline.thresholds import ALIGN as ALIGN_THRESHOLDS
 from agents.runtime.context import ForwardContext
 from agents.runtime.engine.multimodal import config_takes_images
@@ -94,7 +94,7 @@ def reference_model(ctx: StageContext) -> nn.Module:
 
     hf_logging.disable_progress_bar()
     if config_takes_images(ctx.config):  # the text checks run on the reference's own decoder
-        from agents.pipeline.align_vision import reference_decoder
+        from agents.pipeline.stages.align.vision import reference_decoder
 
         ref = reference_decoder(ctx)
         ctx.shared["reference_model"] = ref

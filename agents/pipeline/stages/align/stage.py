@@ -7,15 +7,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agents.pipeline.align_common import align_thresholds, encode, reference_model, target_model
-from agents.pipeline.align_e2e import PROMPTS, challenge_raw, run_e2e
-from agents.pipeline.align_layers import run_layers
-from agents.pipeline.base import JobCancelled, StageContext
+from agents.pipeline.stages.align.e2e import PROMPTS, challenge_raw, run_e2e
+from agents.pipeline.stages.align.layers import run_layers
+from agents.pipeline.support.context import JobCancelled, StageContext
+from agents.pipeline.support.models import align_thresholds, encode, reference_model, target_model
 from agents.runtime.engine.multimodal import config_takes_images
 
 # optional parts owned by other modules: section key -> module
-PARTS: dict[str, str] = {"ops": "agents.pipeline.align_ops", "kv_cache": "agents.pipeline.align_kv",
-                         "vision": "agents.pipeline.align_vision", "compile": "agents.pipeline.align_compiled"}
+PARTS: dict[str, str] = {"ops": "agents.pipeline.stages.align.ops",
+                         "kv_cache": "agents.pipeline.stages.align.kv",
+                         "vision": "agents.pipeline.stages.align.vision",
+                         "compile": "agents.pipeline.stages.align.compiled"}
 
 
 def _run_part(ctx: StageContext, section: dict[str, Any], notes: list[str], key: str) -> None:

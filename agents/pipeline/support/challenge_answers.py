@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agents.pipeline import eval_needle, eval_tasks
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext, StageFailed
 
 KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl", "needle")
 EVAL_KINDS: tuple[str, ...] = ("mc", "qa", "ppl", "needle")
@@ -155,7 +155,7 @@ def prefix_token(tok: Any) -> int:
 def e2e_prompts(ctx: StageContext, items: Sequence[Mapping[str, Any]]) -> tuple[list[list[int]], list[int]]:
     """Each e2e item's prompt ids (``align_common.encode``: chat items through the chat template) and its
     ``max_tokens`` clipped to the context left after the prompt."""
-    from agents.pipeline.align_common import encode, tokenizer
+    from agents.pipeline.support.models import encode, tokenizer
 
     if tokenizer(ctx) is None:
         raise StageFailed("the e2e items need the model's tokenizer, and the checkpoint has none")

@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
-from agents.pipeline import compiled
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.load_sharded import effective_layout, effective_tp
-from agents.pipeline.nodes import stage_node
+from agents.pipeline.support import compiled
+from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.nodes import stage_node
+from agents.pipeline.support.sharded_load import effective_layout, effective_tp
 from agents.runtime.commands.serve import serve_command
 from agents.runtime.engine.multimodal import config_takes_images
 
@@ -54,7 +54,7 @@ class ServerProcess:
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[2]
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[3]
         )
         atexit.register(self.stop)
 
@@ -158,7 +158,7 @@ def chat_template_source(model_dir: Path) -> str | None:
 
 def expected_chat_ids(ctx: StageContext) -> list[int] | None:
     """The prompt tokens ``transformers`` renders for ``CHAT_MESSAGES`` (what the server must send the model)."""
-    from agents.pipeline.align_common import tokenizer
+    from agents.pipeline.support.models import tokenizer
 
     tok = tokenizer(ctx)
     if tok is None or not getattr(tok, "chat_template", None):

@@ -44,14 +44,14 @@ class StageContext:
     ep: int | None = None
     pp: int | None = None  # pipeline stages (``day0 adapt --pp``); the ranks are pp × max(tp, ep)
     # ranks across hosts (``agents.runtime.nodes.NodeSpec``, ``day0 adapt --nnodes …``): each stage with ranks
-    # runs this node's share of them (``agents.pipeline.nodes``); None: every rank on this host
+    # runs this node's share of them (``agents.pipeline.support.nodes``); None: every rank on this host
     node: Any = None
     thresholds: dict[str, float] = field(default_factory=dict)  # overrides of DESIGN.md §4 defaults
     bench: dict[str, Any] = field(default_factory=dict)  # concurrency, input_len, output_len, num_prompts …
     # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (``day0 adapt
     # --manifest FILE``; a portal job never carries it: the portal compares); the load fails on any disagreement
     manifest: list[dict[str, Any]] | None = None
-    # the portal's weight challenge of this attempt (``agents/pipeline/weight_probe.py``): a reference run's
+    # the portal's weight challenge of this attempt (``agents/pipeline/support/weight_probe.py``): a reference run's
     # ``{"count", "length", "positions"}`` to sample each shard at, or a certify job's ``{"nonce", "probes"}``
     weight_samples: dict[str, Any] | None = None
     weight_probe: dict[str, Any] | None = None

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.pipeline.align_common import align_thresholds, encode, target_model
-from agents.pipeline.align_e2e import CHAT, NEW_TOKENS, PROMPTS
-from agents.pipeline.base import StageContext
-from agents.pipeline.compiled import skipped
+from agents.pipeline.stages.align.e2e import CHAT, NEW_TOKENS, PROMPTS
+from agents.pipeline.support.compiled import skipped
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.models import align_thresholds, encode, target_model
 
 
 def greedy(engine: Any, prompts: list[list[int]], new_tokens: int, top: int) -> list[list[tuple[int, set[int]]]]:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.pipeline import compiled, serve
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.stages import serve
+from agents.pipeline.support import compiled
+from agents.pipeline.support.context import StageContext, StageFailed
 
 DEFAULTS: dict[str, Any] = {
     "concurrency": [1, 2, 4],  # a baseline sweeps at least 3 levels (verdicts: bench_min_concurrency_levels)

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.nodes import stage_node
+from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.nodes import stage_node
 
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 REDUCING = frozenset({"all_reduce", "reduce_scatter"})
@@ -449,7 +449,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
                     f"({'NCCL' if cuda else 'gloo'}), dtypes {', '.join(settings.dtypes)}, "
                     f"{settings.min_bytes}-{settings.max_bytes} B")
     if node is not None and ctx.shared.get("server") is not None:
-        from agents.pipeline import serve  # its last users (bench, eval, soak) ran before comm
+        from agents.pipeline.stages import serve  # its last users (bench, eval, soak) ran before comm
 
         serve.stop(ctx)  # the other nodes' serve ranks end with it and join this stage's rendezvous
     section = measure(ranks, settings, node=node)

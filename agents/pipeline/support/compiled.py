@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext, StageFailed
 
 RATIO_NOTE = ("compiled and eager measured one after the other on the same host: on a busy host the ratio is "
               "noisy; compare ratios taken on a quiet one")
@@ -30,7 +30,7 @@ def unavailable_reason(ctx: StageContext) -> str | None:
     path, _ = runtime_path(ctx.config)
     if path != "native":
         return "the compiled path covers the native families; this model runs on the transformers fallback"
-    from agents.pipeline.load_sharded import effective_layout
+    from agents.pipeline.support.sharded_load import effective_layout
 
     tp, ep, pp = effective_layout(ctx)
     if max(tp, ep, pp) > 1:
@@ -80,7 +80,7 @@ def bench_compare(ctx: StageContext, section: dict[str, Any], settings: dict[str
     not_run = skipped(ctx)
     if not requested(ctx) or not_run is not None:
         return not_run
-    from agents.pipeline import serve
+    from agents.pipeline.stages import serve
     from agents.runtime.bench import run_benchmark
 
     if not ctx.shared.get("compiled_server"):  # the serve stage checked /stats/compile on it

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.load_sharded import effective_layout, effective_tp, load_sharded
-from agents.pipeline.weight_probe import ChallengeError, answer_challenge
+from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.sharded_load import effective_layout, effective_tp, load_sharded
+from agents.pipeline.support.weight_probe import ChallengeError, answer_challenge
 
 PROGRESS_INTERVAL_S = 0.5
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.align_common import paged_context
-from agents.pipeline.base import StageFailed
-from agents.pipeline.inventory_capture import OperatorRecorder
+from agents.pipeline.support.context import StageFailed
+from agents.pipeline.support.models import paged_context
+from agents.pipeline.support.op_capture import OperatorRecorder
 
 PREFILL_TOKENS = 8
 BLOCK_SIZE = 16

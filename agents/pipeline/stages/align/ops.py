@@ -30,9 +30,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from agents.pipeline import align_refs as ref
-from agents.pipeline.align_common import paged_context
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.stages.align import refs as ref
+from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.models import paged_context
 from agents.pipeline.thresholds import OPS as OP_THRESHOLDS
 from agents.runtime.context import ForwardContext
 
@@ -80,7 +80,7 @@ class Probe:
     def target(self) -> Iterator[None]:
         """Runs the module's code under a recorder: the operators the check exercised (the reference's math is
         never recorded)."""
-        from agents.pipeline.inventory_capture import OperatorRecorder
+        from agents.pipeline.support.op_capture import OperatorRecorder
 
         recorder = OperatorRecorder()
         with torch.inference_mode(), recorder:
@@ -524,7 +524,7 @@ def run_checks(model: Any, config: dict[str, Any], *, thresholds: dict[str, floa
 
 def run(ctx: StageContext) -> dict[str, Any]:
     """The operator part of the ``align`` section: ``{"ops": [...], "unchecked": [...], "passed", "thresholds"}``."""
-    from agents.pipeline.align_common import target_model
+    from agents.pipeline.support.models import target_model
 
     th = {**DEFAULT_THRESHOLDS, **{k: v for k, v in ctx.thresholds.items() if k in DEFAULT_THRESHOLDS}}
     model = target_model(ctx)

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.align_common import (
+from agents.pipeline.support.context import JobCancelled, StageContext
+from agents.pipeline.support.models import (
     decode_token,
     encode,
     perplexity,
@@ -29,7 +30,6 @@ from agents.pipeline.align_common import (
     target_forward,
     tokenizer,
 )
-from agents.pipeline.base import JobCancelled, StageContext
 
 PROMPTS: tuple[str, ...] = (
     "The harbour woke before the sun, and",
@@ -191,7 +191,7 @@ def target_greedy_top(ctx: StageContext, model: Any, prompts: list[list[int]], l
     """Per prompt the target's greedy continuation through the runtime's engine (ending at the model's
     end-of-sequence tokens or ``limits[i]`` tokens) with each position's logprobs: ``{"tokens", "top_logprobs",
     "prompt_tokens"}`` in the reference stage's shape (``eval_backends.top_entries``)."""
-    from agents.pipeline.eval_backends import top_entries
+    from agents.pipeline.support.lm_backends import top_entries
     from agents.runtime.engine import LLMEngine, SamplingParams
     from agents.runtime.engine.tokenizer import Tokenizer
 
@@ -226,7 +226,7 @@ def challenge_raw(ctx: StageContext, target: Any) -> tuple[dict[str, Any] | None
     [{"id", "tokens", "top_logprobs", "prompt_tokens"}]}``; None without such a challenge. A challenge the
     target cannot answer leaves ``items`` empty and says why in ``error`` (the portal then calls it
     incomplete)."""
-    from agents.pipeline import challenge_answers as answers
+    from agents.pipeline.support import challenge_answers as answers
 
     challenge = ctx.challenge
     if not isinstance(challenge, dict) or not challenge.get("e2e"):

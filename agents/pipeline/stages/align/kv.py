@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from agents.pipeline import thresholds
-from agents.pipeline.base import StageContext
+from agents.pipeline.support.context import StageContext
 
 DEFAULT_THRESHOLD = 1e-4
 BLOCK_SIZE = 16
@@ -19,7 +19,7 @@ PREFILL_CHUNK = 37  # deliberately not a multiple of the block size
 
 
 def _fp32_model(ctx: StageContext) -> Any:
-    from agents.pipeline.align_common import fp32_target
+    from agents.pipeline.support.models import fp32_target
 
     return fp32_target(ctx)
 

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext, StageFailed
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> str | None:

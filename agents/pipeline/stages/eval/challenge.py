@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.pipeline import challenge_answers as answers
-from agents.pipeline.base import StageContext
+from agents.pipeline.support import challenge_answers as answers
+from agents.pipeline.support.context import StageContext
 
 WHERE = "challenge"
 

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext, StageFailed
 from agents.runtime.commands.serve import serve_command as runtime_serve_command
 
 STAGE_PORTS = {"load": 0, "serve": 1, "comm": 2}
@@ -33,7 +33,7 @@ def follow(ctx: StageContext, stages: list[str]) -> dict[str, Any]:
     {"ok", "seconds", "error"?}}, "failed_stage"}``. Stops at the first stage whose ranks failed."""
     import time
 
-    from agents.pipeline import plan
+    from agents.pipeline.stages import plan
 
     node = ctx.node
     out: dict[str, Any] = {"node": node.node_rank, "nnodes": node.nnodes, "stages": {}, "failed_stage": None}
@@ -66,7 +66,7 @@ def follow(ctx: StageContext, stages: list[str]) -> dict[str, Any]:
 
 
 def _follow_load(ctx: StageContext) -> None:
-    from agents.pipeline.load_sharded import LOAD_TIMEOUT_S, effective_layout, effective_tp, load_rank
+    from agents.pipeline.support.sharded_load import LOAD_TIMEOUT_S, effective_layout, effective_tp, load_rank
     from agents.runtime.distributed import launch
 
     tp = effective_tp(ctx)[0]
@@ -88,14 +88,14 @@ def serve_command(ctx: StageContext, tp: int, ep: int, pp: int) -> list[str]:
 
 
 def _follow_serve(ctx: StageContext) -> None:
-    from agents.pipeline.load_sharded import effective_layout
+    from agents.pipeline.support.sharded_load import effective_layout
 
     tp, ep, pp = effective_layout(ctx)
     log_path = Path(ctx.workdir) / f"serve-node{ctx.node.node_rank}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         proc = subprocess.Popen(serve_command(ctx, tp, ep, pp), stdout=log, stderr=subprocess.STDOUT,
-                                cwd=Path(__file__).resolve().parents[2])
+                                cwd=Path(__file__).resolve().parents[3])
         try:
             while proc.poll() is None:  # until node 0's server stops (its rank 0 releases our ranks)
                 if ctx.cancel_event.wait(0.5):
@@ -112,7 +112,7 @@ def _follow_serve(ctx: StageContext) -> None:
 
 
 def _follow_comm(ctx: StageContext) -> None:
-    from agents.pipeline import comm
+    from agents.pipeline.stages import comm
 
     comm.run(ctx)
 

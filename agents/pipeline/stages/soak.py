@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.pipeline import serve
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.stages import serve
+from agents.pipeline.support.context import StageContext, StageFailed
 
 DEFAULTS: dict[str, Any] = {
     "seconds": 60.0,  # hours on a real host; about a minute in tests

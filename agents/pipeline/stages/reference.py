@@ -17,8 +17,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from agents.pipeline import challenge_answers as answers
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.support import challenge_answers as answers
+from agents.pipeline.support.context import StageContext, StageFailed
 
 WHERE = "reference_pool"
 
@@ -33,9 +33,9 @@ def _version(pool: Mapping[str, Any]) -> str:
 
 def run(ctx: StageContext) -> dict[str, Any]:
     """The reference section: pool_version, nonce, top_k, e2e, mc, qa, ppl, needle (docs/references.md)."""
-    from agents.pipeline.align_common import reference_model, tokenizer
-    from agents.pipeline.align_e2e import eos_token_ids
-    from agents.pipeline.eval_backends import ReferenceLM
+    from agents.pipeline.stages.align.e2e import eos_token_ids
+    from agents.pipeline.support.lm_backends import ReferenceLM
+    from agents.pipeline.support.models import reference_model, tokenizer
 
     pool = ctx.reference_pool
     if not isinstance(pool, Mapping):

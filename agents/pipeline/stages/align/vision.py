@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext, StageFailed
 
 IMAGE_PROMPTS: tuple[tuple[str, int], ...] = (
     ("Describe this picture.", 0),
@@ -61,7 +61,7 @@ def probe_images(ctx: StageContext) -> list[Any]:
     """Deterministic pictures of two sizes (the processor resizes and crops them)."""
     from PIL import Image
 
-    from agents.pipeline.serve import probe_image_png
+    from agents.pipeline.stages.serve import probe_image_png
 
     return [Image.open(io.BytesIO(probe_image_png(side))).convert("RGB") for side in (64, 48)]
 
@@ -82,7 +82,7 @@ def _processor(ctx: StageContext) -> Any:
 def run(ctx: StageContext, target: Any | None = None) -> dict[str, Any]:
     """The ``vision`` part of the align section: ``encoder`` and ``projector`` rows per image, ``e2e`` per image
     prompt, ``passed``."""
-    from agents.pipeline.align_common import align_thresholds, fp32_target
+    from agents.pipeline.support.models import align_thresholds, fp32_target
 
     thresholds = align_thresholds(ctx)
     min_cos, max_rel = thresholds.get("vision_min_cosine", 0.9999), thresholds.get("vision_max_rel_err", 1e-3)

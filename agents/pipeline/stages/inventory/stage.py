@@ -15,11 +15,9 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.env import dispatch_key_for
-from agents.pipeline.inventory_capture import OperatorRecorder, OpRecord
-from agents.pipeline.inventory_classify import STATUSES, Classifier, classify_ops
-from agents.pipeline.inventory_model import (
+from agents.pipeline.stages.env import dispatch_key_for
+from agents.pipeline.stages.inventory.classify import STATUSES, Classifier, classify_ops
+from agents.pipeline.stages.inventory.model import (
     PREFILL_TOKENS,
     device_usable,
     runtime_model,
@@ -27,6 +25,8 @@ from agents.pipeline.inventory_model import (
     transformers_model,
     transformers_steps,
 )
+from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.op_capture import OperatorRecorder, OpRecord
 
 __all__ = ["STATUSES", "Classifier", "OpRecord", "OperatorRecorder", "capture", "classify_ops", "run"]
 
