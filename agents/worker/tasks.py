@@ -265,9 +265,9 @@ def _finish(client: PortalClient, sender: SpoolSender, outbox: ResultOutbox, job
 def run_node(task: Any, client: PortalClient, job_id: int, job: dict[str, Any], spec: dict[str, Any],
              rank: int) -> dict[str, Any] | None:
     """A multi-node job's node ``rank`` > 0 on this agent: claim the node, run its ranks of the job's ranked
-    stages (``agents.pipeline.support.nodes.follow``), post its stage events to the node's log and say how it ended.
+    stages (``agents.pipeline.follower.follow``), post its stage events to the node's log and say how it ended.
     Node 0 claims the job, posts the results and finishes it."""
-    from agents.pipeline.support.nodes import follow
+    from agents.pipeline.follower import follow
     from agents.pipeline.tiers import DEFAULT_STAGES
 
     attempt = spec.get("attempt")

@@ -12,7 +12,8 @@ import pytest
 from agents.pipeline.runner import run_pipeline
 from agents.pipeline.stages import comm
 from agents.pipeline.stages.comm import CommSettings, a2a_split, bus_factor, measure, merge_ranks, ops_for_layout
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.tiers import stage_passed
 
 SMALL = dict(dtypes=("float32",), min_bytes=256, max_bytes=4096, factor=16, iters=3, warmup=1, op_timeout_s=20.0)

@@ -63,6 +63,7 @@ def test_align_then_serve_and_bench_carry_compile_evidence(tmp_path, monkeypatch
     bench compares it with an eager server at one level."""
     from agents.pipeline.stages import bench, serve
     from agents.pipeline.stages.align import compiled as align_compiled
+    from agents.pipeline.support.server import stop_server
 
     monkeypatch.setenv("DAY0_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
     ctx = _ctx(tmp_path, concurrency=[1], num_prompts=2, output_len=8, long_context=False)
@@ -76,7 +77,7 @@ def test_align_then_serve_and_bench_carry_compile_evidence(tmp_path, monkeypatch
         assert evidence["cache"]["fxgraph_hit"] >= 1 and evidence["cache"]["fxgraph_miss"] == 0, evidence["cache"]
         result = bench.run(ctx)
     finally:
-        serve.stop(ctx)
+        stop_server(ctx)
     comparison = result["compile"]
     assert comparison["concurrency"] == 1 and comparison["eager"]["output_tok_s"] > 0
     assert comparison["compiled"]["output_tok_s"] == result["runs"][0]["output_tok_s"]
@@ -105,8 +106,8 @@ def test_the_portal_recomputes_compiled_against_eager_tokens():
 
 
 def test_the_bench_compares_only_a_server_the_serve_stage_saw_compiled(tmp_path):
-    from agents.pipeline.support import compiled
+    from agents.pipeline.stages import bench
 
     ctx = _ctx(tmp_path)
-    block = compiled.bench_compare(ctx, {"runs": [{"concurrency": 1, "output_tok_s": 10.0}]}, {"concurrency": [1]})
+    block = bench.compile_compare(ctx, {"runs": [{"concurrency": 1, "output_tok_s": 10.0}]}, {"concurrency": [1]})
     assert block["enabled"] is False and "no compile evidence" in block["reason"]

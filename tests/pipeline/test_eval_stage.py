@@ -11,7 +11,7 @@ import yaml
 
 from agents.pipeline import eval_needle, eval_tasks
 from agents.pipeline.stages.eval import stage as eval_stage
-from agents.pipeline.support.context import StageFailed
+from agents.pipeline.support.errors import StageFailed
 
 
 def _words(text: str) -> list[int]:

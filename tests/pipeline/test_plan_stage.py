@@ -6,7 +6,8 @@ import pytest
 
 from agents.pipeline.runner import run_pipeline
 from agents.pipeline.stages.plan import run
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.report import section_problems
 from agents.runtime.hardware import find_config, get_hardware
 

@@ -76,7 +76,7 @@ def _certify(api_client: Any, model: Any, hardware: Any, token: Any, model_dir: 
     try:
         report = run_pipeline(ctx, list(stages))
     finally:
-        server = ctx.shared.get("server")
+        server = ctx.state.server
         if server is not None:
             server.stop()
     sections = report["stages"]

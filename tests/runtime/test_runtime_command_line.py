@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.pipeline.stages.serve import ServerProcess
-from agents.pipeline.support.context import StageFailed
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.server_process import ServerProcess
 from agents.runtime.commands.serve import serve_command
 from day0portal.cli import build_parser, main
 

@@ -20,8 +20,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.nodes import stage_node
+from agents.pipeline.support.server import stop_server
 
 COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 REDUCING = frozenset({"all_reduce", "reduce_scatter"})
@@ -448,10 +450,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     ctx.emit("log", f"collectives {', '.join(settings.ops) or '-'} over {ranks} ranks "
                     f"({'NCCL' if cuda else 'gloo'}), dtypes {', '.join(settings.dtypes)}, "
                     f"{settings.min_bytes}-{settings.max_bytes} B")
-    if node is not None and ctx.shared.get("server") is not None:
-        from agents.pipeline.stages import serve  # its last users (bench, eval, soak) ran before comm
-
-        serve.stop(ctx)  # the other nodes' serve ranks end with it and join this stage's rendezvous
+    if node is not None and ctx.state.server is not None:  # its last users (bench, eval, soak) ran before comm
+        stop_server(ctx)  # the other nodes' serve ranks end with it and join this stage's rendezvous
     section = measure(ranks, settings, node=node)
     section["layout"] = {"tp": tp, "pp": pp, "ep": ep}
     if node is not None:

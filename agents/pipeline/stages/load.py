@@ -1,18 +1,20 @@
 """The ``load`` stage: strict streaming load of the checkpoint with the bundled runtime's loader.
 
-At TP=1 the model loads in this process and goes to ``ctx.shared["model"]`` so later stages (inventory, align,
-eval) run on it. At TP>1 (``load_sharded.effective_tp``: the job's override, else the plan clipped to this
+At TP=1 the model loads in this process and goes to ``ctx.state.model`` so later stages (inventory, align,
+eval) run on it. At TP>1 (``support.layout.effective_tp``: the job's override, else the plan clipped to this
 host's devices) ``tp`` ranks each load their slice and the section merges them; inventory, align and eval then
 load a TP=1 copy in this process when they need one (the align stage checks that its reference fits). A
-portal job's weight challenge (``weight_probe.py``) is answered from the loaded shards at the end."""
+portal job's weight challenge (``support.weight_probe``) is answered from the loaded shards at the end."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from agents.pipeline.support.context import StageContext, StageFailed
-from agents.pipeline.support.sharded_load import effective_layout, effective_tp, load_sharded
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.layout import effective_layout, effective_tp
+from agents.pipeline.support.sharded_load import load_sharded
 from agents.pipeline.support.weight_probe import ChallengeError, answer_challenge
 
 PROGRESS_INTERVAL_S = 0.5
@@ -58,8 +60,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         )
     except LoadError as exc:
         raise StageFailed(str(exc)) from exc
-    ctx.shared["model"] = result.model
-    ctx.shared["model_config"] = result.config
+    ctx.state.model = result.model
     section = dict(result.report)
     section.setdefault("path", getattr(result.model, "path", None))
     section.setdefault("tp", 1)  # loaded in this process

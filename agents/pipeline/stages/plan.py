@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
 
 
 def hardware_memory(hardware: Any) -> tuple[dict[str, Any], int, int]:

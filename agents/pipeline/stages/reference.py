@@ -1,6 +1,6 @@
 """The ``reference`` stage of a reference run (a job with ``purpose: "reference"`` on staff-operated hardware,
 docs/references.md): every item of the job's ``reference_pool`` answered by ``transformers`` in fp32 on CPU
-(``align_common.reference_model``), the outputs the portal keeps and scores the targets' raw outputs against.
+(``support.models.reference_model``), the outputs the portal keeps and scores the targets' raw outputs against.
 
 * ``e2e``: the greedy continuation (argmax of the fp32 logits with the KV cache, ending after an end-of-sequence
   token or ``max_tokens``) and, at every position, the chosen token's logprob then the other ``top_k`` best;
@@ -18,7 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from agents.pipeline.support import challenge_answers as answers
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.lm_backends import ReferenceLM
+from agents.pipeline.support.models import eos_token_ids, reference_model, tokenizer
 
 WHERE = "reference_pool"
 
@@ -33,10 +36,6 @@ def _version(pool: Mapping[str, Any]) -> str:
 
 def run(ctx: StageContext) -> dict[str, Any]:
     """The reference section: pool_version, nonce, top_k, e2e, mc, qa, ppl, needle (docs/references.md)."""
-    from agents.pipeline.stages.align.e2e import eos_token_ids
-    from agents.pipeline.support.lm_backends import ReferenceLM
-    from agents.pipeline.support.models import reference_model, tokenizer
-
     pool = ctx.reference_pool
     if not isinstance(pool, Mapping):
         raise StageFailed("the reference stage answers the job's reference_pool, and this job carries none")
@@ -49,8 +48,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     tok = tokenizer(ctx)
     if tok is None:
         raise StageFailed("the reference stage needs the model's tokenizer, and the checkpoint has none")
-    for key in ("model", "model_fp32"):  # the last stage: the runtime's copy of the weights is not needed now
-        ctx.shared.pop(key, None)
+    ctx.state.drop_models()  # the last stage: the runtime's copy of the weights is not needed now
     ctx.emit("log", f"reference: {total} pool items ({', '.join(f'{len(v)} {k}' for k, v in items.items() if v)}) "
                     "through transformers float32 cpu")
     lm = ReferenceLM(reference_model(ctx), tok)

@@ -19,8 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.pipeline.stages import serve
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.server import start_server, stop_server
+from agents.pipeline.support.server_process import ServerProcess
 
 DEFAULTS: dict[str, Any] = {
     "seconds": 60.0,  # hours on a real host; about a minute in tests
@@ -107,7 +109,7 @@ class Supervisor:
 
     ctx: StageContext
     recover_timeout: float
-    server: Any = None
+    server: ServerProcess | None = None
     generation: int = 0  # bumped on each (re)start: samples of another process are not one memory series
     exits: list[dict[str, Any]] = field(default_factory=list)
     recover_seconds: float | None = None
@@ -143,7 +145,7 @@ class Supervisor:
             self.server.stop()
             started = self.injected_at if injected else down_at
             try:
-                self.server = serve.start_server(self.ctx)
+                self.server = start_server(self.ctx)
                 self.generation += 1
                 remaining = self.recover_timeout - (time.monotonic() - started)
                 self.server.wait_ready(max(remaining, 0.0) + (time.monotonic() - self.server.started), None)
@@ -270,9 +272,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     on CUDA the slope of allocated bytes), crashes, recover_seconds, abnormal, thresholds, reasons."""
     settings = soak_settings(ctx.bench.get("soak"))
     seconds, window = float(settings["seconds"]), float(settings["window_seconds"])
-    server = ctx.shared.get("server")
+    server = ctx.state.server
     if server is None or server.proc.poll() is not None:
-        server = serve.start_server(ctx)
+        server = start_server(ctx)
     ready_seconds = server.wait_ready(float(settings["ready_timeout"]), ctx)
     sup = Supervisor(ctx, float(settings["recover_timeout"]), server=server)
     sup.ready.set()
@@ -331,8 +333,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
             c.join(timeout=70)
         sup.stop()
         watcher.join(timeout=float(settings["recover_timeout"]) + 30)
-        ctx.shared["server"] = sup.server
-        serve.stop(ctx)
+        ctx.state.server = sup.server
+        stop_server(ctx)
     return judge(settings, windows, samples, sup, tally, ready_seconds, time.monotonic() - start, device)
 
 

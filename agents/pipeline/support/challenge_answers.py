@@ -1,7 +1,7 @@
 """What an agent runs for the portal's reference pool and challenges (docs/references.md): the items' checks, their
-token ids, and each kind's raw outputs from one model backend: ``eval_backends.ReferenceLM`` (the ``reference``
-stage, transformers fp32) or ``eval_backends.ServedLM`` (the ``eval`` stage's served target). The e2e answers of
-the target come from the runtime itself (``align_e2e.target_greedy_top``).
+token ids, and each kind's raw outputs from one model backend: ``lm_backends.ReferenceLM`` (the ``reference``
+stage, transformers fp32) or ``lm_backends.ServedLM`` (the ``eval`` stage's served target). The e2e answers of
+the target come from the runtime itself (``stages/align/e2e.py``: ``target_greedy_top``).
 
 Both sides build the same token ids from the same item: mc pairs by the harness's context/continuation split
 (``eval_tasks.encode_pair``, each choice as given: it carries its delimiter, " Paris"), qa prompts and needle
@@ -17,7 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agents.pipeline import eval_needle, eval_tasks
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.models import encode, tokenizer
 
 KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl", "needle")
 EVAL_KINDS: tuple[str, ...] = ("mc", "qa", "ppl", "needle")
@@ -153,10 +155,8 @@ def prefix_token(tok: Any) -> int:
 
 
 def e2e_prompts(ctx: StageContext, items: Sequence[Mapping[str, Any]]) -> tuple[list[list[int]], list[int]]:
-    """Each e2e item's prompt ids (``align_common.encode``: chat items through the chat template) and its
+    """Each e2e item's prompt ids (``models.encode``: chat items through the chat template) and its
     ``max_tokens`` clipped to the context left after the prompt."""
-    from agents.pipeline.support.models import encode, tokenizer
-
     if tokenizer(ctx) is None:
         raise StageFailed("the e2e items need the model's tokenizer, and the checkpoint has none")
     prompts, _ = encode(ctx, [item["prompt"] for item in items], chat=tuple(item["chat"] for item in items))

@@ -1,7 +1,7 @@
-"""The stage interface: every stage module exposes ``run(ctx: StageContext) -> dict`` returning its report
-section (DESIGN.md §6 keys). A stage that cannot continue raises ``StageFailed`` with a message naming what
-was wrong; a stage whose section says "not passing" (align.passed false, load.ok false …) also stops the
-pipeline — the runner decides that with ``agents.pipeline.verdicts``."""
+"""The stage interface: every stage is a ``run(ctx: StageContext) -> dict`` returning its report section
+(DESIGN.md §6 keys), registered in ``agents.pipeline.registry``. A stage that cannot continue raises
+``StageFailed`` with a message naming what was wrong; a stage whose section says "not passing" (align.passed
+false, load.ok false …) also stops the pipeline — the runner decides that with ``agents.pipeline.verdicts``."""
 
 from __future__ import annotations
 
@@ -11,14 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-class StageFailed(Exception):
-    """A stage could not produce passing evidence; the message goes to the report's ``error``."""
-
-
-class JobCancelled(Exception):
-    """Raised between steps when the job was cancelled."""
-
+from agents.pipeline.support.errors import JobCancelled
+from agents.pipeline.support.state import JobState
 
 # emit(kind, message, *, level="info", data=None): kinds are "stage_started", "stage_finished", "progress",
 # "log", "result". The agent turns these into ordered events posted to the portal; standalone `day0 adapt`
@@ -33,7 +27,8 @@ def _print_emit(kind: str, message: str, *, level: str = "info", data: dict | No
 
 @dataclass
 class StageContext:
-    """Everything a stage needs. ``results`` holds the sections of the stages already run in this job."""
+    """Everything a stage needs. ``results`` holds the sections of the stages already run in this job, ``state``
+    the objects they handed on (a loaded model, a server)."""
 
     model_dir: Path | None  # None: config-only (meta device) for plan/inventory of huge models
     config: dict[str, Any]  # the model's config.json
@@ -51,7 +46,7 @@ class StageContext:
     # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (``day0 adapt
     # --manifest FILE``; a portal job never carries it: the portal compares); the load fails on any disagreement
     manifest: list[dict[str, Any]] | None = None
-    # the portal's weight challenge of this attempt (``agents/pipeline/support/weight_probe.py``): a reference run's
+    # the portal's weight challenge of this attempt (``support/weight_probe.py``): a reference run's
     # ``{"count", "length", "positions"}`` to sample each shard at, or a certify job's ``{"nonce", "probes"}``
     weight_samples: dict[str, Any] | None = None
     weight_probe: dict[str, Any] | None = None
@@ -68,7 +63,7 @@ class StageContext:
     emit_fn: Emit = _print_emit
     cancel_event: threading.Event = field(default_factory=threading.Event)
     current_stage: str = ""
-    shared: dict[str, Any] = field(default_factory=dict)  # objects stages hand on (a loaded model, a server)
+    state: JobState = field(default_factory=JobState)
 
     def emit(self, kind: str, message: str, *, level: str = "info", data: dict | None = None) -> None:
         self.emit_fn(kind, message, level=level, data=data, stage=self.current_stage)

@@ -1,6 +1,6 @@
 """The two sides of the eval stage, answering the same token-id requests:
 
-* ``ReferenceLM``: ``transformers`` in fp32 on CPU (the model ``align_common.reference_model`` loads);
+* ``ReferenceLM``: ``transformers`` in fp32 on CPU (the model ``support.models.reference_model`` loads);
 * ``ServedLM``: the target as it is served, through the OpenAI-compatible ``/v1/completions`` of the server the
   serve stage started: log-likelihoods from ``echo`` + ``logprobs`` (the prompt's own token logprobs),
   generations from greedy ``max_tokens`` with ``stop``. Prompts go as token ids, so both sides see the same

@@ -1,8 +1,11 @@
-"""What the align and eval stages share: the reference (``transformers`` fp32 on CPU, same weights), the target
-(our runtime model on the job's device and dtype), the tokenizer, thresholds, and batched forwards on both."""
+"""What the align, eval, serve and reference stages share: the reference (``transformers`` fp32 on CPU, same
+weights), the target (our runtime model on the job's device and dtype), the tokenizer and the model's
+end-of-sequence ids, align thresholds, and batched forwards on both. Each model is made once per job and kept in
+``ctx.state``."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -10,7 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.vision_reference import reference_decoder
 from agents.pipeline.thresholds import ALIGN as ALIGN_THRESHOLDS
 from agents.runtime.context import ForwardContext
 from agents.runtime.engine.multimodal import config_takes_images
@@ -27,8 +32,8 @@ def align_thresholds(ctx: StageContext) -> dict[str, float]:
 
 
 def target_model(ctx: StageContext) -> Any:
-    """Our runtime model: the one the load stage left in ``ctx.shared``, else loaded now."""
-    model = ctx.shared.get("model")
+    """Our runtime model: the one the load stage left in ``ctx.state.model``, else loaded now."""
+    model = ctx.state.model
     if model is not None:
         return model
     if ctx.model_dir is None:
@@ -39,17 +44,17 @@ def target_model(ctx: StageContext) -> Any:
         result = load_model(ctx.model_dir, dtype=ctx.dtype, device=ctx.device)
     except LoadError as exc:
         raise StageFailed(f"cannot load the target model: {exc}") from exc
-    ctx.shared["model"] = result.model
+    ctx.state.model = result.model
     return result.model
 
 
 def fp32_target(ctx: StageContext) -> Any:
     """The runtime model in fp32 on the job's device: the target itself when it is fp32, else loaded once and
-    kept in ``ctx.shared["model_fp32"]`` (the layer report and the KV-cache check share it)."""
-    model = ctx.shared.get("model_fp32")
+    kept in ``ctx.state.model_fp32`` (the layer report and the KV-cache check share it)."""
+    model = ctx.state.model_fp32
     if model is not None:
         return model
-    target = ctx.shared.get("model")
+    target = ctx.state.model
     first = next(iter(target.parameters()), None) if hasattr(target, "parameters") else None
     if first is not None and first.dtype == torch.float32:
         return target
@@ -61,7 +66,7 @@ def fp32_target(ctx: StageContext) -> Any:
         model = load_model(ctx.model_dir, dtype="float32", device=ctx.device, stats=False).model
     except LoadError as exc:
         raise StageFailed(f"cannot load the model in fp32: {exc}") from exc
-    ctx.shared["model_fp32"] = model
+    ctx.state.model_fp32 = model
     return model
 
 
@@ -83,7 +88,7 @@ def _check_reference_fits(ctx: StageContext) -> None:
 
 def reference_model(ctx: StageContext) -> nn.Module:
     """``transformers``' own implementation in fp32 on CPU, loaded from the same checkpoint (cached)."""
-    ref = ctx.shared.get("reference_model")
+    ref = ctx.state.reference_model
     if ref is not None:
         return ref
     if ctx.model_dir is None:
@@ -94,31 +99,51 @@ def reference_model(ctx: StageContext) -> nn.Module:
 
     hf_logging.disable_progress_bar()
     if config_takes_images(ctx.config):  # the text checks run on the reference's own decoder
-        from agents.pipeline.stages.align.vision import reference_decoder
-
         ref = reference_decoder(ctx)
-        ctx.shared["reference_model"] = ref
+        ctx.state.reference_model = ref
         return ref
     try:
         ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
     except (ValueError, OSError, KeyError) as exc:
         raise StageFailed(f"the transformers reference cannot load {ctx.model_dir}: {exc}") from exc
     ref.eval()
-    ctx.shared["reference_model"] = ref
+    ctx.state.reference_model = ref
     return ref
 
 
 def tokenizer(ctx: StageContext) -> Any | None:
     """The model's own tokenizer, or None when the checkpoint ships none (cached)."""
-    if "tokenizer" in ctx.shared:
-        return ctx.shared["tokenizer"]
+    if ctx.state.tokenizer_loaded:
+        return ctx.state.tokenizer
     tok = None
     if ctx.model_dir is not None and any((ctx.model_dir / n).exists() for n in ("tokenizer.json", "tokenizer.model")):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(ctx.model_dir)
-    ctx.shared["tokenizer"] = tok
+    ctx.state.tokenizer, ctx.state.tokenizer_loaded = tok, True
     return tok
+
+
+def eos_token_ids(ctx: StageContext) -> set[int]:
+    """The model's end-of-sequence ids: ``config.json``, ``generation_config.json`` and the tokenizer's."""
+    ids: set[int] = set()
+
+    def add(value: Any) -> None:
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and not isinstance(v, bool):
+                ids.add(v)
+
+    add(ctx.config.get("eos_token_id"))
+    gen = ctx.model_dir / "generation_config.json" if ctx.model_dir is not None else None
+    if gen is not None and gen.is_file():
+        try:
+            add(json.loads(gen.read_text()).get("eos_token_id"))
+        except (OSError, ValueError, AttributeError):
+            pass
+    tok = tokenizer(ctx)
+    if tok is not None:
+        add(getattr(tok, "eos_token_id", None))
+    return ids
 
 
 def vocab_size(ctx: StageContext) -> int:

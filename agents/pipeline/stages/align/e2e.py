@@ -21,10 +21,14 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.support.context import JobCancelled, StageContext
+from agents.pipeline.support import challenge_answers as answers
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import JobCancelled
+from agents.pipeline.support.lm_backends import top_entries
 from agents.pipeline.support.models import (
     decode_token,
     encode,
+    eos_token_ids,
     perplexity,
     reference_forward,
     target_forward,
@@ -61,30 +65,6 @@ def compare_step(ref_logits: torch.Tensor, target_logits: torch.Tensor, ref_toke
     ref_top = set(ref_logits.topk(k).indices.tolist())
     target_top = set(target_logits.topk(k).indices.tolist())
     return target_token, target_token in ref_top and ref_token in target_top
-
-
-def eos_token_ids(ctx: StageContext) -> set[int]:
-    """The model's end-of-sequence ids: ``config.json``, ``generation_config.json`` and the tokenizer's."""
-    import json
-
-    ids: set[int] = set()
-
-    def add(value: Any) -> None:
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, int) and not isinstance(v, bool):
-                ids.add(v)
-
-    add(ctx.config.get("eos_token_id"))
-    gen = ctx.model_dir / "generation_config.json" if ctx.model_dir is not None else None
-    if gen is not None and gen.is_file():
-        try:
-            add(json.loads(gen.read_text()).get("eos_token_id"))
-        except (OSError, ValueError, AttributeError):
-            pass
-    tok = tokenizer(ctx)
-    if tok is not None:
-        add(getattr(tok, "eos_token_id", None))
-    return ids
 
 
 def reference_greedy(ref: torch.nn.Module, prompt: list[int], steps: int, eos: set[int] | frozenset[int] = frozenset(),
@@ -190,8 +170,7 @@ def target_greedy_top(ctx: StageContext, model: Any, prompts: list[list[int]], l
                       ) -> list[dict[str, Any]]:
     """Per prompt the target's greedy continuation through the runtime's engine (ending at the model's
     end-of-sequence tokens or ``limits[i]`` tokens) with each position's logprobs: ``{"tokens", "top_logprobs",
-    "prompt_tokens"}`` in the reference stage's shape (``eval_backends.top_entries``)."""
-    from agents.pipeline.support.lm_backends import top_entries
+    "prompt_tokens"}`` in the reference stage's shape (``support.lm_backends.top_entries``)."""
     from agents.runtime.engine import LLMEngine, SamplingParams
     from agents.runtime.engine.tokenizer import Tokenizer
 
@@ -226,8 +205,6 @@ def challenge_raw(ctx: StageContext, target: Any) -> tuple[dict[str, Any] | None
     [{"id", "tokens", "top_logprobs", "prompt_tokens"}]}``; None without such a challenge. A challenge the
     target cannot answer leaves ``items`` empty and says why in ``error`` (the portal then calls it
     incomplete)."""
-    from agents.pipeline.support import challenge_answers as answers
-
     challenge = ctx.challenge
     if not isinstance(challenge, dict) or not challenge.get("e2e"):
         return None, []

@@ -12,6 +12,7 @@ import torch
 
 from agents.pipeline import thresholds
 from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.models import fp32_target
 
 DEFAULT_THRESHOLD = 1e-4
 BLOCK_SIZE = 16
@@ -19,8 +20,6 @@ PREFILL_CHUNK = 37  # deliberately not a multiple of the block size
 
 
 def _fp32_model(ctx: StageContext) -> Any:
-    from agents.pipeline.support.models import fp32_target
-
     return fp32_target(ctx)
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.support.context import StageContext, StageFailed
-from agents.pipeline.support.models import decoder_layers, reference_forward, target_forward
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.models import decoder_layers, fp32_target, reference_forward, target_forward
 
 
 def compare(target: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
@@ -48,8 +49,6 @@ def run_layers(ctx: StageContext, target: Any, ref: torch.nn.Module, seqs: list[
         notes.append(f"the target reported {len(target_layers)} layers, the reference has {num_layers}")
     fp32_layers = None
     if ctx.dtype != "float32":
-        from agents.pipeline.support.models import fp32_target
-
         _, fp32_layers = target_forward(ctx, fp32_target(ctx), seqs, hidden_states=True)
         notes.append(f"layers: the {ctx.dtype} target against the fp32 reference; fp32_cosine is the runtime in fp32")
     rows: list[dict[str, Any]] = []

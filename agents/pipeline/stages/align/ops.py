@@ -6,7 +6,7 @@ row- or column-major weights as the model stores them), its attention (no cache,
 router class, its rotary layout, MLA, RMSNorm, SwiGLU and MoE experts — with its parameters swapped for fixed
 random values (seed 0) through ``torch.func.functional_call``. The values are drawn in the checkpoint's own form
 (q/k/v, gate/up, per-expert w1/w3/w2) and packed by the parameters' own ``weight_loader``; the reference
-(``align_refs``) is float64 math written from the family's published definition and the model's ``config.json``,
+(``refs``) is float64 math written from the family's published definition and the model's ``config.json``,
 fed those same checkpoint tensors. A module class with parameters (or a leaf) that no check covers is listed as
 ``unchecked``, never silently passed; the model on the transformers fallback has nothing of the runtime's own to
 check and says so.
@@ -31,8 +31,10 @@ from torch import nn
 from torch.func import functional_call
 
 from agents.pipeline.stages.align import refs as ref
-from agents.pipeline.support.context import StageContext, StageFailed
-from agents.pipeline.support.models import paged_context
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.models import paged_context, target_model
+from agents.pipeline.support.op_capture import OperatorRecorder
 from agents.pipeline.thresholds import OPS as OP_THRESHOLDS
 from agents.runtime.context import ForwardContext
 
@@ -80,8 +82,6 @@ class Probe:
     def target(self) -> Iterator[None]:
         """Runs the module's code under a recorder: the operators the check exercised (the reference's math is
         never recorded)."""
-        from agents.pipeline.support.op_capture import OperatorRecorder
-
         recorder = OperatorRecorder()
         with torch.inference_mode(), recorder:
             yield
@@ -524,8 +524,6 @@ def run_checks(model: Any, config: dict[str, Any], *, thresholds: dict[str, floa
 
 def run(ctx: StageContext) -> dict[str, Any]:
     """The operator part of the ``align`` section: ``{"ops": [...], "unchecked": [...], "passed", "thresholds"}``."""
-    from agents.pipeline.support.models import target_model
-
     th = {**DEFAULT_THRESHOLDS, **{k: v for k, v in ctx.thresholds.items() if k in DEFAULT_THRESHOLDS}}
     model = target_model(ctx)
     config = ctx.config.get("text_config") or ctx.config  # a vision-language model: its decoder's operators

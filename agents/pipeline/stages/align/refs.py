@@ -1,4 +1,4 @@
-"""Independent float64 references of the operators ``align_ops`` checks, written from the published math of each
+"""Independent float64 references of the operators ``ops`` checks, written from the published math of each
 family and the model's ``config.json`` alone: nothing here imports or calls the runtime's layers, and none of
 them reuses the runtime's torch expression (no ``F.linear``, ``F.silu``, ``softmax``, ``scaled_dot_product_attention``
 or ``F.rms_norm``; products are float64 matmuls, activations and softmax are written with ``exp``).

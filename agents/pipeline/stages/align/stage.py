@@ -1,42 +1,41 @@
 """The ``align`` stage: the target (our runtime model on the job's device and dtype) against the reference
-(``transformers`` fp32 on CPU, same weights) — per operator (``align_ops``), per layer, end to end, and the
-KV-cache consistency check (``align_kv``). Thresholds: DESIGN.md §4 defaults, overridable per job."""
+(``transformers`` fp32 on CPU, same weights) — per operator (``ops``), per layer, end to end, and the KV-cache
+consistency check (``kv``); for a vision-language model its image path (``vision``), for a job on the compiled
+path compiled against eager tokens (``compiled``). Thresholds: DESIGN.md §4 defaults, overridable per job."""
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from typing import Any
 
+from agents.pipeline.stages.align import compiled as compiled_part
+from agents.pipeline.stages.align import kv, ops, vision
 from agents.pipeline.stages.align.e2e import PROMPTS, challenge_raw, run_e2e
 from agents.pipeline.stages.align.layers import run_layers
-from agents.pipeline.support.context import JobCancelled, StageContext
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import JobCancelled
 from agents.pipeline.support.models import align_thresholds, encode, reference_model, target_model
 from agents.runtime.engine.multimodal import config_takes_images
 
-# optional parts owned by other modules: section key -> module
-PARTS: dict[str, str] = {"ops": "agents.pipeline.stages.align.ops",
-                         "kv_cache": "agents.pipeline.stages.align.kv",
-                         "vision": "agents.pipeline.stages.align.vision",
-                         "compile": "agents.pipeline.stages.align.compiled"}
+# the checks that run as parts of the section, each in its own module: section key -> the part's run(ctx)
+PARTS: dict[str, Callable[[StageContext], Any]] = {"ops": ops.run, "kv_cache": kv.run, "vision": vision.run,
+                                                   "compile": compiled_part.run}
 
 
 def _run_part(ctx: StageContext, section: dict[str, Any], notes: list[str], key: str) -> None:
-    """Merge a part into ``section``. A part whose module is absent, or that crashes, leaves the section
+    """Merge a part into ``section``. A part that is not registered, or that crashes, leaves the section
     *incomplete* (``missing`` names it, ``passed`` is false) but keeps the other parts' evidence."""
-    module_name = PARTS[key]
+    part_run = PARTS.get(key)
+    if part_run is None:
+        section.setdefault("missing", []).append(key)
+        section.setdefault("part_errors", {})[key] = f"no {key} check is registered"
+        notes.append(f"{key} not checked: no {key} check is registered (the section is incomplete)")
+        return
     try:
-        module = importlib.import_module(module_name)
         ctx.emit("log", f"align: {key} check started")
-        part = module.run(ctx)
+        part = part_run(ctx)
     except (JobCancelled, KeyboardInterrupt):
         raise
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        section.setdefault("missing", []).append(key)
-        section.setdefault("part_errors", {})[key] = f"{module_name} is not available"
-        notes.append(f"{key} not checked: {module_name} is not available (the section is incomplete)")
-        return
     except Exception as exc:  # the other checks' evidence is still worth keeping
         section.setdefault("part_errors", {})[key] = f"{type(exc).__name__}: {exc}"
         notes.append(f"{key} check failed to run: {type(exc).__name__}: {exc}")

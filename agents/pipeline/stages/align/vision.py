@@ -3,8 +3,8 @@ encoder's selected hidden states and the projector's output (cosine similarity a
 then an end-to-end greedy comparison on image + text prompts, the runtime's engine (paged, chunked prefill,
 image features in place of the placeholders) against the reference's ``generate``.
 
-The text-only checks (operators, layers, e2e, KV cache) run on the decoder: ``reference_decoder`` gives the
-reference's own language model and LM head as a causal LM, so those checks see the same modules."""
+The text-only checks (operators, layers, e2e, KV cache) run on the decoder: ``support.vision_reference`` gives
+the reference's own language model and LM head as a causal LM, so those checks see the same modules."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.endpoints import probe_image_png
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.models import align_thresholds, fp32_target
+from agents.pipeline.support.vision_reference import reference_vlm
 
 IMAGE_PROMPTS: tuple[tuple[str, int], ...] = (
     ("Describe this picture.", 0),
@@ -23,45 +27,9 @@ IMAGE_PROMPTS: tuple[tuple[str, int], ...] = (
 NEW_TOKENS = 12
 
 
-def reference_vlm(ctx: StageContext) -> nn.Module:
-    """The whole vision-language model in ``transformers`` fp32 on CPU (cached in ``ctx.shared``)."""
-    ref = ctx.shared.get("reference_vlm")
-    if ref is not None:
-        return ref
-    import transformers
-
-    arch = (ctx.config.get("architectures") or [""])[0]
-    cls = getattr(transformers, arch, None) or transformers.AutoModelForImageTextToText
-    try:
-        ref = cls.from_pretrained(ctx.model_dir, dtype=torch.float32).eval()
-    except (ValueError, OSError, KeyError) as exc:
-        raise StageFailed(f"the transformers reference cannot load {ctx.model_dir}: {exc}") from exc
-    ctx.shared["reference_vlm"] = ref
-    return ref
-
-
-def reference_decoder(ctx: StageContext) -> nn.Module:
-    """The reference's language model and LM head as a ``transformers`` causal LM (the same modules, no copy);
-    where the decoder's config has no causal-LM class (Qwen2.5-VL's text model), the whole reference, which
-    answers text-only prompts as one (its ``get_decoder`` names the blocks the layer report compares)."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    full = reference_vlm(ctx)
-    text_config = full.config.get_text_config()
-    if type(text_config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        return full
-    lm = transformers.AutoModelForCausalLM.from_config(text_config, dtype=torch.float32)
-    lm.model = full.model.language_model
-    lm.lm_head = full.lm_head
-    return lm.eval()
-
-
 def probe_images(ctx: StageContext) -> list[Any]:
     """Deterministic pictures of two sizes (the processor resizes and crops them)."""
     from PIL import Image
-
-    from agents.pipeline.stages.serve import probe_image_png
 
     return [Image.open(io.BytesIO(probe_image_png(side))).convert("RGB") for side in (64, 48)]
 
@@ -82,8 +50,6 @@ def _processor(ctx: StageContext) -> Any:
 def run(ctx: StageContext, target: Any | None = None) -> dict[str, Any]:
     """The ``vision`` part of the align section: ``encoder`` and ``projector`` rows per image, ``e2e`` per image
     prompt, ``passed``."""
-    from agents.pipeline.support.models import align_thresholds, fp32_target
-
     thresholds = align_thresholds(ctx)
     min_cos, max_rel = thresholds.get("vision_min_cosine", 0.9999), thresholds.get("vision_max_rel_err", 1e-3)
     model = target if target is not None else fp32_target(ctx)
@@ -154,11 +120,11 @@ def _greedy_e2e(ctx: StageContext, ref: nn.Module, processor: Any, images: list[
     from agents.runtime.engine import LLMEngine, SamplingParams
     from agents.runtime.engine.multimodal import ImageInputs
 
-    engine = ctx.shared.get("vision_engine")
+    engine = ctx.state.vision_engine
     if engine is None:
         engine = LLMEngine(ctx.model_dir, dtype="float32", device=ctx.device, num_blocks=64,
                            max_num_batched_tokens=16)
-        ctx.shared["vision_engine"] = engine
+        ctx.state.vision_engine = engine
     out = []
     for question, index in IMAGE_PROMPTS:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]

@@ -1,5 +1,5 @@
 """The ``eval`` stage of a certify job that carries the portal's challenge (docs/references.md): exactly the drawn
-mc, qa, ppl and needle items, answered by the SERVED target (``eval_backends.ServedLM`` on the server the serve
+mc, qa, ppl and needle items, answered by the SERVED target (``support.lm_backends.ServedLM`` on the server the serve
 stage left, or one the eval stage started), posted as raw outputs for the portal to score against the reference
 it holds. No ``transformers`` reference is loaded: the agent holds none of the answers and claims no score
 (``passed`` is None, ``scored_by`` "portal"); the runner then does not stop on its own verdict of the section."""

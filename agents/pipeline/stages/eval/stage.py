@@ -17,7 +17,7 @@ task), ``eval_needle_lengths`` (prompt tokens; default: doubling from 256, then 
 cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight).
 
 A certify job carrying the portal's challenge runs only the drawn items through the served target and posts
-their raw outputs (``eval_challenge``): no reference is loaded, no score is claimed (docs/references.md)."""
+their raw outputs (``challenge``): no reference is loaded, no score is claimed (docs/references.md)."""
 
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from agents.pipeline import eval_needle, eval_tasks
-from agents.pipeline.stages import serve
 from agents.pipeline.stages.eval import challenge as eval_challenge
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.lm_backends import ReferenceLM, ServedError, ServedLM
 from agents.pipeline.support.models import reference_model, tokenizer
+from agents.pipeline.support.server import running_server, stop_server
 from agents.pipeline.thresholds import DEFAULTS as THRESHOLD_DEFAULTS
 
 TASKS: tuple[str, ...] = (*eval_tasks.TASK_FILES, eval_needle.TASK)
@@ -253,15 +254,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if tok is None:
         raise StageFailed("eval needs the model's tokenizer (tokenizer.json), and the checkpoint has none")
     rtol = _rtol(ctx)
-    started_here = ctx.shared.get("server") is None
-    if started_here:
-        server = serve.start_server(ctx)
-        try:
-            server.wait_ready(float(ctx.bench.get("ready_timeout", 900)), ctx)
-        except BaseException:
-            serve.stop(ctx)
-            raise
-    url = ctx.shared["server"].url
+    url = running_server(ctx).url
     target = ServedLM(url)
     try:
         context = _served_context(target, ctx)
@@ -292,7 +285,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         raise StageFailed(f"eval suite: {exc}") from exc
     finally:
         target.close()
-        serve.stop(ctx)  # the eval stage is the server's last user
+        stop_server(ctx)  # the eval stage is the server's last user
     passed = all(r["passed"] for r in rows) and (needle is None or needle["passed"])
     section: dict[str, Any] = {
         "passed": passed,

@@ -1,7 +1,7 @@
 """The model the operator inventory traces, and the steps it runs.
 
 The trace runs the bundled runtime's own model (native family or the transformers fallback behind the runtime
-interface): the one the load stage left in ``ctx.shared`` when there is one, else built from the config with
+interface): the one the load stage left in ``ctx.state.model`` when there is one, else built from the config with
 fixed random weights on the target device when it fits comfortably in memory, else on the ``meta`` device (no
 weights, no data). One paged prefill of ``PREFILL_TOKENS`` tokens and one decode step are traced.
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.support.context import StageFailed
+from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.models import paged_context
 from agents.pipeline.support.op_capture import OperatorRecorder
 

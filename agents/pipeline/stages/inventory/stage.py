@@ -1,8 +1,8 @@
 """The ``inventory`` stage: the operator checklist of a model on a target.
 
 Every aten operator of one prefill and one decode step of the runtime's own model is captured
-(``inventory_model`` builds or reuses the model and runs the steps, ``inventory_capture`` records them), then
-classified against the target's operator library by the dispatch key that serves it (``inventory_classify``):
+(``model`` builds or reuses the model and runs the steps, ``support.op_capture`` records them), then
+classified against the target's operator library by the dispatch key that serves it (``classify``):
 native, decomposed, fallback or missing, with ``served_by`` naming the registration.
 
 A runtime model that cannot be traced fails the stage with that error; only a model on the fallback path (the
@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.stages.env import dispatch_key_for
 from agents.pipeline.stages.inventory.classify import STATUSES, Classifier, classify_ops
 from agents.pipeline.stages.inventory.model import (
     PREFILL_TOKENS,
@@ -25,7 +24,9 @@ from agents.pipeline.stages.inventory.model import (
     transformers_model,
     transformers_steps,
 )
-from agents.pipeline.support.context import StageContext, StageFailed
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.environment import dispatch_key_for
+from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.op_capture import OperatorRecorder, OpRecord
 
 __all__ = ["STATUSES", "Classifier", "OpRecord", "OperatorRecorder", "capture", "classify_ops", "run"]
@@ -74,7 +75,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     except ValueError as exc:
         raise StageFailed(str(exc)) from exc
     ctx.emit("log", f"tracing a prefill of {PREFILL_TOKENS} tokens and one decode step")
-    model = ctx.shared.get("model")
+    model = ctx.state.model
     if model is not None and (ctx.results.get("load") or {}).get("tp", 1) != 1:
         model = None  # a sharded load leaves no whole model here
     try:
