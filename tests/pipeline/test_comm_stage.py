@@ -11,7 +11,8 @@ import pytest
 
 from agents.pipeline.runner import run_pipeline
 from agents.pipeline.stages import comm
-from agents.pipeline.stages.comm import CommSettings, a2a_split, bus_factor, measure, merge_ranks, ops_for_layout
+from agents.pipeline.support.collective_rank import CommSettings, a2a_split
+from agents.pipeline.support.collectives import bus_factor, measure, merge_ranks, ops_for_layout
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.tiers import stage_passed
