@@ -26,8 +26,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from agents.pipeline.base import StageContext
     from agents.pipeline.runner import run_pipeline
+    from agents.pipeline.support.context import StageContext
     from agents.runtime.testing.make_model import cached_model
     from contract.hardware import get_hardware
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from agents.pipeline.comm import CommSettings, measure
+from agents.pipeline.support.collective_rank import CommSettings
+from agents.pipeline.support.collectives import measure
 from agents.runtime.distributed import COMM_TIMER, ParallelState, get_parallel_state, launch
 from agents.runtime.engine import LLMEngine, SamplingParams
 from agents.runtime.testing.make_model import cached_model

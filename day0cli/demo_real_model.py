@@ -34,7 +34,7 @@ def start_chat_server(model_dir: Path, log_path: Path) -> tuple[Any, str]:
     """``day0 serve`` on the real model, ready; returns (the server process, its answer to CHAT_QUESTION)."""
     import httpx
 
-    from agents.pipeline.serve import ServerProcess
+    from agents.pipeline.support.server_process import ServerProcess
 
     server = ServerProcess(model_dir, dtype="float32", device="cpu", tp=None, log_path=log_path)
     try:

@@ -177,8 +177,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from agents.pipeline.base import StageContext
     from agents.pipeline.runner import parse_stages, run_pipeline
+    from agents.pipeline.support.context import StageContext
 
     try:
         stages = parse_stages(args.stages)
@@ -203,7 +203,7 @@ def handle(args: argparse.Namespace) -> int:
                        tp=args.tp, ep=args.ep, pp=args.pp, thresholds=thresholds, workdir=args.workdir, manifest=manifest,
                        emit_fn=ConsoleEmitter(args.quiet), node=node, bench={"compile": True} if args.compile else {})
     if model_dir is None:  # a config alone: name the model after its file (deepseek-v3.json -> deepseek-v3)
-        ctx.shared["model_name"] = args.model_dir.stem
+        ctx.state.model_name = args.model_dir.stem
     if args.threads:
         import torch
 
@@ -249,7 +249,7 @@ def node_of(args: argparse.Namespace, config: dict[str, Any]) -> Any:
 
 def _follow(ctx: Any, stages: list[str], report_path: Path | None) -> int:
     """A node other than 0: run its ranks of each ranked stage; 1 when one failed."""
-    from agents.pipeline.nodes import follow
+    from agents.pipeline.follower import follow
 
     outcome = follow(ctx, stages)
     if report_path is not None:

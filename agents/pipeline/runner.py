@@ -11,16 +11,17 @@ say it failed stops the run too. A section of raw outputs answering the portal's
 
 from __future__ import annotations
 
-import importlib
 import time
 import traceback
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from types import ModuleType
 from typing import Any
 
-from agents.pipeline import report as report_mod
-from agents.pipeline.base import JobCancelled, StageContext, StageFailed
+from agents.pipeline.registry import STAGES, Stage
+from agents.pipeline.support import report as report_mod
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.endpoints import chat_template_source
+from agents.pipeline.support.errors import JobCancelled, StageFailed
 from agents.runtime.engine.multimodal import config_takes_images
 from contract import thresholds, tiers, verdicts
 from telemetry import tracing
@@ -45,28 +46,22 @@ def parse_stages(stages: Iterable[str] | str) -> list[str]:
     return [s for s in tiers.STAGE_ORDER if s in names]
 
 
-def import_stage(stage: str) -> ModuleType:
-    """``agents.pipeline.<stage>``; an absent module is a StageFailed naming it."""
-    name = f"agents.pipeline.{stage}"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name == name:
-            raise StageFailed(f"stage {stage!r} is not available: module {name} is absent") from exc
-        raise
-    if not callable(getattr(module, "run", None)):
-        raise StageFailed(f"stage {stage!r} is not available: module {name} has no run(ctx)")
-    return module
+def stage_of(stage: str) -> Stage:
+    """The registered ``run(ctx)`` of ``stage``; a name without one is a StageFailed naming it."""
+    run = STAGES.get(stage)
+    if run is None:
+        raise StageFailed(f"stage {stage!r} is not available: no stage is registered under that name")
+    return run
 
 
 def model_info(ctx: StageContext) -> dict[str, Any]:
-    """The report's ``model`` block: name (``ctx.shared["model_name"]`` when the caller knows it, else the
+    """The report's ``model`` block: name (``ctx.state.model_name`` when the caller knows it, else the
     directory's name), architecture, and which runtime path runs it."""
     archs = ctx.config.get("architectures") or []
     architecture = archs[0] if archs else None
-    name = ctx.shared.get("model_name") or (ctx.model_dir.name if ctx.model_dir is not None else None)
+    name = ctx.state.model_name or (ctx.model_dir.name if ctx.model_dir is not None else None)
     name = name or ctx.config.get("_name_or_path") or architecture
-    model = ctx.shared.get("model")
+    model = ctx.state.model
     path, reason = getattr(model, "path", None), getattr(model, "fallback_reason", None)
     if path is None and architecture:
         try:
@@ -97,11 +92,9 @@ def judging_context(ctx: StageContext, stages: dict[str, Any] | None = None) -> 
     config = ctx.config or {}
     has_template = None
     if ctx.model_dir is not None:
-        from agents.pipeline.serve import chat_template_source
-
         has_template = chat_template_source(ctx.model_dir) is not None
     context = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
-    path = ((stages or {}).get("load") or {}).get("path") or getattr(ctx.shared.get("model"), "path", None)
+    path = ((stages or {}).get("load") or {}).get("path") or getattr(ctx.state.model, "path", None)
     hw = ctx.hardware if isinstance(ctx.hardware, dict) else {}
     memory = hw.get("memory_bytes") or int(float(hw.get("memory_gb") or 0) * 1e9)
     hardware = verdicts.HardwareFacts(
@@ -135,7 +128,7 @@ def portal_scored(ctx: StageContext, section: dict[str, Any]) -> bool:
 def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, Any]:
     """Run ``stages`` (in DESIGN order) on ``ctx`` and return the whole stage report."""
     requested = parse_stages(stages)
-    ctx.shared["stages_requested"] = requested  # a stage may keep what a later one needs (bench: the server)
+    ctx.state.stages_requested = tuple(requested)  # a stage may keep what a later one needs (bench: the server)
     started = time.time()
     report: dict[str, Any] = {
         "model": model_info(ctx),
@@ -154,50 +147,8 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
         "notes": [],
     }
     for stage in requested:
-        ctx.current_stage = stage
-        t0 = time.perf_counter()
-        section: dict[str, Any] | None = None
-        error: str | None = None
-        try:
-            ctx.check_cancelled()
-            ctx.emit("stage_started", f"{stage} started", data={"stage": stage})
-            with tracing.span(f"stage {stage}", stage=stage):  # under the job's span when an agent runs it
-                section = import_stage(stage).run(ctx)
-            if not isinstance(section, dict):
-                raise StageFailed(f"stage {stage!r} returned {type(section).__name__}, not its report section")
-            section = report_mod.json_safe(section)
-            missing = report_mod.section_problems(stage, section)
-            if missing:
-                raise StageFailed(f"stage {stage!r} returned a section without required keys: {', '.join(missing)}")
-            verdict = verdicts.judge(stage, section, ctx.thresholds, judging_context(ctx, {**ctx.results, stage: section}))
-            report["verdicts"][stage] = verdict.as_dict()
-            if portal_scored(ctx, section):  # raw challenge outputs: only the portal holds their reference
-                report["verdicts"][stage]["scored_by"] = "portal"
-            elif not verdict.passed:
-                error = "; ".join(verdict.reasons) or report_mod.failure_reason(stage, section)
-            elif verdicts.claimed(stage, section) is False:  # the stage itself says it did not pass
-                error = report_mod.failure_reason(stage, section)
-        except JobCancelled:
-            error = "cancelled"
-        except StageFailed as exc:
-            error = str(exc) or f"{stage} failed"
-        except Exception as exc:  # a bug or an environment problem: the report says what, the log says where
-            error = f"{type(exc).__name__}: {exc}"
-            ctx.emit("log", traceback.format_exc(), level="error")
-        seconds = round(time.perf_counter() - t0, 3)
-        report["seconds"][stage] = seconds
-        if section is not None:
-            report["stages"][stage] = section
-            ctx.results[stage] = section
-            ctx.emit("result", f"{stage} section", data={"stage": stage, "section": section})
-        passed = error is None
-        ctx.emit(
-            "stage_finished",
-            f"{stage} passed in {seconds:.1f} s" if passed else f"{stage} failed: {error}",
-            level="info" if passed else ("warning" if error == "cancelled" else "error"),
-            data={"stage": stage, "passed": passed, "seconds": seconds, "error": error},
-        )
-        if not passed:
+        error = run_stage(ctx, stage, report)
+        if error is not None:
             report["failed_stage"], report["error"] = stage, error
             break
     ctx.current_stage = ""
@@ -213,3 +164,52 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
     if problems:  # the runner's own contract: a bug here, never a model problem
         raise RuntimeError(f"stage report violates DESIGN.md §6: {', '.join(problems)}")
     return report
+
+
+def run_stage(ctx: StageContext, stage: str, report: dict[str, Any]) -> str | None:
+    """Run one stage and record it in ``report`` (its section, verdict and seconds) and in ``ctx.results``, with
+    its started / result / finished events; the error that stops the pipeline, or None when it passed."""
+    ctx.current_stage = stage
+    t0 = time.perf_counter()
+    section: dict[str, Any] | None = None
+    error: str | None = None
+    try:
+        ctx.check_cancelled()
+        ctx.emit("stage_started", f"{stage} started", data={"stage": stage})
+        with tracing.span(f"stage {stage}", stage=stage):  # under the job's span when an agent runs it
+            section = stage_of(stage)(ctx)
+        if not isinstance(section, dict):
+            raise StageFailed(f"stage {stage!r} returned {type(section).__name__}, not its report section")
+        section = report_mod.json_safe(section)
+        missing = report_mod.section_problems(stage, section)
+        if missing:
+            raise StageFailed(f"stage {stage!r} returned a section without required keys: {', '.join(missing)}")
+        verdict = verdicts.judge(stage, section, ctx.thresholds, judging_context(ctx, {**ctx.results, stage: section}))
+        report["verdicts"][stage] = verdict.as_dict()
+        if portal_scored(ctx, section):  # raw challenge outputs: only the portal holds their reference
+            report["verdicts"][stage]["scored_by"] = "portal"
+        elif not verdict.passed:
+            error = "; ".join(verdict.reasons) or report_mod.failure_reason(stage, section)
+        elif verdicts.claimed(stage, section) is False:  # the stage itself says it did not pass
+            error = report_mod.failure_reason(stage, section)
+    except JobCancelled:
+        error = "cancelled"
+    except StageFailed as exc:
+        error = str(exc) or f"{stage} failed"
+    except Exception as exc:  # a bug or an environment problem: the report says what, the log says where
+        error = f"{type(exc).__name__}: {exc}"
+        ctx.emit("log", traceback.format_exc(), level="error")
+    seconds = round(time.perf_counter() - t0, 3)
+    report["seconds"][stage] = seconds
+    if section is not None:
+        report["stages"][stage] = section
+        ctx.results[stage] = section
+        ctx.emit("result", f"{stage} section", data={"stage": stage, "section": section})
+    passed = error is None
+    ctx.emit(
+        "stage_finished",
+        f"{stage} passed in {seconds:.1f} s" if passed else f"{stage} failed: {error}",
+        level="info" if passed else ("warning" if error == "cancelled" else "error"),
+        data={"stage": stage, "passed": passed, "seconds": seconds, "error": error},
+    )
+    return error

@@ -41,7 +41,7 @@ class Heartbeat:
         client.close()
 
     def _lock(self) -> dict | None:
-        from agents.pipeline.env import environment_lock
+        from agents.pipeline.support.environment import environment_lock
 
         try:
             return environment_lock(self.state.device)

@@ -37,7 +37,7 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
     """The ``StageContext`` of a job spec (as ``apps.jobs.dispatch`` builds it). The agent is not handed the
     release's manifest: its load reports each shard's digest and the portal compares; the spec's
     ``weight_samples`` (a reference run) or ``weight_probe`` (a certify job) go to the load stage."""
-    from agents.pipeline.base import StageContext
+    from agents.pipeline.support.context import StageContext
 
     job = read_spec(job_id, spec)
     model_dir = _model_dir(spec)

@@ -252,7 +252,7 @@ class JobRun(DeliveryRun):
 
 class NodeRun(DeliveryRun):
     """A multi-node job's node ``rank`` > 0 on this agent: claims the node, runs its ranks of the job's ranked
-    stages (``agents.pipeline.nodes.follow``), posts its stage events to the node's log and says how it ended.
+    stages (``agents.pipeline.follower.follow``), posts its stage events to the node's log and says how it ended.
     Node 0 claims the job, posts the results and finishes it."""
 
     def __init__(self, task: Any, client: PortalClient, job_id: int, job: dict[str, Any], spec: dict[str, Any],
@@ -280,7 +280,7 @@ class NodeRun(DeliveryRun):
                 f"(attempt {self.attempt}), ranks meet at {ctx.node.master_addr}:{ctx.node.master_port}")
 
     def body(self, ctx: Any) -> dict[str, Any]:
-        from agents.pipeline.nodes import follow
+        from agents.pipeline.follower import follow
         from contract.tiers import DEFAULT_STAGES
 
         return follow(ctx, self.spec.get("stages") or list(DEFAULT_STAGES))

@@ -1,4 +1,4 @@
-"""Stack changes: agents report their environment lock (``agents.pipeline.env.environment_lock``) when they
+"""Stack changes: agents report their environment lock (``agents.pipeline.support.environment.environment_lock``) when they
 register and with heartbeats; when a hardware pool's stack differs from the one it had, a ``StackChange`` is
 recorded, subscribers are told, and the pool's ``HardwarePolicy`` decides which cells get re-validation jobs
 (through ``jobs.services.do_create_job``, with the stages and settings of the cell's newest job).

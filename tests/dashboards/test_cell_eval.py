@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from agents.pipeline import eval as eval_stage
+from agents.pipeline.stages.eval import stage as eval_stage
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agents.pipeline.base import StageContext
+from agents.pipeline.support.context import StageContext
 from agents.runtime.testing.make_model import cached_model
 
 

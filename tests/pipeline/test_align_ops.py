@@ -12,9 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from agents.pipeline import align_ops
-from agents.pipeline.report import ROW_KEYS
 from agents.pipeline.runner import run_pipeline
+from agents.pipeline.stages.align import ops as align_ops
+from agents.pipeline.stages.align.op_checks import check_linear
+from agents.pipeline.stages.align.probe import compare, make_probe
+from agents.pipeline.support.report import ROW_KEYS
 from agents.runtime.layers import grouped_router
 from agents.runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
 from agents.runtime.models.registry import build_model, register
@@ -56,14 +58,14 @@ def _rows(arch: str, dtype: torch.dtype = torch.float32, **overrides) -> list[di
 def test_compare_defines_normwise_relative_error():
     ref = torch.tensor([1.0, -4.0, 0.0])
     out = torch.tensor([1.0, -4.0, 0.5])  # an error of 0.5 where the reference is 0
-    m = align_ops.compare(ref, out)
+    m = compare(ref, out)
     assert m["max_abs_err"] == pytest.approx(0.5)
     assert m["max_rel_err"] == pytest.approx(0.5 / 4.0)  # relative to max |ref|, not to the zero element
     assert m["cosine"] == pytest.approx(17 / math.sqrt(17 * 17.25))
 
 
 def test_compare_flags_non_finite_target():
-    m = align_ops.compare(torch.ones(3), torch.tensor([1.0, float("nan"), 1.0]))
+    m = compare(torch.ones(3), torch.tensor([1.0, float("nan"), 1.0]))
     assert m["max_rel_err"] == float("inf") and math.isnan(m["cosine"])
 
 
@@ -110,9 +112,9 @@ def test_a_column_major_weight_is_checked_in_its_own_layout():
     model = build_model(config)
     gate_up = model.model.layers[0].mlp.gate_up_proj
     assert column_major(gate_up.weight) and gate_up.weight.stride(0) == 1  # the decode layout
-    probe = align_ops.make_probe("gate_up", gate_up, config, torch.float32, 0)
+    probe = make_probe("gate_up", gate_up, config, torch.float32, 0)
     assert probe.params["weight"].stride() == gate_up.weight.stride()
-    assert all(row["cosine"] > 0.99999 for row in align_ops.check_linear(probe))
+    assert all(row["cosine"] > 0.99999 for row in check_linear(probe))
 
 
 def test_bfloat16_is_within_default_thresholds_but_not_exact():

@@ -3,12 +3,10 @@ and end to end, near-ties are told apart from real divergences, absent parts are
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
-from agents.pipeline.align_e2e import compare_step
 from agents.pipeline.runner import run_pipeline
+from agents.pipeline.stages.align.e2e import compare_step
 
 
 def _perturb(model: torch.nn.Module, layer: int) -> str:
@@ -24,7 +22,7 @@ def _perturb(model: torch.nn.Module, layer: int) -> str:
 def test_a_perturbed_weight_fails_align_from_that_layer_with_the_divergence_reported(make_ctx) -> None:
     ctx, _ = make_ctx("llama")
     assert run_pipeline(ctx, ["load"])["failed_stage"] is None
-    _perturb(ctx.shared["model"], layer=1)
+    _perturb(ctx.state.model, layer=1)
     report = run_pipeline(ctx, ["align"])
     align = report["stages"]["align"]
     assert report["failed_stage"] == "align" and align["passed"] is False
@@ -63,8 +61,10 @@ def test_near_tie_needs_each_token_in_the_others_top_k() -> None:
 
 
 def test_absent_parts_leave_align_incomplete_and_failed(make_ctx, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "agents.pipeline.align_kv", None)
-    monkeypatch.setitem(sys.modules, "agents.pipeline.align_ops", None)
+    from agents.pipeline.stages.align.stage import PARTS
+
+    monkeypatch.delitem(PARTS, "kv_cache")
+    monkeypatch.delitem(PARTS, "ops")
     ctx, _ = make_ctx("llama")
     report = run_pipeline(ctx, ["load", "align"])
     align = report["stages"]["align"]
@@ -95,15 +95,12 @@ def test_a_complete_align_section_has_every_part(make_ctx) -> None:
 
 
 def test_a_part_that_crashes_fails_align_but_keeps_the_other_evidence(make_ctx, monkeypatch) -> None:
-    import types
+    from agents.pipeline.stages.align.stage import PARTS
 
-    broken = types.ModuleType("agents.pipeline.align_kv")
-
-    def run(ctx):  # stands in for a KV check that hits a bug (the real module may not exist yet)
+    def run(ctx):  # stands in for a KV check that hits a bug
         raise RuntimeError("block table overflow")
 
-    broken.run = run
-    monkeypatch.setitem(sys.modules, "agents.pipeline.align_kv", broken)
+    monkeypatch.setitem(PARTS, "kv_cache", run)
     ctx, _ = make_ctx("llama")
     report = run_pipeline(ctx, ["load", "align"])
     align = report["stages"]["align"]
@@ -113,8 +110,8 @@ def test_a_part_that_crashes_fails_align_but_keeps_the_other_evidence(make_ctx, 
 
 
 def _e2e(ctx, **config):
-    from agents.pipeline.align_common import align_thresholds, reference_model, target_model
-    from agents.pipeline.align_e2e import run_e2e
+    from agents.pipeline.stages.align.e2e import run_e2e
+    from agents.pipeline.support.models import align_thresholds, reference_model, target_model
 
     ctx.config = {**ctx.config, **config}
     e2e, _ = run_e2e(ctx, target_model(ctx), reference_model(ctx), align_thresholds(ctx))
@@ -126,8 +123,8 @@ def test_e2e_stops_at_the_reference_end_of_sequence(make_ctx) -> None:
     baseline = _e2e(ctx)
     assert baseline["ref_tokens"][0] == 16 and baseline["stopped"][0] == "max_tokens"
     # make the reference's 4th generated token of prompt 0 an end-of-sequence token
-    from agents.pipeline.align_common import encode, reference_model
-    from agents.pipeline.align_e2e import PROMPTS, reference_greedy
+    from agents.pipeline.stages.align.e2e import PROMPTS, reference_greedy
+    from agents.pipeline.support.models import encode, reference_model
 
     prompt = encode(ctx, [PROMPTS[0]])[0][0]
     tokens, _ = reference_greedy(reference_model(ctx), prompt, 16)
@@ -141,7 +138,7 @@ def test_e2e_stops_at_the_reference_end_of_sequence(make_ctx) -> None:
 def test_e2e_stops_where_the_target_ends_the_sequence(make_ctx) -> None:
     ctx, _ = make_ctx("llama")
     assert run_pipeline(ctx, ["load"])["failed_stage"] is None
-    _perturb(ctx.shared["model"], layer=1)
+    _perturb(ctx.state.model, layer=1)
     baseline = _e2e(ctx)
     first = baseline["divergences"][0]
     p, pos = first["prompt"], first["position"]

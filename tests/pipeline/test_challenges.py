@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 
-from agents.pipeline.align_common import encode, reference_model, tokenizer
-from agents.pipeline.align_e2e import CHAT, PROMPTS, eos_token_ids, reference_greedy
-from agents.pipeline.eval_backends import ReferenceLM, ServedLM
 from agents.pipeline.runner import run_pipeline
-from agents.pipeline.serve import ServerProcess
+from agents.pipeline.stages.align.e2e import CHAT, PROMPTS, reference_greedy
+from agents.pipeline.support.lm_backends import ReferenceLM, ServedLM
+from agents.pipeline.support.models import encode, eos_token_ids, reference_model, tokenizer
+from agents.pipeline.support.server_process import ServerProcess
 from agents.runtime.loader import load_model
 from agents.runtime.testing.make_model import cached_model
 from contract.suites import tasks as eval_tasks
@@ -81,7 +81,7 @@ def sharp_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference_section(sharp_llama: Path) -> dict[str, Any]:
     """The reference stage's section on the sharpened tiny Llama for ``suite_pool()`` (computed once)."""
-    from agents.pipeline.base import StageContext
+    from agents.pipeline.support.context import StageContext
 
     path = sharp_llama
     torch.set_num_threads(1)
@@ -192,7 +192,7 @@ def test_a_certify_align_posts_the_targets_raw_e2e_answers_for_the_drawn_items(m
     # the planted fault: the target loads the weights with a wrong rope theta
     wrong = load_model(_target_with_rope(ctx.model_dir, tmp_path, 10.0), dtype="float32", device="cpu").model
     ctx, _ = make_ctx(sharp_llama, challenge={**challenge, "nonce": "attempt-2"}, nonce="attempt-2")
-    ctx.shared["model"] = wrong
+    ctx.state.model = wrong
     report = run_pipeline(ctx, ["align"])
     raw = report["stages"]["align"]["e2e"]["raw"]
     assert raw["nonce"] == "attempt-2" and [item["id"] for item in raw["items"]] == ["e2e-0", "e2e-2"]
@@ -204,7 +204,7 @@ def _eval_with_server(make_ctx: Any, model: Path, served: Path, tmp_path: Path, 
     """The eval stage of a certify job on ``model`` whose served target is ``served`` (the same or a faulty copy)."""
     ctx, log = make_ctx(model, challenge=challenge, nonce=challenge["nonce"], workdir=tmp_path)
     server = ServerProcess(served, dtype="float32", device="cpu", tp=None, log_path=tmp_path / "serve.log")
-    ctx.shared["server"] = server
+    ctx.state.server = server
     server.wait_ready(120)
     report = run_pipeline(ctx, ["eval"])
     progress = {e["data"]["what"] for e in log.events if e["kind"] == "progress"}
@@ -220,7 +220,7 @@ def test_a_certify_eval_posts_the_served_targets_raw_outputs_without_a_reference
     assert report["verdicts"]["eval"]["scored_by"] == "portal" and report["tier"] < 6
     section = report["stages"]["eval"]
     assert section["passed"] is None and section["scored_by"] == "portal" and "tasks" not in section
-    assert "reference_model" not in ctx.shared and "server" not in ctx.shared  # no reference loaded; server stopped
+    assert ctx.state.reference_model is None and ctx.state.server is None  # no reference loaded; server stopped
     raw = section["raw"]
     assert raw["nonce"] == "eval-nonce"
     for kind in ("mc", "qa", "ppl", "needle"):

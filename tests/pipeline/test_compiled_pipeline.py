@@ -23,7 +23,7 @@ def test_a_job_may_ask_for_the_compiled_path():
 def _ctx(tmp_path, arch: str = "llama", **bench):
     import json
 
-    from agents.pipeline.base import StageContext
+    from agents.pipeline.support.context import StageContext
     from agents.runtime.testing.make_model import cached_model
 
     model_dir = cached_model(arch)
@@ -33,7 +33,7 @@ def _ctx(tmp_path, arch: str = "llama", **bench):
 
 
 def test_compiled_and_eager_tokens_are_compared_position_by_position():
-    from agents.pipeline.align_compiled import compare
+    from agents.pipeline.stages.align.compiled import compare
 
     same = [[(5, {5, 6}), (7, {7, 8})]]
     assert compare(same, same) == {"tokens": 2, "token_match_rate": 1.0, "equal": True, "first_divergence": [None],
@@ -47,7 +47,8 @@ def test_compiled_and_eager_tokens_are_compared_position_by_position():
 
 
 def test_a_fallback_model_records_why_it_was_not_compiled(tmp_path):
-    from agents.pipeline import align_compiled, compiled
+    from agents.pipeline.stages.align import compiled as align_compiled
+    from agents.pipeline.support import compiled
 
     ctx = _ctx(tmp_path)
     ctx.config = {**ctx.config, "architectures": ["NoSuchForCausalLM"]}
@@ -60,7 +61,9 @@ def test_a_fallback_model_records_why_it_was_not_compiled(tmp_path):
 def test_align_then_serve_and_bench_carry_compile_evidence(tmp_path, monkeypatch):
     """Align compiles in this process (the cache fills), the compiled server then starts from the cache, and the
     bench compares it with an eager server at one level."""
-    from agents.pipeline import align_compiled, bench, serve
+    from agents.pipeline.stages import bench, serve
+    from agents.pipeline.stages.align import compiled as align_compiled
+    from agents.pipeline.support.server import stop_server
 
     monkeypatch.setenv("DAY0_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
     ctx = _ctx(tmp_path, concurrency=[1], num_prompts=2, output_len=8, long_context=False)
@@ -74,7 +77,7 @@ def test_align_then_serve_and_bench_carry_compile_evidence(tmp_path, monkeypatch
         assert evidence["cache"]["fxgraph_hit"] >= 1 and evidence["cache"]["fxgraph_miss"] == 0, evidence["cache"]
         result = bench.run(ctx)
     finally:
-        serve.stop(ctx)
+        stop_server(ctx)
     comparison = result["compile"]
     assert comparison["concurrency"] == 1 and comparison["eager"]["output_tok_s"] > 0
     assert comparison["compiled"]["output_tok_s"] == result["runs"][0]["output_tok_s"]
@@ -103,8 +106,8 @@ def test_the_portal_recomputes_compiled_against_eager_tokens():
 
 
 def test_the_bench_compares_only_a_server_the_serve_stage_saw_compiled(tmp_path):
-    from agents.pipeline import compiled
+    from agents.pipeline.stages import bench
 
     ctx = _ctx(tmp_path)
-    block = compiled.bench_compare(ctx, {"runs": [{"concurrency": 1, "output_tok_s": 10.0}]}, {"concurrency": [1]})
+    block = bench.compile_compare(ctx, {"runs": [{"concurrency": 1, "output_tok_s": 10.0}]}, {"concurrency": [1]})
     assert block["enabled"] is False and "no compile evidence" in block["reason"]

@@ -5,9 +5,11 @@ import platform
 import pytest
 import torch
 
-from agents.pipeline import env
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.report import section_problems
+from agents.pipeline.stages import env
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.environment import dispatch_key_for
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.report import section_problems
 
 
 def _ctx(device: str = "cpu") -> StageContext:
@@ -27,8 +29,8 @@ def test_env_section_locks_versions_and_device():
 
 
 def test_dispatch_key_of_accelerators():
-    assert env.dispatch_key_for("cuda:1") == "CUDA"
-    assert env.dispatch_key_for("privateuseone") == "PrivateUse1"
+    assert dispatch_key_for("cuda:1") == "CUDA"
+    assert dispatch_key_for("privateuseone") == "PrivateUse1"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")

@@ -9,8 +9,8 @@ import math
 import pytest
 import yaml
 
-from agents.pipeline import eval as eval_stage
-from agents.pipeline.base import StageFailed
+from agents.pipeline.stages.eval import stage as eval_stage
+from agents.pipeline.support.errors import StageFailed
 from contract.suites import needle as eval_needle
 from contract.suites import tasks as eval_tasks
 

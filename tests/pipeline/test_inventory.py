@@ -3,9 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.pipeline import inventory
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.report import section_problems
+from agents.pipeline.stages.inventory import stage as inventory
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.report import section_problems
 from agents.runtime.models.llama import LlamaForCausalLM
 from agents.runtime.models.registry import register
 

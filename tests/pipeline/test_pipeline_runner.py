@@ -1,8 +1,6 @@
-"""run_pipeline: DESIGN order, events, stopping at the first failure, cancellation, absent stage modules."""
+"""run_pipeline: DESIGN order, events, stopping at the first failure, cancellation, a stage nobody registered."""
 
 from __future__ import annotations
-
-import sys
 
 import pytest
 
@@ -37,12 +35,21 @@ def test_a_plan_that_does_not_fit_stops_the_pipeline_at_plan(make_ctx) -> None:
     assert "load" not in report["stages"] and ("stage_started", "load") not in log.kinds("stage_started")
 
 
-def test_an_absent_stage_module_is_a_clear_failure(make_ctx, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "agents.pipeline.bench", None)  # as if the module were not installed
+def test_every_stage_of_the_pipeline_order_is_registered() -> None:
+    from agents.pipeline.registry import STAGES
+    from contract.tiers import STAGE_ORDER
+
+    assert set(STAGES) == set(STAGE_ORDER) and all(callable(run) for run in STAGES.values())
+
+
+def test_an_unregistered_stage_is_a_clear_failure(make_ctx, monkeypatch) -> None:
+    from agents.pipeline.registry import STAGES
+
+    monkeypatch.delitem(STAGES, "bench")  # as if no bench stage were installed
     ctx, _ = make_ctx("llama")
     report = run_pipeline(ctx, ["plan", "bench"])
     assert report["failed_stage"] == "bench"
-    assert report["error"] == "stage 'bench' is not available: module agents.pipeline.bench is absent"
+    assert report["error"] == "stage 'bench' is not available: no stage is registered under that name"
     assert report["tier"] == 1
 
 
@@ -66,7 +73,7 @@ def test_load_leaves_the_model_for_later_stages_and_reports_progress(make_ctx) -
     ctx, log = make_ctx("qwen3")
     report = run_pipeline(ctx, ["load"])
     assert report["stages"]["load"]["ok"] is True and report["failed_stage"] is None
-    assert ctx.shared["model"].path == report["model"]["path"]
+    assert ctx.state.model.path == report["model"]["path"]
     progress = [e["data"] for e in log.events if e["kind"] == "progress"]
     assert progress and progress[-1]["done"] == progress[-1]["total"] == report["stages"]["load"]["tensors"]
 
@@ -84,16 +91,15 @@ def test_thresholds_are_checked_by_name_and_type() -> None:
 
 def test_the_report_claims_what_the_verdicts_judge_not_the_stages_own_flags(make_ctx, monkeypatch) -> None:
     """A load section that says ok while naming a problem is judged by its numbers: failed, tier stays 1."""
-    import types
-
-    from agents.pipeline import load as real_load
+    from agents.pipeline.registry import STAGES
+    from agents.pipeline.stages import load as real_load
 
     def lenient(ctx):
         section = real_load.run(ctx)
         section["problems"] = [{"tensor": "model.norm.weight", "problem": "3 NaN values"}]  # ok stays True
         return section
 
-    monkeypatch.setitem(sys.modules, "agents.pipeline.load", types.SimpleNamespace(run=lenient))
+    monkeypatch.setitem(STAGES, "load", lenient)
     ctx, _ = make_ctx("llama")
     report = run_pipeline(ctx, ["plan", "load"])
     assert report["stages"]["load"]["ok"] is True  # the claim is kept as written

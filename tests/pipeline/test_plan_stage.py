@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agents.pipeline.base import StageContext, StageFailed
-from agents.pipeline.plan import run
-from agents.pipeline.report import section_problems
 from agents.pipeline.runner import run_pipeline
+from agents.pipeline.stages.plan import run
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.report import section_problems
 from contract.hardware import find_config, get_hardware
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agents.pipeline.runner import run_pipeline
-from agents.pipeline.serve import ServerProcess
+from agents.pipeline.support.server_process import ServerProcess
 from tests.real_model_fixtures import smollm2  # noqa: F401 - the session fixture
 
 SMALL = {"eval_limit": 4, "eval_needle_lengths": [160], "eval_needle_depths": [0, 100]}
@@ -21,7 +21,7 @@ SMALL = {"eval_limit": 4, "eval_needle_lengths": [160], "eval_needle_depths": [0
 def _serve(ctx: Any, model_dir: Path, tmp_path: Path) -> None:
     """A real server on ``model_dir`` handed to the eval stage as the serve stage would (the stage stops it)."""
     server = ServerProcess(model_dir, dtype="float32", device="cpu", tp=None, log_path=tmp_path / "serve.log")
-    ctx.shared["server"] = server
+    ctx.state.server = server
     server.wait_ready(300)
 
 
@@ -53,7 +53,7 @@ def test_eval_on_the_real_model_passes_with_both_sides_on_every_task(make_ctx, s
     assert section["needle"]["lengths"] == [160] and section["needle"]["depths"] == [0, 100]
     assert section["needle"]["target"] == section["needle"]["reference"]
     assert all(0 <= row["wilson_low"] <= row["target"] for row in section["tasks"] if row["wilson_low"] is not None)
-    assert "server" not in ctx.shared  # the eval stage was the server's last user
+    assert ctx.state.server is None  # the eval stage was the server's last user
     progress = [e["message"] for e in log.events if e["kind"] == "progress"]
     assert any(m.startswith("eval day0_mc target") for m in progress)
     assert any(m.startswith("eval needle reference") for m in progress)

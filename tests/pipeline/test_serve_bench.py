@@ -8,8 +8,12 @@ import shutil
 import httpx
 import pytest
 
-from agents.pipeline import align_kv, bench, serve
-from agents.pipeline.base import StageContext, StageFailed
+from agents.pipeline.stages import bench, serve
+from agents.pipeline.stages.align import kv as align_kv
+from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.endpoints import chat_template_source
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.server import stop_server
 from agents.runtime.testing.make_model import cached_model
 
 
@@ -38,10 +42,10 @@ def test_serve_then_bench_then_stop(tmp_path):
         assert {c["name"] for c in section["checks"]} == {"completions", "completions_stream", "chat_completions"}
         assert section["ready_seconds"] > 0 and section["endpoint"].startswith("http://127.0.0.1:")
         assert section["chat_path_ok"] is True and section["chat_template"] == "tokenizer_config.json"
-        proc = ctx.shared["server"].proc
+        proc = ctx.state.server.proc
         result = bench.run(ctx)
     finally:
-        serve.stop(ctx)
+        stop_server(ctx)
     assert proc.poll() is not None  # the server is gone after the bench
     assert [r["concurrency"] for r in result["runs"]] == [1, 2]
     assert result["requested"] == {"concurrency": [1, 2], "num_prompts": 4, "input_len": 16, "output_len": 8,
@@ -72,7 +76,7 @@ def test_a_transformers_5_chat_template_jinja_is_served_and_checked(tmp_path):
     try:
         section = serve.run(ctx)
     finally:
-        serve.stop(ctx)
+        stop_server(ctx)
     assert section["chat_template"] == "chat_template.jinja" and section["chat_path_ok"] is True, section
     chat = next(c for c in section["checks"] if c["name"] == "chat_completions")
     assert chat["ok"] and section["text_path_ok"]
@@ -84,9 +88,9 @@ def test_a_model_without_a_chat_template_reports_no_chat_path(tmp_path):
     tok_cfg = json.loads((model / "tokenizer_config.json").read_text())
     tok_cfg.pop("chat_template")
     (model / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
-    assert serve.chat_template_source(model) is None
+    assert chat_template_source(model) is None
     (model / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
-    assert serve.chat_template_source(model) == "chat_template.jinja"
+    assert chat_template_source(model) == "chat_template.jinja"
 
 
 def test_serve_fails_with_the_server_log_when_weights_are_broken(tmp_path):
@@ -97,7 +101,7 @@ def test_serve_fails_with_the_server_log_when_weights_are_broken(tmp_path):
     ctx = _ctx(broken, tmp_path)
     with pytest.raises(StageFailed, match="exited with code"):
         serve.run(ctx)
-    assert "server" not in ctx.shared
+    assert ctx.state.server is None
 
 
 def test_kv_cache_check_passes_and_reuses_blocks(tmp_path):

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agents.pipeline import soak
-from agents.pipeline.base import StageContext
+from agents.pipeline.stages import soak
+from agents.pipeline.support.context import StageContext
 from agents.runtime.testing.make_model import cached_model
 
 FAULTS = Path(__file__).parent / "soak_faults"
@@ -64,7 +64,7 @@ def test_memory_slope_is_the_least_squares_fit() -> None:
 
 
 def test_soak_options_are_bounded_naming_the_key() -> None:
-    from agents.pipeline.base import StageFailed
+    from agents.pipeline.support.errors import StageFailed
 
     for options, words in (({"seconds": 0}, "seconds"), ({"kill_at": 2}, "kill_at"), ({"bogus": 1}, "bogus"),
                            ({"seconds": 5, "window_seconds": 10}, "window_seconds"), ("x", "object"),

@@ -10,8 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from agents.pipeline import load, load_sharded, serve
-from agents.pipeline.base import StageFailed
+from agents.pipeline.stages import load, serve
+from agents.pipeline.support import layout
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.server import stop_server
 from agents.runtime.testing.make_model import cached_model
 
 
@@ -21,8 +23,8 @@ def test_sharded_load_merges_the_ranks_and_matches_the_tp1_totals(make_ctx):
     ctx2, log = make_ctx("llama", tp=2)
     sharded = load.run(ctx2)
 
-    assert single["tp"] == 1 and "ranks" not in single and ctx1.shared["model"] is not None
-    assert sharded["ok"] and sharded["tp"] == 2 and "model" not in ctx2.shared
+    assert single["tp"] == 1 and "ranks" not in single and ctx1.state.model is not None
+    assert sharded["ok"] and sharded["tp"] == 2 and ctx2.state.model is None
     for key in ("tensors", "bytes", "path", "architecture", "dtype"):
         assert sharded[key] == single[key], key
     assert [s["sha256"] for s in sharded["shards"]] == [s["sha256"] for s in single["shards"]]
@@ -59,20 +61,20 @@ def test_a_corrupted_shard_fails_the_tp2_load_naming_rank_file_and_tensor(make_c
 
 def test_effective_tp_comes_from_the_override_else_the_plan_clipped_to_this_host(make_ctx, monkeypatch):
     ctx, _ = make_ctx("llama", tp=3)
-    assert load_sharded.effective_tp(ctx) == (3, None)
-    ctx, _ = make_ctx("llama", tp=load_sharded.MAX_CPU_TP + 1)
+    assert layout.effective_tp(ctx) == (3, None)
+    ctx, _ = make_ctx("llama", tp=layout.MAX_CPU_TP + 1)
     with pytest.raises(StageFailed, match="more ranks than this host runs"):
-        load_sharded.effective_tp(ctx)
+        layout.effective_tp(ctx)
     ctx, _ = make_ctx("llama", results={"plan": {"plan": {"tp": 4}}})
-    tp, note = load_sharded.effective_tp(ctx)
+    tp, note = layout.effective_tp(ctx)
     assert tp == 1 and "tp=4" in note  # CPU: the plan's degree is not used unless pinned
     # no GPU here: the CUDA device count is the one thing stood in for
-    monkeypatch.setattr(load_sharded, "_cuda_devices", lambda: 2)
+    monkeypatch.setattr(layout, "_cuda_devices", lambda: 2)
     ctx, _ = make_ctx("llama", device="cuda", results={"plan": {"plan": {"tp": 4}}})
-    assert load_sharded.effective_tp(ctx) == (2, "the plan's tp=4 clipped to the 2 CUDA device(s) of this host")
+    assert layout.effective_tp(ctx) == (2, "the plan's tp=4 clipped to the 2 CUDA device(s) of this host")
     ctx, _ = make_ctx("llama", device="cuda", tp=4)
     with pytest.raises(StageFailed, match="2 CUDA device"):
-        load_sharded.effective_tp(ctx)
+        layout.effective_tp(ctx)
 
 
 def _greedy(url: str) -> list[str]:
@@ -95,7 +97,7 @@ def test_serve_at_tp2_answers_the_text_path_with_tp1_greedy_output(make_ctx, tmp
             assert section["tp"] == tp
             outputs[tp] = _greedy(section["endpoint"])
         finally:
-            serve.stop(ctx)
+            stop_server(ctx)
     assert "rank1" in (tmp_path / "tp2" / "serve.log").read_text()  # two ranks served
     assert all(outputs[2]) and outputs[2] == outputs[1]
 

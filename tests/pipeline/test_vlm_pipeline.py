@@ -32,7 +32,7 @@ def test_the_judge_requires_the_image_path_of_a_model_that_takes_images(make_ctx
 
 @pytest.mark.parametrize("arch", [pytest.param("llava", marks=pytest.mark.slow), "qwen2.5-vl"])
 def test_align_vision_part_equals_transformers(make_ctx, arch):
-    from agents.pipeline import align_vision
+    from agents.pipeline.stages.align import vision as align_vision
 
     ctx, _ = make_ctx(arch)
     part = align_vision.run(ctx)
@@ -63,7 +63,7 @@ def test_adapt_a_vlm_reaches_tier_4_with_its_image_path(tmp_path: Path, capsys, 
 
 
 def test_inventory_covers_the_vision_encoders_operators(make_ctx):
-    from agents.pipeline import inventory
+    from agents.pipeline.stages.inventory import stage as inventory
 
     ctx, _ = make_ctx("llava")
     section = inventory.run(ctx)
@@ -75,7 +75,7 @@ def test_inventory_covers_the_vision_encoders_operators(make_ctx):
 
 
 def test_inventory_covers_a_dynamic_resolution_encoders_operators(make_ctx):
-    from agents.pipeline import inventory
+    from agents.pipeline.stages.inventory import stage as inventory
 
     ctx, _ = make_ctx("qwen2.5-vl")
     section = inventory.run(ctx)

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from agents.pipeline.align_compiled import compare
+from agents.pipeline.stages.align.compiled import compare
 from apps.evidence.services import do_record_stage_results
 from apps.jobs.models import JobNode, NodeState
 from tests.factories import JobFactory

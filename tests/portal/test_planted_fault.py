@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from agents.pipeline.base import StageContext
 from agents.pipeline.runner import run_pipeline
+from agents.pipeline.support.context import StageContext
 from apps.catalog.models import Hardware
 from apps.evidence.models import StageResult
 from apps.jobs import dispatch, services
@@ -76,7 +76,7 @@ def _certify(api_client: Any, model: Any, hardware: Any, token: Any, model_dir: 
     try:
         report = run_pipeline(ctx, list(stages))
     finally:
-        server = ctx.shared.get("server")
+        server = ctx.state.server
         if server is not None:
             server.stop()
     sections = report["stages"]

@@ -1,7 +1,7 @@
 """Weight probes through the REST API with real agent tokens: the reference run's samples are stored and never
 readable with an agent token; a certify job's probe answers are checked against them with the attempt's nonce
 (wrong or replayed answers fail naming the shard, missing ones are incomplete). The answers are computed by the
-agent's own code (``agents.pipeline.weight_probe``) over real files."""
+agent's own code (``agents.pipeline.support.weight_probe``) over real files."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agents.pipeline.weight_probe import answer_challenge
+from agents.pipeline.support.weight_probe import answer_challenge
 from apps.evidence.models import StageResult, WeightDraw, WeightSamples
 from apps.jobs.choices import JobPurpose
 from tests.factories import HardwareFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
@@ -148,7 +148,7 @@ def test_without_reference_samples_the_load_says_the_probe_was_not_checked(api_c
 
 
 def test_sampling_reads_the_bytes_at_the_positions_the_portal_chose(weights: Path) -> None:
-    from agents.pipeline.weight_probe import sample_shards
+    from agents.pipeline.support.weight_probe import sample_shards
 
     shards = sample_shards(weights, SHARDS, {"count": 2, "length": 64, "positions": [0.0, 0.5]})
     big, small = (weights / SHARDS[0]).read_bytes(), (weights / SHARDS[1]).read_bytes()

@@ -65,8 +65,8 @@ def test_an_option_the_native_family_lacks_runs_on_the_fallback(tmp_path, option
 
 
 def test_the_report_model_section_names_the_reason(tmp_path):
-    from agents.pipeline.base import StageContext
     from agents.pipeline.runner import model_info
+    from agents.pipeline.support.context import StageContext
 
     model_dir = _variant(tmp_path, OPTIONS["gelu"][0])
     config = json.loads((model_dir / "config.json").read_text())

@@ -205,7 +205,7 @@ def test_shapes_past_the_kernels_buffers_are_refused(packs_small, monkeypatch):
 
 def test_hidden_states_are_asked_of_the_layers_themselves(packs_small, native_calls):
     """A decode step that asks for every layer's hidden states (alignment's paged check) runs the layers."""
-    from agents.pipeline.align_common import paged_context
+    from agents.pipeline.support.models import paged_context
 
     engine = LLMEngine(cached_model("llama"), num_blocks=64, block_size=8, pack_weights=True)
     model = engine.model
@@ -220,7 +220,7 @@ def test_hidden_states_are_asked_of_the_layers_themselves(packs_small, native_ca
 def test_a_pipeline_stage_before_the_last_sends_the_whole_stream(packs_small, native_calls, monkeypatch):
     """A stage that is not the last sends its layers' output (the residual with the last MLP's output added), the
     same as the layers' own forwards send."""
-    from agents.pipeline.align_common import paged_context
+    from agents.pipeline.support.models import paged_context
     from agents.runtime.models import decoder
 
     engine = LLMEngine(cached_model("qwen3"), num_blocks=64, block_size=8, pack_weights=True)
@@ -242,7 +242,7 @@ def test_swapped_parameters_run_the_layers_own_forwards(packs_small, native_call
     steps aside, and the step computes with the swapped ones."""
     from torch.func import functional_call
 
-    from agents.pipeline.align_common import paged_context
+    from agents.pipeline.support.models import paged_context
 
     engine = LLMEngine(cached_model("llama"), num_blocks=64, block_size=8, pack_weights=True)
     model = engine.model

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.pipeline.base import StageFailed
-from agents.pipeline.serve import ServerProcess
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.server_process import ServerProcess
 from agents.runtime.commands.serve import serve_command
 from day0cli.main import build_parser, main
 
@@ -77,7 +77,7 @@ def test_the_serve_stage_starts_the_runtime_module_not_the_django_project(tmp_pa
 def test_a_following_node_starts_its_serve_ranks_through_the_same_builder() -> None:
     from types import SimpleNamespace
 
-    from agents.pipeline.nodes import serve_command as follower_command
+    from agents.pipeline.support.nodes import serve_command as follower_command
     from agents.runtime.nodes import NodeSpec
 
     ctx = SimpleNamespace(model_dir=Path("/m"), dtype="float32", device="cpu", bench={"serve_args": ["--num-blocks", 32]},

@@ -51,7 +51,7 @@ def run_agent(args: argparse.Namespace) -> int:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per event batch and heartbeat is noise
 
-    from agents.pipeline.env import environment_lock
+    from agents.pipeline.support.environment import environment_lock
     from agents.worker.agent_state import STATE
     from agents.worker.app import app, consume, run_worker, worker_argv
     from agents.worker.client import PortalClient, PortalError

@@ -17,7 +17,7 @@ BENCH_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "input_len": (1, 1 << 20, True), "output_len": (1, 1 << 20, True), "long_input_len": (1, 1 << 20, True),
     "num_prompts": (1, 100_000, True), "max_concurrency": (1, 4096, True), "request_rate": (1e-3, 10_000, False),
     "ready_timeout": (1, 86_400, False), "seed": (0, 2**63 - 1, True), "min_seconds": (0, 86_400, False),
-    # the comm stage's sweep (agents/pipeline/comm.py checks the same bounds when it runs)
+    # the comm stage's sweep (agents/pipeline/stages/comm.py checks the same bounds when it runs)
     "comm_min_bytes": (8, 1 << 34, True), "comm_max_bytes": (8, 1 << 34, True), "comm_factor": (2, 1024, True),
     "comm_iters": (1, 10_000, True), "comm_warmup": (0, 1000, True), "comm_timeout_s": (0.001, 3600, False),
     "comm_ranks": (1, 64, True),

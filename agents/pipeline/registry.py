@@ -1,0 +1,29 @@
+"""The stages the runner knows, by the name the report and the job's ``stages`` use: one ``run(ctx) -> section``
+each (DESIGN.md §6). The order they run in is ``tiers.STAGE_ORDER``; every name there has an entry here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agents.pipeline.stages import bench, comm, env, load, plan, reference, serve, soak
+from agents.pipeline.stages.align import stage as align
+from agents.pipeline.stages.eval import stage as evaluation
+from agents.pipeline.stages.inventory import stage as inventory
+from agents.pipeline.support.context import StageContext
+
+Stage = Callable[[StageContext], dict[str, Any]]
+
+STAGES: dict[str, Stage] = {
+    "plan": plan.run,
+    "load": load.run,
+    "inventory": inventory.run,
+    "align": align.run,
+    "serve": serve.run,
+    "bench": bench.run,
+    "eval": evaluation.run,
+    "soak": soak.run,
+    "comm": comm.run,
+    "env": env.run,
+    "reference": reference.run,
+}

@@ -1,0 +1,2 @@
+"""The ``inventory`` stage (``stage.run``): the traced operators (``model``) classified against the target's
+operator library (``classify``)."""
