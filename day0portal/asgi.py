@@ -1,4 +1,6 @@
-"""ASGI entry point: ``http`` goes to Django, ``websocket`` to the Channels consumers of ``apps.*.routing``."""
+"""ASGI entry point: ``http`` goes to Django; ``websocket`` to the routes of ``apps.jobs.routing`` (the job's
+events at ``/ws/jobs/<id>/`` and the matrix's cell changes at ``/ws/matrix/``, both consumers in
+``apps.jobs.consumers``), behind Channels' allowed-hosts origin check and session authentication."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""The Celery app. Broker from settings (Redis, or kombu's filesystem transport on the embedded default).
-Routing of adaptation tasks to the queue ``hw.<hardware-slug>`` is set by the agents' dispatch code."""
+"""The portal's Celery app: configuration from the ``CELERY_*`` settings (the broker: DAY0_BROKER_URL, else Redis,
+else kombu's filesystem transport on the embedded default; portal tasks on the ``portal`` queue) and the
+``tasks.py`` of every installed app (lost-job detection, alert delivery). Nothing routes here: the portal's
+dispatch (``apps.jobs.dispatch.send_job``) names each adaptation message's queue itself, ``hw.<hardware-slug>``
+or, for a node of a multi-node job, ``agent.<id>``."""
 
 from __future__ import annotations
 

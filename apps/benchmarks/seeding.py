@@ -25,9 +25,10 @@ from apps.benchmarks import sections as sec
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import BenchmarkRun, StageResult
 from apps.jobs.choices import JobState
+from apps.jobs.eventlog import do_store_job_events, parse_event_batch
 from apps.jobs.models import Job
 from apps.jobs.results import do_record_job_results
-from apps.jobs.services import do_store_job_events, do_transition_job, parse_event_batch
+from apps.jobs.services import do_transition_job
 from apps.matrix.models import Cell
 from apps.matrix.services import recompute_cell
 

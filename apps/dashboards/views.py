@@ -102,17 +102,12 @@ def run_adaptation(request: HttpRequest, model: str, hardware: str) -> HttpRespo
     payload = form.payload()
     serializer = JobCreateSerializer(data=payload)
     if serializer.is_valid() and not form.errors:
-        spec = serializer.spec()
-        if hardware_row.dtypes and spec["dtype"] not in hardware_row.dtypes:
-            form.errors["dtype"] = f"{hardware_row.slug} does not support {spec['dtype']} " \
-                                   f"(it supports {', '.join(hardware_row.dtypes)})"
+        try:  # the API's own creation check: the spec on this model and hardware, then who may create
+            job = check_create_job(actor, model=model_row, hardware=hardware_row, spec=serializer.spec())
+        except ValidationError as exc:
+            form.errors.update({k: " ".join(v) for k, v in exc.message_dict.items()})
         else:
-            try:
-                job = check_create_job(actor, model=model_row, hardware=hardware_row, spec=spec)
-            except ValidationError as exc:
-                form.errors.update({k: " ".join(v) for k, v in exc.message_dict.items()})
-            else:
-                return redirect(f"/jobs/{job.pk}/")
+            return redirect(f"/jobs/{job.pk}/")
     for key, messages in (serializer.errors or {}).items():
         form.errors[key] = _error_text(messages)
     return cell_page(request, model, hardware, form=form, status=400)

@@ -40,7 +40,7 @@ from apps.references.sections import parse_reference
 
 Saver = Callable[[StageResult], None]
 OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing"})
-# Bounds on what one result stores (issue 16): more is a 400 naming the field and the bound, storing nothing.
+# Bounds on what one result stores: more is a 400 naming the field and the bound, storing nothing.
 MAX_BENCH_RUNS = 64
 MAX_CONCURRENCY = 4096
 MAX_DEVICES = 1 << 16  # a plan's tp, pp, ep and device count
@@ -257,7 +257,7 @@ MAX_SOAK_WINDOWS = 10_000
 
 
 def _soak(s: dict[str, Any], path: str) -> Saver:
-    """issue 13's soak section: bounded windows of numbers; the section (on StageResult) is the evidence."""
+    """The soak section: bounded windows of numbers; the section (on StageResult) is the evidence."""
     p.boolean(s, "passed", path)
     for key in ("seconds", "memory_slope", "recover_seconds"):
         p.num(s, key, path)

@@ -117,7 +117,8 @@ def do_record_job_results(job: Job, doc: Any, *, actor: Actor | None = None) -> 
 
 
 def stages_without_result(job: Job) -> list[str]:
-    """The stages ``job`` asked for that have no stored verdict from its current attempt, in DESIGN order."""
+    """The stages ``job`` asked for that have no stored verdict from its current attempt, in the
+    pipeline's order (``STAGE_ORDER``)."""
     from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
     from apps.evidence.models import StageResult
 

@@ -18,7 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.fleet.models import Agent
-from apps.jobs import dispatch, placement, services
+from apps.jobs import dispatch, placement, recovery, services
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job, JobEvent, JobNode, NodeState
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
@@ -217,7 +217,7 @@ def test_a_silent_node_agent_makes_the_multi_node_job_lost(monkeypatch) -> None:
     services.do_dispatch_job(job.pk)
     services.do_transition_job(job, JobState.RUNNING, agent_id=agents[0].pk)
     Agent.objects.filter(pk=agents[1].pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=10))
-    assert services.do_requeue_lost_jobs() == [job.pk]
+    assert recovery.do_requeue_lost_jobs() == [job.pk]
     lost = JobEvent.objects.get(job=job, kind="lost")
     assert "agent host-1 (node 1) stopped heartbeating" in lost.message
 

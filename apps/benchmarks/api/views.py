@@ -79,7 +79,7 @@ class BenchmarkSeriesView(_BenchmarkView):
         if request.accepted_renderer.format == "csv":
             return Response(csv_rows(series))
         return Response({"count": len(series), "series": [s.as_dict() for s in series],
-                         "stack_changes": series_stack_changes(series)})  # marks on the time axis (issue 13)
+                         "stack_changes": series_stack_changes(series)})  # marks on the time axis
 
 
 class RegressionListView(_BenchmarkView):

@@ -11,13 +11,11 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents.pipeline.thresholds import check_thresholds
-from agents.runtime.planner.search import config_layout_error
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.core.api.mixins import get_actor, get_or_404, require
-from apps.jobs import node_services, services
+from apps.jobs import eventlog, node_services, services
 from apps.jobs import results as results_service
 from apps.jobs.api.serializers import (
     JobCreateSerializer,
@@ -86,18 +84,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if hardware is None:
             raise ValidationError({"hardware": f"no hardware with slug {data['hardware']!r}"})
         spec = serializer.spec()
-        try:  # lengths within the model's context (the serializer checked every other range)
-            check_thresholds(spec["thresholds"], context_length=model.context_length)
-        except ValueError as exc:
-            raise ValidationError({"thresholds": [str(exc)]}) from None
-        if spec["dtype"] is None:
-            spec["dtype"] = "bfloat16" if "bfloat16" in hardware.dtypes or not hardware.dtypes else "float32"
-        elif hardware.dtypes and spec["dtype"] not in hardware.dtypes:
-            raise ValidationError({"dtype": f"{hardware.slug} does not support {spec['dtype']} "
-                                            f"(it supports {', '.join(hardware.dtypes)})"})
-        layout = config_layout_error(model.config, hardware, spec["tp"], spec["pp"], spec["ep"])
-        if layout is not None:  # the planner's deployment rules: a pinned layout no rule allows is a 400
-            raise ValidationError({layout.field: str(layout)})
         job = services.check_create_job(actor, model=model, hardware=hardware, spec=spec)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
@@ -126,8 +112,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             actor = get_actor(request)
             require(actor.authenticated, actor, "")
             services.check_agent_for_job(actor, job, reporting=True)
-            events = services.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
-            acked = services.do_store_job_events(job, events)
+            events = eventlog.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
+            acked = eventlog.do_store_job_events(job, events)
             return Response({"acked": acked})
         after = _int_param(request, "after", 0)
         limit = _int_param(request, "limit", EVENTS_PAGE_DEFAULT, minimum=1, maximum=EVENTS_PAGE_MAX)
@@ -189,7 +175,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             return Response({"rank": node.rank, "attempt": node.attempt, "state": node.state, "events": node.events})
         actor = get_actor(request)
         require(actor.authenticated, actor, "")
-        events = services.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
+        events = eventlog.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
         return Response({"acked": node_services.check_store_node_events(actor, job, int(rank), events)})
 
     @extend_schema(request=JobStateSerializer, responses=JobSerializer)
