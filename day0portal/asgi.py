@@ -1,6 +1,6 @@
-"""ASGI entry point: ``http`` goes to Django; ``websocket`` to the routes of ``apps.jobs.routing`` (the job's
-events at ``/ws/jobs/<id>/`` and the matrix's cell changes at ``/ws/matrix/``, both consumers in
-``apps.jobs.consumers``), behind Channels' allowed-hosts origin check and session authentication."""
+"""ASGI entry point: ``http`` goes to Django; ``websocket`` to the routes of ``apps.jobs.routing`` (a job's events
+at ``/ws/jobs/<id>/``) and ``apps.matrix.routing`` (cell changes at ``/ws/matrix/``), behind Channels'
+allowed-hosts origin check and session authentication (the consumers also take ``?token=``)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from apps.jobs.routing import websocket_urlpatterns  # noqa: E402  (/ws/jobs/<id>/, /ws/matrix/)
+from apps.jobs.routing import websocket_urlpatterns as job_sockets  # noqa: E402  (/ws/jobs/<id>/)
+from apps.matrix.routing import websocket_urlpatterns as matrix_sockets  # noqa: E402  (/ws/matrix/)
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(job_sockets + matrix_sockets))),
     }
 )

@@ -22,13 +22,18 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agents.pipeline.tiers import TIER_NAMES
 from apps.accounts.access import Actor
 from apps.accounts.choices import Role, Scope
 from apps.accounts.models import Organization
 from apps.alerts import signing, urlguard
 from apps.alerts.choices import FINAL_DELIVERY_STATES, AlertKind, DeliveryStatus, PayloadFormat
 from apps.alerts.models import MAX_URL_LENGTH, Delivery, Subscription
+from apps.benchmarks.selectors import SeriesQuery, load_series, regression_dict
 from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.selectors import model_is_public
+from apps.evidence.models import BenchmarkRun
+from apps.fleet.models import StackChange
 from day0portal.env import env_int, env_str
 
 logger = logging.getLogger(__name__)
@@ -190,8 +195,6 @@ def recipients(kind: str, model: ModelRelease | None, organization_id: int | Non
     """Active subscriptions to ``kind``: every organization's for a public model's (or no model's) events,
     only the model's own organization's while it is embargoed; only ``organization_id``'s when given (an
     owned hardware pool's stack)."""
-    from apps.catalog.selectors import model_is_public
-
     subs = Subscription.objects.filter(active=True)
     if model is not None and not model_is_public(model):
         subs = subs.filter(organization_id=model.organization_id)
@@ -201,7 +204,7 @@ def recipients(kind: str, model: ModelRelease | None, organization_id: int | Non
 
 
 def enqueue_delivery(delivery_id: int) -> None:
-    from apps.alerts.tasks import deliver_alert_task
+    from apps.alerts.tasks import deliver_alert_task  # tasks imports this module (its retry budget)
 
     try:
         deliver_alert_task.delay(delivery_id)
@@ -329,38 +332,36 @@ def check_redeliver(actor: Actor, delivery: Delivery) -> Delivery:
 # --- producers ----------------------------------------------------------------------------------------------
 
 
-def do_alert_tier_drop(cell: Any, before_tier: int) -> list[Delivery]:
-    """A cell's tier fell (``matrix.services.recompute_cell`` calls this when it recomputes a lower tier)."""
-    from agents.pipeline.tiers import TIER_NAMES
-
-    if cell.tier >= before_tier:
+def do_alert_tier_drop(*, model_id: int, hardware_id: int, from_tier: int, to_tier: int, failed_stage: str,
+                       error: str, job_id: int | None, **_: Any) -> list[Delivery]:
+    """A cell's tier fell (the ``tier_dropped`` event the matrix publishes when it recomputes a lower tier)."""
+    if to_tier >= from_tier:
         return []
-    reason = f" (failed at {cell.failed_stage})" if cell.failed_stage else ""
-    summary = (f"{cell.model.slug} on {cell.hardware.slug} dropped from tier {before_tier} "
-               f"({TIER_NAMES[before_tier]}) to {cell.tier} ({TIER_NAMES[cell.tier]}){reason}")
-    return do_publish_alert(AlertKind.TIER_DROP, summary=summary, model=cell.model, hardware=cell.hardware, data={
-        "from_tier": before_tier, "to_tier": cell.tier, "failed_stage": cell.failed_stage,
-        "error": (cell.error or "")[:2000], "job": cell.last_job_id})
+    model, hardware = ModelRelease.objects.get(pk=model_id), Hardware.objects.get(pk=hardware_id)
+    reason = f" (failed at {failed_stage})" if failed_stage else ""
+    summary = (f"{model.slug} on {hardware.slug} dropped from tier {from_tier} "
+               f"({TIER_NAMES[from_tier]}) to {to_tier} ({TIER_NAMES[to_tier]}){reason}")
+    return do_publish_alert(AlertKind.TIER_DROP, summary=summary, model=model, hardware=hardware, data={
+        "from_tier": from_tier, "to_tier": to_tier, "failed_stage": failed_stage,
+        "error": (error or "")[:2000], "job": job_id})
 
 
-def do_alert_job_failed(job: Any) -> list[Delivery]:
-    """A job ended failed or lost (``jobs.services.do_transition_job`` calls this)."""
-    model, hardware = job.model, job.hardware
-    where = f" at {job.failed_stage}" if job.failed_stage else ""
-    summary = f"job {job.pk} ({model.slug} on {hardware.slug}) {job.state}{where}: {(job.error or '')[:300]}"
+def do_alert_job_failed(*, job_id: int, model_id: int, hardware_id: int, state: str, failed_stage: str, error: str,
+                        attempts: int, **_: Any) -> list[Delivery]:
+    """A job ended failed or lost (the ``job_failed`` event the jobs app publishes)."""
+    model, hardware = ModelRelease.objects.get(pk=model_id), Hardware.objects.get(pk=hardware_id)
+    where = f" at {failed_stage}" if failed_stage else ""
+    summary = f"job {job_id} ({model.slug} on {hardware.slug}) {state}{where}: {(error or '')[:300]}"
     return do_publish_alert(AlertKind.JOB_FAILED, summary=summary.rstrip(": "), model=model, hardware=hardware,
-                            data={"job": job.pk, "state": str(job.state), "failed_stage": job.failed_stage,
-                                  "error": (job.error or "")[:2000], "attempts": job.attempts,
-                                  "job_url": _link(f"/jobs/{job.pk}/")})
+                            data={"job": job_id, "state": str(state), "failed_stage": failed_stage,
+                                  "error": (error or "")[:2000], "attempts": attempts,
+                                  "job_url": _link(f"/jobs/{job_id}/")})
 
 
 def do_alert_benchmark_run(run_id: int) -> list[Delivery]:
     """Publishes the regressions a new benchmark run shows against its series' history (the detector of
     ``benchmarks.regressions`` over ``benchmarks.selectors.load_series``): one alert per run, listing every
     flagged metric and configuration."""
-    from apps.benchmarks.selectors import SeriesQuery, load_series, regression_dict
-    from apps.evidence.models import BenchmarkRun
-
     run = BenchmarkRun.objects.select_related("model", "hardware").filter(pk=run_id).first()
     if run is None:
         return []
@@ -378,15 +379,26 @@ def do_alert_benchmark_run(run_id: int) -> list[Delivery]:
                             data={"run": run.pk, "job": worst["job"], "regressions": flagged[:50]})
 
 
-def after_benchmark_run(run_id: int) -> None:
-    """Called by the bench section's saver: after commit, a portal task looks for the run's regressions."""
+def do_alert_stack_change(stack_change_id: int) -> list[Delivery]:
+    """A hardware pool's stack changed (the ``stack_changed`` event of ``fleet.stacks``): its organization's
+    subscribers (everyone's, for a shared catalog entry) hear what changed and the re-validation jobs queued."""
+    change = StackChange.objects.select_related("hardware").filter(pk=stack_change_id).first()
+    if change is None:
+        return []
+    what = ", ".join(f"{k} {change.before.get(k)} → {change.after.get(k)}" for k in change.changed)
+    jobs = f"; {len(change.jobs)} re-validation job{'s' if len(change.jobs) != 1 else ''} queued" if change.jobs else ""
+    return do_publish_alert(AlertKind.STACK_CHANGE, summary=f"{change.hardware.slug} stack changed: {what}{jobs}",
+                            hardware=change.hardware, organization_id=change.hardware.organization_id,
+                            data={"stack_change": change.pk, "changed": change.changed, "before": change.before,
+                                  "after": change.after, "host": change.hostname, "policy": change.policy,
+                                  "jobs": change.jobs})
 
-    def queue() -> None:
-        from apps.alerts.tasks import alert_benchmark_run_task
 
-        try:
-            alert_benchmark_run_task.delay(run_id)
-        except Exception:  # a broker outage must not fail the results upload
-            logger.exception("regression check of benchmark run %s could not be queued", run_id)
+def queue_benchmark_run_check(run_id: int) -> None:
+    """A portal task looks for the regressions of a stored benchmark run (the ``benchmark_recorded`` event)."""
+    from apps.alerts.tasks import alert_benchmark_run_task  # tasks imports this module
 
-    transaction.on_commit(queue)
+    try:
+        alert_benchmark_run_task.delay(run_id)
+    except Exception:  # a broker outage must not fail the results upload
+        logger.exception("regression check of benchmark run %s could not be queued", run_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from agents.pipeline.verdicts_load import LEGACY_SOURCES
 from apps.accounts.access import Actor
 from apps.catalog.choices import Visibility
 from apps.catalog.models import Hardware, ModelRelease
@@ -37,3 +38,8 @@ def visible_models(actor: Actor) -> QuerySet[ModelRelease]:
 
 def all_hardware() -> QuerySet[Hardware]:
     return Hardware.objects.select_related("organization")
+
+
+def has_trusted_manifest(model: ModelRelease) -> bool:
+    """Whether the release has a manifest its loads are compared with (not one recorded under an older rule)."""
+    return bool(model.manifest) and model.manifest_source not in LEGACY_SOURCES

@@ -21,6 +21,14 @@ from django.views.decorators.http import require_POST
 from agents.pipeline.tiers import STAGE_ORDER, TIER_NAMES
 from apps.accounts.access import actor_for
 from apps.accounts.models import Organization
+from apps.benchmarks.open_regressions import (
+    HEADLINE_METRICS,
+    PAGE_ROWS,
+    group_rows,
+    newest_flagged_cell,
+    open_regressions,
+    regression_rows,
+)
 from apps.benchmarks.regressions import RegressionRule
 from apps.benchmarks.selectors import (
     LATENCY_STATS,
@@ -44,15 +52,8 @@ from apps.dashboards.selectors.compare import compare_jobs
 from apps.dashboards.selectors.day0 import cell_marks
 from apps.dashboards.selectors.fleet import fleet, online_agent_count
 from apps.dashboards.selectors.jobs import STATES, JobFilters, job_list, previous_job_ids
-from apps.dashboards.selectors.regressions import (
-    HEADLINE_METRICS,
-    PAGE_ROWS,
-    group_rows,
-    newest_flagged_cell,
-    open_regressions,
-    regression_rows,
-)
 from apps.evidence.manifests import digest_disagreement
+from apps.fleet.stacks import series_stack_changes
 from apps.jobs.api.serializers import JobCreateSerializer
 from apps.jobs.selectors import job_waiting_reason
 from apps.jobs.services import check_create_job
@@ -229,8 +230,6 @@ def trends_page(request: HttpRequest) -> HttpResponse:
             raise Http404(str(exc)) from None
         except (SeriesQueryError, ValueError) as exc:
             error = str(exc)
-    from apps.alerts.stacks import series_stack_changes
-
     trend_charts, shared = charts.trend_charts(series, stat, series_stack_changes(series))
     return render(request, "dashboards/trends.html", {
         "cells": cells_with_benchmarks(actor), "model": model, "hardware": hardware, "stat": stat,

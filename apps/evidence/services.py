@@ -13,9 +13,9 @@ from django.db import transaction
 
 from agents.pipeline import verdicts
 from agents.pipeline.tiers import STAGE_ORDER
-from apps.alerts import services as alert_services
+from apps.core import events
+from apps.core import parsing as p
 from apps.evidence import manifests, weights
-from apps.evidence import parsing as p
 from apps.evidence.judging_facts import physics_facts
 from apps.evidence.models import (
     LATENCY_METRICS,
@@ -37,6 +37,7 @@ from apps.evidence.models import (
 )
 from apps.jobs.models import Job
 from apps.references.sections import parse_reference
+from apps.references.services import challenge_judge
 
 Saver = Callable[[StageResult], None]
 OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing"})
@@ -198,7 +199,7 @@ def _bench(s: dict[str, Any], path: str) -> Saver:
         for point in points:
             point.run = run
         BenchmarkPoint.objects.bulk_create(points)
-        alert_services.after_benchmark_run(run.pk)  # regressions of this run alert subscribers (issue 13)
+        events.publish(events.benchmark_recorded, run_id=run.pk)  # its regressions alert subscribers
 
     return save
 
@@ -288,8 +289,6 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
     """The facts the portal judges a job's sections with: its release (config, manifest, tensor count, chat
     template, images, context), its hardware (for the plan), its dtype. Which path runs the model (native or
     the fallback, which has no paged KV cache) comes from the job's load evidence."""
-    from apps.references.services import challenge_judge
-
     model, hardware = job.model, job.hardware
     load = (sections or {}).get("load")
     if not isinstance(load, dict):

@@ -1,12 +1,11 @@
-"""WebSockets of jobs and of the matrix. Thin: authenticate, check visibility, join a group, forward.
+"""WebSockets of jobs (the matrix's: ``apps.matrix.consumers``, on the same guarded base). Thin: authenticate, check visibility, join a group, forward.
 
 ``/ws/jobs/<id>/?after=SEQ`` replays the stored events after SEQ, then streams live ones — each event exactly
 once and in seq order: the consumer joins the group *before* it reads the database, so nothing committed
 during the replay is missed, and it delivers only the next contiguous seq, holding back (and, if need be,
 reading from the database) anything that arrives ahead of a gap. A multi-node job's other nodes have their own
 sequences (``job.node_events`` messages naming the node), replayed after ``&nodes_after=R:SEQ,…`` (every
-node from its start when not given) and delivered the same way, each on its own. ``/ws/matrix/`` forwards cell changes of the
-models the client may see. Both accept a session or ``?token=<api token>``.
+node from its start when not given) and delivered the same way, each on its own. Both sockets accept a session or ``?token=<api token>``.
 
 Refusals are close codes, never an HTTP 403 handshake (which a browser cannot read): the handshake is accepted
 and the socket closed at once with 4400 (bad query), 4401 (bad, revoked or inactive token), 4403 (not visible)
@@ -32,13 +31,13 @@ TOKEN_RECHECK_S = 5.0
 CLOSE_UNAUTHENTICATED, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_BAD_REQUEST = 4401, 4403, 4404, 4400
 
 
-def _query(scope: dict[str, Any]) -> dict[str, str]:
+def socket_query(scope: dict[str, Any]) -> dict[str, str]:
     raw = parse_qs(scope.get("query_string", b"").decode(errors="replace"))
     return {key: values[-1] for key, values in raw.items()}
 
 
 @database_sync_to_async
-def _actor(scope: dict[str, Any], token_secret: str | None) -> Any:
+def socket_actor(scope: dict[str, Any], token_secret: str | None) -> Any:
     """The connection's actor: an API token from ``?token=``, else the session user; None for a bad token."""
     from apps.accounts.access import actor_of
     from apps.accounts.authentication import find_token
@@ -56,7 +55,7 @@ def _token_usable(token_id: int) -> bool:
     return ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True, user__is_active=True).exists()
 
 
-class _GuardedConsumer(AsyncJsonWebsocketConsumer):
+class GuardedConsumer(AsyncJsonWebsocketConsumer):
     """Refusal by close code, and the token watch of the module docstring."""
 
     token_id: int | None = None
@@ -161,12 +160,12 @@ def _job_state(job_id: int) -> dict[str, Any] | None:
     return None if job is None else {"type": "job.state", "job": job_id, **job}
 
 
-class JobEventsConsumer(_GuardedConsumer):
+class JobEventsConsumer(GuardedConsumer):
     """``/ws/jobs/<id>/?after=SEQ``: the job's events (``job.events``) and state changes (``job.state``)."""
 
     async def connect(self) -> None:
         self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        query = _query(self.scope)
+        query = socket_query(self.scope)
         try:
             self.last_seq = max(0, int(query.get("after") or 0))
         except ValueError:
@@ -179,7 +178,7 @@ class JobEventsConsumer(_GuardedConsumer):
         self.node_last: dict[int, int] = cursors  # another node's last seq delivered (absent: 0)
         self.node_held: dict[int, dict[int, dict[str, Any]]] = {}
         self.held: dict[int, dict[str, Any]] = {}  # live events ahead of a gap, by seq
-        actor = await _actor(self.scope, query.get("token"))
+        actor = await socket_actor(self.scope, query.get("token"))
         if actor is None:
             await self.refuse(CLOSE_UNAUTHENTICATED)
             return
@@ -253,35 +252,4 @@ class JobEventsConsumer(_GuardedConsumer):
 
     async def job_state(self, message: dict[str, Any]) -> None:
         if await self.authorized():
-            await self.send_json(message)
-
-
-class MatrixConsumer(_GuardedConsumer):
-    """``/ws/matrix/``: ``cell.changed`` and ``matrix.changed`` messages about models the client may see."""
-
-    async def connect(self) -> None:
-        from apps.matrix.events import MATRIX_GROUP
-
-        self.actor = await _actor(self.scope, _query(self.scope).get("token"))
-        if self.actor is None:
-            await self.refuse(CLOSE_UNAUTHENTICATED)
-            return
-        await self.join(self.actor, MATRIX_GROUP)
-        await self.accept()
-
-    @database_sync_to_async
-    def _visible(self, *, slug: str | None = None, model_id: int | None = None) -> bool:
-        from apps.catalog.selectors import visible_models
-
-        if slug is None and model_id is None:
-            return True
-        qs = visible_models(self.actor)
-        return qs.filter(slug=slug).exists() if slug is not None else qs.filter(pk=model_id).exists()
-
-    async def cell_changed(self, message: dict[str, Any]) -> None:
-        if await self.authorized() and await self._visible(slug=message.get("model")):
-            await self.send_json(message)
-
-    async def matrix_changed(self, message: dict[str, Any]) -> None:
-        if await self.authorized() and await self._visible(model_id=message.get("model_id")):
             await self.send_json(message)

@@ -1,15 +1,17 @@
 """The broker side of jobs: which queue a job goes to, what its message carries, and the timing settings.
 
-Nothing here writes a row but the weight challenge an attempt is sent (``apps.evidence.weights``): ``services.do_dispatch_job`` moves a job to dispatched and calls ``send_job``, and
-``services.do_requeue_lost_jobs`` (run periodically by ``tasks.detect_lost_jobs_task``) decides which jobs are
-lost. This module imports no service (services import it), so the two never form an import cycle.
+``services.do_dispatch_job`` moves a job to dispatched and calls ``send_job``; ``recovery.do_requeue_lost_jobs``
+(run periodically by ``tasks.detect_lost_jobs_task``) decides which jobs are lost. This module imports no service
+(services import it), so the two never form an import cycle.
 
 The payload carries the whole job spec (model config, hardware spec, stages, dtype, overrides): agents never read
-the database."""
+the database. Apps above jobs add their parts of it (``add_payload_part``, from their ``AppConfig.ready``): the
+references app an attempt's challenge or a reference run's pool, evidence the weight challenge (the one row a
+payload writes: the digests an attempt is asked for)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -38,19 +40,27 @@ def queue_for(hardware_slug: str) -> str:
     return f"hw.{hardware_slug}"
 
 
-def task_payload(job: Job) -> dict[str, Any]:
-    """What the agent needs to run ``job``, as the agent's ``run_job_task(job_id, spec)`` reads it."""
-    from apps.references.selectors import payload_for  # reads only: the challenge or the reference pool
+PayloadPart = Callable[[Job], dict[str, Any]]
+_PAYLOAD_PARTS: list[PayloadPart] = []
 
+
+def add_payload_part(part: PayloadPart) -> None:
+    """Adds ``part(job)``'s keys to every task payload (an app above jobs, from its ``AppConfig.ready``)."""
+    if part not in _PAYLOAD_PARTS:
+        _PAYLOAD_PARTS.append(part)
+
+
+def task_payload(job: Job) -> dict[str, Any]:
+    """What the agent needs to run ``job``, as the agent's ``run_job_task(job_id, spec)`` reads it: the job, its
+    model and hardware, and the parts other apps add (``add_payload_part``)."""
     hw = job.hardware
     model = job.model
-    return {
+    payload = {
         **job.spec,
         "job": job.pk,
         "attempt": job.attempts,
         "nonce": job.nonce,  # this attempt's secret: every results document carries it back (job, attempt, nonce)
         "purpose": job.purpose,
-        **payload_for(job),  # "challenge" (a certify attempt) or "reference_pool" (a reference job)
         "model": {"slug": model.slug, "name": model.name, "architecture": model.architecture,
                   "config": model.config, "path": job.spec.get("model_path")},
         "hardware": {"slug": hw.slug, "vendor": hw.vendor, "name": hw.name, "memory_bytes": hw.memory_bytes,
@@ -58,16 +68,10 @@ def task_payload(job: Job) -> dict[str, Any]:
                      "intra_node_gbps": hw.intra_node_gbps, "inter_node_gbps": hw.inter_node_gbps,
                      "memory_bandwidth_gbps": hw.memory_bandwidth_gbps, "dtypes": list(hw.dtypes),
                      "peak_tflops": dict(hw.peak_tflops), "operator_manifest": list(hw.operator_manifest)},
-        # a reference run's weight_samples, or a certify job's weight_probe (drawn per attempt and kept secret);
-        # never the release's manifest: the portal compares the load's digests itself
-        **weight_challenge(job),
     }
-
-
-def weight_challenge(job: Job) -> dict[str, Any]:
-    from apps.evidence.weights import payload_for
-
-    return payload_for(job)
+    for part in _PAYLOAD_PARTS:
+        payload.update(part(job))
+    return payload
 
 
 def agent_queue(agent_id: int) -> str:

@@ -14,13 +14,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from agents.pipeline.thresholds import check_thresholds
+from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
 from agents.runtime.planner.search import config_layout_error
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import model_is_public
+from apps.core import events
 from apps.core.errors import ConflictError
-from apps.fleet.models import Agent
 from apps.jobs import dispatch, placement
 from apps.jobs.choices import ACTIVE_STATES, ALLOWED_TRANSITIONS, FINISHED_STATES, EventLevel, JobPurpose, JobState
 from apps.jobs.eventlog import do_append_job_event
@@ -113,9 +114,7 @@ def do_create_job(*, model: ModelRelease, hardware: Hardware, spec: dict[str, An
     job = Job.objects.create(model=model, hardware=hardware, spec=spec, organization_id=organization_id,
                              requested_by_id=requested_by_id, state=JobState.QUEUED, purpose=purpose,
                              nodes=placement.plan_nodes(model, hardware, spec))
-    from apps.matrix.services import recompute_cell
-
-    recompute_cell(model.pk, hardware.pk)
+    events.send_now(events.cell_inputs_changed, model_id=model.pk, hardware_id=hardware.pk, reason="", history=None)
     job_id = job.pk
     transaction.on_commit(lambda: do_dispatch_job(job_id))
     return job
@@ -167,16 +166,15 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
         setattr(job, name, getattr(locked, name))
     if to_state in FINISHED_STATES or to_state == JobState.QUEUED:
         placement.release_nodes(locked.pk)  # its agents are free for the next job (or the next attempt)
-        from apps.matrix.services import recompute_cell
-
-        recompute_cell(locked.model_id, locked.hardware_id, reason=f"job {locked.pk} {to_state}"
-                       + (f" at {locked.failed_stage}" if locked.failed_stage else ""))
+        events.send_now(events.cell_inputs_changed, model_id=locked.model_id, hardware_id=locked.hardware_id,
+                        reason=f"job {locked.pk} {to_state}" + (f" at {locked.failed_stage}" if locked.failed_stage
+                                                                else ""), history=None)
     message = _state_message(locked)
     transaction.on_commit(lambda: broadcast_job_state(message))
     if to_state in (JobState.FAILED, JobState.LOST):
-        from apps.alerts.services import do_alert_job_failed
-
-        do_alert_job_failed(locked)  # subscribers hear of the failure (issue 13)
+        events.publish(events.job_failed, job_id=locked.pk, model_id=locked.model_id, hardware_id=locked.hardware_id,
+                       state=str(to_state), failed_stage=locked.failed_stage, error=locked.error,
+                       attempts=locked.attempts)
     return job
 
 
@@ -217,7 +215,7 @@ def check_agent_for_job(actor: Actor, job: Job, *, reporting: bool = False) -> N
         raise InvalidTransition(f"job {job.pk} is {job.state}: an agent claims it (state running) before it "
                                 "reports events or results")
     if job.agent_id is not None:
-        owner_token = Agent.objects.filter(pk=job.agent_id).values_list("token_id", flat=True).first()
+        owner_token = Job.objects.filter(pk=job.pk).values_list("agent__token_id", flat=True).first()
         if owner_token != actor.token.pk:
             raise PermissionDenied(f"job {job.pk} is run by agent {job.agent_id}, registered with another token")
 
@@ -225,11 +223,13 @@ def check_agent_for_job(actor: Actor, job: Job, *, reporting: bool = False) -> N
 AGENT_STATES = (JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED)
 
 
-def _agent_of_token(actor: Actor, agent_id: int | None) -> Agent | None:
+def _agent_of_token(actor: Actor, agent_id: int | None) -> Any:
+    """The agent ``agent_id`` registered with the actor's token (the token's agents, read through its relation:
+    the fleet app sits above jobs)."""
     if agent_id is None:
         return None
-    agent = Agent.objects.filter(pk=agent_id).first()
-    if agent is None or agent.token_id != actor.token.pk:
+    agent = actor.token.agent_set.filter(pk=agent_id).first()
+    if agent is None:
         raise PermissionDenied(f"agent {agent_id} is not registered with this token")
     return agent
 
@@ -275,8 +275,6 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
             if agent is not None and locked.agent_id is not None and agent.pk != locked.agent_id:
                 raise PermissionDenied(f"job {job.pk} is run by agent {locked.agent_id}, not {agent.pk}")
             if to_state == JobState.SUCCEEDED:
-                from apps.jobs.results import stages_without_result
-
                 missing = stages_without_result(locked)
                 if missing:  # a job succeeds only when every stage it asked for has a verdict
                     to_state, failed_stage = JobState.FAILED, missing[0]
@@ -287,6 +285,15 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
                  "error", "updated_at"):
         setattr(job, name, getattr(locked, name))
     return job
+
+
+def stages_without_result(job: Job) -> list[str]:
+    """The stages ``job`` asked for that have no stored verdict from its current attempt, in the pipeline's order
+    (``STAGE_ORDER``); the results are read through the job's ``stage_results`` relation (evidence sits above
+    jobs)."""
+    requested = job.stages or list(DEFAULT_STAGES)
+    have = set(job.stage_results.filter(attempt=job.attempts).values_list("stage", flat=True))
+    return [s for s in STAGE_ORDER if s in requested and s not in have]
 
 
 # --- dispatch -----------------------------------------------------------------------------------------------
@@ -313,9 +320,7 @@ def do_dispatch_job(job_id: int) -> None:
                 _note_waiting(job, waiting)
                 return
         do_transition_job(job, JobState.DISPATCHED)
-        from apps.references.services import draw_challenge
-
-        draw_challenge(job)  # this attempt's secret challenge (a certify job running align or eval)
+        events.send_now(events.job_dispatched, job=job)  # e.g. this attempt's secret challenge (references)
     try:
         if nodes:
             dispatch.send_job(job, nodes)

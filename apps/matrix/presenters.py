@@ -8,7 +8,7 @@ from html import escape
 
 from agents.pipeline.tiers import TIER_NAMES
 from apps.catalog.models import Hardware, ModelRelease
-from apps.dashboards.selectors.format import reached_times
+from apps.core.formatting import reached_times
 from apps.matrix.selectors import CellView, lead_hours
 
 

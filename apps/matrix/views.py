@@ -14,8 +14,8 @@ from django.utils.safestring import mark_safe
 from agents.pipeline.tiers import TIER_NAMES
 from agents.runtime.planner.memory import DTYPES
 from apps.accounts.access import actor_for
+from apps.benchmarks.open_regressions import open_regressions
 from apps.catalog.models import Hardware, ModelRelease
-from apps.dashboards.selectors.regressions import open_regressions
 from apps.matrix.presenters import dtype_short, human_count, rows_html
 from apps.matrix.selectors import Matrix, MatrixFilters, build_matrix, family_choices, vendor_choices
 from apps.matrix.services import estimate_fit

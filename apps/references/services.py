@@ -204,15 +204,3 @@ def challenge_judge(job: Job, *, attempt: int | None = None) -> ChallengeJudge |
             awaiting = f"awaiting reference: its reference run (job {pending.job_id}) has not finished"
     return ChallengeJudge(challenge=challenge.items, keys=challenge.keys, sizes=challenge.sizes,
                           reference=reference.outputs if reference else None, awaiting=awaiting)
-
-
-def do_rejudge_release(release_id: int) -> int:
-    """Judges again every stored align and eval result of the release's certify jobs (a reference arrived;
-    ``evidence.rejudge``: each against the challenge of the attempt it was posted under) and recomputes their
-    cells; returns how many results were judged."""
-    from apps.evidence.models import StageResult
-    from apps.evidence.rejudge import rejudge_results
-
-    results = StageResult.objects.filter(job__model_id=release_id, job__purpose=JobPurpose.CERTIFY,
-                                         stage__in=sorted(CHALLENGE_STAGES), synthetic=False)
-    return rejudge_results(results=results, reason="the release's reference arrived")["results"]

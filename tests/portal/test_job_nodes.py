@@ -81,10 +81,10 @@ def test_a_two_node_job_reserves_two_idle_agents_and_sends_each_its_node(clean_q
                                 "agent": agent.pk}
     assert all(_queued(dispatch.agent_queue(a.pk)) == [] for a in agents[2:])  # the third, busy, offline
     # the reserved agents are not idle for another job until this one ends
-    assert set(placement.idle_agents(hardware.pk).values_list("pk", flat=True)) == {agents[2].pk}
+    assert set(placement.idle_agents(hardware).values_list("pk", flat=True)) == {agents[2].pk}
     services.do_transition_job(job, JobState.CANCELLED)
     assert set(JobNode.objects.filter(job=job).values_list("state", flat=True)) == {NodeState.RELEASED}
-    assert set(placement.idle_agents(hardware.pk).values_list("pk", flat=True)) == {a.pk for a in agents[:3]}
+    assert set(placement.idle_agents(hardware).values_list("pk", flat=True)) == {a.pk for a in agents[:3]}
 
 
 @pytest.mark.django_db
@@ -162,7 +162,7 @@ def test_a_broker_that_refuses_one_node_leaves_every_node_unreserved(monkeypatch
     job.refresh_from_db()
     assert sent == [0] and job.state == JobState.QUEUED and job.attempts == 0
     assert set(JobNode.objects.filter(job=job).values_list("state", flat=True)) == {NodeState.RELEASED}
-    assert placement.idle_agents(hardware.pk).count() == 2
+    assert placement.idle_agents(hardware).count() == 2
 
 
 @pytest.mark.django_db

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from apps.alerts.models import Delivery, StackChange, Subscription
-from apps.alerts.stacks import cell_stack, do_set_hardware_policy
+from apps.alerts.models import Delivery, Subscription
+from apps.evidence.ingest import do_record_job_results
+from apps.fleet.models import StackChange
+from apps.fleet.stacks import do_set_hardware_policy
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
-from apps.jobs.results import do_record_job_results
 from apps.jobs.services import do_transition_job
 from apps.matrix.models import Cell
+from apps.matrix.stacks import cell_stack
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
 from tests.portal.challenges import answered
 from tests.portal.reports import TIER_STAGES, bound, failing, passing

@@ -9,7 +9,8 @@ from apps.core.api.root import PortalRouter
 
 API_MODULES: tuple[str, ...] = ("apps.accounts.api.urls", "apps.catalog.api.urls", "apps.fleet.api.urls",
                                 "apps.jobs.api.urls", "apps.matrix.api.urls", "apps.benchmarks.api.urls",
-                                "apps.alerts.api.urls", "apps.references.api.urls")
+                                "apps.alerts.api.urls", "apps.references.api.urls",
+                                "apps.evidence.api.urls")
 
 
 router = PortalRouter()

@@ -9,11 +9,11 @@ from typing import Any
 
 from agents.runtime.planner.memory import resolve_dtype
 from apps.accounts.access import Actor
+from apps.benchmarks.open_regressions import open_regressions
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models, visible_models_q
 from apps.dashboards.selectors.day0 import Day0Release, release_timeline
 from apps.dashboards.selectors.fleet import fleet
-from apps.dashboards.selectors.regressions import open_regressions
 from apps.evidence.models import StageResult
 from apps.matrix.models import Cell
 

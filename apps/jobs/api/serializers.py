@@ -7,7 +7,7 @@ from rest_framework import serializers
 from agents.pipeline.thresholds import check_thresholds, looser_keys
 from agents.pipeline.tiers import DEFAULT_STAGES, STAGE_ORDER
 from agents.runtime.planner.memory import ALIASES as DTYPE_ALIASES
-from apps.catalog.api.serializers import DTYPE_NAMES
+from apps.catalog.choices import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.selectors import job_waiting_reason
 

@@ -14,8 +14,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents.pipeline import challenge_pool as cp
+from apps.accounts.api.mixins import get_actor, get_or_404, require
 from apps.catalog.selectors import visible_models
-from apps.core.api.mixins import get_actor, get_or_404, require
 from apps.references.models import ReferenceRun
 from apps.references.services import do_queue_reference
 

@@ -1,5 +1,5 @@
-"""OpenAPI post-processing (drf-spectacular hook): a one-line summary on every operation, and enums where a
-field takes one of a fixed set (stages, dtypes, threshold keys, metrics) though its serializer validates it by
+"""OpenAPI post-processing of the whole portal API (drf-spectacular hook, named in settings): a one-line summary
+on every operation, and enums where a field takes one of a fixed set (stages, dtypes, threshold keys, metrics) though its serializer validates it by
 hand. One table here instead of a decorator on each view; a new operation without a summary gets one built from
 its method and path, and ``tests/portal`` checks none is missing."""
 
@@ -37,7 +37,7 @@ def _enums() -> dict[str, list[str]]:
     from agents.pipeline.thresholds import TABLE
     from agents.pipeline.tiers import STAGE_ORDER
     from apps.benchmarks.regressions import known_metrics
-    from apps.catalog.api.serializers import DTYPE_NAMES
+    from apps.catalog.choices import DTYPE_NAMES
 
     return {"stages": list(STAGE_ORDER), "dtype": sorted(DTYPE_NAMES), "thresholds": list(TABLE),
             "metric": known_metrics(), "threshold_docs": [TABLE[k].doc for k in TABLE]}
