@@ -22,7 +22,6 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from agents.pipeline.tiers import TIER_NAMES
 from apps.accounts.access import Actor
 from apps.accounts.choices import Role, Scope
 from apps.accounts.models import Organization
@@ -33,7 +32,6 @@ from apps.benchmarks.selectors import SeriesQuery, load_series, regression_dict
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import model_is_public
 from apps.evidence.models import BenchmarkRun
-from apps.fleet.models import StackChange
 from day0portal.env import env_int, env_str
 
 logger = logging.getLogger(__name__)
@@ -187,7 +185,8 @@ def check_delete_subscription(actor: Actor, sub: Subscription) -> None:
 # --- publishing ---------------------------------------------------------------------------------------------
 
 
-def _link(path: str) -> str:
+def link(path: str) -> str:
+    """A link to ``path`` on the portal (absolute with DAY0_PUBLIC_URL)."""
     return f"{PUBLIC_URL}{path}"
 
 
@@ -226,7 +225,7 @@ def do_publish_alert(kind: str, *, summary: str, model: ModelRelease | None = No
             else f"/hardware/{hardware.slug}/" if hardware is not None else "")
     event = {"kind": kind, "at": timezone.now().isoformat(), "summary": summary[:1000],
              "model": model.slug if model else None, "hardware": hardware.slug if hardware else None,
-             "url": _link(path) if path else None, "data": data or {}}
+             "url": link(path) if path else None, "data": data or {}}
     deliveries = Delivery.objects.bulk_create([
         Delivery(subscription=s, kind=kind, model=model, hardware=hardware, event=event) for s in subs
     ])
@@ -332,32 +331,6 @@ def check_redeliver(actor: Actor, delivery: Delivery) -> Delivery:
 # --- producers ----------------------------------------------------------------------------------------------
 
 
-def do_alert_tier_drop(*, model_id: int, hardware_id: int, from_tier: int, to_tier: int, failed_stage: str,
-                       error: str, job_id: int | None, **_: Any) -> list[Delivery]:
-    """A cell's tier fell (the ``tier_dropped`` event the matrix publishes when it recomputes a lower tier)."""
-    if to_tier >= from_tier:
-        return []
-    model, hardware = ModelRelease.objects.get(pk=model_id), Hardware.objects.get(pk=hardware_id)
-    reason = f" (failed at {failed_stage})" if failed_stage else ""
-    summary = (f"{model.slug} on {hardware.slug} dropped from tier {from_tier} "
-               f"({TIER_NAMES[from_tier]}) to {to_tier} ({TIER_NAMES[to_tier]}){reason}")
-    return do_publish_alert(AlertKind.TIER_DROP, summary=summary, model=model, hardware=hardware, data={
-        "from_tier": from_tier, "to_tier": to_tier, "failed_stage": failed_stage,
-        "error": (error or "")[:2000], "job": job_id})
-
-
-def do_alert_job_failed(*, job_id: int, model_id: int, hardware_id: int, state: str, failed_stage: str, error: str,
-                        attempts: int, **_: Any) -> list[Delivery]:
-    """A job ended failed or lost (the ``job_failed`` event the jobs app publishes)."""
-    model, hardware = ModelRelease.objects.get(pk=model_id), Hardware.objects.get(pk=hardware_id)
-    where = f" at {failed_stage}" if failed_stage else ""
-    summary = f"job {job_id} ({model.slug} on {hardware.slug}) {state}{where}: {(error or '')[:300]}"
-    return do_publish_alert(AlertKind.JOB_FAILED, summary=summary.rstrip(": "), model=model, hardware=hardware,
-                            data={"job": job_id, "state": str(state), "failed_stage": failed_stage,
-                                  "error": (error or "")[:2000], "attempts": attempts,
-                                  "job_url": _link(f"/jobs/{job_id}/")})
-
-
 def do_alert_benchmark_run(run_id: int) -> list[Delivery]:
     """Publishes the regressions a new benchmark run shows against its series' history (the detector of
     ``benchmarks.regressions`` over ``benchmarks.selectors.load_series``): one alert per run, listing every
@@ -377,28 +350,3 @@ def do_alert_benchmark_run(run_id: int) -> list[Delivery]:
                f"{worst['label']}")
     return do_publish_alert(AlertKind.REGRESSION, summary=summary, model=run.model, hardware=run.hardware,
                             data={"run": run.pk, "job": worst["job"], "regressions": flagged[:50]})
-
-
-def do_alert_stack_change(stack_change_id: int) -> list[Delivery]:
-    """A hardware pool's stack changed (the ``stack_changed`` event of ``fleet.stacks``): its organization's
-    subscribers (everyone's, for a shared catalog entry) hear what changed and the re-validation jobs queued."""
-    change = StackChange.objects.select_related("hardware").filter(pk=stack_change_id).first()
-    if change is None:
-        return []
-    what = ", ".join(f"{k} {change.before.get(k)} → {change.after.get(k)}" for k in change.changed)
-    jobs = f"; {len(change.jobs)} re-validation job{'s' if len(change.jobs) != 1 else ''} queued" if change.jobs else ""
-    return do_publish_alert(AlertKind.STACK_CHANGE, summary=f"{change.hardware.slug} stack changed: {what}{jobs}",
-                            hardware=change.hardware, organization_id=change.hardware.organization_id,
-                            data={"stack_change": change.pk, "changed": change.changed, "before": change.before,
-                                  "after": change.after, "host": change.hostname, "policy": change.policy,
-                                  "jobs": change.jobs})
-
-
-def queue_benchmark_run_check(run_id: int) -> None:
-    """A portal task looks for the regressions of a stored benchmark run (the ``benchmark_recorded`` event)."""
-    from apps.alerts.tasks import alert_benchmark_run_task  # tasks imports this module
-
-    try:
-        alert_benchmark_run_task.delay(run_id)
-    except Exception:  # a broker outage must not fail the results upload
-        logger.exception("regression check of benchmark run %s could not be queued", run_id)

@@ -23,7 +23,13 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from apps.accounts.access import actor_of
+from apps.accounts.authentication import find_token
+from apps.accounts.events import token_group
+from apps.accounts.models import ApiToken
 from apps.jobs.events import job_group
+from apps.jobs.models import Job, JobEvent
+from apps.jobs.selectors import job_event_nodes, visible_jobs
 
 REPLAY_PAGE = 1000
 MAX_NODE_CURSORS = 1024  # nodes_after entries (agents.runtime.nodes.MAX_NODES)
@@ -39,8 +45,6 @@ def socket_query(scope: dict[str, Any]) -> dict[str, str]:
 @database_sync_to_async
 def socket_actor(scope: dict[str, Any], token_secret: str | None) -> Any:
     """The connection's actor: an API token from ``?token=``, else the session user; None for a bad token."""
-    from apps.accounts.access import actor_of
-    from apps.accounts.authentication import find_token
 
     if token_secret:
         token, _ = find_token(token_secret)
@@ -50,7 +54,6 @@ def socket_actor(scope: dict[str, Any], token_secret: str | None) -> Any:
 
 @database_sync_to_async
 def _token_usable(token_id: int) -> bool:
-    from apps.accounts.models import ApiToken
 
     return ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True, user__is_active=True).exists()
 
@@ -68,7 +71,6 @@ class GuardedConsumer(AsyncJsonWebsocketConsumer):
         self.closed = True
 
     async def join(self, actor: Any, *groups: str) -> None:
-        from apps.accounts.events import token_group
 
         self.token_id = actor.token.pk if actor.token is not None else None
         self.token_checked = time.monotonic()
@@ -104,8 +106,6 @@ class GuardedConsumer(AsyncJsonWebsocketConsumer):
 @database_sync_to_async
 def _job_visible(actor: Any, job_id: int) -> bool | None:
     """True if visible, False if it exists but is hidden from the actor, None if there is no such job."""
-    from apps.jobs.models import Job
-    from apps.jobs.selectors import visible_jobs
 
     if visible_jobs(actor).filter(pk=job_id).exists():
         return True
@@ -132,7 +132,6 @@ def _node_cursors(raw: str) -> dict[int, int] | None:
 
 @database_sync_to_async
 def _event_nodes(job_id: int) -> list[int]:
-    from apps.jobs.selectors import job_event_nodes
 
     return job_event_nodes(job_id)
 
@@ -140,7 +139,6 @@ def _event_nodes(job_id: int) -> list[int]:
 @database_sync_to_async
 def _events_after(job_id: int, after: int, limit: int, upto: int | None = None,
                   node: int = 0) -> list[dict[str, Any]]:
-    from apps.jobs.models import JobEvent
 
     rows = JobEvent.objects.filter(job_id=job_id, node=node, seq__gt=after)
     if upto is not None:
@@ -154,7 +152,6 @@ def _events_after(job_id: int, after: int, limit: int, upto: int | None = None,
 
 @database_sync_to_async
 def _job_state(job_id: int) -> dict[str, Any] | None:
-    from apps.jobs.models import Job
 
     job = Job.objects.filter(pk=job_id).values("state", "attempts", "failed_stage", "error").first()
     return None if job is None else {"type": "job.state", "job": job_id, **job}

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from apps.jobs.models import Job, JobNode
+from apps.jobs.placement import node_payload
 from day0portal.env import env_int
 
 AGENT_TASK_NAME = "day0.run_job"  # agents/worker/app.py: TASK_NAME (the portal never imports agent code)
@@ -83,8 +84,7 @@ def send_job(job: Job, nodes: Sequence[JobNode] = ()) -> None:
     """Publishes the agent task of ``job`` on ``hw.<slug>``, or, for a multi-node job, one task per reserved
     node on its agent's own queue with its node rank and the rendezvous address; raises whatever the broker
     raises (the caller then releases every node: none runs)."""
-    from apps.jobs.placement import node_payload
-    from day0portal.celery import app
+    from day0portal.celery import app  # the Celery app autodiscovers the apps' tasks: loaded when sending
 
     if not nodes:
         queue = queue_for(job.hardware.slug)

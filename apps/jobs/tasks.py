@@ -22,7 +22,7 @@ def detect_lost_jobs_task() -> list[int]:
 
 
 def _schedule() -> None:
-    from day0portal.celery import app
+    from day0portal.celery import app  # the Celery app autodiscovers the apps' tasks: loaded when needed
 
     app.conf.beat_schedule = {
         **(app.conf.beat_schedule or {}),

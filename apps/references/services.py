@@ -9,6 +9,7 @@ import secrets
 from collections.abc import Iterable
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from agents.pipeline import challenge_pool as cp
@@ -19,6 +20,7 @@ from apps.catalog.models import Hardware, ModelRelease
 from apps.core.errors import ConflictError
 from apps.jobs.choices import ACTIVE_STATES, JobPurpose
 from apps.jobs.models import Job
+from apps.jobs.services import do_create_job
 from apps.references.models import Challenge, ReferenceRun, ReferenceState
 
 logger = logging.getLogger(__name__)
@@ -67,9 +69,7 @@ def do_queue_reference(release: ModelRelease, *, source: str | None = None, requ
     finished run of the same source and pool version is returned instead of a new one."""
     source = (source if source is not None else release.reference_source or "").strip()
     if not source:
-        from django.core.exceptions import ValidationError
-
-        raise ValidationError({"model_path": "the weights source the reference host reads is required (the release "
+            raise ValidationError({"model_path": "the weights source the reference host reads is required (the release "
                                              "has no reference_source)"})
     hardware = reference_hardware()
     if hardware is None:
@@ -82,8 +82,6 @@ def do_queue_reference(release: ModelRelease, *, source: str | None = None, requ
         active = _settle_abandoned(runs.filter(state=ReferenceState.QUEUED))
         if active:
             return active[0]
-    from apps.jobs.services import do_create_job
-
     job = do_create_job(model=release, hardware=hardware, organization_id=release.organization_id,
                         requested_by_id=requested_by_id,
                         spec={"stages": list(REFERENCE_STAGES), "dtype": "float32", "model_path": source},
