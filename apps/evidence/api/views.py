@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -23,7 +23,8 @@ from apps.jobs.selectors import visible_jobs
 class JobResultsView(APIView):
     """A job's results, posted by the agent that runs it; the answer names the stored sections and the cell."""
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT, operation_id="jobs_results_create")
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT, operation_id="jobs_results_create",
+                   parameters=[OpenApiParameter("id", int, OpenApiParameter.PATH, description="the job's id")])
     def post(self, request: Request, pk: str) -> Response:
         """POST (agent): one stage's section ``{"stage", "section", "attempt", "nonce"}`` or a whole stage report
         with ``attempt`` and ``nonce`` beside ``stages``: bound to the job's current attempt (409 otherwise)."""
