@@ -14,6 +14,7 @@ from django.db import transaction
 
 from apps.catalog.models import Hardware
 from apps.core import events
+from apps.evidence.models import EnvLock
 from apps.fleet.choices import RevalidationPolicy
 from apps.fleet.models import HardwarePolicy, HardwareStack, StackChange
 
@@ -33,13 +34,10 @@ def stack_of(versions: Any) -> dict[str, str]:
 
 
 def _evidence_stack(hardware: Hardware) -> dict[str, str]:
-    """The stack of the newest env evidence on ``hardware`` (toolkit is not stored there), read through the
-    hardware's jobs and their results' env rows."""
-    keys = ("runtime_commit", "torch", "driver", "device")
-    lock = (hardware.jobs.filter(stage_results__env__isnull=False)
-            .order_by("-stage_results__created_at", "-stage_results__env__id")
-            .values(*(f"stage_results__env__{k}" for k in keys)).first())
-    return stack_of({k: lock[f"stage_results__env__{k}"] for k in keys} if lock else {})
+    """The stack of the newest env evidence on ``hardware`` (toolkit is not stored there)."""
+    lock = (EnvLock.objects.filter(result__job__hardware=hardware).order_by("-result__created_at", "-id")
+            .values("runtime_commit", "torch", "driver", "device").first())
+    return stack_of(lock or {})
 
 
 def _differences(before: dict[str, str], after: dict[str, str]) -> list[str]:

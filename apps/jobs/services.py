@@ -303,7 +303,7 @@ def do_dispatch_job(job_id: int) -> None:
     """Sends queued job ``job_id`` to its hardware's agents as one more attempt (a job no longer queued is left
     alone). A job that used up ``DAY0_JOB_MAX_ATTEMPTS`` fails instead, naming the cap. When the broker refuses
     the message, the job goes back to queued with the reason and the attempt is not counted (no agent got it);
-    ``do_requeue_lost_jobs`` sends it again later."""
+    ``recovery.do_requeue_lost_jobs`` sends it again later."""
     cap = dispatch.max_attempts()
     with transaction.atomic():
         job = Job.objects.select_for_update().select_related("model", "hardware").filter(pk=job_id).first()
@@ -341,7 +341,7 @@ def do_dispatch_job(job_id: int) -> None:
 
 def _note_waiting(job: Job, reason: str) -> None:
     """A multi-node job stays queued until enough agents are free: the reason is its error (the API and page
-    show it) and, when it changes, an event; ``do_requeue_lost_jobs`` tries the dispatch again later."""
+    show it) and, when it changes, an event; ``recovery.do_requeue_lost_jobs`` tries the dispatch again later."""
     if job.error == reason:
         Job.objects.filter(pk=job.pk).update(updated_at=timezone.now())
         return
