@@ -66,7 +66,7 @@ def main() -> int:
     from apps.accounts.services import do_create_api_token
     from apps.catalog.models import Hardware
     from apps.catalog.services import do_create_hardware, do_create_model_release
-    from apps.jobs import services
+    from apps.jobs import eventlog
     from apps.jobs.models import Job, JobEvent
 
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
@@ -112,9 +112,9 @@ def main() -> int:
         job = new_job()
         t0 = time.perf_counter()
         for start in range(1, args.events + 1, args.batch):
-            batch = services.parse_event_batch(events(start, min(args.batch, args.events - start + 1)),
+            batch = eventlog.parse_event_batch(events(start, min(args.batch, args.events - start + 1)),
                                                max_events=settings.EVENT_BATCH_MAX)
-            services.do_store_job_events(job, batch)
+            eventlog.do_store_job_events(job, batch)
         rows.append((f"service, batches of {args.batch}", args.events, args.batch, time.perf_counter() - t0))
 
         job = new_job()

@@ -1,6 +1,8 @@
-"""The portal's Celery app. Broker from settings (Redis, or kombu's filesystem transport on the embedded default).
-The portal's own tasks run on its default queue (``DAY0_CELERY_DEFAULT_QUEUE``); a job goes to an agent as the
-task and on the queue ``contract.queues`` names, sent by ``apps.jobs.dispatch.send_job``."""
+"""The portal's Celery app: configuration from the ``CELERY_*`` settings (the broker: DAY0_BROKER_URL, else Redis,
+else kombu's filesystem transport on the embedded default; portal tasks on the ``portal`` queue) and the
+``tasks.py`` of every installed app (lost-job detection, alert delivery). Nothing routes here: the portal's
+dispatch (``apps.jobs.dispatch.send_job``) names each adaptation message's task and queue itself, by
+``contract.queues``: ``hw.<hardware-slug>`` or, for a node of a multi-node job, ``agent.<id>``."""
 
 from __future__ import annotations
 

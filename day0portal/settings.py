@@ -243,7 +243,7 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/api/v1",  # operations grouped by resource (jobs, models, …), not all under "v1"
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "apps.core.api.schema.add_summaries_and_enums"],
+                             "day0portal.api_schema.add_summaries_and_enums"],
 }
 # Swagger UI served from this process, not a CDN (works offline).
 INSTALLED_APPS.append("drf_spectacular_sidecar")

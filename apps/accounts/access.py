@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.contrib.auth import get_user_model
 from django.http import HttpRequest
 
 from apps.accounts.choices import ROLE_RANK, SCOPES_FOR_ROLE, Role, Scope
@@ -127,3 +128,8 @@ def actor_of(user: object, token: ApiToken | None = None) -> Actor:
         memberships = memberships.filter(organization_id=token.organization_id)
     roles = dict(memberships.values_list("organization_id", "role"))
     return Actor(user_id=user.pk, is_staff=bool(user.is_staff and token is None), token=token, roles=roles)
+
+
+def actor_username(actor: Actor) -> str | None:
+    """The user name behind ``actor`` (None for no user), as records of who did something keep it."""
+    return get_user_model().objects.filter(pk=actor.user_id).values_list("username", flat=True).first()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -14,10 +15,18 @@ from apps.accounts.authentication import hash_secret
 from apps.accounts.choices import SCOPES_FOR_ROLE, InvitationState, Role, Scope
 from apps.accounts.events import broadcast_token_revoked
 from apps.accounts.models import ApiToken, Invitation, Membership, Organization
-from apps.catalog.models import Hardware
 from apps.core.errors import ConflictError
 
+if TYPE_CHECKING:
+    from apps.catalog.models import Hardware
+
 TOKEN_PREFIX_LEN = 8
+
+
+def hardware_rows() -> Any:
+    """The hardware an agent token may be bound to, with their organizations (the rows ``ApiToken.hardware`` points
+    at: catalog's model, named there by its label because accounts sits below catalog)."""
+    return ApiToken._meta.get_field("hardware").related_model.objects.select_related("organization")
 
 
 def do_create_organization(*, slug: str, name: str) -> Organization:

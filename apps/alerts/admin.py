@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from apps.alerts.models import Delivery, HardwarePolicy, HardwareStack, StackChange, Subscription
+from apps.alerts.models import Delivery, Subscription
 
 
 @admin.register(Subscription)
@@ -20,19 +20,3 @@ class DeliveryAdmin(admin.ModelAdmin):
     readonly_fields = ["uuid", "subscription", "kind", "model", "hardware", "event", "status", "attempts",
                        "response_code", "last_error", "created_at", "last_attempt_at", "next_attempt_at",
                        "delivered_at"]
-
-
-@admin.register(HardwarePolicy)
-class HardwarePolicyAdmin(admin.ModelAdmin):
-    list_display = ["hardware", "policy", "min_tier", "updated_at"]
-
-
-@admin.register(HardwareStack)
-class HardwareStackAdmin(admin.ModelAdmin):
-    list_display = ["hardware", "reported_by", "updated_at"]
-
-
-@admin.register(StackChange)
-class StackChangeAdmin(admin.ModelAdmin):
-    list_display = ["hardware", "changed", "hostname", "policy", "jobs", "created_at"]
-    list_filter = ["hardware"]

@@ -7,3 +7,8 @@ class AlertsConfig(AppConfig):
     name = "apps.alerts"
     label = "alerts"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.alerts import receivers  # imports models: only once the app registry is ready
+
+        receivers.connect()

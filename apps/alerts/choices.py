@@ -1,4 +1,4 @@
-"""Alert event kinds, payload formats, delivery states and stack-change re-validation policies."""
+"""Alert event kinds, payload formats and delivery states."""
 
 from __future__ import annotations
 
@@ -25,9 +25,3 @@ class DeliveryStatus(models.TextChoices):
 
 
 FINAL_DELIVERY_STATES = (DeliveryStatus.DELIVERED, DeliveryStatus.FAILED)
-
-
-class RevalidationPolicy(models.TextChoices):
-    OFF = "off", "record stack changes only"
-    AT_OR_ABOVE_TIER = "tier", "re-validate cells at or above a tier"
-    ALL = "all", "re-validate every cell with evidence"

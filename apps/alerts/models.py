@@ -1,5 +1,4 @@
-"""Alerts: organizations' webhook subscriptions and the log of every delivery; stack changes of hardware pools
-and each pool's re-validation policy."""
+"""Alerts: organizations' webhook subscriptions and the log of every delivery."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 
-from apps.alerts.choices import AlertKind, DeliveryStatus, PayloadFormat, RevalidationPolicy
+from apps.alerts.choices import AlertKind, DeliveryStatus, PayloadFormat
 
 MAX_URL_LENGTH = 2000
 
@@ -65,53 +64,3 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} -> {self.subscription_id} ({self.status})"
-
-
-class HardwarePolicy(models.Model):
-    """What a stack change of a hardware pool triggers: nothing but the record (``off``), re-validation jobs
-    for its cells at or above ``min_tier`` (``tier``), or for every cell with evidence (``all``). A hardware
-    without a row behaves as ``off``."""
-
-    hardware = models.OneToOneField("catalog.Hardware", on_delete=models.CASCADE, related_name="stack_policy")
-    policy = models.CharField(max_length=8, choices=RevalidationPolicy.choices, default=RevalidationPolicy.OFF)
-    min_tier = models.PositiveSmallIntegerField(default=1)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        verbose_name_plural = "hardware policies"
-
-    def __str__(self) -> str:
-        return f"{self.hardware_id}: {self.policy}"
-
-
-class HardwareStack(models.Model):
-    """The software stack a hardware pool's agents reported last (runtime commit, torch, driver, toolkit,
-    device), the reference the next report is compared with."""
-
-    hardware = models.OneToOneField("catalog.Hardware", on_delete=models.CASCADE, related_name="stack")
-    lock = models.JSONField(default=dict)
-    reported_by = models.CharField(max_length=255, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    def __str__(self) -> str:
-        return f"{self.hardware_id}: {self.lock}"
-
-
-class StackChange(models.Model):
-    """A hardware pool's stack changed: what it was, what it became, which host reported it, and the
-    re-validation jobs its policy queued. Cells whose evidence predates it show as stale since it."""
-
-    hardware = models.ForeignKey("catalog.Hardware", on_delete=models.CASCADE, related_name="stack_changes")
-    hostname = models.CharField(max_length=255, blank=True)
-    before = models.JSONField(default=dict)
-    after = models.JSONField(default=dict)
-    changed = models.JSONField(default=list, help_text="the keys whose values differ")
-    policy = models.CharField(max_length=8, choices=RevalidationPolicy.choices, default=RevalidationPolicy.OFF)
-    jobs = models.JSONField(default=list, blank=True, help_text="ids of the re-validation jobs queued")
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.hardware_id} {', '.join(self.changed)} at {self.created_at}"

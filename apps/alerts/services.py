@@ -28,7 +28,10 @@ from apps.accounts.models import Organization
 from apps.alerts import signing, urlguard
 from apps.alerts.choices import FINAL_DELIVERY_STATES, AlertKind, DeliveryStatus, PayloadFormat
 from apps.alerts.models import MAX_URL_LENGTH, Delivery, Subscription
+from apps.benchmarks.selectors import SeriesQuery, load_series, regression_dict
 from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.selectors import model_is_public
+from apps.evidence.models import BenchmarkRun
 from day0portal.env import env_int, env_str
 
 logger = logging.getLogger(__name__)
@@ -182,7 +185,8 @@ def check_delete_subscription(actor: Actor, sub: Subscription) -> None:
 # --- publishing ---------------------------------------------------------------------------------------------
 
 
-def _link(path: str) -> str:
+def link(path: str) -> str:
+    """A link to ``path`` on the portal (absolute with DAY0_PUBLIC_URL)."""
     return f"{PUBLIC_URL}{path}"
 
 
@@ -190,8 +194,6 @@ def recipients(kind: str, model: ModelRelease | None, organization_id: int | Non
     """Active subscriptions to ``kind``: every organization's for a public model's (or no model's) events,
     only the model's own organization's while it is embargoed; only ``organization_id``'s when given (an
     owned hardware pool's stack)."""
-    from apps.catalog.selectors import model_is_public
-
     subs = Subscription.objects.filter(active=True)
     if model is not None and not model_is_public(model):
         subs = subs.filter(organization_id=model.organization_id)
@@ -201,7 +203,7 @@ def recipients(kind: str, model: ModelRelease | None, organization_id: int | Non
 
 
 def enqueue_delivery(delivery_id: int) -> None:
-    from apps.alerts.tasks import deliver_alert_task
+    from apps.alerts.tasks import deliver_alert_task  # tasks imports this module (its retry budget)
 
     try:
         deliver_alert_task.delay(delivery_id)
@@ -223,7 +225,7 @@ def do_publish_alert(kind: str, *, summary: str, model: ModelRelease | None = No
             else f"/hardware/{hardware.slug}/" if hardware is not None else "")
     event = {"kind": kind, "at": timezone.now().isoformat(), "summary": summary[:1000],
              "model": model.slug if model else None, "hardware": hardware.slug if hardware else None,
-             "url": _link(path) if path else None, "data": data or {}}
+             "url": link(path) if path else None, "data": data or {}}
     deliveries = Delivery.objects.bulk_create([
         Delivery(subscription=s, kind=kind, model=model, hardware=hardware, event=event) for s in subs
     ])
@@ -329,38 +331,10 @@ def check_redeliver(actor: Actor, delivery: Delivery) -> Delivery:
 # --- producers ----------------------------------------------------------------------------------------------
 
 
-def do_alert_tier_drop(cell: Any, before_tier: int) -> list[Delivery]:
-    """A cell's tier fell (``matrix.services.recompute_cell`` calls this when it recomputes a lower tier)."""
-    from contract.tiers import TIER_NAMES
-
-    if cell.tier >= before_tier:
-        return []
-    reason = f" (failed at {cell.failed_stage})" if cell.failed_stage else ""
-    summary = (f"{cell.model.slug} on {cell.hardware.slug} dropped from tier {before_tier} "
-               f"({TIER_NAMES[before_tier]}) to {cell.tier} ({TIER_NAMES[cell.tier]}){reason}")
-    return do_publish_alert(AlertKind.TIER_DROP, summary=summary, model=cell.model, hardware=cell.hardware, data={
-        "from_tier": before_tier, "to_tier": cell.tier, "failed_stage": cell.failed_stage,
-        "error": (cell.error or "")[:2000], "job": cell.last_job_id})
-
-
-def do_alert_job_failed(job: Any) -> list[Delivery]:
-    """A job ended failed or lost (``jobs.services.do_transition_job`` calls this)."""
-    model, hardware = job.model, job.hardware
-    where = f" at {job.failed_stage}" if job.failed_stage else ""
-    summary = f"job {job.pk} ({model.slug} on {hardware.slug}) {job.state}{where}: {(job.error or '')[:300]}"
-    return do_publish_alert(AlertKind.JOB_FAILED, summary=summary.rstrip(": "), model=model, hardware=hardware,
-                            data={"job": job.pk, "state": str(job.state), "failed_stage": job.failed_stage,
-                                  "error": (job.error or "")[:2000], "attempts": job.attempts,
-                                  "job_url": _link(f"/jobs/{job.pk}/")})
-
-
 def do_alert_benchmark_run(run_id: int) -> list[Delivery]:
     """Publishes the regressions a new benchmark run shows against its series' history (the detector of
     ``benchmarks.regressions`` over ``benchmarks.selectors.load_series``): one alert per run, listing every
     flagged metric and configuration."""
-    from apps.benchmarks.selectors import SeriesQuery, load_series, regression_dict
-    from apps.evidence.models import BenchmarkRun
-
     run = BenchmarkRun.objects.select_related("model", "hardware").filter(pk=run_id).first()
     if run is None:
         return []
@@ -376,17 +350,3 @@ def do_alert_benchmark_run(run_id: int) -> list[Delivery]:
                f"{worst['label']}")
     return do_publish_alert(AlertKind.REGRESSION, summary=summary, model=run.model, hardware=run.hardware,
                             data={"run": run.pk, "job": worst["job"], "regressions": flagged[:50]})
-
-
-def after_benchmark_run(run_id: int) -> None:
-    """Called by the bench section's saver: after commit, a portal task looks for the run's regressions."""
-
-    def queue() -> None:
-        from apps.alerts.tasks import alert_benchmark_run_task
-
-        try:
-            alert_benchmark_run_task.delay(run_id)
-        except Exception:  # a broker outage must not fail the results upload
-            logger.exception("regression check of benchmark run %s could not be queued", run_id)
-
-    transaction.on_commit(queue)

@@ -49,7 +49,7 @@ class Direction(StrEnum):
 LATENCY_FAMILIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 THROUGHPUT_METRICS = ("output_tok_s", "req_s")
 MEMORY_METRICS = ("peak_memory_bytes",)
-# Read from each run of the bench section's JSON rather than a column (issue 11 §4): lower is better for all
+# Read from each run of the bench section's JSON rather than a column (``run_metrics``): lower is better for all
 RUN_METRICS = ("comm_overhead_ratio", "comm_overhead_ratio_max", "tpot_jitter", "expert_max_over_mean",
                "expert_ep_max_over_mean")
 

@@ -1,4 +1,4 @@
-"""Series metrics read from each ``runs`` entry of a bench section (issue 11 §4) rather than a column of
+"""Series metrics read from each ``runs`` entry of a bench section rather than a column of
 ``BenchmarkPoint``: the communication overhead ratio (rank 0's, and the slowest rank's), TPOT jitter (p99 / p50;
 from the TPOT percentiles for runs recorded before the key) and the MoE expert imbalance (max / mean tokens per
 expert, and per EP rank). Pure Python."""

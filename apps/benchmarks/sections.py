@@ -1,4 +1,4 @@
-"""Plausible stage report sections (DESIGN.md §6) for seeded evidence: the same documents an agent posts,
+"""Plausible stage report sections (the documents ``day0 adapt --report`` writes) for seeded evidence: the same documents an agent posts,
 with numbers derived from the model's size and the hardware's memory and bandwidth, and seeded noise."""
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ SEEDED_EXPERTS = 16  # a seeded MoE's routed experts per layer (the numbers are 
 
 
 def run_extras(p: CellProfile, run: dict[str, Any]) -> dict[str, Any]:
-    """Issue 11 §4's keys of one seeded run: TPOT jitter (its percentiles' p99/p50), on several devices the
+    """The runtime evidence keys of one seeded run: TPOT jitter (its percentiles' p99/p50), on several devices the
     communication overhead per rank (rank 0's, each rank's, the slowest), for a MoE (fewer active parameters
     than total) the expert balance. Drawn from a generator seeded by the run's own numbers, so adding them
     leaves the rest of the seeded history as it was."""

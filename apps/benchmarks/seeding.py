@@ -16,20 +16,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 
 from apps.benchmarks import sections as sec
 from apps.catalog.models import Hardware, ModelRelease
+from apps.core import events
+from apps.evidence.ingest import do_record_job_results
 from apps.evidence.models import BenchmarkRun, StageResult
 from apps.jobs.choices import JobState
+from apps.jobs.eventlog import do_store_job_events, parse_event_batch
 from apps.jobs.models import Job
-from apps.jobs.results import do_record_job_results
-from apps.jobs.services import do_store_job_events, do_transition_job, parse_event_batch
-from apps.matrix.models import Cell
-from apps.matrix.services import recompute_cell
+from apps.jobs.services import do_transition_job
 from contract.tiers import STAGE_ORDER
+
+if TYPE_CHECKING:
+    from apps.matrix.models import Cell
 
 # Hours each stage takes, (low, high)
 STAGE_HOURS: dict[str, tuple[float, float]] = {
@@ -83,13 +86,18 @@ def _stamp(job: Job, clock: Clock, job_fields: tuple[str, ...] = (), *, stage: s
         if stage == "bench":
             BenchmarkRun.objects.filter(result__job=job).update(created_at=now)
     if tier_reached_before is not None:
-        Cell.objects.filter(model_id=job.model_id, hardware_id=job.hardware_id).update(
-            tier_reached_at=tier_reached_before)
-    recompute_cell(job.model_id, job.hardware_id, now=now)
+        job.model.cells.filter(hardware_id=job.hardware_id).update(tier_reached_at=tier_reached_before)
+    _recompute_cell(job.model_id, job.hardware_id, now=now)
+
+
+def _recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = None) -> None:
+    """The matrix recomputes the cell (``cell_inputs_changed``), its tier times at the seeded clock's ``now``."""
+    events.send_now(events.cell_inputs_changed, model_id=model_id, hardware_id=hardware_id, reason="", history=None,
+                    now=now)
 
 
 def _tier_times(job: Job) -> dict:
-    return Cell.objects.filter(model_id=job.model_id, hardware_id=job.hardware_id).values_list(
+    return job.model.cells.filter(hardware_id=job.hardware_id).values_list(
         "tier_reached_at", flat=True).first() or {}
 
 
@@ -189,7 +197,7 @@ def run_adaptation(model: ModelRelease, hardware: Hardware, outcome: str, clock:
                    *, with_events: bool = True) -> Job:
     """One adaptation job, stage by stage at the clock's time: events, results, transitions, cell recompute."""
     stages, failing = OUTCOMES[outcome]
-    cell = Cell.objects.filter(model=model, hardware=hardware).first()
+    cell = model.cells.filter(hardware=hardware).first()
     if cell is not None and cell.fits is False:
         stages, failing = ("plan",), "plan"
     dtype = "bfloat16" if "bfloat16" in (hardware.dtypes or ["bfloat16"]) else "float16"
@@ -256,7 +264,7 @@ def run_benchmark_history(model: ModelRelease, hardware: Hardware, clock: Clock,
     """One bench-only job a day for ``days`` days from ``start``; on ``regression_day`` (and the day after)
     per-token latency is multiplied by ``regression[0]`` (so throughput drops to about 1/that) and throughput
     further by ``regression[1]``."""
-    cell = Cell.objects.filter(model=model, hardware=hardware).first()
+    cell = model.cells.filter(hardware=hardware).first()
     profile = profile_for(model, hardware, cell)
     jobs = []
     for day in range(days):
@@ -338,5 +346,5 @@ def delete_seeded_jobs() -> int:
     cells = set(Job.objects.filter(spec__seeded=True).values_list("model_id", "hardware_id").distinct())
     deleted, _ = Job.objects.filter(spec__seeded=True).delete()
     for model_id, hardware_id in cells:
-        recompute_cell(model_id, hardware_id)
+        _recompute_cell(model_id, hardware_id)
     return deleted

@@ -8,6 +8,7 @@ from django.utils import timezone
 from apps.accounts.access import Actor
 from apps.catalog.choices import Visibility
 from apps.catalog.models import Hardware, ModelRelease
+from contract.manifest import LEGACY_SOURCES
 
 
 def public_models_q(prefix: str = "") -> Q:
@@ -37,3 +38,8 @@ def visible_models(actor: Actor) -> QuerySet[ModelRelease]:
 
 def all_hardware() -> QuerySet[Hardware]:
     return Hardware.objects.select_related("organization")
+
+
+def has_trusted_manifest(model: ModelRelease) -> bool:
+    """Whether the release has a manifest its loads are compared with (not one recorded under an older rule)."""
+    return bool(model.manifest) and model.manifest_source not in LEGACY_SOURCES

@@ -7,10 +7,13 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import Q
 
 from apps.accounts.access import Actor
 from apps.accounts.models import Organization
+from apps.catalog.choices import DTYPE_NAMES
 from apps.catalog.models import Hardware, ModelRelease
+from apps.core import events
 from apps.core.errors import ConflictError
 from contract.model.params import count_params
 from contract.model.spec import SpecError, config_takes_images, parse_config
@@ -47,8 +50,6 @@ def _config_error(message: str) -> ValidationError:
 
 
 def _check_section(section: dict[str, Any], where: str) -> None:
-    from apps.catalog.api.serializers import DTYPE_NAMES
-
     for key, limit in CONFIG_LIMITS.items():
         value = section.get(key)
         if value is None:
@@ -115,12 +116,6 @@ def model_fields_from_config(config: Any) -> dict[str, Any]:
     }
 
 
-def _refresh_model_cells(model: ModelRelease) -> None:
-    from apps.matrix.services import refresh_cells
-
-    refresh_cells(models=[model])
-
-
 @transaction.atomic
 def do_create_model_release(*, config: dict[str, Any], **fields: Any) -> ModelRelease:
     """Creates a model from its config (derived fields computed here) and its matrix row. A config with a
@@ -130,40 +125,30 @@ def do_create_model_release(*, config: dict[str, Any], **fields: Any) -> ModelRe
     model = ModelRelease(config=config, **fields, **model_fields_from_config(config))
     model.full_clean()
     model.save()
-    _refresh_model_cells(model)
+    events.send_now(events.catalog_changed, model=model, hardware=None, created=True, changed=[])  # its matrix row
     return model
 
 
 @transaction.atomic
 def do_update_model_release(model: ModelRelease, **fields: Any) -> ModelRelease:
-    """Updates a model; a new config recomputes the derived fields and the fits of its cells."""
-    from apps.evidence.rejudge import MODEL_JUDGED_FIELDS, changed_fields
-
-    config_changed = "config" in fields and fields["config"] != model.config
-    release_changed = "released_at" in fields and fields["released_at"] != model.released_at
-    judged = changed_fields(model, fields, MODEL_JUDGED_FIELDS)
+    """Updates a model; a new config recomputes the derived fields. The ``catalog_changed`` event names the fields
+    that changed: the matrix refreshes the fits of its cells (or its lead times), evidence judges its results
+    again when a fact they were judged with changed (``evidence.rejudge``)."""
+    changed = _changed_fields(model, fields)
     for name, value in fields.items():
         setattr(model, name, value)
-    if config_changed:
+    if "config" in changed:
         for name, value in model_fields_from_config(model.config).items():
             setattr(model, name, value)
     model.full_clean()
     model.save()
-    if release_changed:
-        from apps.matrix.services import refresh_lead_times
-
-        refresh_lead_times(model)
-    if config_changed:
-        _refresh_model_cells(model)
-    else:  # visibility or release date may change what the matrix shows; cells themselves are unchanged
-        from apps.matrix.events import broadcast_matrix_changed
-
-        transaction.on_commit(lambda: broadcast_matrix_changed(model_id=model.pk))
-    if judged:  # the facts its verdicts were judged with changed: judge them again
-        from apps.evidence.rejudge import rejudge_results
-
-        rejudge_results(model=model, reason=f"model {model.slug} {', '.join(judged)} changed")
+    events.send_now(events.catalog_changed, model=model, hardware=None, created=False, changed=changed)
     return model
+
+
+def _changed_fields(row: ModelRelease | Hardware, fields: dict[str, Any]) -> list[str]:
+    """The names of ``fields`` whose values differ from ``row``'s (read before the update is applied)."""
+    return [name for name, value in fields.items() if value != getattr(row, name)]
 
 
 @transaction.atomic
@@ -171,27 +156,21 @@ def do_create_hardware(**fields: Any) -> Hardware:
     hardware = Hardware(**fields)
     hardware.full_clean()
     hardware.save()
-    from apps.matrix.services import refresh_cells
-
-    refresh_cells(hardware=[hardware])
+    events.send_now(events.catalog_changed, model=None, hardware=hardware, created=True, changed=[])  # its column
     return hardware
 
 
 @transaction.atomic
 def do_update_hardware(hardware: Hardware, **fields: Any) -> Hardware:
-    """Updates a hardware and the fits estimates of its column; a change of its spec (memory, devices,
-    bandwidths, dtypes …) judges the verdicts of its jobs again (``evidence.rejudge``)."""
-    from apps.evidence.rejudge import HARDWARE_JUDGED_FIELDS, changed_fields, rejudge_results
-    from apps.matrix.services import refresh_cells
-
-    judged = changed_fields(hardware, fields, HARDWARE_JUDGED_FIELDS)
+    """Updates a hardware; through the ``catalog_changed`` event the matrix refreshes the fits estimates of its
+    column, and a change of its spec (memory, devices, bandwidths, dtypes …) judges the verdicts of its jobs
+    again (``evidence.rejudge``)."""
+    changed = _changed_fields(hardware, fields)
     for name, value in fields.items():
         setattr(hardware, name, value)
     hardware.full_clean()
     hardware.save()
-    refresh_cells(hardware=[hardware])
-    if judged:
-        rejudge_results(hardware=hardware, reason=f"hardware {hardware.slug} {', '.join(judged)} changed")
+    events.send_now(events.catalog_changed, model=None, hardware=hardware, created=False, changed=changed)
     return hardware
 
 
@@ -242,17 +221,13 @@ def check_slug_free(kind: type[ModelRelease] | type[Hardware], slug: Any) -> Non
 
 def organizations_with_evidence(model: ModelRelease) -> list[str]:
     """The other organizations with evidence on ``model``: a stage result of a job requested by another
-    organization, or of a job on hardware another organization owns."""
-    from django.db.models import Q
-
-    from apps.evidence.models import StageResult
-
+    organization, or of a job on hardware another organization owns (read through the release's jobs)."""
     own = model.organization_id
-    results = StageResult.objects.filter(job__model=model)
-    by_job = (results.filter(job__organization__isnull=False).exclude(job__organization_id=own)
-              .values_list("job__organization__slug", flat=True))
-    by_hardware = (results.filter(~Q(job__hardware__organization_id=own), job__hardware__organization__isnull=False)
-                   .values_list("job__hardware__organization__slug", flat=True))
+    with_results = model.jobs.filter(stage_results__isnull=False)
+    by_job = (with_results.filter(organization__isnull=False).exclude(organization_id=own)
+              .values_list("organization__slug", flat=True))
+    by_hardware = (with_results.filter(~Q(hardware__organization_id=own), hardware__organization__isnull=False)
+                   .values_list("hardware__organization__slug", flat=True))
     return sorted(set(by_job.distinct()[:50]) | set(by_hardware.distinct()[:50]))
 
 

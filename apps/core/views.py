@@ -28,7 +28,7 @@ def _check_database() -> str | None:
 
 
 def _ping_redis(url: str) -> str | None:
-    import redis
+    import redis  # the health check's driver, loaded only where a Redis is configured
 
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2).ping()
@@ -40,7 +40,7 @@ def _ping_redis(url: str) -> str | None:
 def _check_broker() -> str | None:
     url = settings.CELERY_BROKER_URL
     if url.startswith(("amqp://", "amqps://", "pyamqp://")):
-        from kombu import Connection
+        from kombu import Connection  # an AMQP broker only: the check needs no driver otherwise
 
         try:
             with Connection(url, connect_timeout=2) as conn:

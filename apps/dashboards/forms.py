@@ -1,7 +1,8 @@
 """The cell page's "Run adaptation" form: what it asks (stages, dtype, threshold preset, bench settings, plan
 overrides), the API payload it becomes, and the equivalent ``day0 jobs submit`` command and curl call. The
-payload is validated by the API's own ``JobCreateSerializer`` and the job created by the same service
-(``apps.jobs.services.check_create_job``), so the browser and the API accept and refuse the same things."""
+payload is validated by the API's own ``JobCreateSerializer`` and the job created through the API's one creation
+check (``apps.jobs.services.check_create_job``: context lengths, dtype, layout, then who may create), and a
+dtype left out defaults as the API's does, so the browser and the API accept and refuse the same things."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import model_is_public
+from apps.jobs.services import default_dtype
 from contract.thresholds import TABLE as THRESHOLDS
 from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
 
@@ -33,11 +35,6 @@ def may_submit(actor: Actor, model: ModelRelease) -> bool:
     """Whether ``actor`` may create a job of ``model`` (the rule ``check_create_job`` enforces)."""
     org_id = actor.default_org_id() if model_is_public(model) else model.organization_id
     return actor.has_scope(Scope.SUBMIT, org_id)
-
-
-def default_dtype(hardware: Hardware) -> str:
-    dtypes = list(hardware.dtypes or [])
-    return "bfloat16" if "bfloat16" in dtypes or not dtypes else dtypes[0]
 
 
 @dataclass

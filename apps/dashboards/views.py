@@ -20,6 +20,14 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.access import actor_for
 from apps.accounts.models import Organization
+from apps.benchmarks.open_regressions import (
+    HEADLINE_METRICS,
+    PAGE_ROWS,
+    group_rows,
+    newest_flagged_cell,
+    open_regressions,
+    regression_rows,
+)
 from apps.benchmarks.regressions import RegressionRule
 from apps.benchmarks.selectors import (
     LATENCY_STATS,
@@ -43,15 +51,8 @@ from apps.dashboards.selectors.compare import compare_jobs
 from apps.dashboards.selectors.day0 import cell_marks
 from apps.dashboards.selectors.fleet import fleet, online_agent_count
 from apps.dashboards.selectors.jobs import STATES, JobFilters, job_list, previous_job_ids
-from apps.dashboards.selectors.regressions import (
-    HEADLINE_METRICS,
-    PAGE_ROWS,
-    group_rows,
-    newest_flagged_cell,
-    open_regressions,
-    regression_rows,
-)
 from apps.evidence.manifests import digest_disagreement
+from apps.fleet.stacks import series_stack_changes
 from apps.jobs.api.serializers import JobCreateSerializer
 from apps.jobs.selectors import job_waiting_reason
 from apps.jobs.services import check_create_job
@@ -102,17 +103,12 @@ def run_adaptation(request: HttpRequest, model: str, hardware: str) -> HttpRespo
     payload = form.payload()
     serializer = JobCreateSerializer(data=payload)
     if serializer.is_valid() and not form.errors:
-        spec = serializer.spec()
-        if hardware_row.dtypes and spec["dtype"] not in hardware_row.dtypes:
-            form.errors["dtype"] = f"{hardware_row.slug} does not support {spec['dtype']} " \
-                                   f"(it supports {', '.join(hardware_row.dtypes)})"
+        try:  # the API's own creation check: the spec on this model and hardware, then who may create
+            job = check_create_job(actor, model=model_row, hardware=hardware_row, spec=serializer.spec())
+        except ValidationError as exc:
+            form.errors.update({k: " ".join(v) for k, v in exc.message_dict.items()})
         else:
-            try:
-                job = check_create_job(actor, model=model_row, hardware=hardware_row, spec=spec)
-            except ValidationError as exc:
-                form.errors.update({k: " ".join(v) for k, v in exc.message_dict.items()})
-            else:
-                return redirect(f"/jobs/{job.pk}/")
+            return redirect(f"/jobs/{job.pk}/")
     for key, messages in (serializer.errors or {}).items():
         form.errors[key] = _error_text(messages)
     return cell_page(request, model, hardware, form=form, status=400)
@@ -234,8 +230,6 @@ def trends_page(request: HttpRequest) -> HttpResponse:
             raise Http404(str(exc)) from None
         except (SeriesQueryError, ValueError) as exc:
             error = str(exc)
-    from apps.alerts.stacks import series_stack_changes
-
     trend_charts, shared = charts.trend_charts(series, stat, series_stack_changes(series))
     return render(request, "dashboards/trends.html", {
         "cells": cells_with_benchmarks(actor), "model": model, "hardware": hardware, "stat": stat,

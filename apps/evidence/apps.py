@@ -9,4 +9,9 @@ class EvidenceConfig(AppConfig):
     verbose_name = "Evidence: stage results"
 
     def ready(self) -> None:
-        from apps.evidence import checks  # noqa: F401  (registers the outdated-verdicts check)
+        from apps.evidence import (
+            checks,  # noqa: F401  (registers the outdated-verdicts check)
+            receivers,  # imports models: only once the app registry is ready
+        )
+
+        receivers.connect()

@@ -8,14 +8,14 @@ from typing import Any
 from django.core import checks
 from django.db import DatabaseError
 
+from apps.evidence.rejudge import outdated_defaults_count
+from contract.thresholds import DEFAULTS_VERSION
+
 
 @checks.register(checks.Tags.database)
 def outdated_verdicts_check(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     if not databases:
         return []
-    from apps.evidence.rejudge import outdated_defaults_count
-    from contract.thresholds import DEFAULTS_VERSION
-
     try:
         stale = outdated_defaults_count()
     except DatabaseError:  # not migrated yet: nothing is stored under older defaults

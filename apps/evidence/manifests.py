@@ -12,29 +12,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from apps.accounts.access import Actor
+from apps.accounts.access import Actor, actor_username
 from apps.catalog.models import ModelRelease
+from apps.catalog.selectors import has_trusted_manifest
 from apps.evidence.models import ShardChecksum, StageResult
 from apps.evidence.rejudge import rejudge_results
 from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
-from contract.manifest import LEGACY_SOURCES, check_manifest
+from contract.manifest import check_manifest
 
 MAX_SHOWN_FILES = 20  # disagreeing files listed on the model API (the count says how many in all)
-
-
-def actor_username(actor: Actor) -> str | None:
-    return get_user_model().objects.filter(pk=actor.user_id).values_list("username", flat=True).first()
-
-
-def has_trusted_manifest(model: ModelRelease) -> bool:
-    return bool(model.manifest) and model.manifest_source not in LEGACY_SOURCES
 
 
 def hardware_digests(model_id: int) -> list[dict[str, Any]]:

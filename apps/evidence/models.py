@@ -1,4 +1,4 @@
-"""The evidence each pipeline stage leaves, as queryable rows (DESIGN.md §6, the stage report).
+"""The evidence each pipeline stage leaves, as queryable rows (the sections of the stage report agents post).
 
 Every stage result is one ``StageResult`` (the section as it arrived, and whether it passes the tier rule)
 plus typed rows derived from it. Posting a stage again for the same job replaces its rows."""

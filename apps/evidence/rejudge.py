@@ -12,7 +12,10 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from apps.core import events
 from apps.evidence.models import StageResult
+from apps.jobs.choices import JobPurpose
+from apps.references.services import challenge_judge
 from contract import verdicts
 from contract.thresholds import DEFAULTS_VERSION
 
@@ -27,11 +30,6 @@ VERDICT_FIELDS = ("verdict", "passed", "reasons", "verdict_notes", "defaults_ver
 CHALLENGED_STAGES = ("align", "eval")  # judged from the portal's scores of the attempt's raw outputs
 
 
-def changed_fields(row: Any, fields: dict[str, Any], judged: tuple[str, ...]) -> list[str]:
-    """Which of ``judged`` the update ``fields`` changes on ``row`` (call before applying it)."""
-    return [name for name in judged if name in fields and fields[name] != getattr(row, name)]
-
-
 @transaction.atomic
 def rejudge_results(*, model: Any = None, hardware: Any = None, reason: str,
                     results: QuerySet[StageResult] | None = None) -> dict[str, Any]:
@@ -39,9 +37,7 @@ def rejudge_results(*, model: Any = None, hardware: Any = None, reason: str,
     with the current rules, facts and defaults; recomputes each affected cell, whose history gets an entry with
     ``reason`` and the verdicts that changed (none when nothing changed). Returns
     ``{"results": n, "changed": m, "cells": k}``."""
-    from apps.evidence.services import judging_context
-    from apps.matrix.services import recompute_cell
-    from apps.references.services import challenge_judge
+    from apps.evidence.services import judging_context  # services -> manifests -> this module at import
 
     rows = results if results is not None else StageResult.objects.all()
     if model is not None:
@@ -87,9 +83,18 @@ def rejudge_results(*, model: Any = None, hardware: Any = None, reason: str,
     for (model_id, hardware_id), stages in changes.items():
         history = {"kind": "rejudge", "data": {"reason": reason, "verdicts": stages}} if stages else None
         what = "; ".join(f"{stage} {before} → {after}" for stage, (before, after) in sorted(stages.items()))
-        recompute_cell(model_id, hardware_id, reason=f"re-judged: {reason}" + (f" ({what})" if what else ""),
-                       history=history)
+        events.send_now(events.cell_inputs_changed, model_id=model_id, hardware_id=hardware_id,
+                        reason=f"re-judged: {reason}" + (f" ({what})" if what else ""), history=history)
     return {"results": count, "changed": changed, "cells": len(changes)}
+
+
+def rejudge_release(release_id: int) -> int:
+    """Judges again every stored align and eval result of the release's certify jobs (its reference arrived: the
+    ``reference_recorded`` event), each against the challenge of the attempt it was posted under, and recomputes
+    their cells; returns how many results were judged."""
+    results = StageResult.objects.filter(job__model_id=release_id, job__purpose=JobPurpose.CERTIFY,
+                                         stage__in=CHALLENGED_STAGES, synthetic=False)
+    return rejudge_results(results=results, reason="the release's reference arrived")["results"]
 
 
 def rejudge_outdated_defaults() -> list[dict[str, Any]]:

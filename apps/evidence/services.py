@@ -11,9 +11,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from apps.alerts import services as alert_services
+from apps.core import events
+from apps.core import parsing as p
 from apps.evidence import manifests, weights
-from apps.evidence import parsing as p
 from apps.evidence.judging_facts import physics_facts
 from apps.evidence.models import (
     LATENCY_METRICS,
@@ -35,12 +35,13 @@ from apps.evidence.models import (
 )
 from apps.jobs.models import Job
 from apps.references.sections import parse_reference
+from apps.references.services import challenge_judge
 from contract import verdicts
 from contract.tiers import STAGE_ORDER
 
 Saver = Callable[[StageResult], None]
 OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing"})
-# Bounds on what one result stores (issue 16): more is a 400 naming the field and the bound, storing nothing.
+# Bounds on what one result stores: more is a 400 naming the field and the bound, storing nothing.
 MAX_BENCH_RUNS = 64
 MAX_CONCURRENCY = 4096
 MAX_DEVICES = 1 << 16  # a plan's tp, pp, ep and device count
@@ -198,7 +199,7 @@ def _bench(s: dict[str, Any], path: str) -> Saver:
         for point in points:
             point.run = run
         BenchmarkPoint.objects.bulk_create(points)
-        alert_services.after_benchmark_run(run.pk)  # regressions of this run alert subscribers (issue 13)
+        events.publish(events.benchmark_recorded, run_id=run.pk)  # its regressions alert subscribers
 
     return save
 
@@ -257,7 +258,7 @@ MAX_SOAK_WINDOWS = 10_000
 
 
 def _soak(s: dict[str, Any], path: str) -> Saver:
-    """issue 13's soak section: bounded windows of numbers; the section (on StageResult) is the evidence."""
+    """The soak section: bounded windows of numbers; the section (on StageResult) is the evidence."""
     p.boolean(s, "passed", path)
     for key in ("seconds", "memory_slope", "recover_seconds"):
         p.num(s, key, path)
@@ -288,8 +289,6 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
     """The facts the portal judges a job's sections with: its release (config, manifest, tensor count, chat
     template, images, context), its hardware (for the plan), its dtype. Which path runs the model (native or
     the fallback, which has no paged KV cache) comes from the job's load evidence."""
-    from apps.references.services import challenge_judge
-
     model, hardware = job.model, job.hardware
     load = (sections or {}).get("load")
     if not isinstance(load, dict):

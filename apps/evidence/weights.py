@@ -20,7 +20,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.evidence import parsing as p
+from apps.core import parsing as p
 from apps.evidence.manifests import is_reference_job
 from apps.evidence.models import WeightDraw, WeightSamples
 from apps.jobs.models import Job

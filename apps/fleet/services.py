@@ -12,7 +12,9 @@ from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.core.errors import ConflictError
 from apps.fleet.models import Agent
+from apps.fleet.stacks import do_observe_stack
 from apps.jobs.models import Job
+from apps.jobs.selectors import visible_jobs
 
 
 @transaction.atomic
@@ -24,9 +26,7 @@ def do_register_agent(*, hardware_id: int, hostname: str, token_id: int | None, 
         defaults={"token_id": token_id, "capabilities": capabilities, "versions": versions,
                   "last_heartbeat_at": timezone.now()},
     )
-    from apps.alerts.stacks import do_observe_stack
-
-    do_observe_stack(agent.hardware, hostname=hostname, versions=versions)  # a new stack re-validates (issue 13)
+    do_observe_stack(agent.hardware, hostname=hostname, versions=versions)  # a new stack re-validates
     return agent, created
 
 
@@ -58,8 +58,6 @@ def do_heartbeat_agent(agent: Agent, *, current_job_id: int | None = None,
     agent.current_job_id = current_job_id
     agent.save(update_fields=["last_heartbeat_at", "current_job"])
     if versions:
-        from apps.alerts.stacks import do_observe_stack
-
         with transaction.atomic():
             if versions != agent.versions:
                 agent.versions = versions
@@ -72,8 +70,6 @@ def check_heartbeat_agent(actor: Actor, agent: Agent, *, current_job_id: int | N
                           versions: dict[str, Any] | None = None) -> Agent:
     """Heartbeats come from the token the agent registered with; the job it reports must be one the token may
     see (``jobs.selectors.visible_jobs``)."""
-    from apps.jobs.selectors import visible_jobs
-
     if not actor.has_scope(Scope.AGENT) or actor.hardware_id != agent.hardware_id:
         raise PermissionDenied("heartbeats come from an agent token bound to the agent's hardware")
     if agent.token_id != actor.token.pk:

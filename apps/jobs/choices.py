@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import models
+
+# An agent whose last heartbeat is older than this is offline: shown so, and given no multi-node job's node.
+ONLINE_WINDOW = timedelta(seconds=90)
 
 
 class JobPurpose(models.TextChoices):

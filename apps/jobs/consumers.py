@@ -1,12 +1,11 @@
-"""WebSockets of jobs and of the matrix. Thin: authenticate, check visibility, join a group, forward.
+"""WebSockets of jobs (the matrix's: ``apps.matrix.consumers``, on the same guarded base). Thin: authenticate, check visibility, join a group, forward.
 
 ``/ws/jobs/<id>/?after=SEQ`` replays the stored events after SEQ, then streams live ones — each event exactly
 once and in seq order: the consumer joins the group *before* it reads the database, so nothing committed
 during the replay is missed, and it delivers only the next contiguous seq, holding back (and, if need be,
 reading from the database) anything that arrives ahead of a gap. A multi-node job's other nodes have their own
 sequences (``job.node_events`` messages naming the node), replayed after ``&nodes_after=R:SEQ,…`` (every
-node from its start when not given) and delivered the same way, each on its own. ``/ws/matrix/`` forwards cell changes of the
-models the client may see. Both accept a session or ``?token=<api token>``.
+node from its start when not given) and delivered the same way, each on its own. Both sockets accept a session or ``?token=<api token>``.
 
 Refusals are close codes, never an HTTP 403 handshake (which a browser cannot read): the handshake is accepted
 and the socket closed at once with 4400 (bad query), 4401 (bad, revoked or inactive token), 4403 (not visible)
@@ -24,7 +23,13 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from apps.accounts.access import actor_of
+from apps.accounts.authentication import find_token
+from apps.accounts.events import token_group
+from apps.accounts.models import ApiToken
 from apps.jobs.events import job_group
+from apps.jobs.models import Job, JobEvent
+from apps.jobs.selectors import job_event_nodes, visible_jobs
 from contract.nodes import MAX_NODES
 
 REPLAY_PAGE = 1000
@@ -33,16 +38,14 @@ TOKEN_RECHECK_S = 5.0
 CLOSE_UNAUTHENTICATED, CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_BAD_REQUEST = 4401, 4403, 4404, 4400
 
 
-def _query(scope: dict[str, Any]) -> dict[str, str]:
+def socket_query(scope: dict[str, Any]) -> dict[str, str]:
     raw = parse_qs(scope.get("query_string", b"").decode(errors="replace"))
     return {key: values[-1] for key, values in raw.items()}
 
 
 @database_sync_to_async
-def _actor(scope: dict[str, Any], token_secret: str | None) -> Any:
+def socket_actor(scope: dict[str, Any], token_secret: str | None) -> Any:
     """The connection's actor: an API token from ``?token=``, else the session user; None for a bad token."""
-    from apps.accounts.access import actor_of
-    from apps.accounts.authentication import find_token
 
     if token_secret:
         token, _ = find_token(token_secret)
@@ -52,12 +55,11 @@ def _actor(scope: dict[str, Any], token_secret: str | None) -> Any:
 
 @database_sync_to_async
 def _token_usable(token_id: int) -> bool:
-    from apps.accounts.models import ApiToken
 
     return ApiToken.objects.filter(pk=token_id, revoked_at__isnull=True, user__is_active=True).exists()
 
 
-class _GuardedConsumer(AsyncJsonWebsocketConsumer):
+class GuardedConsumer(AsyncJsonWebsocketConsumer):
     """Refusal by close code, and the token watch of the module docstring."""
 
     token_id: int | None = None
@@ -70,7 +72,6 @@ class _GuardedConsumer(AsyncJsonWebsocketConsumer):
         self.closed = True
 
     async def join(self, actor: Any, *groups: str) -> None:
-        from apps.accounts.events import token_group
 
         self.token_id = actor.token.pk if actor.token is not None else None
         self.token_checked = time.monotonic()
@@ -106,8 +107,6 @@ class _GuardedConsumer(AsyncJsonWebsocketConsumer):
 @database_sync_to_async
 def _job_visible(actor: Any, job_id: int) -> bool | None:
     """True if visible, False if it exists but is hidden from the actor, None if there is no such job."""
-    from apps.jobs.models import Job
-    from apps.jobs.selectors import visible_jobs
 
     if visible_jobs(actor).filter(pk=job_id).exists():
         return True
@@ -134,7 +133,6 @@ def _node_cursors(raw: str) -> dict[int, int] | None:
 
 @database_sync_to_async
 def _event_nodes(job_id: int) -> list[int]:
-    from apps.jobs.selectors import job_event_nodes
 
     return job_event_nodes(job_id)
 
@@ -142,7 +140,6 @@ def _event_nodes(job_id: int) -> list[int]:
 @database_sync_to_async
 def _events_after(job_id: int, after: int, limit: int, upto: int | None = None,
                   node: int = 0) -> list[dict[str, Any]]:
-    from apps.jobs.models import JobEvent
 
     rows = JobEvent.objects.filter(job_id=job_id, node=node, seq__gt=after)
     if upto is not None:
@@ -156,18 +153,17 @@ def _events_after(job_id: int, after: int, limit: int, upto: int | None = None,
 
 @database_sync_to_async
 def _job_state(job_id: int) -> dict[str, Any] | None:
-    from apps.jobs.models import Job
 
     job = Job.objects.filter(pk=job_id).values("state", "attempts", "failed_stage", "error").first()
     return None if job is None else {"type": "job.state", "job": job_id, **job}
 
 
-class JobEventsConsumer(_GuardedConsumer):
+class JobEventsConsumer(GuardedConsumer):
     """``/ws/jobs/<id>/?after=SEQ``: the job's events (``job.events``) and state changes (``job.state``)."""
 
     async def connect(self) -> None:
         self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
-        query = _query(self.scope)
+        query = socket_query(self.scope)
         try:
             self.last_seq = max(0, int(query.get("after") or 0))
         except ValueError:
@@ -180,7 +176,7 @@ class JobEventsConsumer(_GuardedConsumer):
         self.node_last: dict[int, int] = cursors  # another node's last seq delivered (absent: 0)
         self.node_held: dict[int, dict[int, dict[str, Any]]] = {}
         self.held: dict[int, dict[str, Any]] = {}  # live events ahead of a gap, by seq
-        actor = await _actor(self.scope, query.get("token"))
+        actor = await socket_actor(self.scope, query.get("token"))
         if actor is None:
             await self.refuse(CLOSE_UNAUTHENTICATED)
             return
@@ -254,35 +250,4 @@ class JobEventsConsumer(_GuardedConsumer):
 
     async def job_state(self, message: dict[str, Any]) -> None:
         if await self.authorized():
-            await self.send_json(message)
-
-
-class MatrixConsumer(_GuardedConsumer):
-    """``/ws/matrix/``: ``cell.changed`` and ``matrix.changed`` messages about models the client may see."""
-
-    async def connect(self) -> None:
-        from apps.matrix.events import MATRIX_GROUP
-
-        self.actor = await _actor(self.scope, _query(self.scope).get("token"))
-        if self.actor is None:
-            await self.refuse(CLOSE_UNAUTHENTICATED)
-            return
-        await self.join(self.actor, MATRIX_GROUP)
-        await self.accept()
-
-    @database_sync_to_async
-    def _visible(self, *, slug: str | None = None, model_id: int | None = None) -> bool:
-        from apps.catalog.selectors import visible_models
-
-        if slug is None and model_id is None:
-            return True
-        qs = visible_models(self.actor)
-        return qs.filter(slug=slug).exists() if slug is not None else qs.filter(pk=model_id).exists()
-
-    async def cell_changed(self, message: dict[str, Any]) -> None:
-        if await self.authorized() and await self._visible(slug=message.get("model")):
-            await self.send_json(message)
-
-    async def matrix_changed(self, message: dict[str, Any]) -> None:
-        if await self.authorized() and await self._visible(model_id=message.get("model_id")):
             await self.send_json(message)

@@ -83,7 +83,7 @@ def check_agent_node_state(actor: Actor, job: Job, rank: int, to_state: str, *, 
 
 @transaction.atomic
 def check_store_node_events(actor: Actor, job: Job, rank: int, events: list[dict[str, Any]]) -> int:
-    """Node ``rank``'s events (parsed by ``services.parse_event_batch``, its own seqs) kept on its row in seq
+    """Node ``rank``'s events (parsed by ``eventlog.parse_event_batch``, its own seqs) kept on its row in seq
     order, idempotent on seq; answers the highest contiguous seq stored (what its spool may forget). The events
     that extend that contiguous prefix join the job's log as node ``rank``'s sequence (``append_node_stream``)."""
     locked = Job.objects.select_for_update().get(pk=job.pk)

@@ -6,17 +6,22 @@ dispatchers never take the same agent, and writes one ``JobNode`` per agent (nod
 fewer idle agents it reserves none and says how many are free against how many are needed. The ranks meet at
 node 0's reported address (its ``capabilities["address"]``, else its host name) and a port of the job's own.
 
-Imports models only (services and dispatch import it), so no import cycle forms."""
+Imports models only (services and dispatch import it), so no import cycle forms; the agents are read through
+the hardware's ``agents`` relation (the fleet app sits above jobs)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from apps.fleet.models import ONLINE_WINDOW, Agent
+from apps.catalog.models import Hardware
+from apps.jobs.choices import ONLINE_WINDOW
 from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobNode, NodeState
 from contract.nodes import PORTS_PER_JOB
+
+if TYPE_CHECKING:
+    from apps.fleet.models import Agent
 
 DEFAULT_RENDEZVOUS_PORT = 29500
 PORT_SLOTS = 1000
@@ -40,17 +45,16 @@ def plan_nodes(model: Any, hardware: Any, spec: dict[str, Any]) -> int:
     return max(1, int(plan.get("nodes") or 1)) if report.get("fits") else 1
 
 
-def idle_agents(hardware_id: int) -> Any:
+def idle_agents(hardware: Hardware) -> Any:
     """Agents of the hardware that are online, run no job and hold no active reservation."""
     since = timezone.now() - ONLINE_WINDOW
     busy = JobNode.objects.filter(state__in=ACTIVE_NODE_STATES).values("agent_id")
-    return (Agent.objects.filter(hardware_id=hardware_id, last_heartbeat_at__gte=since, current_job__isnull=True)
-            .exclude(pk__in=busy))
+    return hardware.agents.filter(last_heartbeat_at__gte=since, current_job__isnull=True).exclude(pk__in=busy)
 
 
 def waiting_reason(job: Job, free: int) -> str:
     since = timezone.now() - ONLINE_WINDOW
-    online = Agent.objects.filter(hardware_id=job.hardware_id, last_heartbeat_at__gte=since).count()
+    online = job.hardware.agents.filter(last_heartbeat_at__gte=since).count()
     return (f"waiting for {job.nodes} agents of {job.hardware.slug} at once (the plan spans {job.nodes} nodes): "
             f"{free} free of {online} online; none starts until {job.nodes} are free")
 
@@ -68,7 +72,7 @@ def rendezvous(job: Job, node0: Agent) -> tuple[str, int]:
 def reserve_nodes(job: Job, attempt: int) -> tuple[list[JobNode], str | None]:
     """Reserve ``job.nodes`` idle agents for ``attempt`` (the caller holds the job's row lock in a transaction):
     (the nodes, None), or ([], why it waits) when fewer are free; then nothing is reserved."""
-    free = list(idle_agents(job.hardware_id).select_for_update(skip_locked=True, of=("self",))
+    free = list(idle_agents(job.hardware).select_for_update(skip_locked=True, of=("self",))
                 .order_by("pk")[: job.nodes])
     if len(free) < job.nodes:
         return [], waiting_reason(job, len(free))

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from django.urls import path
 
-from apps.jobs.consumers import JobEventsConsumer, MatrixConsumer
+from apps.jobs.consumers import JobEventsConsumer
 
 websocket_urlpatterns = [
     path("ws/jobs/<int:job_id>/", JobEventsConsumer.as_asgi()),
-    path("ws/matrix/", MatrixConsumer.as_asgi()),
 ]

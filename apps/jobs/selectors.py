@@ -10,7 +10,7 @@ from django.utils import timezone
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.selectors import visible_models_q
-from apps.jobs.choices import ACTIVE_STATES, JobPurpose, JobState
+from apps.jobs.choices import ACTIVE_STATES, ONLINE_WINDOW, JobPurpose, JobState
 from apps.jobs.dispatch import stuck_after
 from apps.jobs.models import Job, JobEvent
 
@@ -48,8 +48,6 @@ def job_event_nodes(job_id: int) -> list[int]:
 def job_waiting_reason(job: Job, *, now: datetime | None = None) -> str | None:
     """Why a dispatched job has not been claimed, once it waited ``DAY0_JOB_STUCK_SECONDS``: no agent of its
     hardware online (and when one was last seen), or agents online that did not take it. None otherwise."""
-    from apps.fleet.models import ONLINE_WINDOW, Agent
-
     if job.state == JobState.QUEUED and job.nodes > 1 and job.error.startswith("waiting for "):
         return job.error  # placement.waiting_reason: fewer agents free than the plan has nodes
     if job.state != JobState.DISPATCHED or job.dispatched_at is None or job.agent_id is not None:
@@ -60,7 +58,7 @@ def job_waiting_reason(job: Job, *, now: datetime | None = None) -> str | None:
         return None
     since = f"dispatched {_duration(waited)} ago ({job.dispatched_at:%Y-%m-%d %H:%M} UTC) and not claimed"
     slug = job.hardware.slug
-    beats = Agent.objects.filter(hardware_id=job.hardware_id).aggregate(
+    beats = job.hardware.agents.aggregate(
         last=Max("last_heartbeat_at"), online=Count("pk", filter=Q(last_heartbeat_at__gte=now - ONLINE_WINDOW)))
     if beats["online"]:
         # counts only: the running jobs may be another organization's; a reference run is the portal's own

@@ -1,38 +1,33 @@
-"""Every write to jobs: creation, dispatch, state transitions (the agents' claims and finishes included),
-cancellation, event ingest and lost-job recovery (result ingest: ``apps.jobs.results``)."""
+"""A job's lifecycle: the one creation check the API and the browser form share, creation, the state machine
+(the agents' claims and finishes included), cancellation and dispatch. The event log is ``eventlog``, lost-job
+recovery ``recovery``, result ingest ``results``."""
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
-from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.selectors import model_is_public
+from apps.core import events
 from apps.core.errors import ConflictError
-from apps.core.validators import as_utc
-from apps.fleet.models import Agent
 from apps.jobs import dispatch, placement
-from apps.jobs.choices import (
-    ACTIVE_STATES,
-    ALLOWED_TRANSITIONS,
-    FINISHED_STATES,
-    EventLevel,
-    JobPurpose,
-    JobState,
-)
-from apps.jobs.events import JobEventPayload, JobStateMessage, broadcast_job_events, broadcast_job_state
-from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobEvent, JobNode, NodeState
-from apps.ops.counters import events_stored
+from apps.jobs.choices import ACTIVE_STATES, ALLOWED_TRANSITIONS, FINISHED_STATES, EventLevel, JobPurpose, JobState
+from apps.jobs.eventlog import do_append_job_event
+from apps.jobs.events import JobStateMessage, broadcast_job_state
+from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobNode, NodeState
+from contract.planner.search import config_layout_error
 from contract.queues import hardware_queue
+from contract.thresholds import check_thresholds
+from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +44,6 @@ def check_hardware_runs_model(model: ModelRelease, hardware: Hardware) -> None:
     (no owner), whose agent tokens only staff mint. Its job's queue hands the model's config to the
     hardware's agents, so any other organization's hardware is refused (``ValidationError`` on ``hardware``,
     a 400 naming both). A public or released model runs anywhere."""
-    from apps.catalog.selectors import model_is_public
-
     if model_is_public(model) or hardware.organization_id is None or hardware.organization_id == model.organization_id:
         return
     owner = hardware.organization.slug if hardware.organization else hardware.organization_id
@@ -71,11 +64,37 @@ def check_may_queue_on_hardware(actor: Actor, hardware: Hardware) -> None:
                            f"with a session or a {owner} token) queue jobs on it")
 
 
-def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, spec: dict[str, Any]) -> Job:
-    """Submitters (of the model's organization for a private model) create jobs; an embargoed model only on
-    hardware ``check_hardware_runs_model`` allows."""
-    from apps.catalog.selectors import model_is_public
+def default_dtype(hardware: Hardware) -> str:
+    """The dtype of a job that names none: bfloat16 where the hardware runs it (or lists no dtypes), else
+    float32."""
+    return "bfloat16" if "bfloat16" in hardware.dtypes or not hardware.dtypes else "float32"
 
+
+def check_job_spec(model: ModelRelease, hardware: Hardware, spec: dict[str, Any]) -> dict[str, Any]:
+    """What a job's spec must meet on this model and hardware, beyond the ranges of the request itself
+    (``api.serializers.JobCreateSerializer``): lengths in its thresholds within the model's context, a dtype the
+    hardware runs (``default_dtype`` when none is named), and a pinned TP/PP/EP some deployment rule of the
+    planner allows. A ``ValidationError`` names the field; returns the spec with its dtype filled in."""
+    try:
+        check_thresholds(spec.get("thresholds") or {}, context_length=model.context_length)
+    except ValueError as exc:
+        raise ValidationError({"thresholds": str(exc)}) from None
+    named = spec.get("dtype")
+    if named and hardware.dtypes and named not in hardware.dtypes:
+        raise ValidationError({"dtype": f"{hardware.slug} does not support {named} "
+                                        f"(it supports {', '.join(hardware.dtypes)})"})
+    spec = {**spec, "dtype": named or default_dtype(hardware)}
+    layout = config_layout_error(model.config, hardware, spec.get("tp"), spec.get("pp"), spec.get("ep"))
+    if layout is not None:
+        raise ValidationError({layout.field: str(layout)})
+    return spec
+
+
+def check_create_job(actor: Actor, *, model: ModelRelease, hardware: Hardware, spec: dict[str, Any]) -> Job:
+    """The one creation check of the REST API and the browser form: the spec on this model and hardware
+    (``check_job_spec``, 400 naming the field); then submitters (of the model's organization for a private model)
+    create jobs, an embargoed model only on hardware ``check_hardware_runs_model`` allows."""
+    spec = check_job_spec(model, hardware, spec)
     org_id = actor.default_org_id()
     if not model_is_public(model):
         org_id = model.organization_id
@@ -96,9 +115,7 @@ def do_create_job(*, model: ModelRelease, hardware: Hardware, spec: dict[str, An
     job = Job.objects.create(model=model, hardware=hardware, spec=spec, organization_id=organization_id,
                              requested_by_id=requested_by_id, state=JobState.QUEUED, purpose=purpose,
                              nodes=placement.plan_nodes(model, hardware, spec))
-    from apps.matrix.services import recompute_cell
-
-    recompute_cell(model.pk, hardware.pk)
+    events.send_now(events.cell_inputs_changed, model_id=model.pk, hardware_id=hardware.pk, reason="", history=None)
     job_id = job.pk
     transaction.on_commit(lambda: do_dispatch_job(job_id))
     return job
@@ -150,16 +167,15 @@ def do_transition_job(job: Job, to_state: str, *, failed_stage: str | None = Non
         setattr(job, name, getattr(locked, name))
     if to_state in FINISHED_STATES or to_state == JobState.QUEUED:
         placement.release_nodes(locked.pk)  # its agents are free for the next job (or the next attempt)
-        from apps.matrix.services import recompute_cell
-
-        recompute_cell(locked.model_id, locked.hardware_id, reason=f"job {locked.pk} {to_state}"
-                       + (f" at {locked.failed_stage}" if locked.failed_stage else ""))
+        events.send_now(events.cell_inputs_changed, model_id=locked.model_id, hardware_id=locked.hardware_id,
+                        reason=f"job {locked.pk} {to_state}" + (f" at {locked.failed_stage}" if locked.failed_stage
+                                                                else ""), history=None)
     message = _state_message(locked)
     transaction.on_commit(lambda: broadcast_job_state(message))
     if to_state in (JobState.FAILED, JobState.LOST):
-        from apps.alerts.services import do_alert_job_failed
-
-        do_alert_job_failed(locked)  # subscribers hear of the failure (issue 13)
+        events.publish(events.job_failed, job_id=locked.pk, model_id=locked.model_id, hardware_id=locked.hardware_id,
+                       state=str(to_state), failed_stage=locked.failed_stage, error=locked.error,
+                       attempts=locked.attempts)
     return job
 
 
@@ -200,7 +216,7 @@ def check_agent_for_job(actor: Actor, job: Job, *, reporting: bool = False) -> N
         raise InvalidTransition(f"job {job.pk} is {job.state}: an agent claims it (state running) before it "
                                 "reports events or results")
     if job.agent_id is not None:
-        owner_token = Agent.objects.filter(pk=job.agent_id).values_list("token_id", flat=True).first()
+        owner_token = Job.objects.filter(pk=job.pk).values_list("agent__token_id", flat=True).first()
         if owner_token != actor.token.pk:
             raise PermissionDenied(f"job {job.pk} is run by agent {job.agent_id}, registered with another token")
 
@@ -208,11 +224,13 @@ def check_agent_for_job(actor: Actor, job: Job, *, reporting: bool = False) -> N
 AGENT_STATES = (JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED)
 
 
-def _agent_of_token(actor: Actor, agent_id: int | None) -> Agent | None:
+def _agent_of_token(actor: Actor, agent_id: int | None) -> Any:
+    """The agent ``agent_id`` registered with the actor's token (the token's agents, read through its relation:
+    the fleet app sits above jobs)."""
     if agent_id is None:
         return None
-    agent = Agent.objects.filter(pk=agent_id).first()
-    if agent is None or agent.token_id != actor.token.pk:
+    agent = actor.token.agent_set.filter(pk=agent_id).first()
+    if agent is None:
         raise PermissionDenied(f"agent {agent_id} is not registered with this token")
     return agent
 
@@ -258,8 +276,6 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
             if agent is not None and locked.agent_id is not None and agent.pk != locked.agent_id:
                 raise PermissionDenied(f"job {job.pk} is run by agent {locked.agent_id}, not {agent.pk}")
             if to_state == JobState.SUCCEEDED:
-                from apps.jobs.results import stages_without_result
-
                 missing = stages_without_result(locked)
                 if missing:  # a job succeeds only when every stage it asked for has a verdict
                     to_state, failed_stage = JobState.FAILED, missing[0]
@@ -272,146 +288,23 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
     return job
 
 
-# --- events -------------------------------------------------------------------------------------------------
-
-EVENT_LEVELS = frozenset(EventLevel.values)
-
-
-def parse_event_batch(raw: Any, *, max_events: int) -> list[dict[str, Any]]:
-    """Validates a batch ``[{seq, ts, stage, kind, level, message, data}]``; errors name the item and key.
-
-    Hand-written rather than a DRF serializer: ingest must take ≥ 10,000 events/s."""
-    if isinstance(raw, dict) and "events" in raw:
-        raw = raw["events"]
-    if not isinstance(raw, list):
-        raise ValidationError({"events": "must be a list of events"})
-    if len(raw) > max_events:
-        raise ValidationError({"events": f"a batch holds at most {max_events} events, got {len(raw)}"})
-    events = []
-    seen: set[int] = set()
-    for i, item in enumerate(raw):
-        at = f"events[{i}]"
-        if not isinstance(item, dict):
-            raise ValidationError({at: "must be an object"})
-        seq = item.get("seq")
-        if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq < 2**62:
-            raise ValidationError({f"{at}.seq": "must be an integer ≥ 1"})
-        if seq in seen:
-            raise ValidationError({f"{at}.seq": f"seq {seq} appears twice in the batch"})
-        seen.add(seq)
-        ts = item.get("ts")
-        try:
-            when = as_utc(datetime.fromisoformat(ts)) if isinstance(ts, str) else None
-        except ValueError:  # not ISO 8601, or out of range in UTC (PostgreSQL refuses offsets beyond ±15:59)
-            when = None
-        if when is None:
-            raise ValidationError({f"{at}.ts": "must be an ISO 8601 time"})
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        level = item.get("level") or "info"
-        if level not in EVENT_LEVELS:
-            raise ValidationError({f"{at}.level": f"must be one of {', '.join(sorted(EVENT_LEVELS))}"})
-        kind, stage, message = item.get("kind"), item.get("stage") or "", item.get("message") or ""
-        if not isinstance(kind, str) or not kind or len(kind) > 32:
-            raise ValidationError({f"{at}.kind": "must be a non-empty string of at most 32 characters"})
-        if not isinstance(stage, str) or len(stage) > 32:
-            raise ValidationError({f"{at}.stage": "must be a string of at most 32 characters"})
-        if not isinstance(message, str):
-            raise ValidationError({f"{at}.message": "must be a string"})
-        data = item.get("data")
-        if data is not None and not isinstance(data, dict):
-            raise ValidationError({f"{at}.data": "must be an object or null"})
-        events.append({"seq": seq, "ts": when, "stage": stage, "kind": kind, "level": level, "message": message,
-                       "data": data})
-    return events
+def stages_without_result(job: Job) -> list[str]:
+    """The stages ``job`` asked for that have no stored verdict from its current attempt, in the pipeline's order
+    (``STAGE_ORDER``); the results are read through the job's ``stage_results`` relation (evidence sits above
+    jobs)."""
+    requested = job.stages or list(DEFAULT_STAGES)
+    have = set(job.stage_results.filter(attempt=job.attempts).values_list("stage", flat=True))
+    return [s for s in STAGE_ORDER if s in requested and s not in have]
 
 
-_PG_INSERT_EVENTS = """
-INSERT INTO jobs_jobevent (job_id, seq, ts, stage, kind, level, message, data)
-SELECT %s, r.seq, r.ts, r.stage, r.kind, r.level, r.message, r.data
-FROM jsonb_to_recordset(%s::jsonb)
-     AS r(seq bigint, ts timestamptz, stage text, kind text, level text, message text, data jsonb)
-ON CONFLICT (job_id, node, seq) DO NOTHING
-RETURNING seq
-"""
-
-
-def _insert_events(job_id: int, events: list[dict[str, Any]]) -> set[int]:
-    """Inserts node 0's events not stored yet (``node`` takes its database default, 0); returns the seqs it
-    inserted.
-
-    PostgreSQL: one statement, the batch passed as one JSON document and expanded by the server (no per-field
-    work in Python). Other databases: look up the existing seqs, then ``bulk_create(ignore_conflicts=True)``;
-    both are race-free because the caller holds the job row lock."""
-    if connection.vendor == "postgresql":
-        rows = [{**e, "ts": e["ts"].isoformat()} for e in events]
-        with connection.cursor() as cursor:
-            cursor.execute(_PG_INSERT_EVENTS, [job_id, json.dumps(rows)])
-            return {seq for (seq,) in cursor.fetchall()}
-    seqs = [e["seq"] for e in events]
-    existing = set(
-        JobEvent.objects.filter(job_id=job_id, node=0, seq__gte=min(seqs), seq__lte=max(seqs))
-        .values_list("seq", flat=True)
-    )
-    fresh = [e for e in events if e["seq"] not in existing]
-    JobEvent.objects.bulk_create([JobEvent(job_id=job_id, **e) for e in fresh], ignore_conflicts=True)
-    return {e["seq"] for e in fresh}
-
-
-@transaction.atomic
-def do_store_job_events(job: Job, events: list[dict[str, Any]]) -> int:
-    """Stores node 0's events idempotently on (job, seq) and returns the highest contiguous seq stored.
-
-    The job row is locked so concurrent batches of one job serialize; events new to the database are
-    broadcast to ``job.<id>`` after commit, in seq order."""
-    locked = Job.objects.select_for_update().only("id", "events_acked", "events_max_seq").get(pk=job.pk)
-    inserted = _insert_events(job.pk, events) if events else set()
-    fresh = sorted((e for e in events if e["seq"] in inserted), key=lambda e: e["seq"])
-    acked, max_seq = locked.events_acked, max(locked.events_max_seq, max(inserted, default=0))
-    if fresh:
-        for e in fresh:  # the usual case: the batch continues the stored prefix
-            if e["seq"] != acked + 1:
-                break
-            acked = e["seq"]
-        if max_seq > acked:  # a gap was (or still is) open: walk what is stored beyond the prefix
-            stored = (JobEvent.objects.filter(job_id=job.pk, node=0, seq__gt=acked).order_by("seq")
-                      .values_list("seq", flat=True))
-            for seq in stored.iterator(chunk_size=2000):
-                if seq != acked + 1:
-                    break
-                acked = seq
-        Job.objects.filter(pk=job.pk).update(events_acked=acked, events_max_seq=max_seq)
-    job.events_acked = acked
-    if fresh:
-        payloads = [JobEventPayload(seq=e["seq"], ts=e["ts"].isoformat(), stage=e["stage"], kind=e["kind"],
-                                    level=e["level"], message=e["message"], data=e["data"]) for e in fresh]
-        job_id = job.pk
-        transaction.on_commit(lambda: broadcast_job_events(job_id, payloads))
-        events_stored(job, [e["ts"] for e in fresh])
-    return acked
-
-
-# --- dispatch, portal events and lost jobs -------------------------------------------------------------------
-
-
-def do_append_job_event(job_id: int, *, kind: str, message: str, level: str = EventLevel.INFO, stage: str = "",
-                        data: dict[str, Any] | None = None) -> int:
-    """Adds an event the portal itself writes (a lost attempt, a job nobody claims) after the job's highest seq,
-    stored and broadcast like an agent's; returns its seq. The next agent continues after it: its spool starts
-    from the job's ``events_acked``."""
-    with transaction.atomic():
-        locked = Job.objects.select_for_update().only("id", "events_acked", "events_max_seq").get(pk=job_id)
-        seq = max(locked.events_max_seq, locked.events_acked) + 1
-        do_store_job_events(locked, [{"seq": seq, "ts": timezone.now(), "stage": stage, "kind": kind, "level": level,
-                                      "message": message, "data": data}])
-    return seq
+# --- dispatch -----------------------------------------------------------------------------------------------
 
 
 def do_dispatch_job(job_id: int) -> None:
     """Sends queued job ``job_id`` to its hardware's agents as one more attempt (a job no longer queued is left
     alone). A job that used up ``DAY0_JOB_MAX_ATTEMPTS`` fails instead, naming the cap. When the broker refuses
     the message, the job goes back to queued with the reason and the attempt is not counted (no agent got it);
-    ``do_requeue_lost_jobs`` sends it again later."""
+    ``recovery.do_requeue_lost_jobs`` sends it again later."""
     cap = dispatch.max_attempts()
     with transaction.atomic():
         job = Job.objects.select_for_update().select_related("model", "hardware").filter(pk=job_id).first()
@@ -428,9 +321,7 @@ def do_dispatch_job(job_id: int) -> None:
                 _note_waiting(job, waiting)
                 return
         do_transition_job(job, JobState.DISPATCHED)
-        from apps.references.services import draw_challenge
-
-        draw_challenge(job)  # this attempt's secret challenge (a certify job running align or eval)
+        events.send_now(events.job_dispatched, job=job)  # e.g. this attempt's secret challenge (references)
     try:
         if nodes:
             dispatch.send_job(job, nodes)
@@ -451,7 +342,7 @@ def do_dispatch_job(job_id: int) -> None:
 
 def _note_waiting(job: Job, reason: str) -> None:
     """A multi-node job stays queued until enough agents are free: the reason is its error (the API and page
-    show it) and, when it changes, an event; ``do_requeue_lost_jobs`` tries the dispatch again later."""
+    show it) and, when it changes, an event; ``recovery.do_requeue_lost_jobs`` tries the dispatch again later."""
     if job.error == reason:
         Job.objects.filter(pk=job.pk).update(updated_at=timezone.now())
         return
@@ -460,82 +351,3 @@ def _note_waiting(job: Job, reason: str) -> None:
     do_append_job_event(job.pk, kind="waiting", level=EventLevel.WARNING, message=reason,
                         data={"nodes": job.nodes, "attempt": job.attempts + 1})
 
-
-def _lost_reason(job: Job, now: datetime) -> str | None:
-    agent = job.agent
-    if agent is None:
-        return None  # still in the broker's queue: no agent took it yet (see selectors.job_waiting_reason)
-    if job.nodes > 1:  # every node's agent must stay alive: a rank on a silent host blocks all the others
-        for node in JobNode.objects.filter(job=job, attempt=job.attempts, rank__gt=0,
-                                           state__in=ACTIVE_NODE_STATES).select_related("agent"):
-            beat = node.agent.last_heartbeat_at
-            if beat is None or now - beat > dispatch.lost_after():
-                return f"agent {node.agent.hostname} (node {node.rank}) stopped heartbeating"
-    silent_for = now - agent.last_heartbeat_at if agent.last_heartbeat_at else None
-    if silent_for is None or silent_for > dispatch.lost_after():
-        return f"agent {agent.hostname} stopped heartbeating"
-    # dispatched_at is this attempt's; the agent reports the job in a heartbeat as soon as it takes it
-    taken = job.dispatched_at
-    if (job.state == JobState.RUNNING and agent.current_job_id != job.pk and taken is not None
-            and now - taken > dispatch.lost_after()):
-        return f"agent {agent.hostname} no longer runs this job (it restarted or moved on)"
-    return None
-
-
-def _declare_lost(job: Job, reason: str, cap: int) -> bool:
-    """Marks ``job`` lost and re-queues it while attempts remain; keeps the reason as an event. False when the
-    job moved on meanwhile."""
-    with transaction.atomic():
-        locked = Job.objects.select_for_update().filter(pk=job.pk, state=job.state).first()
-        if locked is None:
-            return False
-        attempt = locked.attempts
-        do_transition_job(locked, JobState.LOST, error=f"lost: {reason}")
-        if attempt < cap:
-            do_transition_job(locked, JobState.QUEUED)
-            Job.objects.filter(pk=locked.pk).update(agent=None)  # the next attempt's agent claims it
-            outcome = f"re-queued for attempt {attempt + 1} of {cap}"
-            transaction.on_commit(lambda: do_dispatch_job(locked.pk))
-        else:
-            outcome = f"gave up after {attempt} attempts (DAY0_JOB_MAX_ATTEMPTS={cap})"
-            Job.objects.filter(pk=locked.pk).update(error=f"lost: {reason}; {outcome}")
-        do_append_job_event(locked.pk, kind="lost", level=EventLevel.WARNING,
-                            message=f"attempt {attempt} lost: {reason}; {outcome}",
-                            data={"attempt": attempt, "reason": reason, "requeued": attempt < cap})
-    logger.warning("job %s lost: %s; %s", job.pk, reason, outcome)
-    return True
-
-
-def _notice_stuck(now: datetime) -> None:
-    """Writes, once per attempt, an event on each dispatched job nobody claimed within ``DAY0_JOB_STUCK_SECONDS``
-    saying why (``selectors.job_waiting_reason``): the job's console and ``day0 jobs watch`` show it."""
-    from apps.jobs.selectors import job_waiting_reason
-
-    waiting = Job.objects.filter(state=JobState.DISPATCHED, agent__isnull=True,
-                                 dispatched_at__lt=now - dispatch.stuck_after()).select_related("hardware")
-    for job in waiting[:500]:
-        if JobEvent.objects.filter(job=job, kind="stuck", data__attempt=job.attempts).exists():
-            continue
-        reason = job_waiting_reason(job, now=now)
-        if reason:
-            do_append_job_event(job.pk, kind="stuck", level=EventLevel.WARNING, message=reason,
-                                data={"attempt": job.attempts, "since": job.dispatched_at.isoformat()})
-
-
-def do_requeue_lost_jobs() -> list[int]:
-    """Marks lost and re-queues (or gives up on) jobs whose agent is gone, keeping the reason as an event; sends
-    again the queued jobs whose dispatch failed; notes the dispatched jobs nobody claims. Returns the ids declared
-    lost."""
-    now = timezone.now()
-    cap = dispatch.max_attempts()
-    lost: list[int] = []
-    candidates = Job.objects.filter(state__in=[JobState.DISPATCHED, JobState.RUNNING], agent__isnull=False)
-    for job in candidates.select_related("agent", "hardware"):
-        reason = _lost_reason(job, now)
-        if reason is not None and _declare_lost(job, reason, cap):
-            lost.append(job.pk)
-    stale = now - dispatch.lost_after()
-    for job_id in Job.objects.filter(state=JobState.QUEUED, updated_at__lt=stale).values_list("pk", flat=True):
-        do_dispatch_job(job_id)
-    _notice_stuck(now)
-    return lost

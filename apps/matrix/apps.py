@@ -11,8 +11,10 @@ class MatrixConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete, post_save
 
+        from apps.matrix import receivers  # imports models: only once the app registry is ready
         from apps.matrix.grid_cache import on_catalog_change
 
+        receivers.connect()
         # the rendered matrix shows models and hardware: any save or delete of one makes it stale
         for name, signal in (("save", post_save), ("delete", post_delete)):
             for sender in ("catalog.ModelRelease", "catalog.Hardware", "matrix.Cell"):

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from html import escape
 
 from apps.catalog.models import Hardware, ModelRelease
-from apps.dashboards.selectors.format import reached_times
+from apps.core.formatting import reached_times
 from apps.matrix.selectors import CellView, lead_hours
 from contract.tiers import TIER_NAMES
 

@@ -10,8 +10,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from apps.alerts import services as alert_services
 from apps.catalog.models import Hardware, ModelRelease
+from apps.core import events
 from apps.evidence.models import StageResult
 from apps.evidence.selectors import cell_results
 from apps.jobs.choices import JobPurpose
@@ -199,5 +199,7 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
         )
         transaction.on_commit(lambda: broadcast_cell_changed(message))
     if cell.tier < before[0]:
-        alert_services.do_alert_tier_drop(cell, before[0])  # subscribers hear of the drop (issue 13)
+        events.publish(events.tier_dropped, cell_id=cell.pk, model_id=cell.model_id, hardware_id=cell.hardware_id,
+                       from_tier=before[0], to_tier=cell.tier, failed_stage=cell.failed_stage, error=cell.error,
+                       job_id=cell.last_job_id)
     return cell

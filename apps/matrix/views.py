@@ -14,8 +14,8 @@ from django.template.loader import render_to_string
 from django.utils.safestring import mark_safe
 
 from apps.accounts.access import Actor, actor_for
+from apps.benchmarks.open_regressions import open_regressions
 from apps.catalog.models import Hardware, ModelRelease
-from apps.dashboards.selectors.regressions import open_regressions
 from apps.matrix import grid_cache
 from apps.matrix.presenters import dtype_short, human_count, rows_html
 from apps.matrix.selectors import Matrix, MatrixFilters, build_matrix_page, family_choices, vendor_choices

@@ -13,20 +13,15 @@ from django.utils import timezone
 from apps.ops import store
 
 
-def events_stored(job: Any, timestamps: Sequence[datetime]) -> None:
-    """A job's agent events new to the database, with the agent's timestamp of each (the lag is measured to the
-    commit)."""
+def events_stored(hardware: str, timestamps: Sequence[datetime]) -> None:
+    """Agent events of a job on ``hardware`` just committed, with the agent's timestamp of each (the lag is
+    measured now: the receiver runs after the commit)."""
     if not timestamps:
         return
-
-    def count() -> None:
-        now = timezone.now()
-        hardware = job.hardware.slug
-        store.inc("events_ingested", [hardware], len(timestamps))
-        store.observe("event_ingest_lag_seconds", [max((now - ts).total_seconds(), 0.0) for ts in timestamps],
-                      store.LAG_BUCKETS, [hardware])
-
-    transaction.on_commit(count)
+    now = timezone.now()
+    store.inc("events_ingested", [hardware], len(timestamps))
+    store.observe("event_ingest_lag_seconds", [max((now - ts).total_seconds(), 0.0) for ts in timestamps],
+                  store.LAG_BUCKETS, [hardware])
 
 
 def result_refused(reason: str, status: int) -> None:

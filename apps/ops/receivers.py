@@ -9,8 +9,10 @@ from celery import signals as celery_signals
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
+from apps.core import events
+from apps.jobs.models import Job
 from apps.matrix.models import CellHistory
-from apps.ops.counters import task_finished, tier_changed
+from apps.ops.counters import events_stored, task_finished, tier_changed
 
 _STARTED: dict[str, float] = {}  # task id -> when it started, in this worker process
 
@@ -19,6 +21,13 @@ _STARTED: dict[str, float] = {}  # task id -> when it started, in this worker pr
 def count_tier_change(sender: type, instance: CellHistory, created: bool, **kwargs: Any) -> None:
     if created and instance.kind == CellHistory.Kind.TIER and instance.tier_before != instance.tier_after:
         tier_changed(instance.cell.hardware.slug, instance.tier_before, instance.tier_after)
+
+
+@receiver(events.job_events_stored, dispatch_uid="ops.events_stored")
+def count_events_stored(sender: Any, job_id: int, timestamps: list, **kwargs: Any) -> None:
+    hardware = Job.objects.filter(pk=job_id).values_list("hardware__slug", flat=True).first()
+    if hardware is not None:
+        events_stored(hardware, timestamps)
 
 
 @celery_signals.task_prerun.connect(dispatch_uid="ops.task_started")

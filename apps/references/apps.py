@@ -9,4 +9,6 @@ class ReferencesConfig(AppConfig):
     verbose_name = "References: the portal's reference runs and challenges"
 
     def ready(self) -> None:
-        from apps.references import receivers  # noqa: F401 (connects the release receiver)
+        from apps.references import receivers  # imports models: only once the app registry is ready
+
+        receivers.connect()

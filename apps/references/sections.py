@@ -11,8 +11,10 @@ from typing import Any
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
-from apps.evidence import parsing as p
+from apps.core import events
+from apps.core import parsing as p
 from apps.jobs.choices import JobPurpose
+from apps.references.models import ReferenceRun, ReferenceState
 from contract.challenges import pool as cp
 from contract.challenges import scoring as cs
 
@@ -38,9 +40,6 @@ def parse_reference(s: dict[str, Any], path: str) -> Callable[[Any], None]:
     answers = {kind: p.arr(s.get(kind), f"{path}.{kind}", max_items=MAX_ITEMS) for kind in KEPT}
 
     def save(result: Any) -> None:
-        from apps.references.models import ReferenceRun, ReferenceState
-        from apps.references.services import do_rejudge_release
-
         job = result.job
         check_may_post_reference(job)
         run = ReferenceRun.objects.select_for_update().filter(job_id=job.pk).first()
@@ -73,6 +72,6 @@ def parse_reference(s: dict[str, Any], path: str) -> Callable[[Any], None]:
                    "answered": {kind: len(answers[kind]) for kind in KEPT}}
         type(result).objects.filter(pk=result.pk).update(section=summary)
         result.section = summary
-        do_rejudge_release(run.release_id)
+        events.send_now(events.reference_recorded, release_id=run.release_id)  # its challenged results: again
 
     return save

@@ -9,12 +9,14 @@ import secrets
 from collections.abc import Iterable
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from apps.catalog.models import Hardware, ModelRelease
 from apps.core.errors import ConflictError
 from apps.jobs.choices import ACTIVE_STATES, JobPurpose
 from apps.jobs.models import Job
+from apps.jobs.services import do_create_job
 from apps.references.models import Challenge, ReferenceRun, ReferenceState
 from contract import thresholds as th
 from contract.challenges import pool as cp
@@ -67,9 +69,7 @@ def do_queue_reference(release: ModelRelease, *, source: str | None = None, requ
     finished run of the same source and pool version is returned instead of a new one."""
     source = (source if source is not None else release.reference_source or "").strip()
     if not source:
-        from django.core.exceptions import ValidationError
-
-        raise ValidationError({"model_path": "the weights source the reference host reads is required (the release "
+            raise ValidationError({"model_path": "the weights source the reference host reads is required (the release "
                                              "has no reference_source)"})
     hardware = reference_hardware()
     if hardware is None:
@@ -82,8 +82,6 @@ def do_queue_reference(release: ModelRelease, *, source: str | None = None, requ
         active = _settle_abandoned(runs.filter(state=ReferenceState.QUEUED))
         if active:
             return active[0]
-    from apps.jobs.services import do_create_job
-
     job = do_create_job(model=release, hardware=hardware, organization_id=release.organization_id,
                         requested_by_id=requested_by_id,
                         spec={"stages": list(REFERENCE_STAGES), "dtype": "float32", "model_path": source},
@@ -204,15 +202,3 @@ def challenge_judge(job: Job, *, attempt: int | None = None) -> ChallengeJudge |
             awaiting = f"awaiting reference: its reference run (job {pending.job_id}) has not finished"
     return ChallengeJudge(challenge=challenge.items, keys=challenge.keys, sizes=challenge.sizes,
                           reference=reference.outputs if reference else None, awaiting=awaiting)
-
-
-def do_rejudge_release(release_id: int) -> int:
-    """Judges again every stored align and eval result of the release's certify jobs (a reference arrived;
-    ``evidence.rejudge``: each against the challenge of the attempt it was posted under) and recomputes their
-    cells; returns how many results were judged."""
-    from apps.evidence.models import StageResult
-    from apps.evidence.rejudge import rejudge_results
-
-    results = StageResult.objects.filter(job__model_id=release_id, job__purpose=JobPurpose.CERTIFY,
-                                         stage__in=sorted(CHALLENGE_STAGES), synthetic=False)
-    return rejudge_results(results=results, reason="the release's reference arrived")["results"]

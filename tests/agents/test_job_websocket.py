@@ -13,7 +13,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection
 
 from apps.accounts.choices import Scope
-from apps.jobs import services
+from apps.jobs import eventlog
 from apps.jobs.models import Job
 from tests.factories import JobFactory, ModelReleaseFactory, OrganizationFactory, make_token
 
@@ -24,7 +24,7 @@ HEADERS = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
 def store(job: Job, *seqs: int) -> None:
     events = [{"seq": s, "ts": datetime.now(UTC), "stage": "load", "kind": "progress", "level": "info",
                "message": f"{s}", "data": {"done": s, "total": 100}} for s in seqs]
-    services.do_store_job_events(job, events)
+    eventlog.do_store_job_events(job, events)
 
 
 def application():  # noqa: ANN201

@@ -1,4 +1,4 @@
-"""Lost-job detection (``services.do_requeue_lost_jobs``, run by the periodic ``detect_lost_jobs_task``) on real rows;
+"""Lost-job detection (``recovery.do_requeue_lost_jobs``, run by the periodic ``detect_lost_jobs_task``) on real rows;
 the re-queued job is sent to the real broker (Redis)."""
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def test_trends_chart_renders_with_zoom_and_hover_and_flags_the_planted_regressi
 
 
 def test_day0_timeline_renders_hours_and_leaderboard(world, portal_server, browser_factory, login_cookie, shot):
-    from apps.jobs.results import do_record_job_results
+    from apps.evidence.ingest import do_record_job_results
     from tests.factories import HardwareFactory, JobFactory
     from tests.portal.reports import bound, passing
 

@@ -225,8 +225,8 @@ def test_a_job_submitted_from_the_form_runs_on_a_real_agent_and_the_matrix_cell_
 def runtime_evidence(transactional_db):  # noqa: ANN001, ANN201
     """A MoE cell with a benchmark history (comm overhead per rank, jitter, expert balance), its newest job on
     the compiled path (serve, align and bench compile blocks), a soak with device memory and a two-node job."""
-    from apps.alerts.models import StackChange
     from apps.evidence.services import do_record_stage_results
+    from apps.fleet.models import StackChange
     from apps.jobs.models import JobNode
     from tests.factories import JobFactory
     from tests.portal.reports import passing

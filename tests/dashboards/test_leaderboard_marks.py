@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from apps.jobs.results import do_record_job_results
+from apps.evidence.ingest import do_record_job_results
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory
 from tests.portal.reports import bound, passing

@@ -295,7 +295,7 @@ def test_day0_leaderboard_leaves_out_hosts_unless_asked(world, client_for):
 
 
 def test_job_page_shows_skipped_stages_end_state_and_the_missing_agent(world, client_for):
-    from apps.jobs.services import do_store_job_events
+    from apps.jobs.eventlog import do_store_job_events
 
     failed = JobFactory(model=world.model, hardware=world.other_hardware, state="failed", failed_stage="load")
     now = timezone.now()

@@ -9,8 +9,8 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
+from apps.evidence.ingest import do_record_job_results
 from apps.jobs.choices import JobState
-from apps.jobs.results import do_record_job_results
 from apps.jobs.services import do_transition_job
 from apps.matrix.models import Cell
 from apps.matrix.services import tier_times

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 import pytest
 from django.db import connection
 
+from apps.jobs.eventlog import do_store_job_events
 from apps.jobs.models import Job, JobEvent
-from apps.jobs.services import do_store_job_events
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

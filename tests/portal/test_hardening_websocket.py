@@ -16,7 +16,7 @@ from django.utils import timezone
 from apps.accounts.choices import Scope
 from apps.accounts.models import ApiToken
 from apps.accounts.services import do_revoke_api_token
-from apps.jobs import consumers, services
+from apps.jobs import consumers, eventlog
 from apps.jobs.models import Job
 from tests.factories import JobFactory, ModelReleaseFactory, OrganizationFactory, make_token
 
@@ -25,7 +25,7 @@ HEADERS = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
 
 
 def _store(job: Job, *seqs: int) -> None:
-    services.do_store_job_events(job, [{"seq": s, "ts": datetime.now(UTC), "stage": "load", "kind": "log",
+    eventlog.do_store_job_events(job, [{"seq": s, "ts": datetime.now(UTC), "stage": "load", "kind": "log",
                                         "level": "info", "message": str(s), "data": None} for s in seqs])
 
 

@@ -13,7 +13,7 @@ from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from apps.fleet.models import Agent
-from apps.jobs import dispatch, services
+from apps.jobs import dispatch, eventlog, services
 from apps.jobs.choices import JobState
 from apps.jobs.events import job_group
 from apps.jobs.models import JobEvent, JobNode, NodeState
@@ -91,7 +91,7 @@ def test_a_later_attempts_node_continues_its_sequence(api_client, two_node_job) 
     JobNode.objects.create(job=job, attempt=job.attempts, rank=1, agent=first.agent, master_addr="10.0.0.1",
                            master_port=31000, state=NodeState.RUNNING, claimed_at=timezone.now())
     actor = _agent_actor(headers)
-    parsed = services.parse_event_batch(_events([1, 2], who="attempt 2"), max_events=10)
+    parsed = eventlog.parse_event_batch(_events([1, 2], who="attempt 2"), max_events=10)
     assert node_services.check_store_node_events(actor, job, 1, parsed) == 2  # the new row's own ack
     rows = list(JobEvent.objects.filter(job=job, node=1).order_by("seq").values_list("seq", "message"))
     assert rows == [(1, "attempt 1 step 1"), (2, "attempt 1 step 2"), (3, "attempt 2 step 1"),

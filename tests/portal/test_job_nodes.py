@@ -18,7 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from apps.fleet.models import Agent
-from apps.jobs import dispatch, placement, services
+from apps.jobs import dispatch, placement, recovery, services
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job, JobEvent, JobNode, NodeState
 from contract import queues
@@ -82,10 +82,10 @@ def test_a_two_node_job_reserves_two_idle_agents_and_sends_each_its_node(clean_q
                                 "agent": agent.pk}
     assert all(_queued(queues.agent_queue(a.pk)) == [] for a in agents[2:])  # the third, busy, offline
     # the reserved agents are not idle for another job until this one ends
-    assert set(placement.idle_agents(hardware.pk).values_list("pk", flat=True)) == {agents[2].pk}
+    assert set(placement.idle_agents(hardware).values_list("pk", flat=True)) == {agents[2].pk}
     services.do_transition_job(job, JobState.CANCELLED)
     assert set(JobNode.objects.filter(job=job).values_list("state", flat=True)) == {NodeState.RELEASED}
-    assert set(placement.idle_agents(hardware.pk).values_list("pk", flat=True)) == {a.pk for a in agents[:3]}
+    assert set(placement.idle_agents(hardware).values_list("pk", flat=True)) == {a.pk for a in agents[:3]}
 
 
 @pytest.mark.django_db
@@ -163,7 +163,7 @@ def test_a_broker_that_refuses_one_node_leaves_every_node_unreserved(monkeypatch
     job.refresh_from_db()
     assert sent == [0] and job.state == JobState.QUEUED and job.attempts == 0
     assert set(JobNode.objects.filter(job=job).values_list("state", flat=True)) == {NodeState.RELEASED}
-    assert placement.idle_agents(hardware.pk).count() == 2
+    assert placement.idle_agents(hardware).count() == 2
 
 
 @pytest.mark.django_db
@@ -218,7 +218,7 @@ def test_a_silent_node_agent_makes_the_multi_node_job_lost(monkeypatch) -> None:
     services.do_dispatch_job(job.pk)
     services.do_transition_job(job, JobState.RUNNING, agent_id=agents[0].pk)
     Agent.objects.filter(pk=agents[1].pk).update(last_heartbeat_at=timezone.now() - timedelta(minutes=10))
-    assert services.do_requeue_lost_jobs() == [job.pk]
+    assert recovery.do_requeue_lost_jobs() == [job.pk]
     lost = JobEvent.objects.get(job=job, kind="lost")
     assert "agent host-1 (node 1) stopped heartbeating" in lost.message
 

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from apps.jobs.results import do_record_job_results
+from apps.evidence.ingest import do_record_job_results
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, UserFactory
 from tests.portal.bulk import build_matrix
 from tests.portal.reports import TIER_STAGES, bound, passing

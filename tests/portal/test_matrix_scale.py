@@ -17,7 +17,7 @@ from django.utils import timezone
 from apps.accounts.choices import Role
 from apps.accounts.models import Membership
 from apps.catalog.models import ModelRelease
-from apps.jobs.results import do_record_job_results
+from apps.evidence.ingest import do_record_job_results
 from apps.matrix import grid_cache
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, UserFactory
 from tests.portal.bulk import build_matrix

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from apps.alerts.models import Delivery, StackChange, Subscription
-from apps.alerts.stacks import cell_stack, do_set_hardware_policy
+from apps.alerts.models import Delivery, Subscription
+from apps.evidence.ingest import do_record_job_results
+from apps.fleet.models import StackChange
+from apps.fleet.stacks import do_set_hardware_policy
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
-from apps.jobs.results import do_record_job_results
 from apps.jobs.services import do_transition_job
 from apps.matrix.models import Cell
+from apps.matrix.stacks import cell_stack
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
 from tests.portal.challenges import answered
 from tests.portal.reports import TIER_STAGES, bound, failing, passing
@@ -68,7 +70,12 @@ def test_a_reregistering_agent_with_another_torch_queues_the_configured_revalida
     assert StackChange.objects.count() == 1 and Job.objects.filter(state=JobState.QUEUED).count() == len(expected)
 
 
-def test_new_evidence_clears_stale_and_heartbeats_report_the_stack_too(api_client) -> None:
+def test_new_evidence_clears_stale_and_heartbeats_report_the_stack_too(api_client, monkeypatch,
+                                                                      django_capture_on_commit_callbacks) -> None:
+    from apps.alerts import services as alert_services
+
+    queued: list[int] = []
+    monkeypatch.setattr(alert_services, "enqueue_delivery", queued.append)  # the delivery itself: test_alerts
     hardware = HardwareFactory()
     model = ModelReleaseFactory()
     _cell_at(model, hardware, 5)  # a benchmark before the change: the series marks it
@@ -77,13 +84,14 @@ def test_new_evidence_clears_stale_and_heartbeats_report_the_stack_too(api_clien
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware, role="admin")
     agent = api_client.post("/api/v1/agents/", {"hostname": "n", "versions": LOCK}, format="json",
                             **auth(token)).json()
-    beat = api_client.post(f"/api/v1/agents/{agent['id']}/heartbeat/",
-                           {"versions": {**LOCK, "driver": "Linux 6.9"}}, format="json", **auth(token))
+    with django_capture_on_commit_callbacks(execute=True):  # the alert is published once the heartbeat commits
+        beat = api_client.post(f"/api/v1/agents/{agent['id']}/heartbeat/",
+                               {"versions": {**LOCK, "driver": "Linux 6.9"}}, format="json", **auth(token))
     assert beat.status_code == 200 and beat.json()["versions"]["driver"] == "Linux 6.9"
     change = StackChange.objects.get()
     assert change.changed == ["driver"] and change.jobs == []  # no policy: recorded only
     delivery = Delivery.objects.get()
-    assert delivery.subscription_id == sub.pk and delivery.kind == "stack_change"
+    assert queued == [delivery.pk] and delivery.subscription_id == sub.pk and delivery.kind == "stack_change"
     assert "driver Linux 6.8 → Linux 6.9" in delivery.event["summary"]
     assert cell_stack(model.pk, hardware.pk)["stale"]
     page = api_client.get(f"/cells/{model.slug}/{hardware.slug}/").content.decode()

@@ -12,11 +12,11 @@ import pytest
 from django.utils import timezone
 
 from apps.accounts.access import Actor
-from apps.alerts.models import StackChange
 from apps.benchmarks.run_metrics import run_metric
 from apps.benchmarks.selectors import SeriesQuery, load_series
 from apps.evidence.models import BenchmarkRun
 from apps.evidence.services import do_record_stage_results
+from apps.fleet.models import StackChange
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory
 from tests.portal.reports import passing
 

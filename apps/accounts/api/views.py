@@ -9,6 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts import services
+from apps.accounts.api.mixins import get_actor, get_or_404, require
 from apps.accounts.api.serializers import (
     ApiTokenCreateSerializer,
     ApiTokenSerializer,
@@ -20,8 +21,6 @@ from apps.accounts.api.serializers import (
 )
 from apps.accounts.choices import Role
 from apps.accounts.models import ApiToken, Invitation, Organization
-from apps.catalog.models import Hardware
-from apps.core.api.mixins import get_actor, get_or_404, require
 
 
 def _own_or_administered(request: Request, rows: QuerySet) -> QuerySet:
@@ -58,7 +57,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.CreateModelMixin, viewsets.G
             org = Organization.objects.get(pk=next(iter(actor.roles)))
         hardware = None
         if data.get("hardware"):
-            hardware = get_or_404(Hardware.objects.select_related("organization"), "hardware", slug=data["hardware"])
+            hardware = get_or_404(services.hardware_rows(), "hardware", slug=data["hardware"])
         token, secret = services.check_create_api_token(actor, organization=org, name=data["name"],
                                                         scopes=data["scopes"], hardware=hardware)
         body = dict(ApiTokenSerializer(token).data, token=secret)

@@ -2,8 +2,10 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from apps.alerts.choices import AlertKind, PayloadFormat, RevalidationPolicy
-from apps.alerts.models import MAX_URL_LENGTH, Delivery, StackChange, Subscription
+from apps.alerts.choices import AlertKind, PayloadFormat
+from apps.alerts.models import MAX_URL_LENGTH, Delivery, Subscription
+from apps.fleet.choices import RevalidationPolicy
+from apps.fleet.models import StackChange
 
 
 class SubscriptionSerializer(serializers.ModelSerializer):

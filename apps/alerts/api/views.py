@@ -12,9 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.access import Actor
+from apps.accounts.api.mixins import get_actor, get_or_404, require
 from apps.accounts.choices import Role
 from apps.accounts.models import Organization
-from apps.alerts import services, stacks
+from apps.alerts import services
 from apps.alerts.api.serializers import (
     DeliverySerializer,
     StackChangeSerializer,
@@ -23,10 +24,11 @@ from apps.alerts.api.serializers import (
     SubscriptionSerializer,
     SubscriptionWriteSerializer,
 )
-from apps.alerts.choices import RevalidationPolicy
-from apps.alerts.models import Delivery, HardwarePolicy, HardwareStack, StackChange, Subscription
+from apps.alerts.models import Delivery, Subscription
 from apps.catalog.models import Hardware
-from apps.core.api.mixins import get_actor, get_or_404, require
+from apps.fleet import stacks
+from apps.fleet.choices import RevalidationPolicy
+from apps.fleet.models import HardwarePolicy, HardwareStack, StackChange
 
 
 def _administered(actor: Actor) -> list[int] | None:

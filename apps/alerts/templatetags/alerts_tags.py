@@ -7,7 +7,9 @@ from typing import Any
 
 from django import template
 
-from apps.alerts.stacks import cell_stack
+from apps.evidence.models import StageResult
+from apps.evidence.runtime_evidence import soak_device_memory
+from apps.matrix.stacks import cell_stack
 
 register = template.Library()
 
@@ -43,9 +45,6 @@ def _polyline(points: list[tuple[float, float]], width: int, height: int, pad: f
 @register.inclusion_tag("dashboards/_soak.html")
 def cell_soak_card(model: Any, hardware: Any) -> dict[str, Any]:
     """The newest soak evidence of a cell: its verdict, throughput and memory over time, recovery."""
-    from apps.dashboards.selectors.runtime_evidence import soak_device_memory
-    from apps.evidence.models import StageResult
-
     if model is None or hardware is None or model.pk is None or hardware.pk is None:
         return {"soak": None}
     result = (StageResult.objects.filter(job__model_id=model.pk, job__hardware_id=hardware.pk, stage="soak")

@@ -13,7 +13,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.access import actor_for
-from apps.alerts.stacks import series_stack_changes
 from apps.benchmarks.api.renderers import CSVRenderer
 from apps.benchmarks.regressions import ParameterError, RegressionRule
 from apps.benchmarks.selectors import (
@@ -24,6 +23,7 @@ from apps.benchmarks.selectors import (
     load_series,
 )
 from apps.core.csvfiles import attachment_disposition
+from apps.fleet.stacks import series_stack_changes
 
 FILTERS = [
     OpenApiParameter("model", OpenApiTypes.STR, description="model slug"),
@@ -79,7 +79,7 @@ class BenchmarkSeriesView(_BenchmarkView):
         if request.accepted_renderer.format == "csv":
             return Response(csv_rows(series))
         return Response({"count": len(series), "series": [s.as_dict() for s in series],
-                         "stack_changes": series_stack_changes(series)})  # marks on the time axis (issue 13)
+                         "stack_changes": series_stack_changes(series)})  # marks on the time axis
 
 
 class RegressionListView(_BenchmarkView):

@@ -1,18 +1,21 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
 from apps.accounts.models import Organization
+from apps.catalog.choices import DTYPE_NAMES
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.services import model_fields_from_config
 from contract.manifest import check_manifest
 
-DTYPE_NAMES = frozenset({"float64", "float32", "tfloat32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2",
-                         "float8_e4m3fnuz", "float8_e5m2fnuz", "hifloat8", "int8", "int4", "mxfp4", "mxfp8", "nvfp4",
-                         "float4_e2m1fn"})
+# What the loads of a release say about its weights' digests, read from load evidence by the evidence app (it sits
+# above catalog) and installed by it in ``EvidenceConfig.ready``: "digest_conflict" (model -> the disagreement
+# between hardware, or None) and "hardware_digests" (model id -> each hardware's newest passing load's digests).
+DIGEST_READERS: dict[str, Callable[[Any], Any]] = {}
 
 
 class ModelReleaseSerializer(serializers.ModelSerializer):
@@ -48,14 +51,10 @@ class ModelReleaseSerializer(serializers.ModelSerializer):
                   "sha256}}]: kept apart, never the release's manifest")
 
     def get_digest_conflict(self, model: ModelRelease) -> dict[str, Any]:
-        from apps.evidence.manifests import digest_disagreement  # the API layer reads both apps
-
-        return digest_disagreement(model) or {}
+        return DIGEST_READERS["digest_conflict"](model) or {}
 
     def get_hardware_digests(self, model: ModelRelease) -> list[dict[str, Any]]:
-        from apps.evidence.manifests import hardware_digests
-
-        return hardware_digests(model.pk)
+        return DIGEST_READERS["hardware_digests"](model.pk)
 
     def validate_manifest(self, value: Any) -> list[dict[str, Any]]:
         try:

@@ -7,22 +7,19 @@ import django_filters
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django.utils import timezone
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.accounts.access import Actor
+from apps.accounts.access import Actor, actor_username
+from apps.accounts.api.mixins import get_actor, get_or_404, require
 from apps.accounts.choices import Role, Scope
 from apps.accounts.models import Organization
 from apps.catalog import services
 from apps.catalog.api.serializers import HardwareSerializer, ModelReleaseListSerializer, ModelReleaseSerializer
 from apps.catalog.models import Hardware, ModelRelease
-from apps.catalog.selectors import all_hardware, visible_models
-from apps.core.api.mixins import get_actor, get_or_404, require
+from apps.catalog.selectors import all_hardware, has_trusted_manifest, visible_models
 from apps.core.validators import as_utc
 
 
@@ -109,27 +106,6 @@ class ModelReleaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
         model = services.check_update_model_release(actor, model, **data)
         return Response(ModelReleaseSerializer(model).data)
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=ModelReleaseSerializer)
-    @action(detail=True, methods=["post"], url_path="manifest/settle")
-    def settle_manifest(self, request: Request, slug: str | None = None) -> Response:
-        """POST (staff): ``{"hardware": slug}`` makes that hardware's newest passing load's digests the release's
-        manifest, or ``{"manifest": [{name, size, sha256}]}`` gives one (``manifest_source`` "staff"); the
-        disagreement between hardware is then settled."""
-        from apps.evidence.manifests import check_settle_manifest
-
-        model = self.get_object()
-        actor = get_actor(request)
-        require(actor.is_staff, actor, "settling a release's manifest needs staff")
-        body = request.data if isinstance(request.data, dict) else {}
-        hardware = body.get("hardware")
-        if hardware is not None and not isinstance(hardware, str):
-            raise ValidationError({"hardware": "must be a hardware slug"})
-        try:
-            model = check_settle_manifest(actor, model, hardware=hardware, manifest=body.get("manifest"))
-        except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from None
-        return Response(ModelReleaseSerializer(model).data)
-
 
 class HardwareViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
                       mixins.UpdateModelMixin, viewsets.GenericViewSet):
@@ -174,8 +150,6 @@ class HardwareViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.C
 def _manifest_provenance(actor: Actor, model: ModelRelease, manifest: list) -> dict[str, Any]:
     """Who gives a manifest through a PATCH: staff ("staff"), or the release's organization while the release has
     none that loads are compared with ("given"); replacing or clearing such a manifest needs staff (403)."""
-    from apps.evidence.manifests import actor_username, has_trusted_manifest
-
     if actor.is_staff:
         return {"manifest_source": "staff" if manifest else "",
                 "manifest_seen": {"by": actor_username(actor), "at": timezone.now().isoformat()} if manifest else {}}

@@ -4,6 +4,7 @@ Each page costs a fixed number of queries whatever the number of jobs, runs or e
 
 from __future__ import annotations
 
+from apps.core.formatting import hours_text, human_bytes, human_count
 from apps.dashboards.selectors.cell import (
     OPERATOR_STATUSES,
     CellPage,
@@ -13,7 +14,6 @@ from apps.dashboards.selectors.cell import (
     visible_model,
 )
 from apps.dashboards.selectors.day0 import TIMELINE_TIERS, Day0Release, Day0Row, Day0Timeline, LeaderRow, day0_timeline
-from apps.dashboards.selectors.format import hours_text, human_bytes, human_count
 from apps.dashboards.selectors.job import CONSOLE_LINES, JobPage, StageStatus, job_page
 
 __all__ = [

@@ -7,13 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Count, Q
+from django.utils import timezone
+
 from apps.accounts.access import Actor
+from apps.benchmarks.open_regressions import open_regressions
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models, visible_models_q
 from apps.dashboards.selectors.day0 import Day0Release, release_timeline
 from apps.dashboards.selectors.fleet import fleet
-from apps.dashboards.selectors.regressions import open_regressions
 from apps.evidence.models import StageResult
+from apps.fleet.models import ONLINE_WINDOW
 from apps.matrix.models import Cell
 from contract.planner.memory import resolve_dtype
 
@@ -81,11 +85,6 @@ class HardwarePage:
 
 def hardware_list() -> list[tuple[Hardware, int, int]]:
     """Every hardware with its agent count and online agent count (one query)."""
-    from django.db.models import Count, Q
-    from django.utils import timezone
-
-    from apps.fleet.models import ONLINE_WINDOW
-
     rows = Hardware.objects.annotate(
         agent_count=Count("agents"),
         online=Count("agents", filter=Q(agents__last_heartbeat_at__gte=timezone.now() - ONLINE_WINDOW)),

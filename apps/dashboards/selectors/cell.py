@@ -14,9 +14,8 @@ from django.core.paginator import Page, Paginator
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
-from apps.dashboards.selectors.format import hours_text, human_bytes, human_count, reached_times
+from apps.core.formatting import hours_text, human_bytes, human_count, reached_times
 from apps.dashboards.selectors.jobs import previous_job_ids
-from apps.dashboards.selectors.runtime_evidence import bench_extras, compiled_path, section_keys
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
@@ -27,6 +26,7 @@ from apps.evidence.models import (
     StageResult,
     TokenDivergence,
 )
+from apps.evidence.runtime_evidence import bench_extras, compiled_path, section_keys
 from apps.evidence.selectors import newest_results
 from apps.jobs.models import Job
 from apps.matrix.models import Cell

@@ -1,4 +1,4 @@
-"""Two runs side by side: benchmarks per concurrency (with the ratio b / a; issue 11 §4's communication overhead,
+"""Two runs side by side: benchmarks per concurrency (with the ratio b / a; the communication overhead,
 TPOT jitter and expert imbalance from the bench sections' runs), alignment, environment lock, and what each stage
 concluded. Five queries whatever the runs hold."""
 

@@ -11,7 +11,7 @@ from typing import Any
 from apps.accounts.access import Actor
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
-from apps.dashboards.selectors.format import hours_text, reached_times
+from apps.core.formatting import hours_text, reached_times
 from apps.matrix.models import Cell
 from apps.matrix.selectors import lead_hours
 from contract.tiers import TIER_NAMES

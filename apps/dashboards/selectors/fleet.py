@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from django.utils import timezone
+
 from apps.accounts.access import Actor
-from apps.fleet.models import Agent
+from apps.fleet.models import ONLINE_WINDOW, Agent
 from apps.jobs.selectors import visible_jobs
 
 
@@ -25,8 +27,4 @@ def fleet(actor: Actor, *, hardware_id: int | None = None) -> list[Agent]:
 
 def online_agent_count(hardware_id: int) -> int:
     """Agents of a hardware with a recent heartbeat (one query)."""
-    from django.utils import timezone
-
-    from apps.fleet.models import ONLINE_WINDOW
-
     return Agent.objects.filter(hardware_id=hardware_id, last_heartbeat_at__gte=timezone.now() - ONLINE_WINDOW).count()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from django.core.paginator import Page, Paginator
+from django.db.models import OuterRef, Subquery
 
 from apps.accounts.access import Actor
 from apps.jobs.choices import JobState
@@ -33,9 +35,7 @@ class JobFilters:
                    organization=(params.get("organization") or "").strip()[:64])
 
     def query(self) -> str:
-        from urllib.parse import urlencode
-
-        return urlencode({k: v for k, v in self.__dict__.items() if v})
+            return urlencode({k: v for k, v in self.__dict__.items() if v})
 
 
 def job_list(actor: Actor, filters: JobFilters, page: Any = 1, *, per_page: int = JOBS_PER_PAGE) -> Page:
@@ -60,8 +60,6 @@ def previous_job_ids(jobs: list[Job]) -> dict[int, int]:
     certify job is never compared with a reference run), in one query."""
     if not jobs:
         return {}
-    from django.db.models import OuterRef, Subquery
-
     earlier = Job.objects.filter(model_id=OuterRef("model_id"), hardware_id=OuterRef("hardware_id"),
                                  purpose=OuterRef("purpose"), created_at__lt=OuterRef("created_at")).order_by("-created_at", "-id").values("id")[:1]
     rows = Job.objects.filter(pk__in=[j.pk for j in jobs]).annotate(prev=Subquery(earlier)).values_list("id", "prev")

@@ -7,7 +7,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.core.api.mixins import get_actor, get_or_404, require
+from apps.accounts.api.mixins import get_actor, get_or_404, require
 from apps.fleet import services
 from apps.fleet.api.serializers import AgentRegisterSerializer, AgentSerializer, HeartbeatSerializer
 from apps.fleet.models import Agent

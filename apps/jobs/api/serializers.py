@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.catalog.api.serializers import DTYPE_NAMES
+from apps.catalog.choices import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.selectors import job_waiting_reason
 from contract.planner.memory import ALIASES as DTYPE_ALIASES

@@ -11,12 +11,11 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.accounts.api.mixins import get_actor, get_or_404, require
 from apps.accounts.choices import Scope
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
-from apps.core.api.mixins import get_actor, get_or_404, require
-from apps.jobs import node_services, services
-from apps.jobs import results as results_service
+from apps.jobs import eventlog, node_services, services
 from apps.jobs.api.serializers import (
     JobCreateSerializer,
     JobEventSerializer,
@@ -26,9 +25,6 @@ from apps.jobs.api.serializers import (
 )
 from apps.jobs.models import Job, JobNode
 from apps.jobs.selectors import job_events_after, visible_jobs
-from apps.matrix.models import Cell
-from contract.planner.search import config_layout_error
-from contract.thresholds import check_thresholds
 
 EVENTS_PAGE_DEFAULT = 500
 EVENTS_PAGE_MAX = 5000
@@ -57,7 +53,8 @@ def _int_param(request: Request, name: str, default: int, *, minimum: int = 0, m
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Adaptation jobs: submit, list, follow, cancel; agents post events, results and state here."""
+    """Adaptation jobs: submit, list, follow, cancel; agents post events and state here (results: ``POST
+    jobs/{id}/results/``, ``apps.evidence.api``)."""
 
     serializer_class = JobSerializer
     filterset_class = JobFilter
@@ -86,18 +83,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         if hardware is None:
             raise ValidationError({"hardware": f"no hardware with slug {data['hardware']!r}"})
         spec = serializer.spec()
-        try:  # lengths within the model's context (the serializer checked every other range)
-            check_thresholds(spec["thresholds"], context_length=model.context_length)
-        except ValueError as exc:
-            raise ValidationError({"thresholds": [str(exc)]}) from None
-        if spec["dtype"] is None:
-            spec["dtype"] = "bfloat16" if "bfloat16" in hardware.dtypes or not hardware.dtypes else "float32"
-        elif hardware.dtypes and spec["dtype"] not in hardware.dtypes:
-            raise ValidationError({"dtype": f"{hardware.slug} does not support {spec['dtype']} "
-                                            f"(it supports {', '.join(hardware.dtypes)})"})
-        layout = config_layout_error(model.config, hardware, spec["tp"], spec["pp"], spec["ep"])
-        if layout is not None:  # the planner's deployment rules: a pinned layout no rule allows is a 400
-            raise ValidationError({layout.field: str(layout)})
         job = services.check_create_job(actor, model=model, hardware=hardware, spec=spec)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
@@ -126,8 +111,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             actor = get_actor(request)
             require(actor.authenticated, actor, "")
             services.check_agent_for_job(actor, job, reporting=True)
-            events = services.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
-            acked = services.do_store_job_events(job, events)
+            events = eventlog.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
+            acked = eventlog.do_store_job_events(job, events)
             return Response({"acked": acked})
         after = _int_param(request, "after", 0)
         limit = _int_param(request, "limit", EVENTS_PAGE_DEFAULT, minimum=1, maximum=EVENTS_PAGE_MAX)
@@ -142,22 +127,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "events": JobEventSerializer(rows, many=True).data,
             "next_after": rows[-1].seq if rows else after, "has_more": has_more,
         })
-
-    @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
-    @action(detail=True, methods=["post"])
-    def results(self, request: Request, pk: str | None = None) -> Response:
-        """POST (agent): one stage's section ``{"stage", "section", "attempt", "nonce"}`` or a whole stage report
-        with ``attempt`` and ``nonce`` beside ``stages``: bound to the job's current attempt (409 otherwise)."""
-        job = self.get_object()
-        actor = get_actor(request)
-        require(actor.authenticated, actor, "")
-        results = results_service.check_record_job_results(actor, job, request.data)
-        cell = Cell.objects.get(model_id=job.model_id, hardware_id=job.hardware_id)
-        return Response({"job": job.pk, "stored": [r.summary() for r in results],
-                         "cell": {"tier": cell.tier, "tier_name": cell.tier_name, "failed_stage": cell.failed_stage,
-                                  "error": cell.error, "custom_thresholds": cell.custom_thresholds,
-                                  "disputed": cell.disputed}},
-                        status=status.HTTP_201_CREATED)
 
     @extend_schema(request=JobNodeStateSerializer, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"], url_path=r"nodes/(?P<rank>[0-9]{1,4})")
@@ -189,7 +158,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             return Response({"rank": node.rank, "attempt": node.attempt, "state": node.state, "events": node.events})
         actor = get_actor(request)
         require(actor.authenticated, actor, "")
-        events = services.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
+        events = eventlog.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
         return Response({"acked": node_services.check_store_node_events(actor, job, int(rank), events)})
 
     @extend_schema(request=JobStateSerializer, responses=JobSerializer)

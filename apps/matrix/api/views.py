@@ -11,12 +11,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.alerts.stacks import cell_stack
+from apps.accounts.api.mixins import get_actor, get_or_404
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
-from apps.core.api.mixins import get_actor, get_or_404
-from apps.dashboards.selectors.runtime_evidence import runtime_evidence
 from apps.evidence.manifests import digest_disagreement
+from apps.evidence.runtime_evidence import runtime_evidence
 from apps.evidence.selectors import cell_evidence
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
@@ -26,6 +25,7 @@ from apps.matrix.api.serializers import CellDetailSerializer
 from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
 from apps.matrix.selectors import MatrixFilters, lead_hours
+from apps.matrix.stacks import cell_stack
 from contract.manifest import LEGACY_SOURCES
 from contract.tiers import TIER_NAMES
 

@@ -13,8 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.accounts.api.mixins import get_actor, get_or_404, require
 from apps.catalog.selectors import visible_models
-from apps.core.api.mixins import get_actor, get_or_404, require
 from apps.references.models import ReferenceRun
 from apps.references.services import do_queue_reference
 from contract.challenges import pool as cp

@@ -13,8 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from apps.accounts.access import actor_of
 from apps.accounts.models import Membership, Organization
-from apps.accounts.services import check_create_api_token
-from apps.catalog.models import Hardware
+from apps.accounts.services import check_create_api_token, hardware_rows
 
 
 class Command(BaseCommand):
@@ -38,7 +37,7 @@ class Command(BaseCommand):
             raise CommandError(f"{user.username} is not a member of {org.slug}")
         hardware = None
         if options["hardware"]:
-            hardware = Hardware.objects.select_related("organization").filter(slug=options["hardware"]).first()
+            hardware = hardware_rows().filter(slug=options["hardware"]).first()
             if hardware is None:
                 raise CommandError(f"no hardware {options['hardware']!r}")
         scopes = [s.strip() for s in options["scopes"].split(",") if s.strip()]

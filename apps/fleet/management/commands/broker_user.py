@@ -40,7 +40,7 @@ class Command(BaseCommand):
             except rabbitmq.BrokerAdminError as exc:
                 raise CommandError(str(exc)) from exc
         agent = self._agent(hardware, options)
-        from day0portal.celery import app
+        from day0portal.celery import app  # the Celery app autodiscovers the apps' tasks: loaded when needed
 
         try:
             admin = rabbitmq.broker_admin(settings.BROKER_ADMIN_URL)

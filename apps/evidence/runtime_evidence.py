@@ -57,7 +57,8 @@ def expert_balance(raw: Any) -> dict[str, Any] | None:
 
 
 def run_extras(run: dict[str, Any]) -> dict[str, Any]:
-    """What issue 11 §4 asks of every benchmark run, from one ``runs`` entry of a bench section."""
+    """A benchmark run's runtime evidence (communication overhead, TPOT jitter, expert balance), from one ``runs``
+    entry of a bench section."""
     per_rank = [_number(v) for v in run.get("comm_overhead_ratio_per_rank") or []] \
         if isinstance(run.get("comm_overhead_ratio_per_rank"), list) else []
     return {"concurrency": run.get("concurrency"), "comm_overhead_ratio": _number(run.get("comm_overhead_ratio")),

@@ -12,9 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.core.cache import cache
+from django.db.models import Count, Max, Subquery
+
 from apps.accounts.access import Actor
 from apps.benchmarks.regressions import RegressionRule
 from apps.benchmarks.selectors import Series, SeriesQuery, display_unit, display_value, load_series
+from apps.catalog.models import ModelRelease
+from apps.evidence.models import BenchmarkRun
 
 # The metrics a manager reads first: median latencies, throughput and memory (one per family).
 HEADLINE_METRICS = ("ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "output_tok_s", "peak_memory_bytes")
@@ -121,11 +126,6 @@ OPEN_CACHE_SECONDS = 300
 def _history_stamp(model: str, hardware: str) -> str:
     """What open flags depend on besides the viewer, in one query: the newest and the number of benchmark runs
     in scope, and the newest model edit (a visibility or release-time change); "" when there is no run."""
-    from django.db.models import Count, Max, Subquery
-
-    from apps.catalog.models import ModelRelease
-    from apps.evidence.models import BenchmarkRun
-
     runs = BenchmarkRun.objects.all()
     if model:
         runs = runs.filter(model__slug=model)
@@ -143,8 +143,6 @@ def open_regressions(actor: Actor, *, model: str = "", hardware: str = "") -> di
     """(model slug, hardware slug) -> the headline metrics whose newest run is flagged. Cached per viewer
     visibility and history stamp (a new run, a deleted one or a model edit recomputes it; an embargo that ends
     shows its flags within ``OPEN_CACHE_SECONDS``)."""
-    from django.core.cache import cache
-
     stamp = _history_stamp(model, hardware)
     if not stamp:  # no benchmark run in scope: nothing to flag
         return {}
@@ -167,8 +165,6 @@ def newest_flagged_cell(actor: Actor) -> tuple[str, str] | None:
     a cell; None when nothing is flagged. Finding it runs the detector over every headline series, so it is cached
     per viewer visibility and history stamp like ``open_regressions``: new benchmark results (a new run), a
     deleted run or a model edit make a new key, and the stale entry expires."""
-    from django.core.cache import cache
-
     stamp = _history_stamp("", "")
     if not stamp:
         return None

@@ -1,4 +1,6 @@
-"""``manage.py seed``: the bundled model and hardware catalog, the demo organization and its admin user."""
+"""``manage.py seed``: the bundled model and hardware catalog, the demo organization and its admin user; verdicts
+stored under older defaults judged again, and the current pool's reference runs queued. Here, in the evidence
+app, because it drives catalog, references and evidence, the highest of the three."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from apps.catalog.seed import ensure_demo_admin, seed_catalog
+from apps.evidence.rejudge import rejudge_outdated_defaults
+from apps.references.services import ensure_references
 
 
 class Command(BaseCommand):
@@ -22,14 +26,10 @@ class Command(BaseCommand):
         summary = seed_catalog(include_cpu=not options["no_cpu"])
         self.stdout.write(f"catalog: {len(summary.created)} created, {len(summary.updated)} updated, "
                           f"{len(summary.unchanged)} unchanged")
-        from apps.evidence.rejudge import rejudge_outdated_defaults
-
         for done in rejudge_outdated_defaults():  # verdicts stored under an older defaults table
             self.stdout.write(f"re-judged {done['results']} results of defaults {done['from']} → {done['to']} "
                               f"({done['changed']} changed, {done['cells']} cells)")
-        from apps.references.services import ensure_references  # the current pool's references (idempotent)
-
-        self.stdout.write(f"reference runs queued: {len(ensure_references())}")
+        self.stdout.write(f"reference runs queued: {len(ensure_references())}")  # the current pool's (idempotent)
         if not options["no_admin"]:
             user, password = ensure_demo_admin(options["admin_user"], options["admin_password"])
             if password:

@@ -1,5 +1,5 @@
 """Result ingest: an agent's stage sections, bound to the job's current attempt and nonce, stored as evidence
-(``apps.evidence.services``) with the portal's verdicts; and which requested stages still lack one."""
+(``services.do_record_stage_results``) with the portal's verdicts; the cell follows (``cell_inputs_changed``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from apps.accounts.access import Actor
+from apps.core import events
+from apps.evidence.models import StageResult
+from apps.evidence.services import do_record_stage_results, validate_stage_names
 from apps.jobs.choices import ACTIVE_STATES
 from apps.jobs.models import Job
 from apps.jobs.services import InvalidTransition, check_agent_for_job
@@ -61,8 +64,6 @@ def parse_result_binding(doc: Any) -> tuple[int, str]:
 def _check_binding(locked: Job, attempt: int, nonce: str, stages: list[str]) -> None:
     """A section belongs to the job's current attempt, carries that attempt's nonce, and is the first of its
     stage in that attempt; anything else (a superseded attempt, a wrong nonce, a replay) is a 409 naming it."""
-    from apps.evidence.models import StageResult
-
     if attempt != locked.attempts:
         raise InvalidTransition(f"the result is for attempt {attempt}, job {locked.pk} is at attempt "
                                 f"{locked.attempts}: a superseded attempt's section is not taken")
@@ -88,9 +89,6 @@ def do_record_job_results(job: Job, doc: Any, *, actor: Actor | None = None) -> 
     carries ``attempt`` and ``nonce`` (400 naming a missing one); the job row is locked before they are compared
     with its current attempt and nonce (409 for a superseded attempt, a wrong nonce or a stage already stored in
     this attempt)."""
-    from apps.evidence.models import StageResult
-    from apps.evidence.services import do_record_stage_results, validate_stage_names
-    from apps.matrix.services import recompute_cell
 
     sections, extra = parse_result_document(doc)
     attempt, nonce = parse_result_binding(doc)
@@ -111,16 +109,6 @@ def do_record_job_results(job: Job, doc: Any, *, actor: Actor | None = None) -> 
     if extra:
         Job.objects.filter(pk=job.pk).update(failed_stage=(extra.get("failed_stage") or "")[:32],
                                              error=extra.get("error") or "")
-    recompute_cell(job.model_id, job.hardware_id,
-                   reason=f"results of job {job.pk} attempt {attempt}: {', '.join(sorted(sections))}")
+    events.send_now(events.cell_inputs_changed, model_id=job.model_id, hardware_id=job.hardware_id, history=None,
+                    reason=f"results of job {job.pk} attempt {attempt}: {', '.join(sorted(sections))}")
     return results
-
-
-def stages_without_result(job: Job) -> list[str]:
-    """The stages ``job`` asked for that have no stored verdict from its current attempt, in DESIGN order."""
-    from apps.evidence.models import StageResult
-    from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
-
-    requested = job.stages or list(DEFAULT_STAGES)
-    have = set(StageResult.objects.filter(job=job, attempt=job.attempts).values_list("stage", flat=True))
-    return [s for s in STAGE_ORDER if s in requested and s not in have]

@@ -1,5 +1,5 @@
-"""OpenAPI post-processing (drf-spectacular hook): a one-line summary on every operation, and enums where a
-field takes one of a fixed set (stages, dtypes, threshold keys, metrics) though its serializer validates it by
+"""OpenAPI post-processing of the whole portal API (drf-spectacular hook, named in settings): a one-line summary
+on every operation, and enums where a field takes one of a fixed set (stages, dtypes, threshold keys, metrics) though its serializer validates it by
 hand. One table here instead of a decorator on each view; a new operation without a summary gets one built from
 its method and path, and ``tests/portal`` checks none is missing."""
 
@@ -35,7 +35,7 @@ VERBS = {"get": "Get", "post": "Create", "put": "Replace", "patch": "Update", "d
 
 def _enums() -> dict[str, list[str]]:
     from apps.benchmarks.regressions import known_metrics
-    from apps.catalog.api.serializers import DTYPE_NAMES
+    from apps.catalog.choices import DTYPE_NAMES
     from contract.thresholds import TABLE
     from contract.tiers import STAGE_ORDER
 
