@@ -152,7 +152,7 @@ def test_registry_builds_the_fallback_only_for_architectures_without_a_native_fa
     assert model_class_for("LlamaForCausalLM") is not None
 
 
-def test_fallback_refuses_cache_contexts_and_unknown_model_types() -> None:
+def test_fallback_refuses_unknown_model_types() -> None:
     with pytest.raises(FallbackError, match="model_type 'no_such_model'"):
         FallbackModel({"model_type": "no_such_model", "architectures": ["NoSuchForCausalLM"]})
     with pytest.raises(FallbackError, match="no 'model_type'"):
