@@ -1,6 +1,7 @@
 """The transformers fallback on the runtime's paged KV cache: a family the runtime has no code for decodes through
 the paged cache, continuously batched with chunked prefill, with greedy tokens equal to transformers' own
-``generate``; an architecture whose attention cannot be routed keeps the recompute path and says why."""
+``generate`` (GPT-NeoX; Gemma-3 with sliding-window layers; Gemma-2 with soft-capped logits); an architecture whose
+attention cannot be routed (Bloom) keeps the recompute path and says why."""
 
 from __future__ import annotations
 
@@ -46,10 +47,19 @@ def _tiny(arch: str):  # noqa: ANN202 - a transformers model
                                             num_key_value_heads=2, head_dim=8, intermediate_size=64, sliding_window=6,
                                             layer_types=["sliding_attention", "sliding_attention", "full_attention"],
                                             pad_token_id=0, **common)
-    else:  # Gemma2ForCausalLM: attention logits soft-capped
+    elif arch == "Gemma2ForCausalLM":  # attention logits soft-capped; q/k scaled up so that the cap bites
         cfg = transformers.Gemma2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                         num_key_value_heads=2, head_dim=8, intermediate_size=64, pad_token_id=0,
-                                        **common)
+                                        attn_logit_softcapping=2.0, sliding_window=6, **common)
+        model = transformers.Gemma2ForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.weight.mul_(20.0)
+                layer.self_attn.k_proj.weight.mul_(20.0)
+        return model
+    else:  # BloomForCausalLM: ALiBi, attention not routed through the AttentionInterface
+        cfg = transformers.BloomConfig(vocab_size=320, hidden_size=32, n_layer=2, n_head=4, bos_token_id=0,
+                                       eos_token_id=None, pad_token_id=0)
     return getattr(transformers, arch)(cfg).eval()
 
 
@@ -75,7 +85,7 @@ def _reference(hf, prompt: list[int]) -> list[int]:  # noqa: ANN001
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("arch", ["GPTNeoXForCausalLM", "Gemma3ForCausalLM"])
+@pytest.mark.parametrize("arch", ["GPTNeoXForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM"])
 def test_a_fallback_family_decodes_batched_through_the_paged_cache_equal_to_transformers(arch, tmp_path) -> None:
     hf = _saved(arch, tmp_path)
     engine = _engine(tmp_path)
@@ -101,11 +111,11 @@ def test_a_fallback_family_decodes_batched_through_the_paged_cache_equal_to_tran
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
-def test_a_softcapped_family_keeps_the_recompute_path_and_says_why(tmp_path) -> None:
-    hf = _saved("Gemma2ForCausalLM", tmp_path)
+def test_an_alibi_family_keeps_the_recompute_path_and_says_why(tmp_path) -> None:
+    hf = _saved("BloomForCausalLM", tmp_path)
     engine = _engine(tmp_path)
     model = engine.model
-    assert model.decode_path == "recompute" and "'softcap'" in model.decode_reason
+    assert model.decode_path == "recompute" and "AttentionInterface" in model.decode_reason
     assert model.kv_cache_spec() is None and not engine.runner.paged
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     outs = engine.generate(PROMPTS, params)

@@ -10,9 +10,9 @@ Whether an architecture can be routed so is found out, not listed: ``probe`` run
 with a recording implementation (which modules call attention, with what heads, head size, scale, sliding window
 and extra arguments), and ``self_check`` runs the same prompt through the paged path in two chunks and compares
 each layer's queries and keys and the final hidden states with the recording. An architecture that fails any of it
-(no AttentionInterface support, recurrent or convolutional layers beside attention, a logit soft-cap, attention
-sinks, a position bias, cross-attention, per-layer KV shapes, positions not taken from ``position_ids``) keeps the
-recompute path, with the reason."""
+(no AttentionInterface support, recurrent or convolutional layers beside attention, attention sinks, a position
+bias, cross-attention, per-layer KV shapes, positions not taken from ``position_ids``) keeps the recompute path, with
+the reason. Soft-capped attention logits (Gemma-2) run on the paged cache through ``CappedAttention``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from agents.runtime.context import ForwardContext
@@ -35,7 +34,7 @@ PROBE_LENGTH = 6
 FIRST_CHUNK = 4  # the self-check's prefill chunk; the rest follows with the first part cached
 # attention arguments the paged path honours (or that change nothing at inference); any other one with a value
 # set is a feature it does not implement
-HANDLED_ARGS = frozenset({"dropout", "scaling", "sliding_window", "position_ids", "use_cache", "cache_position",
+HANDLED_ARGS = frozenset({"dropout", "scaling", "sliding_window", "softcap", "position_ids", "use_cache", "cache_position",
                           "output_attentions", "return_dict", "is_causal", "layer_idx", "past_key_values",
                           "position_embeddings"})
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
@@ -55,6 +54,7 @@ class LayerShape:
     head_dim: int
     scale: float
     sliding_window: int | None
+    softcap: float | None
     query: torch.Tensor  # [H, L, D] the probe's post-rotary queries, for the self-check
     key: torch.Tensor  # [Hkv, L, D]
 
@@ -96,22 +96,28 @@ def _paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, 
 
 def _probe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Records the call, then attends causally over the one probe sequence (any soft-cap or bias ignored: only
-    shapes and arguments are read from this run, and the queries and keys, which come before attention)."""
+    """Records the call, then attends causally over the one probe sequence, eagerly, with the sliding window and
+    logit soft-cap it is given (the self-check compares the paged path's final hidden states with this)."""
     recording = _RECORDING.get()
     if recording is None:
         raise RuntimeError("the fallback's probe attention ran outside a probe")
     recording.calls.append((module, query, key, value, kwargs))
-    q_len, k_len = query.shape[2], key.shape[2]
-    if k_len != q_len or key.shape[1] == 0 or query.shape[1] % key.shape[1] or value.shape[-1] != query.shape[-1]:
-        return torch.zeros(1, q_len, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device), None
+    heads, q_len, k_len = query.shape[1], query.shape[2], key.shape[2]
+    if k_len != q_len or key.shape[1] == 0 or heads % key.shape[1] or value.shape[-1] != query.shape[-1]:
+        return torch.zeros(1, q_len, heads, value.shape[-1], dtype=query.dtype, device=query.device), None
+    group = heads // key.shape[1]
+    k = key.repeat_interleave(group, 1)  # k: [1, H, L, D]
+    v = value.repeat_interleave(group, 1)
+    scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+    scores = torch.matmul(query, k.transpose(2, 3)) * scale  # scores: [1, H, L, L]
+    if kwargs.get("softcap"):
+        scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
     pos = torch.arange(q_len, device=query.device)
     mask = pos[None, :] <= pos[:, None]  # mask: [L, L], causal
     if kwargs.get("sliding_window"):
         mask &= pos[None, :] > pos[:, None] - int(kwargs["sliding_window"])
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=kwargs.get("scaling"),
-                                         enable_gqa=True)  # out: [1, H, L, D]
-    return out.transpose(1, 2), None
+    probs = torch.softmax(scores.float().masked_fill(~mask, float("-inf")), dim=-1).to(query.dtype)
+    return torch.matmul(probs, v).transpose(1, 2), None  # [1, L, H, D]
 
 
 def register() -> None:
@@ -166,8 +172,10 @@ def _layer_shape(module: nn.Module, query: torch.Tensor, key: torch.Tensor, valu
                                  "sinks or a position bias), which the paged attention does not implement")
     scale = kwargs.get("scaling")
     window = kwargs.get("sliding_window")
+    cap = kwargs.get("softcap")
     return LayerShape(module, heads, kv_heads, head_dim, float(scale) if scale is not None else head_dim**-0.5,
-                      int(window) if window else None, query[0].detach().clone(), key[0].detach().clone())
+                      int(window) if window else None, float(cap) if cap else None, query[0].detach().clone(),
+                      key[0].detach().clone())
 
 
 def probe(hf_model: nn.Module, num_layers: int | None, device: torch.device) -> tuple[list[LayerShape], torch.Tensor]:
@@ -205,13 +213,51 @@ def probe(hf_model: nn.Module, num_layers: int | None, device: torch.device) -> 
     return shapes, out.last_hidden_state[0]
 
 
+class CappedAttention(Attention):
+    """Attention whose logits are soft-capped (``cap * tanh(scores / cap)`` before the mask, as transformers' eager
+    attention does): the runtime's paged cache and slots, the attention itself in torch, one sequence at a time
+    (no native kernel caps its logits)."""
+
+    def __init__(self, *args: Any, softcap: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.softcap = softcap
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, H, D], k/v: [T, Hkv, D] -> [T, H * D]."""
+        ctx = meta.ctx
+        if self.k_cache is None:
+            raise RuntimeError("paged attention called before bind_kv_cache")
+        self._store(k, v, meta)
+        out = torch.empty(q.shape[0], self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
+        starts, k_lens = ctx.cu_seqlens_q.tolist(), ctx.seqlens_k.tolist()
+        for i, k_len in enumerate(k_lens):
+            start, n = starts[i], starts[i + 1] - starts[i]
+            if n == 0:
+                continue
+            keys, values = self._gather_sequence(ctx, i, k_len)  # keys: [Lk, Hkv, D]
+            qi = q[start : start + n].transpose(0, 1)  # qi: [H, Lq, D]
+            ki = keys.to(q.dtype).transpose(0, 1).repeat_interleave(self.group, 0)  # ki: [H, Lk, D]
+            vi = values.to(q.dtype).transpose(0, 1).repeat_interleave(self.group, 0)
+            scores = torch.tanh(torch.matmul(qi, ki.transpose(1, 2)) * (self.scale / self.softcap)) * self.softcap
+            q_pos = torch.arange(k_len - n, k_len, device=q.device)[:, None]  # [Lq, 1]
+            k_pos = torch.arange(k_len, device=q.device)[None, :]  # [1, Lk]
+            mask = k_pos <= q_pos
+            if self.sliding_window is not None:
+                mask &= k_pos > q_pos - self.sliding_window
+            probs = torch.softmax(scores.float().masked_fill(~mask, float("-inf")), dim=-1).to(q.dtype)
+            out[start : start + n] = torch.matmul(probs, vi).transpose(0, 1).flatten(1)  # [Lq, H * D]
+        return out
+
+
 class PagedRouter:
     """The paged layers of a probed model, bound to the engine's caches, and the step context around a forward."""
 
     def __init__(self, shapes: list[LayerShape], configs: list[Any]) -> None:
         self.shapes = shapes
         self.configs = configs
-        self.layers = {id(s.module): Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.scale, s.sliding_window)
+        self.layers = {id(s.module): (CappedAttention(s.num_heads, s.num_kv_heads, s.head_dim, s.scale,
+                                                      s.sliding_window, softcap=s.softcap) if s.softcap else
+                                      Attention(s.num_heads, s.num_kv_heads, s.head_dim, s.scale, s.sliding_window))
                        for s in shapes}
 
     @property
