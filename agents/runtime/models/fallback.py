@@ -17,7 +17,6 @@ the model splices them in and computes its own multimodal (M-RoPE) positions; th
 from __future__ import annotations
 
 import inspect
-import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,9 +28,7 @@ from torch import nn
 from agents.runtime.context import ForwardContext
 from agents.runtime.engine.multimodal import ImageInputs, config_takes_images
 from agents.runtime.interface import ForwardOutput, KVCacheSpec
-from agents.runtime.models.fallback_attention import PagedRouter, RoutingRefused, configs_of, probe, self_check
-
-log = logging.getLogger(__name__)
+from agents.runtime.models.fallback_attention import PagedRouter, capture_outputs, route
 
 
 class FallbackError(ValueError):
@@ -284,23 +281,9 @@ class FallbackModel(nn.Module):
         if self.recompute_only:
             return None
         if self._decode is None:
-            try:
-                if self.device.type == "meta":
-                    raise RoutingRefused("built on the meta device (shapes only): nothing to probe")
-                if self.takes_images:
-                    raise RoutingRefused("a vision-language model computes its multimodal positions over the whole "
-                                         "sequence")
-                shapes, hidden = probe(self.hf_model, self._num_layers, self.device)
-                router = PagedRouter(shapes, configs_of(self.hf_model))
-                self_check(self.hf_model.base_model, router, hidden, self.dtype, self.device)
-            except RoutingRefused as exc:
-                self._decode = ("recompute", str(exc))
-                log.warning("fallback %s keeps the recompute path (no KV cache, no batching): %s",
-                            type(self.hf_model).__name__, exc)
-            else:
-                self._router, self._decode = router, ("paged", None)
-                log.info("fallback %s runs on the paged KV cache (%d attention layers)",
-                         type(self.hf_model).__name__, len(shapes))
+            self._router, reason = route(self.hf_model, self._num_layers, self.dtype, self.device,
+                                         takes_images=self.takes_images)
+            self._decode = ("paged" if self._router is not None else "recompute", reason)
         return self._router
 
     @property
@@ -348,21 +331,10 @@ class FallbackModel(nn.Module):
             return self._forward_paged(input_ids, positions, ctx, output_hidden_states)
         if not bool(torch.equal(ctx.seqlens_k.to(torch.int64), ctx.cu_seqlens_q.diff().to(torch.int64))):
             raise FallbackError("the fallback path needs whole sequences: seqlens_k must equal the query lengths")
-        captured: list[torch.Tensor] = []
-        hooks = []
-        if output_hidden_states:
-            if self._layers is None:
-                raise FallbackError("cannot find the decoder layer list to report per-layer hidden states")
-            for layer in self._layers:
-                hooks.append(
-                    layer.register_forward_hook(
-                        lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out)
-                    )
-                )
         base = self.hf_model.base_model
         finals: list[torch.Tensor] = []
         per_seq_layers: list[list[torch.Tensor]] = []
-        try:
+        with capture_outputs(self._hidden_layers(output_hidden_states)) as captured:
             cu = ctx.cu_seqlens_q.tolist()
             if images is not None and len(images) != len(cu) - 1:
                 raise FallbackError(f"{len(images)} image inputs for {len(cu) - 1} sequences")
@@ -379,9 +351,6 @@ class FallbackModel(nn.Module):
                     out = base(input_ids=ids, position_ids=pos, use_cache=False)
                 finals.append(out.last_hidden_state[0])  # [L, hidden]
                 per_seq_layers.append([h[0] for h in captured])
-        finally:
-            for hook in hooks:
-                hook.remove()
         hidden = torch.cat(finals, 0) if finals else input_ids.new_zeros((0,), dtype=self.dtype)  # [T, hidden]
         layer_hidden = None
         if output_hidden_states:
@@ -394,22 +363,16 @@ class FallbackModel(nn.Module):
         router = self._routing()
         if router is None:
             raise FallbackError(f"this model has no paged KV cache: {self.decode_reason}")
-        captured: list[torch.Tensor] = []
-        hooks = []
-        if output_hidden_states:
-            if self._layers is None:
-                raise FallbackError("cannot find the decoder layer list to report per-layer hidden states")
-            hooks = [layer.register_forward_hook(lambda _m, _i, out: captured.append(
-                out[0] if isinstance(out, tuple) else out)) for layer in self._layers]
-        try:
-            with router.step(ctx):
-                out = self.hf_model.base_model(input_ids=input_ids[None], position_ids=positions[None],
-                                               use_cache=False)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        with capture_outputs(self._hidden_layers(output_hidden_states)) as captured, router.step(ctx):
+            out = self.hf_model.base_model(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         layer_hidden = [h[0] for h in captured] if output_hidden_states else None  # each: [T, hidden]
         return ForwardOutput(hidden=out.last_hidden_state[0], layer_hidden=layer_hidden)  # hidden: [T, hidden]
+
+    def _hidden_layers(self, wanted: bool) -> nn.ModuleList | list[nn.Module]:
+        """The decoder blocks whose outputs a forward reports (none unless ``wanted``)."""
+        if wanted and self._layers is None:
+            raise FallbackError("cannot find the decoder layer list to report per-layer hidden states")
+        return self._layers if wanted else []
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

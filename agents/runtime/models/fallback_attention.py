@@ -16,7 +16,8 @@ the reason. Soft-capped attention logits (Gemma-2) run on the paged cache throug
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from torch import nn
 from agents.runtime.context import ForwardContext
 from agents.runtime.layers.attention import Attention, AttentionMetadata
 
+log = logging.getLogger(__name__)
 PAGED = "day0_paged"  # the serving implementation: K/V through the runtime's paged cache
 PROBE = "day0_probe"  # the recording one: what each attention module calls with
 PROBE_LENGTH = 6
@@ -329,3 +331,35 @@ def self_check(base: nn.Module, router: PagedRouter, probe_hidden: torch.Tensor,
     if not _close(torch.cat(hidden), probe_hidden, tol):  # [L, hidden] each
         raise RoutingRefused("the final hidden states differ when the prompt is split into chunks: the model "
                              "carries state between tokens outside attention")
+
+
+def route(hf_model: nn.Module, num_layers: int | None, dtype: torch.dtype, device: torch.device, *,
+          takes_images: bool = False) -> tuple[PagedRouter | None, str | None]:
+    """(the paged layers of ``hf_model``, None) after the probe and the self-check, or (None, why not), logged."""
+    name = type(hf_model).__name__
+    try:
+        if device.type == "meta":
+            raise RoutingRefused("built on the meta device (shapes only): nothing to probe")
+        if takes_images:
+            raise RoutingRefused("a vision-language model computes its multimodal positions over the whole sequence")
+        shapes, hidden = probe(hf_model, num_layers, device)
+        router = PagedRouter(shapes, configs_of(hf_model))
+        self_check(hf_model.base_model, router, hidden, dtype, device)
+    except RoutingRefused as exc:
+        log.warning("fallback %s keeps the recompute path (no KV cache, no batching): %s", name, exc)
+        return None, str(exc)
+    log.info("fallback %s runs on the paged KV cache (%d attention layers)", name, len(shapes))
+    return router, None
+
+
+@contextmanager
+def capture_outputs(modules: Iterable[nn.Module]) -> Iterator[list[torch.Tensor]]:
+    """The outputs of ``modules`` (their first element when a tuple), in call order, while the block runs."""
+    captured: list[torch.Tensor] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out))
+             for m in modules]
+    try:
+        yield captured
+    finally:
+        for hook in hooks:
+            hook.remove()
