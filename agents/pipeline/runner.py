@@ -73,6 +73,10 @@ def model_info(ctx: StageContext) -> dict[str, Any]:
     info = {"name": name, "architecture": architecture, "path": path}
     if path == "fallback":
         info["fallback_reason"] = reason  # why the transformers code runs it (no native family, or an option)
+        if hasattr(model, "decode_path"):  # "paged": the runtime's KV cache and batching; else why not
+            info["fallback_decode"] = model.decode_path
+            if model.decode_reason:
+                info["fallback_decode_reason"] = model.decode_reason
     return info
 
 

@@ -69,14 +69,15 @@ def run_extras(run: dict[str, Any]) -> dict[str, Any]:
 
 def section_keys(results: dict[str, StageResult]) -> dict[str, dict[str, Any]]:
     """stage -> the keys of the newest serve, bench and align sections this page reads (``runs``,
-    ``long_context``, ``compile``), in one query."""
+    ``long_context``, ``compile``, align's ``fallback_reference_identical``), in one query."""
     ids = {results[stage].pk: stage for stage in ("serve", "bench", "align") if stage in results}
     if not ids:
         return {}
     rows = StageResult.objects.filter(pk__in=ids).values_list("pk", "section__runs", "section__long_context",
-                                                               "section__compile")
-    return {ids[pk]: {"runs": runs, "long_context": long_run, "compile": block}
-            for pk, runs, long_run, block in rows}
+                                                               "section__compile",
+                                                               "section__fallback_reference_identical")
+    return {ids[pk]: {"runs": runs, "long_context": long_run, "compile": block, "fallback_reference_identical": same}
+            for pk, runs, long_run, block, same in rows}
 
 
 def bench_extras(bench: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -75,7 +75,8 @@ def _block_outputs(hf, ids: torch.Tensor) -> list[torch.Tensor]:  # noqa: ANN001
 def test_fallback_matches_transformers_on_a_batch_of_prompts(saved) -> None:  # noqa: ANN001
     hf, model_dir = saved
     model = _fallback(model_dir)
-    assert isinstance(model, RuntimeModel) and model.path == "fallback" and model.kv_cache_spec() is None
+    assert isinstance(model, RuntimeModel) and model.path == "fallback"
+    assert model.kv_cache_spec() is not None and model.decode_path == "paged"  # whole prompts: still transformers'
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, hf.config.vocab_size, (sum(PROMPT_LENGTHS),), generator=g)
     positions = torch.cat([torch.arange(n) for n in PROMPT_LENGTHS])
@@ -151,7 +152,7 @@ def test_registry_builds_the_fallback_only_for_architectures_without_a_native_fa
     assert model_class_for("LlamaForCausalLM") is not None
 
 
-def test_fallback_refuses_cache_contexts_and_unknown_model_types() -> None:
+def test_fallback_refuses_unknown_model_types() -> None:
     with pytest.raises(FallbackError, match="model_type 'no_such_model'"):
         FallbackModel({"model_type": "no_such_model", "architectures": ["NoSuchForCausalLM"]})
     with pytest.raises(FallbackError, match="no 'model_type'"):

@@ -1,7 +1,12 @@
 """Generic fallback: any architecture ``transformers`` knows runs through its own modeling code behind the
 ``RuntimeModel`` interface and the same strict weight checks as the native families.
 
-It has no paged cache (``kv_cache_spec()`` is None), so the engine recomputes each whole sequence every step.
+Where its attention can be routed (``fallback_attention``: probed and self-checked once, on first use), it runs on the
+runtime's paged KV cache: the engine batches it continuously with chunked prefill, the whole batch one packed
+sequence through transformers' modules with the runtime's attention in place of theirs (``decode_path`` "paged").
+Otherwise (``decode_reason`` says why, logged) it has no paged cache (``kv_cache_spec()`` is None) and the engine
+recomputes each whole sequence every step (``decode_path`` "recompute"). A no-cache context (whole prompts: the
+align stage's reference comparisons) always runs transformers' own attention, so it is transformers' computation.
 
 A vision-language architecture whose transformers model takes precomputed image features (``mm_encoder_outputs``:
 Qwen2-VL, Qwen2.5-VL) takes images here: ``encode_images`` runs its vision tower and merger once per request (the
@@ -23,6 +28,7 @@ from torch import nn
 from agents.runtime.context import ForwardContext
 from agents.runtime.engine.multimodal import ImageInputs, config_takes_images
 from agents.runtime.interface import ForwardOutput, KVCacheSpec
+from agents.runtime.models.fallback_attention import PagedRouter, capture_outputs, route
 
 
 class FallbackError(ValueError):
@@ -135,6 +141,10 @@ class FallbackModel(nn.Module):
             self.image_token_id = int(token if token is not None else hf_config.image_token_index)
         self.num_image_encodes = 0  # images encoded so far (once per request, not per step)
         self._takes_token_types = "mm_token_type_ids" in inspect.signature(self.hf_model.base_model.forward).parameters
+        self._num_layers = num_layers
+        self.recompute_only = False  # True before the engine is built: keep the recompute path (benchmarks' baseline)
+        self._router: PagedRouter | None = None
+        self._decode: tuple[str, str | None] | None = None  # ("paged" | "recompute", why not paged)
 
     # ---- weights ---------------------------------------------------------------------------------------------
     def _checkpoint_layout(self) -> dict[str, _Target]:
@@ -264,13 +274,45 @@ class FallbackModel(nn.Module):
             kwargs["mm_token_type_ids"] = (ids == self.image_token_id).int()
         return kwargs
 
+    # ---- the paged path --------------------------------------------------------------------------------------
+    def _routing(self) -> PagedRouter | None:
+        """The paged layers, probed and self-checked on first use (with the weights loaded by then, if any);
+        None when the architecture keeps the recompute path (``decode_reason``)."""
+        if self.recompute_only:
+            return None
+        if self._decode is None:
+            self._router, reason = route(self.hf_model, self._num_layers, self.dtype, self.device,
+                                         takes_images=self.takes_images)
+            self._decode = ("paged" if self._router is not None else "recompute", reason)
+        return self._router
+
+    @property
+    def decode_path(self) -> str:
+        """"paged" (the runtime's KV cache and batching) or "recompute" (the whole sequence every step)."""
+        return "paged" if self._routing() is not None else "recompute"
+
+    @property
+    def decode_reason(self) -> str | None:
+        """Why the model keeps the recompute path (None on the paged path)."""
+        if self._routing() is not None:
+            return None
+        return "kept selectable: recompute_only" if self.recompute_only else self._decode[1]
+
     # ---- RuntimeModel ----------------------------------------------------------------------------------------
     def kv_cache_spec(self) -> KVCacheSpec | None:
-        return None
+        router = self._routing()
+        if router is None:
+            return None
+        return KVCacheSpec("kv", num_layers=len(router.shapes), num_kv_heads=router.num_kv_heads,
+                           head_dim=router.head_dim, dtype=self.dtype)
 
     def bind_kv_cache(self, caches: list[tuple[torch.Tensor, ...]]) -> None:
-        if caches:
-            raise FallbackError("the fallback path has no paged KV cache (kv_cache_spec() is None)")
+        if not caches:
+            return
+        router = self._routing()
+        if router is None:
+            raise FallbackError(f"this model has no paged KV cache: {self.decode_reason}")
+        router.bind(caches)
 
     @torch.inference_mode()
     def forward(
@@ -281,26 +323,18 @@ class FallbackModel(nn.Module):
         output_hidden_states: bool = False,
         images: list[ImageInputs | None] | None = None,
     ) -> ForwardOutput:
-        """``images``: per sequence of the batch, its image inputs or None (a text-only sequence)."""
+        """``images``: per sequence of the batch, its image inputs or None (a text-only sequence; the paged path
+        takes text only)."""
         if ctx.uses_cache:
-            raise FallbackError("the fallback path takes no-cache contexts only (whole sequences every step)")
+            if images is not None and any(i is not None for i in images):
+                raise FallbackError("the paged fallback path takes text only")
+            return self._forward_paged(input_ids, positions, ctx, output_hidden_states)
         if not bool(torch.equal(ctx.seqlens_k.to(torch.int64), ctx.cu_seqlens_q.diff().to(torch.int64))):
             raise FallbackError("the fallback path needs whole sequences: seqlens_k must equal the query lengths")
-        captured: list[torch.Tensor] = []
-        hooks = []
-        if output_hidden_states:
-            if self._layers is None:
-                raise FallbackError("cannot find the decoder layer list to report per-layer hidden states")
-            for layer in self._layers:
-                hooks.append(
-                    layer.register_forward_hook(
-                        lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out)
-                    )
-                )
         base = self.hf_model.base_model
         finals: list[torch.Tensor] = []
         per_seq_layers: list[list[torch.Tensor]] = []
-        try:
+        with capture_outputs(self._hidden_layers(output_hidden_states)) as captured:
             cu = ctx.cu_seqlens_q.tolist()
             if images is not None and len(images) != len(cu) - 1:
                 raise FallbackError(f"{len(images)} image inputs for {len(cu) - 1} sequences")
@@ -317,14 +351,28 @@ class FallbackModel(nn.Module):
                     out = base(input_ids=ids, position_ids=pos, use_cache=False)
                 finals.append(out.last_hidden_state[0])  # [L, hidden]
                 per_seq_layers.append([h[0] for h in captured])
-        finally:
-            for hook in hooks:
-                hook.remove()
         hidden = torch.cat(finals, 0) if finals else input_ids.new_zeros((0,), dtype=self.dtype)  # [T, hidden]
         layer_hidden = None
         if output_hidden_states:
             layer_hidden = [torch.cat([seq[i] for seq in per_seq_layers], 0) for i in range(len(self._layers))]
         return ForwardOutput(hidden=hidden, layer_hidden=layer_hidden)
+
+    def _forward_paged(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
+                       output_hidden_states: bool) -> ForwardOutput:
+        """The whole step as one packed sequence (batch 1 × T tokens), attention through the paged cache."""
+        router = self._routing()
+        if router is None:
+            raise FallbackError(f"this model has no paged KV cache: {self.decode_reason}")
+        with capture_outputs(self._hidden_layers(output_hidden_states)) as captured, router.step(ctx):
+            out = self.hf_model.base_model(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
+        layer_hidden = [h[0] for h in captured] if output_hidden_states else None  # each: [T, hidden]
+        return ForwardOutput(hidden=out.last_hidden_state[0], layer_hidden=layer_hidden)  # hidden: [T, hidden]
+
+    def _hidden_layers(self, wanted: bool) -> nn.ModuleList | list[nn.Module]:
+        """The decoder blocks whose outputs a forward reports (none unless ``wanted``)."""
+        if wanted and self._layers is None:
+            raise FallbackError("cannot find the decoder layer list to report per-layer hidden states")
+        return self._layers if wanted else []
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

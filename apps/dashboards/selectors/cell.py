@@ -94,6 +94,7 @@ class CellPage:
     bench_extras: list[dict[str, Any]] = field(default_factory=list)  # per run: comm overhead, jitter, experts
     compiled: dict[str, Any] | None = None  # the serve, bench and align sections' compile blocks, when present
     portal_scores: dict[str, Any] | None = None  # the portal's scores of the raw outputs (align e2e, eval)
+    align_self_reference: bool = False  # the target ran the reference implementation (transformers fallback, fp32 CPU)
 
     @property
     def verdict_rows(self) -> list[tuple[str, dict[str, Any]]]:
@@ -293,6 +294,7 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
         page.needle = needle_heatmap(page.eval_section.get("needle"))
     page.bench_extras = bench_extras(keys.get("bench"))
     page.compiled = compiled_path(results, keys)
+    page.align_self_reference = keys.get("align", {}).get("fallback_reference_identical") is True
     page.portal_scores = portal_scores(results.get("align"), results.get("eval"))
     if model.takes_images:
         page.image_path = image_path_evidence(results.get("serve"), results.get("align"))

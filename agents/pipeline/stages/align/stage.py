@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from agents.pipeline.stages.align import compiled as compiled_part
 from agents.pipeline.stages.align import kv, ops, vision
 from agents.pipeline.stages.align.e2e import PROMPTS, challenge_raw, run_e2e
@@ -47,6 +49,23 @@ def _run_part(ctx: StageContext, section: dict[str, Any], notes: list[str], key:
             section["inventory_coverage"] = part["inventory_coverage"]
     else:
         section[key] = part
+
+
+SELF_REFERENCE = ("the target runs the reference implementation (transformers fallback): operator/layer alignment "
+                  "compares it with itself")
+
+
+def fallback_reference_note(target: Any) -> str | None:
+    """What the comparison means when the target is the transformers fallback in fp32 on the CPU, the
+    reference's own code on the reference's device and dtype (None otherwise)."""
+    if getattr(target, "path", None) != "fallback" or getattr(target, "dtype", None) != torch.float32:
+        return None
+    if torch.device(getattr(target, "device", "cpu")).type != "cpu":
+        return None
+    if getattr(target, "decode_path", None) == "paged":  # its cached decode runs the runtime's attention
+        return (f"{SELF_REFERENCE}; the end-to-end and KV-cache checks compare the runtime's paged attention, which "
+                "it decodes with, against transformers")
+    return SELF_REFERENCE
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -109,5 +128,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     section["checks"] = {"ops": ops_ok if "ops" in section else None, "layers": layers_ok,
                          "e2e": section["e2e"]["passed"], "kv_cache": kv_ok if "kv_cache" in section else None,
                          "vision": vision_ok if takes_images else None, "compile": compile_ok if compiled else None}
+    self_reference = fallback_reference_note(target)
+    if self_reference is not None:  # passing here says nothing about the device: the cell shows this instead
+        section["fallback_reference_identical"] = True
+        notes.insert(0, self_reference)
     section["notes"] = notes
     return section
