@@ -1,7 +1,7 @@
 """Bytes: dtypes and their weight rule, weight bytes, KV bytes per token, and the memory-model settings.
 
 Weight rule: quantisable linear weights (attention projections, MLPs, experts) take the dtype's bits plus its
-scale overhead; embeddings, LM head, norms, biases and routers stay 16-bit under a quantised dtype (as fp8, GPTQ,
+scale overhead (``formats.py``: packed values + scales + zero points); embeddings, LM head, norms, biases and routers stay 16-bit under a quantised dtype (as fp8, GPTQ,
 AWQ and MXFP4 checkpoints store them) and take the dtype otherwise."""
 
 from __future__ import annotations
@@ -11,45 +11,38 @@ from typing import Any
 
 from contract.model.params import LayerParams, ParamCount
 from contract.model.spec import ModelSpec
+from contract.planner.formats import FORMATS, Keep, checkpoint_format, format_bits
 
 GIB = 1 << 30
-# canonical dtype -> (bits of quantisable weights, bits of the rest, extra scale bits per quantised weight)
-DTYPES: dict[str, tuple[float, float, float]] = {
-    "float32": (32, 32, 0.0),
-    "bfloat16": (16, 16, 0.0),
-    "float16": (16, 16, 0.0),
-    "float8_e4m3fn": (8, 16, 32 / (128 * 128)),  # one fp32 scale per 128×128 block (DeepSeek-V3 layout)
-    "int8": (8, 16, 0.0),  # per-output-channel scales: negligible
-    "int4": (4, 16, 16 / 128),  # one 16-bit scale per group of 128 weights (GPTQ/AWQ layout)
-    "mxfp4": (4, 16, 8 / 32),  # OCP microscaling: one 8-bit exponent per block of 32 (gpt-oss experts)
-}
-QUANT_METHODS = {"fp8": "float8_e4m3fn", "fbgemm_fp8": "float8_e4m3fn", "mxfp4": "mxfp4"}
+DTYPES = FORMATS  # canonical dtype -> (bits of quantisable weights, bits of the rest, extra scale bits per weight)
 ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp8": "float8_e4m3fn",
            "float8": "float8_e4m3fn", "float8_e4m3fnuz": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "w8": "int8",
-           "w4": "int4", "int4_awq": "int4"}
+           "w4": "int4", "int4_awq": "int4", "fp8-tensor": "float8_e4m3fn-tensor",
+           "fp8-channel": "float8_e4m3fn-channel", "fp4": "nvfp4", "gguf-q8_0": "q8_0", "gguf-q4_k": "q4_k",
+           "gguf-q6_k": "q6_k", "int4-g128": "int4"}
 
 
 def normalize_dtype(dtype: str) -> str:
-    """The canonical dtype name; ValueError naming the dtype and the accepted ones otherwise."""
+    """The canonical dtype name (``int4-gG[-zp]`` for a group size other than 128 or with zero points);
+    ValueError naming the dtype and the accepted ones otherwise."""
     name = ALIASES.get(dtype.lower(), dtype.lower()) if isinstance(dtype, str) else ""
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} (or {', '.join(ALIASES)})")
+    if format_bits(name) is None:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}, int4-gG[-zp] "
+                         f"(or {', '.join(ALIASES)})")
     return name
 
 
-def resolve_dtype(dtype: str, config: dict[str, Any]) -> tuple[str, bool]:
-    """(canonical dtype, whether attention stays 16-bit). ``"auto"`` is the checkpoint's own format: its
-    ``quantization_config`` (fp8, mxfp4, 4/8-bit GPTQ/AWQ) or else ``torch_dtype``. Attention stays 16-bit when
-    the quantisation config leaves ``self_attn`` unconverted (gpt-oss)."""
-    quant = config.get("quantization_config") or {}
+def resolve_dtype(dtype: str, config: dict[str, Any]) -> tuple[str, Keep]:
+    """(canonical dtype, what stays 16-bit). ``"auto"`` is the checkpoint's own format: its
+    ``quantization_config`` (block/channel FP8, MXFP4, NVFP4, compressed-tensors, GPTQ, AWQ; ``formats.py``) or
+    else ``torch_dtype``. Attention stays 16-bit (True) when the quantisation config leaves ``self_attn``
+    unconverted (gpt-oss); only the routed experts are quantised (``"experts"``) when it also leaves the dense
+    and shared MLPs (Kimi-K2-Thinking)."""
     if dtype != "auto":
         return normalize_dtype(dtype), False
-    keep_attention = any("self_attn" in str(m) for m in quant.get("modules_to_not_convert") or [])
-    method = str(quant.get("quant_method", "")).lower()
-    if method in QUANT_METHODS:
-        return QUANT_METHODS[method], keep_attention
-    if quant.get("bits") in (4, 8):
-        return ("int4" if quant["bits"] == 4 else "int8"), keep_attention
+    found = checkpoint_format(config)
+    if found is not None:
+        return found
     return normalize_dtype(str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")), False
 
 
@@ -58,20 +51,25 @@ def activation_bytes(dtype: str) -> int:
     return 4 if normalize_dtype(dtype) == "float32" else 2
 
 
-def layer_bits(layer: LayerParams, dtype: str, keep_attention: bool = False) -> tuple[float, float, float]:
+def rest_bits(dtype: str) -> float:
+    """Bits of the weights a quantised format leaves alone (embeddings, head, norms, routers)."""
+    return format_bits(dtype)[1]
+
+
+def layer_bits(layer: LayerParams, dtype: str, keep_attention: Keep = False) -> tuple[float, float, float]:
     """Bits of one layer as (tp-sharded, replicated, expert) parts under the dtype's rule."""
-    q_bits, rest_bits, scale_bits = DTYPES[dtype]
+    q_bits, rest_bits, scale_bits = format_bits(dtype)
     q = q_bits + scale_bits
     attn = rest_bits if keep_attention else q
-    return ((layer.attn_sharded * attn + (layer.mlp + layer.shared_experts) * q),
+    dense = rest_bits if keep_attention == "experts" else q
+    return ((layer.attn_sharded * attn + (layer.mlp + layer.shared_experts) * dense),
             layer.attn_replicated * attn + layer.small * rest_bits, layer.experts * q)
 
 
-def weight_bytes(counts: ParamCount, dtype: str, keep_attention: bool = False) -> int:
+def weight_bytes(counts: ParamCount, dtype: str, keep_attention: Keep = False) -> int:
     """Bytes of all weights at ``dtype`` (the rule in the module docstring)."""
     dtype = normalize_dtype(dtype)
-    rest_bits = DTYPES[dtype][1]
-    bits = (counts.embedding + counts.lm_head + counts.final_norm + counts.vision) * rest_bits
+    bits = (counts.embedding + counts.lm_head + counts.final_norm + counts.vision) * rest_bits(dtype)
     bits += sum(n * sum(layer_bits(layer, dtype, keep_attention)) for layer, n in counts.kind_counts())
     return int(bits / 8)
 

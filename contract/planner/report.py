@@ -10,6 +10,7 @@ from contract.model.native import FALLBACK_LAYOUT, config_runtime_path
 from contract.model.params import ParamCount, count_params
 from contract.model.spec import ModelSpec, parse_config
 from contract.planner import search as _candidates
+from contract.planner.formats import format_bits, native_type
 from contract.planner.memory import PlanSettings, kv_bytes_per_token, resolve_dtype, weight_bytes
 
 # The per-model part of a plan (parse, count, per-layer bytes) is O(layers); the per-hardware part is O(candidate
@@ -27,8 +28,27 @@ def runtime_layouts(config: Any) -> dict[str, Any]:
     return {"path": path, "reason": reason, "layouts": layouts}
 
 
+def quant_block(counts: ParamCount, dtype: str, keep: bool | str,
+                hardware_dtypes: list[str] | None) -> dict[str, Any]:
+    """The ``quant`` block of a quantised plan: the format, its true bytes (packed values + scales + zero points),
+    and, given the hardware's declared dtypes, whether it runs ``native`` or ``emulated`` (the runtime dequantizes
+    the packed weights at load into bfloat16: ``runtime_bytes`` is what that takes). Empty for 16/32-bit."""
+    if format_bits(dtype)[0] >= 16:
+        return {}
+    block: dict[str, Any] = {"format": dtype, "bytes": weight_bytes(counts, dtype, keep), "mode": "unknown"}
+    if hardware_dtypes:
+        declared = {d.removesuffix("uz") for d in hardware_dtypes}  # AMD's fnuz FP8 runs the fn format
+        block["mode"] = "native" if native_type(dtype) in declared else "emulated"
+    if block["mode"] == "emulated":
+        block["how"] = "dequantized at load to bfloat16"
+        block["runtime_bytes"] = weight_bytes(counts, "bfloat16", keep)
+    else:
+        block["runtime_bytes"] = block["bytes"]
+    return block
+
+
 def _build(config: Any, dtype: str, settings: PlanSettings,
-           keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model, dict[str, Any]]:
+           keep_attention: bool | str) -> tuple[ModelSpec, ParamCount, _candidates.Model, dict[str, Any]]:
     spec = parse_config(config)
     counts = count_params(spec)
     runtime = runtime_layouts(config)
@@ -38,12 +58,12 @@ def _build(config: Any, dtype: str, settings: PlanSettings,
 
 @lru_cache(maxsize=PREPARED_CACHE_SIZE)
 def _prepared(config_json: str, dtype: str, settings: PlanSettings,
-              keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model, dict[str, Any]]:
+              keep_attention: bool | str) -> tuple[ModelSpec, ParamCount, _candidates.Model, dict[str, Any]]:
     return _build(json.loads(config_json), dtype, settings, keep_attention)
 
 
 def _prepare(config: Any, dtype: str, settings: PlanSettings,
-             keep_attention: bool) -> tuple[ModelSpec, ParamCount, _candidates.Model, dict[str, Any]]:
+             keep_attention: bool | str) -> tuple[ModelSpec, ParamCount, _candidates.Model, dict[str, Any]]:
     try:
         key = json.dumps(config, sort_keys=True, allow_nan=True)
     except (TypeError, ValueError):  # not JSON data (a caller's own objects): plan it uncached
@@ -81,7 +101,9 @@ def plan_report(
     plans = _candidates.search(ctx, hw, fixed={"tp": tp, "pp": pp, "ep": ep})
     chosen = _candidates.choose(plans)
     warnings = list(spec.warnings)
-    if hardware_dtypes and dtype not in hardware_dtypes and not (dtype == "int4" and "int8" in hardware_dtypes):
+    quant = quant_block(counts, dtype, keep_attention, hardware_dtypes)
+    if hardware_dtypes and quant.get("mode", "native") == "emulated" or hardware_dtypes and not quant \
+            and dtype not in hardware_dtypes:
         warnings.append(f"{dtype} is not a native dtype of this hardware ({', '.join(hardware_dtypes)})")
     per_device = chosen.memory_per_device if chosen else memory_bytes
     report: dict[str, Any] = {
@@ -106,6 +128,8 @@ def plan_report(
         "spec": spec.to_dict(),
         "runtime": dict(runtime),
     }
+    if quant:
+        report["quant"] = quant
     if counts.vision:  # the vision tower and projector: whole on each device of the first stage
         report["vision_bytes_per_device"] = int(ctx.vision_bytes)
     if chosen is None:

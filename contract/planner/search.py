@@ -12,7 +12,7 @@ from typing import Any
 
 from contract.model.params import LayerParams, ParamCount
 from contract.model.spec import ModelSpec
-from contract.planner.memory import DTYPES, PlanSettings, activation_bytes, kv_layer_bytes, layer_bits
+from contract.planner.memory import PlanSettings, activation_bytes, kv_layer_bytes, layer_bits, rest_bits
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class LayerBytes:
     stage_sharded: float  # routed experts: split over all devices of a pipeline stage
 
     @classmethod
-    def of(cls, layer: LayerParams, dtype: str, keep_attention: bool) -> LayerBytes:
+    def of(cls, layer: LayerParams, dtype: str, keep_attention: bool | str) -> LayerBytes:
         sharded, replicated, experts = layer_bits(layer, dtype, keep_attention)
         return cls(sharded / 8, replicated / 8, experts / 8)
 
@@ -49,7 +49,7 @@ class Model:
 
     @classmethod
     def build(cls, spec: ModelSpec, counts: ParamCount, dtype: str, settings: PlanSettings,
-              keep_attention: bool = False, single_device: str | None = None) -> Model:
+              keep_attention: bool | str = False, single_device: str | None = None) -> Model:
         moe = set(spec.moe_layers)
         types = spec.layer_types or (("sliding_attention",) * spec.num_layers if spec.sliding_window else ())
         sliding = {i for i, kind in enumerate(types) if kind == "sliding_attention"}
@@ -64,7 +64,7 @@ class Model:
                 acc += k == kind
                 running.append(acc)
             prefix.append(tuple(running))
-        rest = DTYPES[dtype][1] / 8
+        rest = rest_bits(dtype) / 8
         return cls(spec, settings, tuple(kinds), tuple(prefix), counts.embedding * rest,
                    (counts.lm_head + counts.final_norm) * rest, activation_bytes(dtype),
                    has_dense=len(moe) < spec.num_layers, vision_bytes=counts.vision * rest,

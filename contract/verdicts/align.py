@@ -40,7 +40,7 @@ def reduced_dtype(dtype: Any, config: Mapping[str, Any] | None) -> str | None:
         name, _ = resolve_dtype(dtype, dict(config or {}))
     except ValueError:
         return None
-    return name if name in REDUCED_DTYPES else None
+    return name if name in REDUCED_DTYPES or name != "float32" else None
 
 
 def _row_ranges(v: Verdict, row: Mapping[str, Any], label: str, cosine: float, reduced: str | None) -> None:

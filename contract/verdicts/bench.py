@@ -42,7 +42,7 @@ def decode_floor_bytes(config: Mapping[str, Any], dtype: str | None, tp: int, ep
     (or the spec's own error) when the config or dtype cannot be read."""
     from contract.model.params import count_params
     from contract.model.spec import parse_config
-    from contract.planner.memory import DTYPES, kv_bytes_per_token, layer_bits, resolve_dtype
+    from contract.planner.memory import kv_bytes_per_token, layer_bits, resolve_dtype, rest_bits
 
     config = dict(config)
     name, keep_attention = resolve_dtype(dtype or "auto", config)
@@ -53,7 +53,7 @@ def decode_floor_bytes(config: Mapping[str, Any], dtype: str | None, tp: int, ep
         sharded, replicated, experts = layer_bits(layer, name, keep_attention)
         active = experts * layer.top_k * layer.expert_size / layer.experts if layer.experts else 0.0
         bits += n * (sharded / tp + replicated + active / max(tp, ep))
-    bits += (counts.lm_head or counts.embedding) * DTYPES[name][1] / tp  # a tied head reads the embedding
+    bits += (counts.lm_head or counts.embedding) * rest_bits(name) / tp  # a tied head reads the embedding
     return int(bits / 8 + kv_bytes_per_token(spec, name) * context_tokens / tp)
 
 
