@@ -11,6 +11,7 @@ A format's bits per quantised weight are its packed values plus its scales and z
 - ``int8`` (per output channel), ``float8_e4m3fn-tensor``/``-channel``: one scale per tensor or row (negligible);
   ``float8_e4m3fn`` is block FP8, one fp32 scale per 128×128 block (DeepSeek-V3).
 - GGUF (ggml's block layouts): ``q8_0`` blocks of 32 int8 + one fp16 scale (34 bytes per 32 weights);
+  ``q4_0`` 32 nibbles + one fp16 scale (18 bytes per 32); ``q4_1`` the same + an fp16 minimum (20 bytes per 32);
   ``q4_k`` super-blocks of 256: fp16 d and dmin, 12 bytes of 6-bit sub-block scales and mins, 128 bytes of
   nibbles (144 bytes per 256); ``q6_k`` super-blocks of 256: 128 + 64 bytes of 6-bit values, 16 int8 sub-block
   scales, one fp16 d (210 bytes per 256).
@@ -34,6 +35,8 @@ FORMATS: dict[str, tuple[float, float, float]] = {
     "mxfp4": (4, 16, 8 / 32),
     "nvfp4": (4, 16, 8 / 16),
     "q8_0": (8, 16, 16 / 32),
+    "q4_0": (4, 16, 16 / 32),
+    "q4_1": (4, 16, 32 / 32),
     "q4_k": (4, 16, (144 * 8 - 4 * 256) / 256),
     "q6_k": (6, 16, (210 * 8 - 6 * 256) / 256),
 }

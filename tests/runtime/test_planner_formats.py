@@ -64,7 +64,7 @@ def test_kimi_k2_thinking_int4_bytes_within_one_percent_of_the_checkpoint() -> N
 @pytest.mark.parametrize(("name", "bits_per_weight"), [
     ("mxfp4", 4 + 8 / 32), ("nvfp4", 4 + 8 / 16), ("int4", 4 + 16 / 128), ("int4-g32", 4 + 16 / 32),
     ("int4-g128-zp", 4 + 20 / 128), ("int8", 8), ("float8_e4m3fn-tensor", 8), ("float8_e4m3fn-channel", 8),
-    ("float8_e4m3fn", 8 + 32 / 128 ** 2), ("q8_0", 34 * 8 / 32), ("q4_k", 144 * 8 / 256), ("q6_k", 210 * 8 / 256),
+    ("float8_e4m3fn", 8 + 32 / 128 ** 2), ("q8_0", 34 * 8 / 32), ("q4_0", 18 * 8 / 32), ("q4_1", 20 * 8 / 32), ("q4_k", 144 * 8 / 256), ("q6_k", 210 * 8 / 256),
 ])
 def test_bits_per_weight_of_each_format(name: str, bits_per_weight: float) -> None:
     values, rest, scales = format_bits(normalize_dtype(name))

@@ -7,7 +7,8 @@ right after, so no second copy of the model is ever resident. On the CPU a tenso
 parameter needs is not copied at all: the parameter adopts the mapped bytes (``zero_copy``), and so does a
 merged parameter (gate/up) whose shards the file stores back to back in its order. A block-scaled FP8 weight
 streams together with its ``_scale_inv`` as one ``BlockFp8Tensor``; the parameter's weight loader dequantises it
-(``layers/quant.py``), and its statistics are those of the dequantised values.
+(``layers/quant.py``), and its statistics are those of the dequantised values. A directory holding one GGUF
+file and no config.json is a GGUF release (``gguf_release.py``: dequantised at load).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agents.runtime.distributed import get_ep_rank, get_tp_rank
 from agents.runtime.layers.quant import BlockFp8Tensor
 from agents.runtime.layers.weights import adopt_or_copy, mapped_tensor
 from agents.runtime.loader.checkpoint import Checkpoint
+from agents.runtime.loader.gguf_release import gguf_file, load_gguf
 from agents.runtime.loader.hashing import ShardHasher
 from agents.runtime.loader.manifest import compare_manifest, parse_manifest
 from agents.runtime.loader.memory import advise_huge_pages
@@ -88,6 +90,11 @@ def load_model(
     reset_peak_rss()
     rss_before = current_rss()
     t0 = time.perf_counter()
+    gguf = gguf_file(model_dir) if not (model_dir / "config.json").exists() else None
+    if gguf is not None:  # a GGUF release: dequantised at load (emulated), no safetensors, no manifest check
+        model, report, config = load_gguf(gguf, dtype=torch_dtype(dtype), device=device)
+        report.update(peak_rss_bytes=peak_rss(), rss_before_bytes=rss_before)
+        return LoadResult(model=model, report=report, config=config)
     config = read_config(model_dir)
     ckpt = Checkpoint.open(model_dir)
     lead = get_tp_rank() == 0 and get_ep_rank() == 0

