@@ -134,8 +134,11 @@ class Tokenizer:
             self._max_token_chars = max((len(t) for t in vocab), default=1)
         return self._max_token_chars
 
-    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
-        """Render validated ``messages`` with the model's template; ChatFormatError names what is wrong."""
+    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None, **template_kwargs: Any) -> str:
+        """Render validated ``messages`` with the model's template; ChatFormatError names what is wrong.
+        ``tools`` (OpenAI's function tools) and ``template_kwargs`` (a request's ``chat_template_kwargs``, e.g.
+        ``enable_thinking``) reach the template as transformers passes them."""
         check_messages(messages)
         if not self.chat_template:
             raise ChatFormatError("this model has no chat template (tokenizer_config.json chat_template)")
@@ -145,14 +148,13 @@ class Tokenizer:
             env.globals["raise_exception"] = _raise
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self._compiled = env.from_string(self.chat_template)
-        flat = [{**m, "content": _content_text(m["content"])} for m in messages]
+        flat = [_flat_message(m) for m in messages]
+        context = {**template_kwargs, "messages": flat, "add_generation_prompt": add_generation_prompt,
+                   "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+        if tools:
+            context["tools"] = tools
         try:
-            return self._compiled.render(
-                messages=flat,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-            )
+            return self._compiled.render(**context)
         except jinja2.TemplateError as exc:
             raise ChatFormatError(f"chat template failed: {exc}") from exc
 
@@ -162,10 +164,40 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False)
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
+def _content_text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
         return content
     return "".join(part["text"] for part in content)
+
+
+def _flat_message(msg: dict[str, Any]) -> dict[str, Any]:
+    """A message as templates read it: text content joined; an assistant's tool-call arguments (a JSON string in
+    OpenAI's form) as the object templates serialise with ``tojson``."""
+    flat = {**msg, "content": _content_text(msg.get("content"))}
+    if msg.get("tool_calls"):
+        calls = []
+        for call in msg["tool_calls"]:
+            function = dict(call["function"])
+            try:
+                args = json.loads(function.get("arguments") or "{}")
+            except json.JSONDecodeError:
+                args = None
+            if isinstance(args, dict):
+                function["arguments"] = args
+            calls.append({**call, "function": function, **function})  # both call.function.name and call.name
+        flat["tool_calls"] = calls
+    return flat
+
+
+def _check_tool_calls(i: int, calls: Any) -> None:
+    if not isinstance(calls, list) or not calls:
+        raise ChatFormatError(f"messages[{i}].tool_calls must be a non-empty list")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments", ""), str)):
+            raise ChatFormatError(f"messages[{i}].tool_calls[{j}] must be {{\"id\": ..., \"type\": \"function\", "
+                                  f"\"function\": {{\"name\": string, \"arguments\": JSON string}}}}")
 
 
 def check_messages(messages: Any) -> None:
@@ -178,6 +210,14 @@ def check_messages(messages: Any) -> None:
         role = msg.get("role")
         if role not in ROLES:
             raise ChatFormatError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
+        if msg.get("tool_calls") is not None:
+            if role != "assistant":
+                raise ChatFormatError(f"messages[{i}]: only an assistant message has tool_calls")
+            _check_tool_calls(i, msg["tool_calls"])
+            if msg.get("content") is None:
+                continue  # a turn of tool calls only
+        if role == "tool" and not isinstance(msg.get("tool_call_id", ""), str):
+            raise ChatFormatError(f"messages[{i}].tool_call_id must be a string")
         content = msg.get("content")
         if isinstance(content, str):
             continue
