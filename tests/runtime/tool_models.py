@@ -114,11 +114,11 @@ class ForcedOutput:
             step = run(batch)
             if self.script is not None and step.logits is not None:
                 eos = min(engine.eos_token_ids)
+                logits = torch.full_like(step.logits, float("-inf"))
                 for row, seq in enumerate(step.seqs):
                     k = seq.num_output_tokens
-                    token = self.script[k] if k < len(self.script) else eos
-                    step.logits[row] = torch.where(
-                        torch.arange(step.logits.shape[1]) == token, 0.0, float("-inf"))
+                    logits[row, self.script[k] if k < len(self.script) else eos] = 0.0
+                step.logits = logits
             return step
 
         engine.runner.run_step = forced_step
