@@ -155,3 +155,23 @@ def test_streamed_deltas_add_up_to_the_whole_message(family, size):
         assert got["content"] == (whole.content or "") and got["reasoning"] == (whole.reasoning or "")
         assert [got["calls"][i] for i in sorted(got["calls"])] == [
             {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in whole.calls]
+
+
+def test_parser_flags_reach_the_command_line_and_name_every_parser():
+    from agents.runtime.commands.serve import PARSER_NAMES, serve_command
+
+    assert sorted(PARSER_NAMES) == sorted(PARSERS)
+    argv = serve_command("m", dtype="float32", device="cpu", tool_call_parser="mistral", reasoning_parser="none")
+    assert argv[argv.index("--tool-call-parser") + 1] == "mistral" and argv[argv.index("--reasoning-parser") + 1] == "none"
+    assert "--tool-call-parser" not in serve_command("m", dtype="float32", device="cpu")
+
+
+def test_server_flags_override_what_the_template_says():
+    from types import SimpleNamespace
+
+    from agents.runtime.server.handlers.common import ServerState
+
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=TEMPLATES["hermes"]))
+    assert ServerState(None, "m").chat_parsers(engine) == (PARSERS["hermes"], "qwen3")
+    assert ServerState(None, "m", tool_parser="none", reasoning_parser="none").chat_parsers(engine) == (None, "none")
+    assert ServerState(None, "m", tool_parser="kimi_k2").chat_parsers(engine)[0] is PARSERS["kimi_k2"]

@@ -91,6 +91,10 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
         pictures = await run_in_threadpool(decode_images, messages, state.image_limits)
         messages = with_placeholders(messages, processor.placeholder)
     tools = tool_request(body)
+    tool_parser, reasoning = state.chat_parsers(engine)
+    if tools.parses and tool_parser is None:
+        raise APIError(400, "'tools' cannot be served: this model's chat template declares no tool-call format "
+                            "(start the server with --tool-call-parser NAME, or send tool_choice 'none')", "tools")
     try:
         text = await run_in_threadpool(engine.tokenizer.apply_chat_template, messages, True, tools.tools or None,
                                        **template_kwargs(body))
@@ -103,7 +107,6 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     else:
         ids = await tokenize(engine, text, "messages", add_special_tokens=False)  # the template writes the BOS
     gen = chat_generation(body, max_model_len=engine.max_model_len, prompt_tokens=len(ids))
-    tool_parser, reasoning = state.chat_parsers(engine)
     gen.chat = ChatSettings(tools, tool_parser, reasoning)
     choices = [Choice(j, ids, "", counts_prompt=j == 0) for j in range(gen.n)]
     return await serve_choices(state, request, engine, gen, choices, ChatRenderer, images)
