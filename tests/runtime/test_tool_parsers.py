@@ -171,7 +171,34 @@ def test_server_flags_override_what_the_template_says():
 
     from agents.runtime.server.handlers.common import ServerState
 
-    engine = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=TEMPLATES["hermes"]))
+    kept: list = []
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=TEMPLATES["hermes"], keep_in_text=kept.append))
     assert ServerState(None, "m").chat_parsers(engine) == (PARSERS["hermes"], "qwen3")
+    assert kept == [("<tool_call>", "</tool_call>")]
     assert ServerState(None, "m", tool_parser="none", reasoning_parser="none").chat_parsers(engine) == (None, "none")
     assert ServerState(None, "m", tool_parser="kimi_k2").chat_parsers(engine)[0] is PARSERS["kimi_k2"]
+
+
+def test_a_special_marker_token_stays_in_the_decoded_text(tmp_path):
+    """Mistral's [TOOL_CALLS] is a control (special) token: decoded text keeps it once the parser asks, while
+    the other special tokens (BOS) still drop out."""
+    import shutil
+
+    from tokenizers import Tokenizer as Fast
+
+    from agents.runtime.engine.tokenizer import Tokenizer
+    from agents.runtime.testing.make_model import cached_model
+
+    base = cached_model("llama")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(base / name, tmp_path / name)
+    fast = Fast.from_file(str(tmp_path / "tokenizer.json"))
+    fast.add_special_tokens(["[TOOL_CALLS]", "[ARGS]"])
+    fast.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(tmp_path)
+    ids = tok.encode("hi[TOOL_CALLS]get_time[ARGS]{}")
+    assert tok.decode(ids) == "higet_time{}"
+    assert tok.keep_in_text(PARSERS["mistral"].tokens) == ["[ARGS]", "[TOOL_CALLS]"]
+    assert tok.decode(ids) == "hi[TOOL_CALLS]get_time[ARGS]{}" and ids[0] == tok.token_to_id("<s>")
+    assert tok.decode(ids, skip_special_tokens=False).startswith("<s>")
+    assert tok.keep_in_text(["<tool_call>"]) == []  # not a token here: nothing changes

@@ -58,6 +58,7 @@ class Tokenizer:
         self.eos_token_ids = self._eos_ids(model_dir)
         self._token_texts: dict[int, tuple[str, str]] = {}
         self._max_token_chars: int | None = None
+        self._dropped: frozenset[int] | None = None  # with keep_in_text: the special ids text leaves out
 
     def _eos_ids(self, model_dir: Path) -> set[int]:
         ids: set[int] = set()
@@ -104,7 +105,27 @@ class Tokenizer:
             return self._fast.encode(text, add_special_tokens=add_special_tokens).ids
         return self._hf.encode(text, add_special_tokens=add_special_tokens)
 
+    def keep_in_text(self, tokens: Any) -> list[str]:
+        """Keep these special tokens in decoded text (a tool-call format's markers, such as Mistral's
+        ``[TOOL_CALLS]`` control token, which the parser must see); the other special tokens still drop out.
+        Returns the ones that are special tokens of this vocabulary."""
+        special = self._special_only()
+        kept = {tid: t for t in tokens if (tid := self.token_to_id(t)) is not None and tid in special}
+        if kept:
+            self._dropped = frozenset(special - set(kept))
+            self._token_texts = {}
+        return sorted(kept.values())
+
+    def _special_only(self) -> set[int]:
+        if self._fast is not None:
+            ids = {int(i) for i, t in self._fast.get_added_tokens_decoder().items() if t.special}
+        else:
+            ids = {int(i) for i in getattr(self._hf, "all_special_ids", ()) or ()}
+        return ids | set(self.eos_token_ids)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self._dropped is not None:
+            ids, skip_special_tokens = [i for i in ids if i not in self._dropped], False
         if self._fast is not None:
             return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
         return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -35,6 +35,7 @@ class ServerState:
     processors: dict[int, ImageProcessor | None] = field(default_factory=dict)  # per engine: its image processor
     tool_parser: str = "auto"  # a tool_parsers name, "auto" (from the chat template) or "none"
     reasoning_parser: str = "auto"  # deepseek_r1, qwen3, "auto" (from the chat template) or "none"
+    kept_tokens: set[int] = field(default_factory=set)  # engines whose tokenizer keeps the tool-call tokens
 
     def chat_parsers(self, engine: LLMEngine) -> tuple[type[ToolParser] | None, str | None]:
         """The tool-call parser class and reasoning parser the served model's template calls for (or the
@@ -42,7 +43,11 @@ class ServerState:
         template = engine.tokenizer.chat_template
         tool = detect(template) if self.tool_parser == "auto" else self.tool_parser
         reasoning = detect_reasoning(template) if self.reasoning_parser == "auto" else self.reasoning_parser
-        return (None if tool in (None, "none") else parser_class(tool)), reasoning
+        parser = None if tool in (None, "none") else parser_class(tool)
+        if parser is not None and id(engine) not in self.kept_tokens:  # once per engine: markers stay in text
+            self.kept_tokens.add(id(engine))
+            engine.tokenizer.keep_in_text(parser.tokens)
+        return parser, reasoning
 
     def ready_engine(self) -> LLMEngine:
         """The engine; a 503 while it loads (or after it failed)."""

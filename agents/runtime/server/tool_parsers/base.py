@@ -42,6 +42,7 @@ class ToolParser:
 
     name = ""
     markers: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = ()  # every token of the format, kept in the decoded text where it is special
 
     def find_start(self, text: str) -> int:
         """Where the first tool call starts in ``text``, or -1."""

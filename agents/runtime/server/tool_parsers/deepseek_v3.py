@@ -17,6 +17,7 @@ FENCED = re.compile(r"^(.*?)\n```(?:json)?\n(.*)\n```$", re.DOTALL)
 class DeepSeekV3Parser(ToolParser):
     name = "deepseek_v3"
     markers = (BEGIN,)
+    tokens = (BEGIN, END, "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
 
     def parse_calls(self, text: str) -> list[tuple[str, Any]]:
         body = text[len(BEGIN):]

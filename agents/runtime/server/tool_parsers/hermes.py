@@ -14,6 +14,7 @@ CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 class HermesParser(ToolParser):
     name = "hermes"
     markers = ("<tool_call>",)
+    tokens = ("<tool_call>", "</tool_call>")
 
     def parse_calls(self, text: str) -> list[tuple[str, Any]]:
         bodies = CALL.findall(text)

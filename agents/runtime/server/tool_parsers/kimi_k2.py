@@ -17,6 +17,7 @@ CALL_ID = re.compile(r"^(?:functions\.)?([\w.\-]+):(\d+)$")
 class KimiK2Parser(ToolParser):
     name = "kimi_k2"
     markers = (BEGIN,)
+    tokens = (BEGIN, END, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
 
     def __init__(self) -> None:
         self._ids: dict[int, str] = {}

@@ -15,6 +15,7 @@ TAG = "<|python_tag|>"
 class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     markers = (TAG, '{"name"')
+    tokens = (TAG,)
 
     def find_start(self, text: str) -> int:
         body = text.lstrip()

@@ -16,6 +16,7 @@ MARK, ARGS = "[TOOL_CALLS]", "[ARGS]"
 class MistralParser(ToolParser):
     name = "mistral"
     markers = (MARK,)
+    tokens = (MARK, ARGS)
 
     def parse_calls(self, text: str) -> list[tuple[str, Any]]:
         pieces = [p.strip() for p in text.split(MARK)[1:]]
