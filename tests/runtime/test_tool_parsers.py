@@ -148,8 +148,8 @@ def _streamed(chat: ChatSettings, text: str, size: int) -> dict:
 @pytest.mark.parametrize("family", sorted(CALLS))
 @pytest.mark.parametrize("size", [1, 3, 7, 1000])
 def test_streamed_deltas_add_up_to_the_whole_message(family, size):
-    for text in (CALLS[family], MALFORMED[family][0], "just words", "<think>\nweigh it</think>\n\n" + CALLS[family]):
-        chat = settings(family, reasoning="qwen3")
+    texts = (CALLS[family], MALFORMED[family][0], "just words", "<think>\nweigh it</think>\n\n" + CALLS[family])
+    for text, chat in [(t, c) for t in texts for c in (settings(family, reasoning="qwen3"), ChatSettings())]:
         whole = read_text(chat, text)
         got = _streamed(chat, text, size)
         assert got["content"] == (whole.content or "") and got["reasoning"] == (whole.reasoning or "")

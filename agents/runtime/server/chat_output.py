@@ -89,6 +89,9 @@ class StreamedChoice:
     def feed(self, new_text: str) -> dict[str, Any]:
         """The delta for a step's new text of an unfinished choice (possibly empty)."""
         self.text += new_text
+        if self.settings.reasoning in (None, "none") and not self.settings.parses_tools():
+            self.sent_content += len(new_text)  # plain text: every character is content as it comes
+            return {"content": new_text} if new_text else {}
         reasoning, rest = split_reasoning(self.settings.reasoning, self.text, final=False)
         if self.settings.parses_tools():
             parser = self.settings.tool_parser()
@@ -111,7 +114,7 @@ class StreamedChoice:
 
     def _delta(self, reasoning: str, content: str, final: bool = False) -> dict[str, Any]:
         delta: dict[str, Any] = {}
-        more = self._visible(reasoning, self.sent_reasoning, final)
+        more = reasoning[self.sent_reasoning:]
         if more:
             delta["reasoning_content"] = more
             self.sent_reasoning = len(reasoning)
