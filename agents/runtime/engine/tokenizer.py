@@ -156,7 +156,8 @@ class Tokenizer:
         return self._max_token_chars
 
     def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None, **template_kwargs: Any) -> str:
+                            template_kwargs: dict[str, Any] | None = None,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         """Render validated ``messages`` with the model's template; ChatFormatError names what is wrong.
         ``tools`` (OpenAI's function tools) and ``template_kwargs`` (a request's ``chat_template_kwargs``, e.g.
         ``enable_thinking``) reach the template as transformers passes them."""
@@ -170,8 +171,9 @@ class Tokenizer:
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self._compiled = env.from_string(self.chat_template)
         flat = [_flat_message(m) for m in messages]
-        context = {**template_kwargs, "messages": flat, "add_generation_prompt": add_generation_prompt,
+        context = {**(template_kwargs or {}), "messages": flat, "add_generation_prompt": add_generation_prompt,
                    "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+        context.pop("tools", None)  # only the request's own tools
         if tools:
             context["tools"] = tools
         try:

@@ -96,8 +96,8 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
         raise APIError(400, "'tools' cannot be served: this model's chat template declares no tool-call format "
                             "(start the server with --tool-call-parser NAME, or send tool_choice 'none')", "tools")
     try:
-        text = await run_in_threadpool(engine.tokenizer.apply_chat_template, messages, True, tools.tools or None,
-                                       **template_kwargs(body))
+        text = await run_in_threadpool(engine.tokenizer.apply_chat_template, messages, True, template_kwargs(body),
+                                       tools.tools or None)
     except ChatFormatError as exc:
         raise APIError(400, str(exc), "messages") from exc
     images = None
