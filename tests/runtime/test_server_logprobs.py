@@ -218,7 +218,7 @@ def test_model_lookup_and_unknown_model_404(url):
         ("/v1/completions", {"echo": "yes"}, "echo"),
         ("/v1/completions", {"n": 0}, "n"),
         ("/v1/completions", {"mystery": 1}, "mystery"),
-        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # no format
         ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
         ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),

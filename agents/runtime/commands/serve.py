@@ -9,6 +9,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+# the tool-call formats (agents/runtime/server/tool_parsers), named here so that --help needs no server import
+PARSER_NAMES = ("deepseek_v3", "hermes", "kimi_k2", "llama3_json", "mistral", "qwen")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
@@ -61,18 +64,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="CPU serving: 'auto' re-executes once with tcmalloc preloaded when the host has it "
                         "(5x fewer page faults per decode step than glibc malloc) and huge pages for torch's large "
                         "tensors; 'tcmalloc' insists; 'system' keeps glibc malloc (default auto)")
+    p.add_argument("--tool-call-parser", default="auto",
+                   help="how tool calls are read from the output: " + ", ".join(sorted(PARSER_NAMES)) + ", 'auto' "
+                        "(chosen from the chat template; default) or 'none'")
+    p.add_argument("--reasoning-parser", default="auto", choices=["auto", "deepseek_r1", "qwen3", "none"],
+                   help="split <think>...</think> into reasoning_content: 'auto' (from the chat template; default)")
     p.set_defaults(handler=handle)
 
 
 def serve_command(model_dir: Path | str, *, dtype: str, device: str, port: int | None = None,
-                  args: Iterable[object] = ()) -> list[str]:
+                  args: Iterable[object] = (), tool_call_parser: str | None = None,
+                  reasoning_parser: str | None = None) -> list[str]:
     """The argv that starts this command in a child process, as the runtime's own module (``python -m
     agents.runtime serve``, not through the Django project's package): the model, ``--port`` when given,
-    ``--dtype``, ``--device``, then ``args`` in order (a later repeat of a flag wins, as argparse reads it). Run it
-    with the repository root as the working directory."""
+    ``--dtype``, ``--device``, ``--tool-call-parser`` / ``--reasoning-parser`` when given, then ``args`` in order (a
+    later repeat of a flag wins, as argparse reads it). Run it with the repository root as the working directory."""
+    parsers = [*(["--tool-call-parser", tool_call_parser] if tool_call_parser else []),
+               *(["--reasoning-parser", reasoning_parser] if reasoning_parser else [])]
     return [sys.executable, "-m", "agents.runtime", "serve", str(model_dir),
             *(["--port", str(port)] if port is not None else []), "--dtype", dtype, "--device", device,
-            *(str(a) for a in args)]
+            *parsers, *(str(a) for a in args)]
 
 
 def packs_by_default(dtype: str, device: str, compile_: bool) -> bool:
@@ -109,6 +120,10 @@ def handle(args: argparse.Namespace) -> int:
             return 2
     if not 0.001 <= args.max_body_mb <= 1024:
         print(f"day0 serve: --max-body-mb must be in [0.001, 1024], got {args.max_body_mb}", flush=True)
+        return 2
+    if args.tool_call_parser not in ("auto", "none", *PARSER_NAMES):
+        print(f"day0 serve: --tool-call-parser must be auto, none or one of {', '.join(sorted(PARSER_NAMES))}",
+              flush=True)
         return 2
     if args.max_images < 1:
         print(f"day0 serve: --max-images must be >= 1, got {args.max_images}", flush=True)
@@ -171,4 +186,6 @@ def handle(args: argparse.Namespace) -> int:
         **({"compile": True, "compile_cache_dir": args.compile_cache} if args.compile else {}),
         **({"pack_weights": True} if args.pack_weights else {}),
         bind_threads=args.bind_threads,
+        tool_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )

@@ -58,6 +58,7 @@ class Tokenizer:
         self.eos_token_ids = self._eos_ids(model_dir)
         self._token_texts: dict[int, tuple[str, str]] = {}
         self._max_token_chars: int | None = None
+        self._dropped: frozenset[int] | None = None  # with keep_in_text: the special ids text leaves out
 
     def _eos_ids(self, model_dir: Path) -> set[int]:
         ids: set[int] = set()
@@ -104,7 +105,27 @@ class Tokenizer:
             return self._fast.encode(text, add_special_tokens=add_special_tokens).ids
         return self._hf.encode(text, add_special_tokens=add_special_tokens)
 
+    def keep_in_text(self, tokens: Any) -> list[str]:
+        """Keep these special tokens in decoded text (a tool-call format's markers, such as Mistral's
+        ``[TOOL_CALLS]`` control token, which the parser must see); the other special tokens still drop out.
+        Returns the ones that are special tokens of this vocabulary."""
+        special = self._special_only()
+        kept = {tid: t for t in tokens if (tid := self.token_to_id(t)) is not None and tid in special}
+        if kept:
+            self._dropped = frozenset(special - set(kept))
+            self._token_texts = {}
+        return sorted(kept.values())
+
+    def _special_only(self) -> set[int]:
+        if self._fast is not None:
+            ids = {int(i) for i, t in self._fast.get_added_tokens_decoder().items() if t.special}
+        else:
+            ids = {int(i) for i in getattr(self._hf, "all_special_ids", ()) or ()}
+        return ids | set(self.eos_token_ids)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens and self._dropped is not None:
+            ids, skip_special_tokens = [i for i in ids if i not in self._dropped], False
         if self._fast is not None:
             return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
         return self._hf.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -134,8 +155,12 @@ class Tokenizer:
             self._max_token_chars = max((len(t) for t in vocab), default=1)
         return self._max_token_chars
 
-    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
-        """Render validated ``messages`` with the model's template; ChatFormatError names what is wrong."""
+    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True,
+                            template_kwargs: dict[str, Any] | None = None,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        """Render validated ``messages`` with the model's template; ChatFormatError names what is wrong.
+        ``tools`` (OpenAI's function tools) and ``template_kwargs`` (a request's ``chat_template_kwargs``, e.g.
+        ``enable_thinking``) reach the template as transformers passes them."""
         check_messages(messages)
         if not self.chat_template:
             raise ChatFormatError("this model has no chat template (tokenizer_config.json chat_template)")
@@ -145,14 +170,14 @@ class Tokenizer:
             env.globals["raise_exception"] = _raise
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self._compiled = env.from_string(self.chat_template)
-        flat = [{**m, "content": _content_text(m["content"])} for m in messages]
+        flat = [_flat_message(m) for m in messages]
+        context = {**(template_kwargs or {}), "messages": flat, "add_generation_prompt": add_generation_prompt,
+                   "bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+        context.pop("tools", None)  # only the request's own tools
+        if tools:
+            context["tools"] = tools
         try:
-            return self._compiled.render(
-                messages=flat,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-            )
+            return self._compiled.render(**context)
         except jinja2.TemplateError as exc:
             raise ChatFormatError(f"chat template failed: {exc}") from exc
 
@@ -162,10 +187,40 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False)
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
+def _content_text(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
         return content
     return "".join(part["text"] for part in content)
+
+
+def _flat_message(msg: dict[str, Any]) -> dict[str, Any]:
+    """A message as templates read it: text content joined; an assistant's tool-call arguments (a JSON string in
+    OpenAI's form) as the object templates serialise with ``tojson``."""
+    flat = {**msg, "content": _content_text(msg.get("content"))}
+    if msg.get("tool_calls"):
+        calls = []
+        for call in msg["tool_calls"]:
+            function = dict(call["function"])
+            try:
+                args = json.loads(function.get("arguments") or "{}")
+            except json.JSONDecodeError:
+                args = None
+            if isinstance(args, dict):
+                function["arguments"] = args
+            calls.append({**call, "function": function, **function})  # both call.function.name and call.name
+        flat["tool_calls"] = calls
+    return flat
+
+
+def _check_tool_calls(i: int, calls: Any) -> None:
+    if not isinstance(calls, list) or not calls:
+        raise ChatFormatError(f"messages[{i}].tool_calls must be a non-empty list")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (not isinstance(function, dict) or not isinstance(function.get("name"), str)
+                or not isinstance(function.get("arguments", ""), str)):
+            raise ChatFormatError(f"messages[{i}].tool_calls[{j}] must be {{\"id\": ..., \"type\": \"function\", "
+                                  f"\"function\": {{\"name\": string, \"arguments\": JSON string}}}}")
 
 
 def check_messages(messages: Any) -> None:
@@ -178,6 +233,14 @@ def check_messages(messages: Any) -> None:
         role = msg.get("role")
         if role not in ROLES:
             raise ChatFormatError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
+        if msg.get("tool_calls") is not None:
+            if role != "assistant":
+                raise ChatFormatError(f"messages[{i}]: only an assistant message has tool_calls")
+            _check_tool_calls(i, msg["tool_calls"])
+            if msg.get("content") is None:
+                continue  # a turn of tool calls only
+        if role == "tool" and not isinstance(msg.get("tool_call_id", ""), str):
+            raise ChatFormatError(f"messages[{i}].tool_call_id must be a string")
         content = msg.get("content")
         if isinstance(content, str):
             continue

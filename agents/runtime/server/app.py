@@ -32,16 +32,20 @@ def create_app(
     allowed_origins: Sequence[str] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     image_limits: ImageLimits | None = None,
+    tool_parser: str = "auto",
+    reasoning_parser: str = "auto",
 ) -> Starlette:
     """``engine``: a built engine, a factory building one in the engine thread, or an ``AsyncEngine``.
     ``api_key``: ``/v1/*`` then needs ``Authorization: Bearer <key>``. ``allowed_origins``: CORS origins
     (``*`` for any). ``max_body_bytes``: larger request bodies are a 413. ``image_limits``: bounds on a chat
-    request's images (and whether remote URLs are fetched)."""
+    request's images (and whether remote URLs are fetched). ``tool_parser`` / ``reasoning_parser``: a parser's name,
+    ``auto`` (chosen from the chat template) or ``none``."""
     if max_body_bytes < 1024:
         raise ValueError(f"max_body_bytes must be at least 1024, got {max_body_bytes}")
     runtime = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, warmup=warmup, on_fatal=on_fatal)
     runtime.metrics.bind(model_name, lambda: runtime.engine if runtime.ready else None)
-    state = ServerState(runtime, model_name, max_body_bytes=max_body_bytes, image_limits=image_limits or ImageLimits())
+    state = ServerState(runtime, model_name, max_body_bytes=max_body_bytes, image_limits=image_limits or ImageLimits(),
+                        tool_parser=tool_parser, reasoning_parser=reasoning_parser)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

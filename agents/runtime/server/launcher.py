@@ -39,6 +39,8 @@ def build_server(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     image_limits: Any = None,
     bind_threads: bool | None = False,
+    tool_parser: str = "auto",
+    reasoning_parser: str = "auto",
     **engine_settings: Any,
 ) -> uvicorn.Server:
     """A uvicorn server whose app loads ``model_dir`` in its engine thread; a failed load stops the server.
@@ -74,6 +76,8 @@ def build_server(
         allowed_origins=allowed_origins,
         max_body_bytes=max_body_bytes,
         image_limits=image_limits,
+        tool_parser=tool_parser,
+        reasoning_parser=reasoning_parser,
     )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)

@@ -33,15 +33,14 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {**NEUTRAL, "suffix": ("",)}
 CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
     **NEUTRAL,
-    "tools": ([],),
     "functions": ([],),
-    "tool_choice": ("none",),
     "function_call": ("none",),
     "response_format": ({"type": "text"},),
 }
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "logprobs", "best_of"} | set(COMPLETION_NEUTRAL)
 CHAT_FIELDS = (SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
-                                  "parallel_tool_calls"} | set(CHAT_NEUTRAL))
+                                  "parallel_tool_calls", "tools", "tool_choice", "chat_template_kwargs"}
+               | set(CHAT_NEUTRAL))
 
 
 @dataclass
@@ -55,6 +54,7 @@ class Generation:
     echo: bool = False
     logprobs: int | None = None  # completions: top alternatives (0..20); chat: top_logprobs when logprobs is on
     return_token_ids: bool = False  # vLLM's extension: each choice carries its prompt's and its own token ids
+    chat: Any = None  # chat: how its text is read (server/chat_output.ChatSettings: tool calls, reasoning)
 
     def choice_params(self, j: int) -> SamplingParams:
         """Choice ``j`` of ``n``: its own seed (the request's seed plus j), so seeded choices differ."""

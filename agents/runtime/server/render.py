@@ -11,6 +11,7 @@ from typing import Any
 
 from agents.runtime.engine import RequestOutput
 from agents.runtime.engine.outputs import TokenLogprob
+from agents.runtime.server.chat_output import ChatSettings, Message, StreamedChoice, message_fields, read_text
 from agents.runtime.server.errors import APIError
 from agents.runtime.server.protocol import Generation, usage
 
@@ -105,7 +106,8 @@ class Renderer:
                 for chunk in self.opening(self.choices[index], out):
                     yield sse(self.body(self.chunk_kind, [chunk]))
             if out.new_token_ids or out.finished:
-                yield sse(self.body(self.chunk_kind, [self.delta_choice(index, out)]))
+                for chunk in self.delta_chunks(index, out):
+                    yield sse(self.body(self.chunk_kind, [chunk]))
             if out.finished:
                 finals[index] = out
         else:
@@ -154,6 +156,10 @@ class Renderer:
             block = LegacyLogprobs(self.token_text, self.visible_len).block(entries)
         return self._ids({"index": choice.index, "text": text, "logprobs": block,
                           "finish_reason": outs[-1].finish_reason}, choice, _token_ids(outs))
+
+    def delta_chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
+        """The chunks of one engine step's output for choice ``index`` (one, unless a subclass splits it)."""
+        return [self.delta_choice(index, out)]
 
     def delta_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
         block = None
@@ -216,6 +222,10 @@ class ChatRenderer(Renderer):
     kind = "chat.completion"
     chunk_kind = "chat.completion.chunk"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._streams: dict[int, StreamedChoice] = {}
+
     def opening(self, choice: Choice, first: RequestOutput) -> list[dict[str, Any]]:
         delta = {"role": "assistant", "content": ""}
         return [{"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}]
@@ -233,13 +243,35 @@ class ChatRenderer(Renderer):
         return {**one(token_id, lp.logprob), "top_logprobs": [one(tid, v) for tid, v in lp.top]}
 
     def whole_choice(self, choice: Choice, outs: list[RequestOutput]) -> dict[str, Any]:
-        message = {"role": "assistant", "content": "".join(o.new_text for o in outs)}
-        return self._ids({"index": choice.index, "message": message,
-                          "logprobs": self.chat_logprobs(self.generated(outs)),
-                          "finish_reason": outs[-1].finish_reason}, choice, _token_ids(outs))
+        settings = self.gen.chat or ChatSettings()
+        msg = read_text(settings, "".join(o.new_text for o in outs))
+        body = {"index": choice.index, "message": message_fields(settings, msg),
+                "logprobs": self.chat_logprobs(self.generated(outs)),
+                "finish_reason": _finish(outs[-1].finish_reason, msg)}
+        if msg.errors:
+            body["day0_tool_call_errors"] = msg.errors
+        return self._ids(body, choice, _token_ids(outs))
 
-    def delta_choice(self, index: int, out: RequestOutput) -> dict[str, Any]:
-        delta = {"content": out.new_text} if out.new_text else {}
-        chunk = {"index": index, "delta": delta, "logprobs": self.chat_logprobs(self.generated([out])),
-                 "finish_reason": out.finish_reason}
-        return self._ids(chunk, self.choices[index], list(out.new_token_ids), prompt=index not in self._sent_ids)
+    def delta_chunks(self, index: int, out: RequestOutput) -> list[dict[str, Any]]:
+        """A step's new text as a reasoning/content delta; the last step's also carries the tool calls (a chunk
+        each for a call's name and its arguments) and the finish reason on its last chunk."""
+        if index not in self._streams:
+            self._streams[index] = StreamedChoice(self.gen.chat or ChatSettings())
+        stream = self._streams[index]
+        first = {"index": index, "delta": {}, "logprobs": self.chat_logprobs(self.generated([out])),
+                 "finish_reason": None}
+        first = self._ids(first, self.choices[index], list(out.new_token_ids), prompt=index not in self._sent_ids)
+        if not out.finished:
+            first["delta"] = stream.feed(out.new_text)
+            return [first]
+        deltas, msg = stream.finish(out.new_text)
+        first["delta"] = deltas[0]
+        chunks = [first] + [{"index": index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas[1:]]
+        chunks[-1]["finish_reason"] = _finish(out.finish_reason, msg)
+        if msg.errors:
+            chunks[-1]["day0_tool_call_errors"] = msg.errors
+        return chunks
+
+
+def _finish(reason: str | None, msg: Message) -> str | None:
+    return "tool_calls" if msg.calls and reason == "stop" else reason

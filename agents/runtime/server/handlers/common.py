@@ -17,6 +17,8 @@ from agents.runtime.server.fields import parse_json
 from agents.runtime.server.images import ImageLimits, ImageProcessor
 from agents.runtime.server.middleware import DEFAULT_MAX_BODY_BYTES, read_body_limited
 from agents.runtime.server.protocol import check_model
+from agents.runtime.server.reasoning import detect_reasoning
+from agents.runtime.server.tool_parsers import ToolParser, detect, parser_class
 
 INLINE_PARSE_BYTES = 64 * 1024  # bodies above this are parsed in a worker thread, off the event loop
 
@@ -31,6 +33,21 @@ class ServerState:
     image_limits: ImageLimits = field(default_factory=ImageLimits)
     started: float = field(default_factory=time.time)
     processors: dict[int, ImageProcessor | None] = field(default_factory=dict)  # per engine: its image processor
+    tool_parser: str = "auto"  # a tool_parsers name, "auto" (from the chat template) or "none"
+    reasoning_parser: str = "auto"  # deepseek_r1, qwen3, "auto" (from the chat template) or "none"
+    kept_tokens: set[int] = field(default_factory=set)  # engines whose tokenizer keeps the tool-call tokens
+
+    def chat_parsers(self, engine: LLMEngine) -> tuple[type[ToolParser] | None, str | None]:
+        """The tool-call parser class and reasoning parser the served model's template calls for (or the
+        server's flags name)."""
+        template = engine.tokenizer.chat_template
+        tool = detect(template) if self.tool_parser == "auto" else self.tool_parser
+        reasoning = detect_reasoning(template) if self.reasoning_parser == "auto" else self.reasoning_parser
+        parser = None if tool in (None, "none") else parser_class(tool)
+        if parser is not None and id(engine) not in self.kept_tokens:  # once per engine: markers stay in text
+            self.kept_tokens.add(id(engine))
+            engine.tokenizer.keep_in_text(parser.tokens)
+        return parser, reasoning
 
     def ready_engine(self) -> LLMEngine:
         """The engine; a 503 while it loads (or after it failed)."""

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from agents.runtime.engine import LLMEngine, QueueFullError, RequestError
 from agents.runtime.engine.multimodal import ImageInputs
 from agents.runtime.engine.tokenizer import ChatFormatError
+from agents.runtime.server.chat_output import ChatSettings
 from agents.runtime.server.errors import APIError
 from agents.runtime.server.handlers.common import ServerState, check_chars, read_body, tokenize
 from agents.runtime.server.images import decode_images, image_parts, processor_for, with_placeholders
@@ -22,6 +23,7 @@ from agents.runtime.server.protocol import (
 )
 from agents.runtime.server.render import ChatRenderer, Choice, Renderer
 from agents.runtime.server.sse import SSEResponse, collect_unless_disconnected
+from agents.runtime.server.tools import template_kwargs, tool_request
 
 
 async def serve_choices(
@@ -88,8 +90,14 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
                            parts[0][0])
         pictures = await run_in_threadpool(decode_images, messages, state.image_limits)
         messages = with_placeholders(messages, processor.placeholder)
+    tools = tool_request(body)
+    tool_parser, reasoning = state.chat_parsers(engine)
+    if tools.parses and tool_parser is None:
+        raise APIError(400, "'tools' cannot be served: this model's chat template declares no tool-call format "
+                            "(start the server with --tool-call-parser NAME, or send tool_choice 'none')", "tools")
     try:
-        text = await run_in_threadpool(engine.tokenizer.apply_chat_template, messages)
+        text = await run_in_threadpool(engine.tokenizer.apply_chat_template, messages, True, template_kwargs(body),
+                                       tools.tools or None)
     except ChatFormatError as exc:
         raise APIError(400, str(exc), "messages") from exc
     images = None
@@ -99,5 +107,6 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
     else:
         ids = await tokenize(engine, text, "messages", add_special_tokens=False)  # the template writes the BOS
     gen = chat_generation(body, max_model_len=engine.max_model_len, prompt_tokens=len(ids))
+    gen.chat = ChatSettings(tools, tool_parser, reasoning)
     choices = [Choice(j, ids, "", counts_prompt=j == 0) for j in range(gen.n)]
     return await serve_choices(state, request, engine, gen, choices, ChatRenderer, images)
