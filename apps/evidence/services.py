@@ -14,7 +14,8 @@ from django.db import transaction
 from apps.core import events
 from apps.core import parsing as p
 from apps.evidence import manifests, weights
-from apps.evidence.judging_facts import physics_facts
+from apps.evidence.judging import judging_context
+from apps.evidence.judging_facts import is_reference_job
 from apps.evidence.models import (
     LATENCY_METRICS,
     LATENCY_STATS,
@@ -35,7 +36,6 @@ from apps.evidence.models import (
 )
 from apps.jobs.models import Job
 from apps.references.sections import parse_reference
-from apps.references.services import challenge_judge
 from contract import verdicts
 from contract.tiers import STAGE_ORDER
 
@@ -285,36 +285,6 @@ def parse_stage_section(stage: str, section: Any) -> Saver:
     return PARSERS[stage](section, f"stages.{stage}")
 
 
-def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None) -> verdicts.Context:
-    """The facts the portal judges a job's sections with: its release (config, manifest, tensor count, chat
-    template, images, context), its hardware (for the plan), its dtype. Which path runs the model (native or
-    the fallback, which has no paged KV cache) comes from the job's load evidence."""
-    model, hardware = job.model, job.hardware
-    load = (sections or {}).get("load")
-    if not isinstance(load, dict):
-        stored = StageResult.objects.filter(job=job, stage="load").values_list("section", flat=True).first()
-        load = stored if isinstance(stored, dict) else {}
-    has_template = model.has_chat_template
-    if has_template is None and any(str(m.get("name")) == "chat_template.jinja" for m in model.manifest or []):
-        has_template = True
-    physics = physics_facts(job, sections or {})
-    return verdicts.Context(
-        model=verdicts.ModelFacts(
-            config=model.config, has_chat_template=has_template, takes_images=model.takes_images,
-            declared_tensors=model.tensor_count, manifest=model.manifest or None,
-            manifest_source=model.manifest_source, context_length=model.context_length,
-            runtime_path=load.get("path") if isinstance(load.get("path"), str) else None,
-        ),
-        weight_probe=weights.probe_facts(job, stored=sections is None) if sections is None or "load" in sections
-        else None,
-        hardware=verdicts.HardwareFacts(memory_bytes=hardware.memory_bytes, devices_per_node=hardware.devices_per_node,
-                                        shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ()),
-                                        memory_bandwidth_gbps=hardware.memory_bandwidth_gbps),
-        dtype=job.spec.get("dtype") or "auto", **physics,
-        challenge=challenge_judge(job),  # the portal judges e2e and eval from its own scores
-    )
-
-
 @transaction.atomic
 def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> list[StageResult]:
     """Stores validated sections of ``job`` (replacing earlier results of the same stages) as evidence rows,
@@ -347,7 +317,7 @@ def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> li
         result.job = job
         savers[stage](result)
         if stage == "load":
-            if verdict.passed and manifests.is_reference_job(job):
+            if verdict.passed and is_reference_job(job):
                 manifests.record_reference_load(job, section)
             if held:
                 held.save(job, verdict.passed)
