@@ -23,7 +23,7 @@ from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.endpoints import chat_template_source
 from agents.pipeline.support.errors import JobCancelled, StageFailed
 from agents.runtime.engine.multimodal import config_takes_images
-from contract import thresholds, tiers, verdicts
+from contract import sections, thresholds, tiers, verdicts
 from telemetry import tracing
 
 
@@ -185,7 +185,12 @@ def run_stage(ctx: StageContext, stage: str, report: dict[str, Any]) -> str | No
         if not isinstance(section, dict):
             raise StageFailed(f"stage {stage!r} returned {type(section).__name__}, not its report section")
         section = report_mod.json_safe(section)
-        missing = report_mod.section_problems(stage, section)
+        malformed = sections.type_problems(stage, section)
+        if malformed:  # the portal would refuse it with the same sentence: nothing of it is posted
+            section = None
+            raise StageFailed(f"stage {stage!r} returned a malformed section: "
+                              + "; ".join(f"{path}: {message}" for path, message in malformed))
+        missing = sections.section_problems(stage, section)
         if missing:
             raise StageFailed(f"stage {stage!r} returned a section without required keys: {', '.join(missing)}")
         verdict = verdicts.judge(stage, section, ctx.thresholds, judging_context(ctx, {**ctx.results, stage: section}))

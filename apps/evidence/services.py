@@ -37,6 +37,7 @@ from apps.evidence.models import (
 from apps.jobs.models import Job
 from apps.references.sections import parse_reference
 from contract import verdicts
+from contract.sections import type_problems
 from contract.tiers import STAGE_ORDER
 
 Saver = Callable[[StageResult], None]
@@ -278,10 +279,13 @@ assert set(PARSERS) == set(STAGE_ORDER)
 
 
 def parse_stage_section(stage: str, section: Any) -> Saver:
-    """Validates one stage's section; returns what writes its rows. Raises ``ValidationError`` naming the path."""
+    """Validates one stage's section (the types ``contract.sections`` gives its values, then the bounds and
+    rules of its parser); returns what writes its rows. Raises ``ValidationError`` naming the path."""
     if stage not in PARSERS:
         raise p.fail("stage", f"unknown stage {stage!r}; stages are {', '.join(STAGE_ORDER)}")
     section = p.obj(section, f"stages.{stage}")
+    for path, message in type_problems(stage, section)[:1]:  # the contract's types, as the pipeline
+        raise p.fail(path, message)
     return PARSERS[stage](section, f"stages.{stage}")
 
 

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from agents.pipeline.support.report import json_safe, report_problems, section_problems
+from agents.pipeline.support.report import json_safe, report_problems
+from contract.sections import section_problems
 
 
 def test_json_safe_drops_non_finite_numbers_and_converts_containers() -> None:
