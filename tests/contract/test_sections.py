@@ -51,6 +51,17 @@ def test_type_problems_name_each_bad_value_by_path_and_take_null_as_not_measured
     assert all(type_problems(stage, PASSING[stage]) == [] for stage in PASSING)
 
 
+def test_section_problems_name_missing_keys_by_path() -> None:
+    section = {"passed": True, "thresholds": {}, "layers": [{"layer": 0, "cosine": 1.0, "passed": True}],
+               "e2e": {"prompts": 1, "tokens": 4, "token_match_rate": 1.0, "divergences": [{"prompt": 0}],
+                       "perplexity_ref": 1.0}}
+    problems = section_problems("align", section)
+    assert "align.layers[0].max_rel_err" in problems
+    assert "align.e2e.perplexity_target" in problems
+    assert "align.e2e.divergences[0].near_tie" in problems
+    assert section_problems("serve", {"ready_seconds": 1, "endpoint": "x", "text_path_ok": True}) == []
+
+
 def test_section_problems_name_missing_keys_and_skip_rows_that_are_not_objects() -> None:
     assert section_problems("load", {**PASSING["load"], "shards": ["x", {"file": "a"}]}) == ["load.shards[1].sha256"]
     assert section_problems("comm", {"ranks": 2}) == ["comm.collectives"]
