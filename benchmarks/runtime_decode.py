@@ -6,7 +6,7 @@ runtime's bare forward loop (model + paged cache + argmax, no engine) for what t
 
     .venv/bin/python benchmarks/runtime_decode.py [--threads N] [--tokens 64] [--skip-mixtral] [--device cuda]
 
-Targets (issue 3): 100M Llama fp32 >= transformers tok/s and effective bandwidth >= 85 % of the best probe;
+Targets: 100M Llama fp32 >= transformers tok/s and effective bandwidth >= 85 % of the best probe;
 tiny Mixtral >= 2x transformers. On a machine whose cores are busy with other work, every kernel that opens a
 parallel region (both sides have many) stalls unpredictably; ``--threads 1`` then gives the steadier comparison.
 """

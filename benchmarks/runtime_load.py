@@ -3,7 +3,7 @@ same 100M-parameter checkpoint, each in a fresh process, files already in the pa
 
     .venv/bin/python benchmarks/runtime_load.py [--arch llama] [--size 100m] [--repeats 3]
 
-Targets (issues 3 and 15): a load that verifies every shard's sha256 runs at the hash's limit on this machine
+Targets: a load that verifies every shard's sha256 runs at the hash's limit on this machine
 (all cores hashing different shards, overlapped with the streaming; the limit for these shards is printed from the
 measured per-core sha256 rate), one from cached digests (valid while a file's size, inode, mtime and ctime are
 unchanged) at >= 5 GB/s, and peak RSS <= 1.1 x model bytes (the RSS the process had before loading is

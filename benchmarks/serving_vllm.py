@@ -1,4 +1,4 @@
-"""The runtime's server against vLLM-CPU, side by side (issue 15): both serve the same model with the same threads,
+"""The runtime's server against vLLM-CPU, side by side: both serve the same model with the same threads,
 fp32 and ``--max-model-len 2048``; vLLM with 2 GiB of KV cache (day0 gets the same as blocks), threads bound to
 the cores, tcmalloc and its bundled Intel OpenMP preloaded, prefix caching off and a fresh seed per round anyway.
 Each run starts once both servers are quiet (``_vllm_peer.settle``: vLLM-CPU's engine keeps a core busy for about
@@ -52,7 +52,7 @@ class Workload:
     rate: float | None = None  # requests/s (Poisson); None: all at once; "capacity" rows set it later
     range_ratio: float = 0.0
     from_capacity: bool = False  # rate = 0.9 x the slower side's measured capacity
-    expected_s: float = 0.0  # per side, on a quiet machine (issue 15's figures): the up-front time estimate
+    expected_s: float = 0.0  # per side, on a quiet machine (figures measured when it was written): the up-front time estimate
 
 
 def workloads(quick: bool, moe: bool) -> list[Workload]:

@@ -1,4 +1,4 @@
-"""`day0 adapt`: run pipeline stages standalone (no portal) and write the stage report (DESIGN.md §6);
+"""`day0 adapt`: run pipeline stages standalone (no portal) and write the stage report (docs/stage-report.md);
 `day0 manifest`: print the checksum manifest of a checkpoint's weight files (what ``--manifest`` takes)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The stages the runner knows, by the name the report and the job's ``stages`` use: one ``run(ctx) -> section``
-each (DESIGN.md §6). The order they run in is ``tiers.STAGE_ORDER``; every name there has an entry here."""
+each (docs/stage-report.md). The order they run in is ``tiers.STAGE_ORDER``; every name there has an entry here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run the requested stages of the pipeline in DESIGN order and assemble the stage report (DESIGN.md §6).
+"""Run the requested stages of the pipeline in ``tiers.STAGE_ORDER`` and assemble the stage report (docs/stage-report.md).
 
 The runner stops at the first stage that raises (``StageFailed`` or any other exception) or whose section is
 not passing evidence; the report then names that stage and why. Whether a section passes is the verdict of
@@ -23,7 +23,7 @@ from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.endpoints import chat_template_source
 from agents.pipeline.support.errors import JobCancelled, StageFailed
 from agents.runtime.engine.multimodal import config_takes_images
-from contract import thresholds, tiers, verdicts
+from contract import sections, thresholds, tiers, verdicts
 from telemetry import tracing
 
 
@@ -36,7 +36,7 @@ check_thresholds = thresholds.check_thresholds
 
 
 def parse_stages(stages: Iterable[str] | str) -> list[str]:
-    """The requested stages in DESIGN order; an unknown name is a ValueError naming it."""
+    """The requested stages in ``tiers.STAGE_ORDER``; an unknown name is a ValueError naming it."""
     names = [s.strip() for s in (stages.split(",") if isinstance(stages, str) else stages) if s.strip()]
     unknown = [s for s in names if s not in tiers.STAGE_ORDER]
     if unknown:
@@ -130,7 +130,7 @@ def portal_scored(ctx: StageContext, section: dict[str, Any]) -> bool:
 
 
 def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, Any]:
-    """Run ``stages`` (in DESIGN order) on ``ctx`` and return the whole stage report."""
+    """Run ``stages`` (in ``tiers.STAGE_ORDER``) on ``ctx`` and return the whole stage report."""
     requested = parse_stages(stages)
     ctx.state.stages_requested = tuple(requested)  # a stage may keep what a later one needs (bench: the server)
     started = time.time()
@@ -166,7 +166,7 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
     report["finished_at"] = _now()
     problems = report_mod.report_problems(report)
     if problems:  # the runner's own contract: a bug here, never a model problem
-        raise RuntimeError(f"stage report violates DESIGN.md §6: {', '.join(problems)}")
+        raise RuntimeError(f"stage report violates the stage report's keys (docs/stage-report.md): {', '.join(problems)}")
     return report
 
 
@@ -185,7 +185,12 @@ def run_stage(ctx: StageContext, stage: str, report: dict[str, Any]) -> str | No
         if not isinstance(section, dict):
             raise StageFailed(f"stage {stage!r} returned {type(section).__name__}, not its report section")
         section = report_mod.json_safe(section)
-        missing = report_mod.section_problems(stage, section)
+        malformed = sections.type_problems(stage, section)
+        if malformed:  # the portal would refuse it with the same sentence: nothing of it is posted
+            section = None
+            raise StageFailed(f"stage {stage!r} returned a malformed section: "
+                              + "; ".join(f"{path}: {message}" for path, message in malformed))
+        missing = sections.section_problems(stage, section)
         if missing:
             raise StageFailed(f"stage {stage!r} returned a section without required keys: {', '.join(missing)}")
         verdict = verdicts.judge(stage, section, ctx.thresholds, judging_context(ctx, {**ctx.results, stage: section}))

@@ -10,7 +10,7 @@ from typing import Any
 from apps.alerts import services
 from apps.alerts.choices import AlertKind
 from apps.alerts.models import Delivery
-from apps.alerts.tasks import alert_benchmark_run_task
+from apps.alerts.regressions import alert_benchmark_run_task
 from apps.catalog.models import Hardware, ModelRelease
 from apps.core import events
 from apps.fleet.models import StackChange

@@ -1,63 +1,39 @@
 """Every write to alerts: subscriptions (created, changed, removed by their organization's admins), the
-events producers publish (a regression, a tier drop, a failed job, a stack change), and each delivery attempt.
+events producers publish (a regression, a tier drop, a failed job, a stack change) as deliveries.
 
 An event becomes one ``Delivery`` per matching active subscription; an embargoed model's events match only
-its own organization's subscriptions. Deliveries are POSTed by ``tasks.deliver_alert_task`` after commit,
-signed (``signing``), and retried with exponential backoff on a network error, a 5xx, a 408 or a 429."""
+its own organization's subscriptions. Deliveries are queued after commit to ``tasks.deliver_alert_task``,
+which POSTs each once (``delivery``: signed, the address checked again) and retries with exponential backoff on
+a network error, a 5xx, a 408 or a 429."""
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets as secrets_module
-import time
-import urllib.error
-import urllib.request
-from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from apps.accounts.access import Actor
 from apps.accounts.choices import Role, Scope
 from apps.accounts.models import Organization
-from apps.alerts import signing, urlguard
-from apps.alerts.choices import FINAL_DELIVERY_STATES, AlertKind, DeliveryStatus, PayloadFormat
+from apps.alerts import urlguard
+from apps.alerts.choices import AlertKind, DeliveryStatus, PayloadFormat
 from apps.alerts.models import MAX_URL_LENGTH, Delivery, Subscription
-from apps.benchmarks.selectors import SeriesQuery, load_series, regression_dict
+from apps.alerts.tasks import deliver_alert_task
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import model_is_public
-from apps.evidence.models import BenchmarkRun
-from day0portal.env import env_int, env_str
+from day0portal.env import env_str
 
 logger = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = env_int("DAY0_ALERT_MAX_ATTEMPTS", 6, minimum=1)
-BACKOFF_BASE_SECONDS = env_int("DAY0_ALERT_BACKOFF_SECONDS", 10, minimum=0)
-BACKOFF_CAP_SECONDS = 3600.0
-TIMEOUT_SECONDS = env_int("DAY0_ALERT_TIMEOUT_SECONDS", 10, minimum=1)
 PUBLIC_URL = env_str("DAY0_PUBLIC_URL", "").rstrip("/")  # links in alerts; relative paths when empty
 MAX_SUBSCRIPTIONS_PER_ORG = 50
 SECRET_MIN, SECRET_MAX = 16, 128
 NAME_MAX = 100
-ERROR_MAX = 2000
-RETRYABLE_CODES = frozenset({408, 429})
-
-
-class DeliveryError(Exception):
-    """An attempt that did not deliver; ``code`` is the receiver's HTTP status when it answered."""
-
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class DeliveryRefused(DeliveryError):
-    """The URL's host resolves, at delivery, to an address alerts must not go to (``urlguard``): never retried."""
 
 
 # --- subscriptions ------------------------------------------------------------------------------------------
@@ -203,8 +179,6 @@ def recipients(kind: str, model: ModelRelease | None, organization_id: int | Non
 
 
 def enqueue_delivery(delivery_id: int) -> None:
-    from apps.alerts.tasks import deliver_alert_task  # tasks imports this module (its retry budget)
-
     try:
         deliver_alert_task.delay(delivery_id)
     except Exception:  # a broker outage must not fail the producer; the row stays pending, redeliverable
@@ -234,91 +208,6 @@ def do_publish_alert(kind: str, *, summary: str, model: ModelRelease | None = No
     return deliveries
 
 
-def body_of(delivery: Delivery) -> bytes:
-    """The POST body: the event document with the delivery's id, or ``{"text": ...}`` for Slack."""
-    event = dict(delivery.event, id=str(delivery.uuid))
-    if delivery.subscription.format == PayloadFormat.SLACK:
-        text = f"[Day-0] {event['summary']}"
-        if event.get("url"):
-            text += f" <{event['url']}|open>"
-        doc: dict[str, Any] = {"text": text}
-    else:
-        doc = event
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-
-
-def backoff_seconds(attempts: int) -> float:
-    """Seconds before attempt ``attempts + 1``: base × 2^(attempts − 1), capped at an hour."""
-    return min(BACKOFF_BASE_SECONDS * 2 ** max(attempts - 1, 0), BACKOFF_CAP_SECONDS)
-
-
-def _post(delivery: Delivery, body: bytes) -> int:
-    sub = delivery.subscription
-    timestamp = int(time.time())
-    request = urllib.request.Request(sub.url, data=body, method="POST", headers={
-        "Content-Type": "application/json", "User-Agent": "day0-portal-alerts/1",
-        signing.EVENT_HEADER: delivery.kind, signing.DELIVERY_HEADER: str(delivery.uuid),
-        signing.TIMESTAMP_HEADER: str(timestamp), signing.SIGNATURE_HEADER: signing.sign(sub.secret, timestamp, body),
-    })
-    try:  # resolved and checked again now, and the connection goes to the checked address
-        handlers = urlguard.pinned_handlers(sub.url)
-    except urlguard.DestinationRefused as exc:
-        raise DeliveryRefused(f"refused: {exc}") from None
-    except urlguard.Unresolvable as exc:
-        raise DeliveryError(str(exc)) from None
-    opener = urllib.request.build_opener(*handlers, _NoRedirect)  # a redirect would resend the body elsewhere
-    try:
-        with opener.open(request, timeout=TIMEOUT_SECONDS) as response:
-            response.read(4096)
-            return response.status
-    except urllib.error.HTTPError as exc:
-        raise DeliveryError(f"HTTP {exc.code} {exc.reason}", code=exc.code) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise DeliveryError(f"{type(exc).__name__}: {reason}") from None
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 (urllib's signature)
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} not followed", headers, fp)
-
-
-def do_attempt_delivery(delivery_id: int) -> Delivery | None:
-    """POSTs a pending or retrying delivery once and records the outcome (attempts, response code, last error,
-    next attempt). A 2xx delivers; a 408, 429, 5xx or network error retries until ``MAX_ATTEMPTS``; any other
-    answer fails at once. Returns None when the row is gone, the row unchanged when it is already final."""
-    delivery = Delivery.objects.select_related("subscription").filter(pk=delivery_id).first()
-    if delivery is None or delivery.status in FINAL_DELIVERY_STATES:
-        return delivery
-    if not delivery.subscription.active:
-        return _record(delivery, DeliveryStatus.FAILED, None, "the subscription was deactivated")
-    body = body_of(delivery)
-    try:
-        code = _post(delivery, body)
-    except DeliveryError as exc:
-        retry = not isinstance(exc, DeliveryRefused) and (
-            exc.code is None or exc.code >= 500 or exc.code in RETRYABLE_CODES)
-        out_of_attempts = delivery.attempts + 1 >= MAX_ATTEMPTS
-        status = DeliveryStatus.RETRYING if retry and not out_of_attempts else DeliveryStatus.FAILED
-        error = str(exc) + (f" (gave up after {MAX_ATTEMPTS} attempts)" if retry and out_of_attempts else "")
-        return _record(delivery, status, exc.code, error)
-    return _record(delivery, DeliveryStatus.DELIVERED, code, "")
-
-
-def _record(delivery: Delivery, status: str, code: int | None, error: str) -> Delivery:
-    now = timezone.now()
-    Delivery.objects.filter(pk=delivery.pk).update(attempts=F("attempts") + 1)
-    delivery.refresh_from_db(fields=["attempts"])
-    delivery.status, delivery.response_code, delivery.last_error = status, code, error[:ERROR_MAX]
-    delivery.last_attempt_at = now
-    delivery.delivered_at = now if status == DeliveryStatus.DELIVERED else None
-    delivery.next_attempt_at = (now + timedelta(seconds=backoff_seconds(delivery.attempts))
-                                if status == DeliveryStatus.RETRYING else None)
-    delivery.save(update_fields=["status", "response_code", "last_error", "last_attempt_at", "delivered_at",
-                                 "next_attempt_at"])
-    return delivery
-
-
 def check_redeliver(actor: Actor, delivery: Delivery) -> Delivery:
     """Admins send a delivery again (a failed one, or to test a receiver): a fresh attempt budget."""
     _require_admin(actor, delivery.subscription.organization_id)
@@ -326,27 +215,3 @@ def check_redeliver(actor: Actor, delivery: Delivery) -> Delivery:
     delivery.refresh_from_db()
     transaction.on_commit(lambda: enqueue_delivery(delivery.pk))
     return delivery
-
-
-# --- producers ----------------------------------------------------------------------------------------------
-
-
-def do_alert_benchmark_run(run_id: int) -> list[Delivery]:
-    """Publishes the regressions a new benchmark run shows against its series' history (the detector of
-    ``benchmarks.regressions`` over ``benchmarks.selectors.load_series``): one alert per run, listing every
-    flagged metric and configuration."""
-    run = BenchmarkRun.objects.select_related("model", "hardware").filter(pk=run_id).first()
-    if run is None:
-        return []
-    system = Actor(is_staff=True)
-    series = load_series(system, SeriesQuery(model=run.model.slug, hardware=run.hardware.slug))
-    flagged = [regression_dict(s, r) for s in series for r in s.regressions if r.ref[0] == run.pk]
-    if not flagged:
-        return []
-    worst = max(flagged, key=lambda r: r["z"])
-    summary = (f"{run.model.slug} on {run.hardware.slug}: {len(flagged)} benchmark regression"
-               f"{'s' if len(flagged) != 1 else ''}, worst {worst['metric']} {worst['value']:.4g} {worst['unit']} "
-               f"vs median {worst['baseline_median']:.4g} ({worst['ratio']:.2f}x, z={worst['z']:.1f}) at "
-               f"{worst['label']}")
-    return do_publish_alert(AlertKind.REGRESSION, summary=summary, model=run.model, hardware=run.hardware,
-                            data={"run": run.pk, "job": worst["job"], "regressions": flagged[:50]})

@@ -1,4 +1,5 @@
-"""Small typed readers for result documents; each error names the path of the bad value."""
+"""Small typed readers for result documents; each error names the path of the bad value, in the words of
+``contract.sections.type_message`` (the pipeline refuses a malformed section with the same sentence)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import math
 from typing import Any
 
 from django.core.exceptions import ValidationError
+
+from contract.sections import BOOL, INT, LIST, NUM, OBJ, TEXT, type_message
 
 # The largest magnitude a result number may have: above every real count of bytes, tokens or milliseconds,
 # and below PostgreSQL's bigint (2**63 ≈ 9.2e18).
@@ -19,16 +22,16 @@ def fail(path: str, message: str) -> ValidationError:
 def obj(value: Any, path: str, *, required: bool = True) -> dict[str, Any]:
     if value is None and not required:
         return {}
-    if not isinstance(value, dict):
-        raise fail(path, "must be an object")
+    if (message := type_message(OBJ, value)) is not None:
+        raise fail(path, message)
     return value
 
 
 def arr(value: Any, path: str, *, max_items: int = 10_000) -> list[Any]:
     if value is None:
         return []
-    if not isinstance(value, list):
-        raise fail(path, "must be a list")
+    if (message := type_message(LIST, value)) is not None:
+        raise fail(path, message)
     if len(value) > max_items:
         raise fail(path, f"has {len(value)} items; at most {max_items} are accepted")
     return value
@@ -40,8 +43,8 @@ def num(section: dict[str, Any], key: str, path: str, *, required: bool = False)
         if required:
             raise fail(f"{path}.{key}", "is required")
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise fail(f"{path}.{key}", f"must be a number, got {type(value).__name__}")
+    if (message := type_message(NUM, value)) is not None:
+        raise fail(f"{path}.{key}", message)
     if not math.isfinite(value):
         return None  # NaN/Inf metrics are stored as unknown (JSON has no NaN; some clients send it anyway)
     if abs(value) > MAX_NUMBER:
@@ -56,9 +59,9 @@ def integer(section: dict[str, Any], key: str, path: str, *, required: bool = Fa
         if required:
             raise fail(f"{path}.{key}", "is required")
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        if not (isinstance(value, float) and value.is_integer()):
-            raise fail(f"{path}.{key}", f"must be an integer, got {type(value).__name__}")
+    if (message := type_message(INT, value)) is not None:
+        raise fail(f"{path}.{key}", message)
+    if isinstance(value, float):
         if abs(value) > MAX_NUMBER:
             raise fail(f"{path}.{key}", f"{value:g} is out of range: at most {MAX_NUMBER:g} in size")
         value = int(value)
@@ -96,8 +99,8 @@ def boolean(section: dict[str, Any], key: str, path: str, *, required: bool = Fa
         if required:
             raise fail(f"{path}.{key}", "is required")
         return None
-    if not isinstance(value, bool):
-        raise fail(f"{path}.{key}", f"must be true or false, got {type(value).__name__}")
+    if (message := type_message(BOOL, value)) is not None:
+        raise fail(f"{path}.{key}", message)
     return value
 
 
@@ -107,10 +110,10 @@ def text(section: dict[str, Any], key: str, path: str, *, max_length: int = 255,
         if required:
             raise fail(f"{path}.{key}", "is required")
         return ""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        value = str(value)
+    if (message := type_message(TEXT, value)) is not None:
+        raise fail(f"{path}.{key}", message)
     if not isinstance(value, str):
-        raise fail(f"{path}.{key}", f"must be a string, got {type(value).__name__}")
+        value = str(value)  # a number where text is asked: its text
     if len(value) > max_length:
         raise fail(f"{path}.{key}", f"is longer than {max_length} characters")
     return value

@@ -1,11 +1,12 @@
-"""The facts of a job the bench and align verdicts check against beyond its release and hardware (kept apart
-from ``services`` so that each stays short)."""
+"""The facts of a job the verdicts check against beyond its release and hardware (the layout it ran, what it
+asked the bench for, its operators) and whether it is the release's reference run; read by ``judging``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from apps.evidence.models import StageResult
+from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
 
 
@@ -27,3 +28,8 @@ def physics_facts(job: Job, sections: dict[str, Any]) -> dict[str, Any]:
         else None
     bench = job.spec.get("bench")
     return {"layout": layout, "bench_asked": bench if isinstance(bench, dict) else None, "inventory_ops": ops}
+
+
+def is_reference_job(job: Job) -> bool:
+    """The release's reference run: its load may give the release its manifest and its weight samples."""
+    return job.purpose == JobPurpose.REFERENCE and bool(job.hardware.reference)

@@ -22,7 +22,6 @@ from apps.catalog.models import ModelRelease
 from apps.catalog.selectors import has_trusted_manifest
 from apps.evidence.models import ShardChecksum, StageResult
 from apps.evidence.rejudge import rejudge_results
-from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
 from contract.manifest import check_manifest
 
@@ -121,10 +120,6 @@ def check_settle_manifest(actor: Actor, model: ModelRelease, *, hardware: str | 
     locked.save(update_fields=["manifest", "manifest_source", "manifest_seen", "updated_at"])
     rejudge_results(model=locked, reason=f"manifest settled by staff ({len(entries)} files)")
     return locked
-
-
-def is_reference_job(job: Job) -> bool:
-    return job.purpose == JobPurpose.REFERENCE and bool(job.hardware.reference)
 
 
 def record_reference_load(job: Job, section: dict[str, Any]) -> None:

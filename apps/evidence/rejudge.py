@@ -13,13 +13,14 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from apps.core import events
+from apps.evidence.judging import judging_context
 from apps.evidence.models import StageResult
 from apps.jobs.choices import JobPurpose
 from apps.references.services import challenge_judge
 from contract import verdicts
 from contract.thresholds import DEFAULTS_VERSION
 
-# the facts ``evidence.services.judging_context`` reads: a change of any of them re-judges
+# the facts ``judging.judging_context`` reads: a change of any of them re-judges
 HARDWARE_JUDGED_FIELDS: tuple[str, ...] = ("memory_bytes", "devices_per_node", "intra_node_gbps", "inter_node_gbps",
                                            "memory_bandwidth_gbps", "shared_memory", "dtypes", "peak_tflops",
                                            "operator_manifest")
@@ -37,8 +38,6 @@ def rejudge_results(*, model: Any = None, hardware: Any = None, reason: str,
     with the current rules, facts and defaults; recomputes each affected cell, whose history gets an entry with
     ``reason`` and the verdicts that changed (none when nothing changed). Returns
     ``{"results": n, "changed": m, "cells": k}``."""
-    from apps.evidence.services import judging_context  # services -> manifests -> this module at import
-
     rows = results if results is not None else StageResult.objects.all()
     if model is not None:
         rows = rows.filter(job__model=model)

@@ -14,7 +14,8 @@ from django.db import transaction
 from apps.core import events
 from apps.core import parsing as p
 from apps.evidence import manifests, weights
-from apps.evidence.judging_facts import physics_facts
+from apps.evidence.judging import judging_context
+from apps.evidence.judging_facts import is_reference_job
 from apps.evidence.models import (
     LATENCY_METRICS,
     LATENCY_STATS,
@@ -35,8 +36,8 @@ from apps.evidence.models import (
 )
 from apps.jobs.models import Job
 from apps.references.sections import parse_reference
-from apps.references.services import challenge_judge
 from contract import verdicts
+from contract.sections import type_problems
 from contract.tiers import STAGE_ORDER
 
 Saver = Callable[[StageResult], None]
@@ -278,41 +279,14 @@ assert set(PARSERS) == set(STAGE_ORDER)
 
 
 def parse_stage_section(stage: str, section: Any) -> Saver:
-    """Validates one stage's section; returns what writes its rows. Raises ``ValidationError`` naming the path."""
+    """Validates one stage's section (the types ``contract.sections`` gives its values, then the bounds and
+    rules of its parser); returns what writes its rows. Raises ``ValidationError`` naming the path."""
     if stage not in PARSERS:
         raise p.fail("stage", f"unknown stage {stage!r}; stages are {', '.join(STAGE_ORDER)}")
     section = p.obj(section, f"stages.{stage}")
+    for path, message in type_problems(stage, section)[:1]:  # the contract's types, as the pipeline
+        raise p.fail(path, message)
     return PARSERS[stage](section, f"stages.{stage}")
-
-
-def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None) -> verdicts.Context:
-    """The facts the portal judges a job's sections with: its release (config, manifest, tensor count, chat
-    template, images, context), its hardware (for the plan), its dtype. Which path runs the model (native or
-    the fallback, which has no paged KV cache) comes from the job's load evidence."""
-    model, hardware = job.model, job.hardware
-    load = (sections or {}).get("load")
-    if not isinstance(load, dict):
-        stored = StageResult.objects.filter(job=job, stage="load").values_list("section", flat=True).first()
-        load = stored if isinstance(stored, dict) else {}
-    has_template = model.has_chat_template
-    if has_template is None and any(str(m.get("name")) == "chat_template.jinja" for m in model.manifest or []):
-        has_template = True
-    physics = physics_facts(job, sections or {})
-    return verdicts.Context(
-        model=verdicts.ModelFacts(
-            config=model.config, has_chat_template=has_template, takes_images=model.takes_images,
-            declared_tensors=model.tensor_count, manifest=model.manifest or None,
-            manifest_source=model.manifest_source, context_length=model.context_length,
-            runtime_path=load.get("path") if isinstance(load.get("path"), str) else None,
-        ),
-        weight_probe=weights.probe_facts(job, stored=sections is None) if sections is None or "load" in sections
-        else None,
-        hardware=verdicts.HardwareFacts(memory_bytes=hardware.memory_bytes, devices_per_node=hardware.devices_per_node,
-                                        shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ()),
-                                        memory_bandwidth_gbps=hardware.memory_bandwidth_gbps),
-        dtype=job.spec.get("dtype") or "auto", **physics,
-        challenge=challenge_judge(job),  # the portal judges e2e and eval from its own scores
-    )
 
 
 @transaction.atomic
@@ -347,7 +321,7 @@ def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> li
         result.job = job
         savers[stage](result)
         if stage == "load":
-            if verdict.passed and manifests.is_reference_job(job):
+            if verdict.passed and is_reference_job(job):
                 manifests.record_reference_load(job, section)
             if held:
                 held.save(job, verdict.passed)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apps.core import parsing as p
-from apps.evidence.manifests import is_reference_job
+from apps.evidence.judging_facts import is_reference_job
 from apps.evidence.models import WeightDraw, WeightSamples
 from apps.jobs.models import Job
 

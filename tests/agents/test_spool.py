@@ -106,7 +106,7 @@ def test_files_of_another_job_with_the_same_id_are_set_aside_not_sent(tmp_path: 
     assert len(list((tmp_path / "stale").glob("job-1.events.jsonl.*"))) == 1
 
 
-# --- a spool the portal cannot accept: reconciled, or failed loudly (issue 16: 10,531 re-posts) --------------
+# --- a spool the portal cannot accept: reconciled, or failed loudly (once: 10,531 re-posts) ----------------------
 
 
 @pytest.fixture

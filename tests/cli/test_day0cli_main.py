@@ -1,4 +1,4 @@
-"""The ``day0`` entry point (``day0cli.main``): the commands of DESIGN.md §6, registered cheaply: building the
+"""The ``day0`` entry point (``day0cli.main``): the commands users' scripts rely on, registered cheaply: building the
 parser (``day0 --help``, ``day0 estimate``) imports neither torch nor Django."""
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def test_page_query_counts_do_not_grow_with_runs_jobs_or_events(client):
     # the cell page: session-free reads of model, hardware, cell, newest results, checklist, alignment rows,
     # benchmark points, load rows, the job page (count, rows, the one before), open regressions (history stamp,
     # runs, points), agents online; the stack line (newest result, newest env lock, the stack change after it)
-    # and the soak card (its newest result): issue 13; the cell's tier history; each hardware's digests while the
+    # and the soak card (its newest result); the cell's tier history; each hardware's digests while the
     # release has no manifest (one query: a disagreement between hardware is shown)
     assert before[f"/cells/{model.slug}/{hw.slug}/"] <= 29
     assert before[f"/trends/?model={model.slug}&hardware={hw.slug}"] <= 8

@@ -144,3 +144,12 @@ def test_rule_from_params_keeps_defaults_and_clamps_min_history_to_a_short_lookb
     assert RegressionRule.from_params({}) == RegressionRule()
     rule = RegressionRule.from_params({"lookback": "3", "latency_ratio": "1.5"})
     assert (rule.lookback, rule.min_history, rule.latency_ratio) == (3, 3, 1.5)
+
+
+def test_a_run_that_failed_its_verdict_never_joins_a_baseline() -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    values = [100.0] * 10 + [1e9] * 10 + [100.0]  # ten forged runs at 1e9 tok/s, then an honest one
+    points = [Point(start + timedelta(days=i), x, ref=i, baseline=x < 1e9) for i, x in enumerate(values)]
+    assert detect_regressions(points, metric="output_tok_s") == []  # the honest run is judged against 100s
+    poisoned = [Point(p.at, p.value, p.ref) for p in points]
+    assert [r.ref for r in detect_regressions(poisoned, metric="output_tok_s")] == [20]

@@ -1,4 +1,4 @@
-"""`day0 adapt` end to end on tiny models: tiers, the report's DESIGN.md §6 keys, failures that name the cause."""
+"""`day0 adapt` end to end on tiny models: tiers, the report's keys (docs/stage-report.md), failures that name the cause."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from agents.runtime.testing.make_model import cached_model
 from day0cli.main import main
 
-# DESIGN.md §6, written out here so the test checks the document, not report.py's copy of it.
+# docs/stage-report.md, written out here so the test checks the document, not contract.sections' copy of it.
 TOP_KEYS = {"model", "hardware", "dtype", "tier", "failed_stage", "error", "stages"}
 PLAN_KEYS = {"params_total", "params_active", "weight_bytes", "kv_bytes_per_token", "plan", "fits", "bytes_per_device"}
 LOAD_KEYS = {"ok", "tensors", "bytes", "seconds", "gb_per_s", "peak_rss_bytes", "shards", "problems"}

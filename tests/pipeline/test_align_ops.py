@@ -16,11 +16,11 @@ from agents.pipeline.runner import run_pipeline
 from agents.pipeline.stages.align import ops as align_ops
 from agents.pipeline.stages.align.op_checks import check_linear
 from agents.pipeline.stages.align.probe import compare, make_probe
-from agents.pipeline.support.report import ROW_KEYS
 from agents.runtime.layers import grouped_router
 from agents.runtime.models.deepseek_v3 import DeepseekV3ForCausalLM
 from agents.runtime.models.registry import build_model, register
 from agents.runtime.testing.make_model import cached_model
+from contract.sections import ROW_KEYS
 
 PLANTED = "PlantedBugDeepseekV3ForCausalLM"
 

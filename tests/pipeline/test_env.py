@@ -9,7 +9,7 @@ from agents.pipeline.stages import env
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.environment import dispatch_key_for
 from agents.pipeline.support.errors import StageFailed
-from agents.pipeline.support.report import section_problems
+from contract.sections import section_problems
 
 
 def _ctx(device: str = "cpu") -> StageContext:

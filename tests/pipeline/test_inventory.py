@@ -6,9 +6,9 @@ import torch
 from agents.pipeline.stages.inventory import stage as inventory
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
-from agents.pipeline.support.report import section_problems
 from agents.runtime.models.llama import LlamaForCausalLM
 from agents.runtime.models.registry import register
+from contract.sections import section_problems
 
 UNTRACEABLE = "UntraceableLlamaForCausalLM"
 

@@ -1,4 +1,4 @@
-"""run_pipeline: DESIGN order, events, stopping at the first failure, cancellation, a stage nobody registered."""
+"""run_pipeline: stage order, events, stopping at the first failure, cancellation, a stage nobody registered."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from agents.pipeline.runner import run_pipeline
 from agents.pipeline.stages.plan import run
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
-from agents.pipeline.support.report import section_problems
 from contract.hardware import find_config, get_hardware
+from contract.sections import section_problems
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,

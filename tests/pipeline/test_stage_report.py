@@ -1,4 +1,4 @@
-"""report.py: the DESIGN.md §6 contract checks and JSON safety."""
+"""report.py: the whole report's key checks and JSON safety."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from agents.pipeline.support.report import json_safe, report_problems, section_problems
+from agents.pipeline.support.report import json_safe, report_problems
 
 
 def test_json_safe_drops_non_finite_numbers_and_converts_containers() -> None:
@@ -15,17 +15,6 @@ def test_json_safe_drops_non_finite_numbers_and_converts_containers() -> None:
     safe = json_safe(value)
     assert safe == {"a": None, "b": [1, 2.5, None], "c": 3.5, "d": ["x"], "4": None}
     json.dumps(safe, allow_nan=False)
-
-
-def test_section_problems_name_missing_keys_by_path() -> None:
-    section = {"passed": True, "thresholds": {}, "layers": [{"layer": 0, "cosine": 1.0, "passed": True}],
-               "e2e": {"prompts": 1, "tokens": 4, "token_match_rate": 1.0, "divergences": [{"prompt": 0}],
-                       "perplexity_ref": 1.0}}
-    problems = section_problems("align", section)
-    assert "align.layers[0].max_rel_err" in problems
-    assert "align.e2e.perplexity_target" in problems
-    assert "align.e2e.divergences[0].near_tie" in problems
-    assert section_problems("serve", {"ready_seconds": 1, "endpoint": "x", "text_path_ok": True}) == []
 
 
 def test_report_problems_checks_top_level_model_and_tier() -> None:

@@ -1,4 +1,4 @@
-"""Stage report sections (DESIGN.md §6) for tests: passing ones, and how each stage fails."""
+"""Stage report sections (docs/stage-report.md) for tests: passing ones, and how each stage fails."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_a_planted_regression_reaches_the_receiver_signed_and_is_retried_after_a
 
 def test_a_4xx_fails_at_once_and_a_dead_receiver_gives_up_after_the_attempt_budget(
         receiver: Receiver, eager_celery: None, django_capture_on_commit_callbacks, monkeypatch) -> None:
-    from apps.alerts import services
+    from apps.alerts import delivery as delivery_module
 
     org = OrganizationFactory()
     job = JobFactory(model=ModelReleaseFactory(organization=org))
@@ -144,7 +144,7 @@ def test_a_4xx_fails_at_once_and_a_dead_receiver_gives_up_after_the_attempt_budg
     event = json.loads(receiver.requests[0]["body"])
     assert event["data"]["failed_stage"] == "load" and "digest differs" in event["summary"]
 
-    monkeypatch.setattr(services, "MAX_ATTEMPTS", 3)
+    monkeypatch.setattr(delivery_module, "MAX_ATTEMPTS", 3)
     Subscription.objects.update(url="http://127.0.0.1:9/closed")  # discard port: nothing listens
     with django_capture_on_commit_callbacks(execute=True):
         do_transition_job(JobFactory(model=job.model, hardware=job.hardware), JobState.FAILED, error="x")
@@ -254,15 +254,15 @@ def test_the_setting_allows_private_receivers_but_never_link_local(api_client) -
 
 
 def test_a_delivery_checks_the_address_again_and_is_refused_without_retrying(receiver: Receiver, monkeypatch) -> None:
-    from apps.alerts import services
+    from apps.alerts.delivery import do_attempt_delivery
 
     sub = _subscribe(OrganizationFactory(), receiver.url.replace("127.0.0.1", "localhost"), ["job_failed"])
     first = Delivery.objects.create(subscription=sub, kind="job_failed", event={"kind": "job_failed"})
-    assert services.do_attempt_delivery(first.pk).status == "delivered"  # by name, to the checked address
+    assert do_attempt_delivery(first.pk).status == "delivered"  # by name, to the checked address
     assert len(receiver.requests) == 1 and receiver.requests[0]["headers"]["Host"].startswith("localhost:")
     monkeypatch.setenv("DAY0_ALERTS_ALLOW_PRIVATE_URLS", "0")  # saved while allowed; refused when delivered
     second = Delivery.objects.create(subscription=sub, kind="job_failed", event={"kind": "job_failed"})
-    refused = services.do_attempt_delivery(second.pk)
+    refused = do_attempt_delivery(second.pk)
     assert refused.status == "failed" and refused.attempts == 1 and refused.next_attempt_at is None
     assert "refused" in refused.last_error and "loopback" in refused.last_error
     assert len(receiver.requests) == 1

@@ -1,4 +1,4 @@
-"""The cell's tier is computed from the newest evidence of each stage (DESIGN.md §3), never set by hand."""
+"""The cell's tier is computed from the newest evidence of each stage (docs/stage-report.md, the tiers), never set by hand."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Forged or broken results posted through the REST API with an agent token: the portal judges the numbers
-itself, so none raises a tier, each refusal names what was wrong, and the agent's flags are kept as claims
-(issue 9). Thresholds outside their range are refused when the job is submitted."""
+itself, so none raises a tier, each refusal names what was wrong, and the agent's flags are kept as claims.
+Thresholds outside their range are refused when the job is submitted."""
 
 from __future__ import annotations
 
@@ -243,7 +243,7 @@ def test_looser_thresholds_mark_the_job_and_every_tier_it_reaches(api_client, ce
 
 
 def test_the_issues_forgery_as_one_report_stays_at_serves(api_client, client, cell) -> None:
-    """The report of issue 9: ``{"align": {"passed": true}}`` and a bench whose only run has 99 failed requests."""
+    """A forged report: ``{"align": {"passed": true}}`` and a bench whose only run has 99 failed requests."""
     model, hardware, token = cell
     job = JobFactory(model=model, hardware=hardware)
     _climb_to(api_client, job, token, 3)

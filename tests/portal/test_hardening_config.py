@@ -1,5 +1,5 @@
 """Model configs: counts are integers within bounds, dtypes are dtype names, object keys are objects, and the fits
-estimate of a model on every hardware stays fast whatever the layer count (issue 16, items 1 and 6)."""
+estimate of a model on every hardware stays fast whatever the layer count."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The OpenAPI schema says what the API answers (issue 16, item 11)."""
+"""The OpenAPI schema says what the API answers."""
 
 from __future__ import annotations
 

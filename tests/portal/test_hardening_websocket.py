@@ -1,4 +1,4 @@
-"""WebSockets and revocation (issue 16, item 5): refusals are close codes after an accepted handshake, and a
+"""WebSockets and revocation: refusals are close codes after an accepted handshake, and a
 revoked token's open sockets are closed — at once through the token's group, and within ``TOKEN_RECHECK_S``
 even when that broadcast is lost. Real ASGI application, Redis channel layer, PostgreSQL."""
 

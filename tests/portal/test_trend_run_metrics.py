@@ -1,5 +1,5 @@
-"""Issue 11 §4's per-run numbers as benchmark trend series: communication overhead (rank 0 and the slowest
-rank), TPOT jitter and MoE expert imbalance, read from each bench run's section, flagged like the other series
+"""The per-run numbers of multi-device and MoE bench runs as benchmark trend series: communication overhead
+(rank 0 and the slowest rank), TPOT jitter and MoE expert imbalance, read from each bench run's section, flagged like the other series
 and shown on /trends/ beside them with the hardware's stack changes marked; the API serves them too."""
 
 from __future__ import annotations

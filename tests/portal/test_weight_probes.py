@@ -158,7 +158,7 @@ def test_sampling_reads_the_bytes_at_the_positions_the_portal_chose(weights: Pat
 
 
 def test_a_stored_load_is_judged_again_with_the_answers_the_portal_kept(api_client, sampled) -> None:
-    from apps.evidence.services import judging_context
+    from apps.evidence.judging import judging_context
     from contract import verdicts
 
     model, weights, _ = sampled

@@ -14,6 +14,16 @@ from safetensors.torch import load_file, save_file
 
 from agents.runtime.loader import LoadError, load_model
 from agents.runtime.testing.make_model import cached_model
+from tests.runtime.checkpoint_files import (
+    EMBED,
+    K_PROJ,
+    header_names,
+    index,
+    replace_tensors,
+    rewrite_header,
+    set_index,
+    shard_of,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -30,43 +40,6 @@ def model_dir(tmp_path: Path) -> Path:
     return dst
 
 
-def _index(d: Path) -> dict:
-    return json.loads((d / "model.safetensors.index.json").read_text())
-
-
-def _shard_of(d: Path, tensor: str) -> Path:
-    return d / _index(d)["weight_map"][tensor]
-
-
-def _header_names(path: Path) -> list[tuple[str, int]]:
-    raw = path.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + n])
-    return [(k, v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-
-
-def _rewrite_header(path: Path, edit) -> None:
-    raw = path.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8 : 8 + n])
-    edit(header)
-    new = json.dumps(header).encode()
-    new += b" " * (-len(new) % 8)
-    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])
-
-
-def _replace_tensors(path: Path, edit) -> None:
-    tensors = load_file(path)
-    edit(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})
-
-
-def _set_index(d: Path, edit) -> None:
-    idx = _index(d)
-    edit(idx["weight_map"])
-    (d / "model.safetensors.index.json").write_text(json.dumps(idx))
-
-
 def _refused(d: Path, *parts: str, **kw) -> str:
     with pytest.raises(LoadError) as err:
         load_model(d, **kw)
@@ -74,9 +47,6 @@ def _refused(d: Path, *parts: str, **kw) -> str:
         assert part in str(err.value), str(err.value)
     return str(err.value)
 
-
-EMBED = "model.embed_tokens.weight"
-K_PROJ = "model.layers.0.self_attn.k_proj.weight"
 
 
 def test_clean_load_reports_checksums_stats_and_rate(model_dir):
@@ -87,7 +57,7 @@ def test_clean_load_reports_checksums_stats_and_rate(model_dir):
     assert [s["file"] for s in report["shards"]] == files
     for shard in report["shards"]:
         assert shard["sha256"] == hashlib.sha256((model_dir / shard["file"]).read_bytes()).hexdigest()
-    embed = load_file(_shard_of(model_dir, EMBED))[EMBED]
+    embed = load_file(shard_of(model_dir, EMBED))[EMBED]
     st = report["stats"][EMBED]
     assert st["mean"] == pytest.approx(embed.mean().item(), abs=1e-6)
     assert st["absmax"] == pytest.approx(embed.abs().max().item())
@@ -100,7 +70,7 @@ def test_clean_load_reports_checksums_stats_and_rate(model_dir):
 def test_zero_copy_parameters_survive_the_files_being_removed(model_dir):
     result = load_model(model_dir)
     assert result.report["zero_copy_bytes"] > 0
-    embed = load_file(_shard_of(model_dir, EMBED))[EMBED]
+    embed = load_file(shard_of(model_dir, EMBED))[EMBED]
     copied = load_model(model_dir, zero_copy=False)
     assert copied.report["zero_copy_bytes"] == 0
     shutil.rmtree(model_dir)
@@ -113,21 +83,7 @@ def test_zero_copy_parameters_survive_the_files_being_removed(model_dir):
 def test_progress_is_called_up_to_the_total(model_dir):
     calls = []
     load_model(model_dir, progress=lambda done, total: calls.append((done, total)))
-    assert calls[-1][0] == calls[-1][1] == len(_index(model_dir)["weight_map"])
-
-
-def test_checksum_cache_reuses_digests_only_for_unchanged_files(model_dir, checksum_cache):
-    first = load_model(model_dir).report["shards"]
-    assert {s["sha256_source"] for s in first} == {"computed"} and checksum_cache.exists()
-    second = load_model(model_dir).report["shards"]
-    assert {s["sha256_source"] for s in second} == {"cache"}
-    assert [s["sha256"] for s in second] == [s["sha256"] for s in first]
-    shard = _shard_of(model_dir, K_PROJ)
-    _replace_tensors(shard, lambda t: t[K_PROJ].mul_(2))  # rewritten: new ctime, new bytes
-    third = {s["file"]: s for s in load_model(model_dir).report["shards"]}
-    assert third[shard.name]["sha256_source"] == "computed"
-    assert third[shard.name]["sha256"] == hashlib.sha256(shard.read_bytes()).hexdigest()
-    assert load_model(model_dir, checksum_cache=False).report["shards"][0]["sha256_source"] == "computed"
+    assert calls[-1][0] == calls[-1][1] == len(index(model_dir)["weight_map"])
 
 
 def test_single_file_checkpoint_loads(model_dir):
@@ -141,22 +97,22 @@ def test_single_file_checkpoint_loads(model_dir):
 
 
 def test_truncated_shard_is_refused(model_dir):
-    shard = _shard_of(model_dir, EMBED)
+    shard = shard_of(model_dir, EMBED)
     data = shard.read_bytes()
     shard.write_bytes(data[:-100])
     message = _refused(model_dir, shard.name, "truncated")
-    last = max(_header_names(shard), key=lambda item: item[1])[0]  # the tensor whose bytes were cut
+    last = max(header_names(shard), key=lambda item: item[1])[0]  # the tensor whose bytes were cut
     assert repr(last) in message
 
 
 def test_header_ranges_past_the_file_are_refused(model_dir):
-    shard = _shard_of(model_dir, K_PROJ)
-    _rewrite_header(shard, lambda h: h[K_PROJ].update(data_offsets=[h[K_PROJ]["data_offsets"][0], 10**9]))
+    shard = shard_of(model_dir, K_PROJ)
+    rewrite_header(shard, lambda h: h[K_PROJ].update(data_offsets=[h[K_PROJ]["data_offsets"][0], 10**9]))
     _refused(model_dir, shard.name, K_PROJ, "past the end")
 
 
 def test_overlapping_header_ranges_are_refused(model_dir):
-    shard = _shard_of(model_dir, K_PROJ)
+    shard = shard_of(model_dir, K_PROJ)
 
     def overlap(h: dict) -> None:
         ordered = sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0])
@@ -165,58 +121,58 @@ def test_overlapping_header_ranges_are_refused(model_dir):
         begin, end = h[later]["data_offsets"]
         h[later]["data_offsets"] = [begin - 4, end - 4]  # same size, now 4 bytes into the previous tensor
 
-    _rewrite_header(shard, overlap)
+    rewrite_header(shard, overlap)
     _refused(model_dir, shard.name, "overlap")
 
 
 def test_wrong_shape_is_refused(model_dir):
-    shard = _shard_of(model_dir, K_PROJ)
-    _replace_tensors(shard, lambda t: t.update({K_PROJ: torch.zeros(t[K_PROJ].shape[0] + 1, t[K_PROJ].shape[1])}))
+    shard = shard_of(model_dir, K_PROJ)
+    replace_tensors(shard, lambda t: t.update({K_PROJ: torch.zeros(t[K_PROJ].shape[0] + 1, t[K_PROJ].shape[1])}))
     _refused(model_dir, shard.name, K_PROJ, "shape")
 
 
 def test_wrong_dtype_is_refused(model_dir):
-    shard = _shard_of(model_dir, K_PROJ)
-    _replace_tensors(shard, lambda t: t.update({K_PROJ: t[K_PROJ].half()}))
+    shard = shard_of(model_dir, K_PROJ)
+    replace_tensors(shard, lambda t: t.update({K_PROJ: t[K_PROJ].half()}))
     _refused(model_dir, shard.name, K_PROJ, "dtype F16")
 
 
 def test_missing_tensor_is_refused(model_dir):
-    shard = _shard_of(model_dir, K_PROJ)
-    _replace_tensors(shard, lambda t: t.pop(K_PROJ))
-    _set_index(model_dir, lambda m: m.pop(K_PROJ))
+    shard = shard_of(model_dir, K_PROJ)
+    replace_tensors(shard, lambda t: t.pop(K_PROJ))
+    set_index(model_dir, lambda m: m.pop(K_PROJ))
     _refused(model_dir, "model.safetensors.index.json", "missing tensor", K_PROJ)
 
 
 def test_extra_tensor_is_refused(model_dir):
-    shard = _shard_of(model_dir, K_PROJ)
+    shard = shard_of(model_dir, K_PROJ)
     extra = "model.layers.0.self_attn.extra_proj.weight"
-    _replace_tensors(shard, lambda t: t.update({extra: torch.zeros(2, 2)}))
-    _set_index(model_dir, lambda m: m.update({extra: shard.name}))
+    replace_tensors(shard, lambda t: t.update({extra: torch.zeros(2, 2)}))
+    set_index(model_dir, lambda m: m.update({extra: shard.name}))
     _refused(model_dir, shard.name, "unexpected tensor", extra)
 
 
 def test_tensor_in_a_shard_but_not_in_the_index_is_refused(model_dir):
-    shard = _shard_of(model_dir, K_PROJ)
+    shard = shard_of(model_dir, K_PROJ)
     extra = "model.layers.0.self_attn.stray.weight"
-    _replace_tensors(shard, lambda t: t.update({extra: torch.zeros(2, 2)}))
+    replace_tensors(shard, lambda t: t.update({extra: torch.zeros(2, 2)}))
     _refused(model_dir, shard.name, extra)
 
 
 def test_shard_named_in_index_but_absent_is_refused(model_dir):
-    shard = _shard_of(model_dir, K_PROJ)
+    shard = shard_of(model_dir, K_PROJ)
     shard.unlink()
     _refused(model_dir, shard.name, "absent")
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_nonfinite_weights_are_reported_and_fatal_on_request(model_dir, bad):
-    shard = _shard_of(model_dir, K_PROJ)
+    shard = shard_of(model_dir, K_PROJ)
 
     def poison(t: dict) -> None:
         t[K_PROJ][0, :3] = bad
 
-    _replace_tensors(shard, poison)
+    replace_tensors(shard, poison)
     report = load_model(model_dir).report
     assert not report["ok"]
     [problem] = report["problems"]
@@ -283,44 +239,11 @@ def test_bf16_checkpoint_may_keep_tensors_in_fp32_but_not_in_other_dtypes(model_
     config["torch_dtype"] = config["dtype"] = "bfloat16"
     (model_dir / "config.json").write_text(json.dumps(config))
     for shard in model_dir.glob("model-*.safetensors"):
-        _replace_tensors(shard, lambda t: t.update({k: v.bfloat16() for k, v in t.items() if k != K_PROJ}))
+        replace_tensors(shard, lambda t: t.update({k: v.bfloat16() for k, v in t.items() if k != K_PROJ}))
     assert load_model(model_dir).report["ok"]  # k_proj stayed F32: accepted
-    shard = _shard_of(model_dir, K_PROJ)
-    _replace_tensors(shard, lambda t: t.update({K_PROJ: t[K_PROJ].to(torch.int32)}))
+    shard = shard_of(model_dir, K_PROJ)
+    replace_tensors(shard, lambda t: t.update({K_PROJ: t[K_PROJ].to(torch.int32)}))
     _refused(model_dir, shard.name, K_PROJ, "dtype I32")
-
-
-def test_a_shard_corrupted_in_place_fails_the_manifest_naming_it_even_with_cached_digests(model_dir):
-    """One flipped byte inside a tensor's data (the header stays valid, so the load itself succeeds): the shard
-    is hashed again (the write changed its ctime, so the cached digest is not used) and fails the manifest."""
-    clean = load_model(model_dir).report  # fills the checksum cache
-    manifest = [{"name": s["file"], "size": s["size"], "sha256": s["sha256"]} for s in clean["shards"]]
-    assert load_model(model_dir, manifest=manifest).report["ok"]
-    shard = _shard_of(model_dir, K_PROJ)
-    (n,) = struct.unpack("<Q", shard.read_bytes()[:8])
-    with open(shard, "r+b") as f:
-        f.seek(8 + n + 5)
-        byte = f.read(1)
-        f.seek(8 + n + 5)
-        f.write(bytes([byte[0] ^ 0x40]))
-    report = load_model(model_dir, manifest=manifest).report
-    assert not report["ok"]
-    assert [p["file"] for p in report["problems"]] == [shard.name]
-    assert "does not match the manifest" in report["problems"][0]["problem"]
-    row = next(s for s in report["shards"] if s["file"] == shard.name)
-    assert row["sha256_source"] == "computed" and not row["matches"]
-    assert all(s["matches"] for s in report["shards"] if s["file"] != shard.name)
-
-
-@pytest.mark.parametrize("workers", [1, 2, 5])
-def test_every_shard_is_hashed_once_whatever_the_number_of_hashing_threads(model_dir, workers):
-    from agents.runtime.loader.hashing import ShardHasher
-
-    files = sorted(model_dir.glob("*.safetensors"))
-    hasher = ShardHasher(files, use_cache=False, workers=workers)
-    digests = hasher.result()
-    assert digests == {f.name: (hashlib.sha256(f.read_bytes()).hexdigest(), "computed") for f in files}
-    assert hasher.computed_bytes == sum(f.stat().st_size for f in files) and hasher.seconds > 0
 
 
 GATE = "model.layers.0.mlp.gate_proj.weight"
@@ -341,8 +264,8 @@ def _mapped(param: torch.Tensor, path: Path) -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
 def test_gate_and_up_stored_back_to_back_become_one_mapped_parameter_without_a_copy(model_dir):
-    shard = _shard_of(model_dir, GATE)
-    names = [n for n, _ in sorted(_header_names(shard), key=lambda t: t[1])]
+    shard = shard_of(model_dir, GATE)
+    names = [n for n, _ in sorted(header_names(shard), key=lambda t: t[1])]
     assert names.index(UP) == names.index(GATE) + 1  # safetensors orders a file's tensors by name
     result = load_model(model_dir)
     merged = result.model.model.layers[0].mlp.gate_up_proj.weight
@@ -375,7 +298,7 @@ def _write_in_order(path: Path, tensors: dict[str, torch.Tensor], order: list[st
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/self/maps")
 @pytest.mark.parametrize("where", ["up first", "another tensor between"])
 def test_gate_and_up_not_stored_in_the_parameters_order_are_copied_into_place(model_dir, where):
-    shard = _shard_of(model_dir, GATE)
+    shard = shard_of(model_dir, GATE)
     tensors = {k: v.clone() for k, v in load_file(shard).items()}  # load_file's tensors may map the file
     rest = [n for n in sorted(tensors) if n not in (GATE, UP)]
     order = [UP, GATE, *rest] if where == "up first" else [GATE, rest[0], UP, *rest[1:]]
@@ -385,64 +308,6 @@ def test_gate_and_up_not_stored_in_the_parameters_order_are_copied_into_place(mo
     merged = result.model.model.layers[0].mlp.gate_up_proj.weight
     torch.testing.assert_close(merged, torch.cat([tensors[GATE], tensors[UP]]), rtol=0, atol=0)
     assert not _mapped(merged, shard.resolve())
-    other = _shard_of(model_dir, "model.layers.1.mlp.gate_proj.weight")
+    other = shard_of(model_dir, "model.layers.1.mlp.gate_proj.weight")
     if other != shard:  # an untouched shard still gives its merged parameter without a copy
         assert _mapped(result.model.model.layers[1].mlp.gate_up_proj.weight, other.resolve())
-
-
-def test_the_load_copies_on_one_thread_only_while_shards_are_hashed(monkeypatch):
-    from agents.runtime.loader import _one_thread_while
-
-    class Hasher:
-        busy = True
-
-    calls: list[int] = []
-    monkeypatch.setattr(torch, "set_num_threads", calls.append)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    with pytest.raises(RuntimeError, match="a failed load"), _one_thread_while(Hasher()):
-        assert calls == [1]
-        raise RuntimeError("a failed load")
-    assert calls == [1, 2]  # given back, even after a failure
-    Hasher.busy = False
-    calls.clear()
-    with _one_thread_while(Hasher()):
-        pass
-    with _one_thread_while(None):
-        pass
-    assert calls == []
-
-
-def test_a_verifying_load_copies_on_one_thread_and_gives_the_threads_back_even_when_refused(model_dir, monkeypatch):
-    import time
-
-    import agents.runtime.loader as loader
-    import agents.runtime.loader.hashing as hashing
-
-    monkeypatch.setenv("DAY0_CHECKSUM_CACHE", "off")  # every shard hashed
-    real_hash, real_adopt = hashing.sha256_file, loader.adopt_or_copy
-    monkeypatch.setattr(hashing, "sha256_file", lambda path: (time.sleep(0.3), real_hash(path))[1])  # still busy
-    seen: list[int] = []
-    monkeypatch.setattr(loader, "adopt_or_copy", lambda p, t: (seen.append(torch.get_num_threads()), real_adopt(p, t)))
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        assert load_model(model_dir).report["ok"]
-        assert seen and set(seen) == {1}  # the merged gate/up parameters, adopted while the shards hashed
-        assert torch.get_num_threads() == 2
-        _replace_tensors(_shard_of(model_dir, K_PROJ), lambda t: t.update({K_PROJ: t[K_PROJ] * float("nan")}))
-        with pytest.raises(LoadError, match="NaN"):
-            load_model(model_dir, fail_on_nonfinite=True)  # refused inside the stream
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
-
-
-@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 65535, 65536, 65537, 3 * 65536 + 7])
-def test_sha256_from_the_mapping_equals_hashlib_at_every_piece_boundary(tmp_path, monkeypatch, size):
-    import agents.runtime.loader.hashing as hashing
-
-    monkeypatch.setattr(hashing, "CHUNK", 65536)
-    data = bytes((i * 131 + 7) % 256 for i in range(size))
-    path = tmp_path / "shard.bin"
-    path.write_bytes(data)
-    assert hashing.sha256_file(path) == hashlib.sha256(data).hexdigest()

@@ -1,5 +1,5 @@
 """The stage interface: every stage is a ``run(ctx: StageContext) -> dict`` returning its report section
-(DESIGN.md §6 keys), registered in ``agents.pipeline.registry``. A stage that cannot continue raises
+(the keys of docs/stage-report.md), registered in ``agents.pipeline.registry``. A stage that cannot continue raises
 ``StageFailed`` with a message naming what was wrong; a stage whose section says "not passing" (align.passed
 false, load.ok false …) also stops the pipeline — the runner decides that with ``contract.verdicts``."""
 
@@ -41,7 +41,7 @@ class StageContext:
     # ranks across hosts (``agents.runtime.nodes.NodeSpec``, ``day0 adapt --nnodes …``): each stage with ranks
     # runs this node's share of them (``agents.pipeline.support.nodes``); None: every rank on this host
     node: Any = None
-    thresholds: dict[str, float] = field(default_factory=dict)  # overrides of DESIGN.md §4 defaults
+    thresholds: dict[str, float] = field(default_factory=dict)  # overrides of contract.thresholds defaults
     bench: dict[str, Any] = field(default_factory=dict)  # concurrency, input_len, output_len, num_prompts …
     # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (``day0 adapt
     # --manifest FILE``; a portal job never carries it: the portal compares); the load fails on any disagreement

@@ -20,7 +20,7 @@ from agents.runtime.context import ForwardContext
 from agents.runtime.engine.multimodal import config_takes_images
 from contract.thresholds import ALIGN as ALIGN_THRESHOLDS
 
-# DESIGN.md §4 defaults (every dtype), overridable per job through ctx.thresholds.
+# contract.thresholds defaults (every dtype), overridable per job through ctx.thresholds.
 DEFAULT_THRESHOLDS: dict[str, float] = ALIGN_THRESHOLDS
 
 

@@ -1,5 +1,5 @@
-"""The stage report (DESIGN.md §6): its required keys, validation, JSON safety, and the one-line reason a
-stage's section is not passing evidence."""
+"""The stage report: the whole report's keys (a section's keys and types are ``contract.sections``, which the
+portal reads too), JSON safety, and the one-line reason a stage's section is not passing evidence."""
 
 from __future__ import annotations
 
@@ -7,56 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-TOP_LEVEL_KEYS: tuple[str, ...] = ("model", "hardware", "dtype", "tier", "failed_stage", "error", "stages")
-MODEL_KEYS: tuple[str, ...] = ("name", "architecture", "path")
-
-# stage -> keys its section must hold (more may be added); a stage that raised leaves no section.
-SECTION_KEYS: dict[str, tuple[str, ...]] = {
-    "plan": ("params_total", "params_active", "weight_bytes", "kv_bytes_per_token", "plan", "fits",
-             "bytes_per_device"),
-    "load": ("ok", "tensors", "bytes", "seconds", "gb_per_s", "peak_rss_bytes", "shards", "problems"),
-    "inventory": ("ops", "summary"),
-    "align": ("passed", "thresholds", "layers", "e2e"),  # "ops" and "kv_cache" when their modules exist
-    "serve": ("ready_seconds", "endpoint", "text_path_ok"),
-    "bench": ("runs",),
-    "eval": ("passed",),
-    "comm": ("ranks", "collectives"),
-    "env": ("runtime_commit", "torch", "python", "device", "device_count", "dispatch_key", "driver"),
-    "reference": ("pool_version", "nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle"),  # docs/references.md
-}
-NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("plan", "plan"): ("tp", "pp", "ep", "devices"),
-    ("inventory", "summary"): ("native", "decomposed", "fallback", "missing"),
-    ("align", "e2e"): ("prompts", "tokens", "token_match_rate", "divergences", "perplexity_ref",
-                       "perplexity_target"),
-    ("align", "kv_cache"): ("lengths", "max_abs_err", "passed"),
-}
-ROW_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("load", "shards"): ("file", "sha256"),
-    ("load", "problems"): ("tensor", "problem"),
-    ("inventory", "ops"): ("op", "count", "dtypes", "status", "decomposes_to"),
-    ("align", "ops"): ("op", "cosine", "max_rel_err", "max_abs_err", "passed"),
-    ("align", "layers"): ("layer", "cosine", "max_rel_err", "passed"),
-    ("comm", "collectives"): ("op", "dtype", "ok", "sizes"),
-}
-DIVERGENCE_KEYS: tuple[str, ...] = ("prompt", "position", "ref_token", "target_token", "ref_top5", "target_top5",
-                                    "near_tie")
-
-
-def section_problems(stage: str, section: Mapping[str, Any]) -> list[str]:
-    """Contract violations of one stage's section: missing keys, named by path."""
-    problems = [f"{stage}.{key}" for key in SECTION_KEYS.get(stage, ()) if key not in section]
-    for (owner, key), wanted in NESTED_KEYS.items():
-        if owner == stage and isinstance(section.get(key), Mapping):
-            problems += [f"{stage}.{key}.{k}" for k in wanted if k not in section[key]]
-    for (owner, key), wanted in ROW_KEYS.items():
-        if owner == stage and isinstance(section.get(key), list):
-            for i, row in enumerate(section[key]):
-                problems += [f"{stage}.{key}[{i}].{k}" for k in wanted if k not in row]
-    if stage == "align" and isinstance(section.get("e2e"), Mapping):
-        for i, row in enumerate(section["e2e"].get("divergences") or []):
-            problems += [f"align.e2e.divergences[{i}].{k}" for k in DIVERGENCE_KEYS if k not in row]
-    return problems
+from contract.sections import MODEL_KEYS, TOP_LEVEL_KEYS, section_problems, type_problems
 
 
 def report_problems(report: Mapping[str, Any]) -> list[str]:
@@ -71,6 +22,7 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
     for stage, section in (report.get("stages") or {}).items():
         if isinstance(section, Mapping):
             problems += section_problems(stage, section)
+            problems += [f"{path}: {message}" for path, message in type_problems(stage, section)]
     return problems
 
 

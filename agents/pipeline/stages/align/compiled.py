@@ -1,7 +1,7 @@
 """Align's compiled-path check (a job's ``bench.compile``): the runtime engine decodes the align prompts greedily
 on the target model eager, then with the compiled path installed on the same weights (``engine/compiled.py``),
 and the two token lists must be equal — past a first divergence, only a near-tie (each side's token within the
-other's top-k, the DESIGN §4 rule) is tolerated. The block also carries what compiling cost in this process:
+other's top-k, the align rule of ``contract.verdicts``) is tolerated. The block also carries what compiling cost in this process:
 compile seconds, graphs, graph breaks, recompiles after the warm-up and the compilation caches' hits/misses
 (this check runs before the serve stage: a first run fills the cache the compiled server then reads)."""
 

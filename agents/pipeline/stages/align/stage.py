@@ -1,7 +1,7 @@
 """The ``align`` stage: the target (our runtime model on the job's device and dtype) against the reference
 (``transformers`` fp32 on CPU, same weights) — per operator (``ops``), per layer, end to end, and the KV-cache
 consistency check (``kv``); for a vision-language model its image path (``vision``), for a job on the compiled
-path compiled against eager tokens (``compiled``). Thresholds: DESIGN.md §4 defaults, overridable per job."""
+path compiled against eager tokens (``compiled``). Thresholds: the defaults of ``contract.thresholds``, overridable per job."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def fallback_reference_note(target: Any) -> str | None:
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
-    """The align section: passed, thresholds, ops, layers, e2e, kv_cache (DESIGN.md §6)."""
+    """The align section: passed, thresholds, ops, layers, e2e, kv_cache (docs/stage-report.md)."""
     thresholds = align_thresholds(ctx)
     target = target_model(ctx)
     ctx.emit("log", "align: loading the transformers fp32 CPU reference")

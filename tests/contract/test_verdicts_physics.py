@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from apps.benchmarks.regressions import Point, detect_regressions
 from contract import verdicts as v
 from contract.verdicts.align import reduced_dtype, runtime_path
 from contract.verdicts.bench import decode_floor_bytes
@@ -143,12 +141,3 @@ def test_a_low_token_match_fails_whatever_the_divergences_say() -> None:
     section["e2e"].update(token_match_rate=0.5, divergences=[], hard_divergences=0)
     assert "align: e2e token match rate 0.5000 is below the minimum 0.9" in v.judge("align", section).reasons
     assert not any("token match" in r for r in v.judge("align", section, {"align_min_token_match": 0.4}).reasons)
-
-
-def test_a_run_that_failed_its_verdict_never_joins_a_baseline() -> None:
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    values = [100.0] * 10 + [1e9] * 10 + [100.0]  # ten forged runs at 1e9 tok/s, then an honest one
-    points = [Point(start + timedelta(days=i), x, ref=i, baseline=x < 1e9) for i, x in enumerate(values)]
-    assert detect_regressions(points, metric="output_tok_s") == []  # the honest run is judged against 100s
-    poisoned = [Point(p.at, p.value, p.ref) for p in points]
-    assert [r.ref for r in detect_regressions(poisoned, metric="output_tok_s")] == [20]
