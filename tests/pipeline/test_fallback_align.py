@@ -8,8 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
-from agents.pipeline.stages.align.stage import SELF_REFERENCE
 from agents.pipeline.runner import run_pipeline
+from agents.pipeline.stages.align.stage import SELF_REFERENCE
 from agents.runtime.testing.make_model import cached_model
 
 
