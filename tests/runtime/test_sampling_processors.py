@@ -129,3 +129,6 @@ def test_server_json_object_and_schema_errors(engine):
         r = httpx.post(f"{url}/v1/chat/completions", json={"messages": msgs, "response_format": bad}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
         assert "broken" in r.json()["error"]["message"]
+        metrics = httpx.get(f"{url}/metrics").text
+        line = next(x for x in metrics.splitlines() if x.startswith("day0:grammar_mask_seconds_total{"))
+        assert float(line.rsplit(" ", 1)[1]) > 0

@@ -62,6 +62,8 @@ class LLMEngine:
         self.model = model
         self.model_config = config
         self.tokenizer = tokenizer or Tokenizer(self.model_dir)
+        if self.config.chat_template is not None:  # ``--chat-template``: served instead of the model's own
+            self.tokenizer.use_chat_template(self.config.chat_template)
         self.device = torch.device(self.config.device)
         text = config.get("text_config") or config  # a vision-language model: its decoder's
         context = int(text.get("max_position_embeddings") or 2048)

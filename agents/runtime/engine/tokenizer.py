@@ -27,6 +27,9 @@ def _raise(message: str) -> None:
     raise ChatFormatError(f"chat template: {message}")
 
 
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class Tokenizer:
     """``tokenizer.json`` through the fast ``tokenizers`` library (``transformers`` when it is absent)."""
 
@@ -134,8 +137,20 @@ class Tokenizer:
             self._max_token_chars = max((len(t) for t in vocab), default=1)
         return self._max_token_chars
 
-    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True) -> str:
-        """Render validated ``messages`` with the model's template; ChatFormatError names what is wrong."""
+    def use_chat_template(self, template: str) -> None:
+        """Render chats with ``template`` (a Jinja text, as transformers reads a template file) from now on."""
+        try:
+            jinja2.Environment().parse(template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"the chat template does not parse: {exc} (line {exc.lineno})") from None
+        self.chat_template = template
+        self._compiled = None
+
+    def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True,
+                            template_kwargs: dict[str, Any] | None = None) -> str:
+        """Render validated ``messages`` with the model's template; ChatFormatError names what is wrong.
+        ``template_kwargs`` (a request's ``chat_template_kwargs``, e.g. ``enable_thinking``): more variables for
+        the template; they never replace ``messages``, ``add_generation_prompt`` or the special tokens."""
         check_messages(messages)
         if not self.chat_template:
             raise ChatFormatError("this model has no chat template (tokenizer_config.json chat_template)")
@@ -148,6 +163,7 @@ class Tokenizer:
         flat = [{**m, "content": _content_text(m["content"])} for m in messages]
         try:
             return self._compiled.render(
+                **{k: v for k, v in (template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_VARS},
                 messages=flat,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",

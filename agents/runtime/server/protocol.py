@@ -34,7 +34,8 @@ CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "logprobs", "best_of"} | set(COMPLETION_NEUTRAL)
 CHAT_FIELDS = (SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
-                                  "parallel_tool_calls", "response_format"} | set(CHAT_NEUTRAL))
+                                  "parallel_tool_calls", "response_format",
+                                  "chat_template_kwargs"} | set(CHAT_NEUTRAL))
 
 
 @dataclass

@@ -49,6 +49,17 @@ def logit_bias(body: dict) -> dict[int, float]:
     return out
 
 
+def chat_template_kwargs(body: dict) -> dict[str, Any]:
+    """``chat_template_kwargs``: more variables for the chat template (e.g. ``enable_thinking``)."""
+    value = body.get("chat_template_kwargs")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
+        raise APIError(400, "'chat_template_kwargs' must be an object whose keys are identifiers",
+                       "chat_template_kwargs")
+    return value
+
+
 def response_format_grammar(body: dict) -> str | None:
     """The llguidance grammar ``response_format`` asks for (None for text or absent)."""
     rf = body.get("response_format")

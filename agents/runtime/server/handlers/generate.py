@@ -22,6 +22,7 @@ from agents.runtime.server.protocol import (
 )
 from agents.runtime.server.render import ChatRenderer, Choice, Renderer
 from agents.runtime.server.sse import SSEResponse, collect_unless_disconnected
+from agents.runtime.server.structured import chat_template_kwargs
 
 
 async def serve_choices(
@@ -89,7 +90,8 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
         pictures = await run_in_threadpool(decode_images, messages, state.image_limits)
         messages = with_placeholders(messages, processor.placeholder)
     try:
-        text = await run_in_threadpool(engine.tokenizer.apply_chat_template, messages)
+        text = await run_in_threadpool(engine.tokenizer.apply_chat_template, messages, True,
+                                       chat_template_kwargs(body))
     except ChatFormatError as exc:
         raise APIError(400, str(exc), "messages") from exc
     images = None
