@@ -108,11 +108,12 @@ class GrammarEngine:
         if not rows:
             return logits
         start = time.perf_counter()
-        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
-
-        bitmask = allocate_token_bitmask(len(rows), self.vocab_size)  # [R, ceil(V/32)] int32 on the CPU
+        # [R, ceil(V/32)] int32 on the CPU, bit b of word w allowing token 32w + b; each matcher writes its row
+        # (llguidance.torch's helpers are not used: importing them compiles a kernel with torch.compile)
+        bitmask = torch.empty(len(rows), (self.vocab_size + 31) // 32, dtype=torch.int32)
+        row_bytes = bitmask.shape[1] * 4
         for j, i in enumerate(rows):
-            fill_next_token_bitmask(seqs[i].matcher, bitmask, j)
+            seqs[i].matcher.unsafe_compute_mask_ptr(bitmask[j].data_ptr(), row_bytes)
         vocab = logits.shape[1]
         bits = torch.arange(32, dtype=torch.int32)
         allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().reshape(len(rows), -1)  # [R, 32 * W]
