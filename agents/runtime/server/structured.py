@@ -49,6 +49,13 @@ def logit_bias(body: dict) -> dict[int, float]:
     return out
 
 
+def check_logit_bias(bias: dict[int, float], vocab_size: int) -> None:
+    beyond = [t for t in bias if t >= vocab_size]
+    if beyond:
+        raise APIError(400, f"'logit_bias' token id {beyond[0]} is beyond the vocabulary (size {vocab_size})",
+                       "logit_bias")
+
+
 def chat_template_kwargs(body: dict) -> dict[str, Any]:
     """``chat_template_kwargs``: more variables for the chat template (e.g. ``enable_thinking``)."""
     value = body.get("chat_template_kwargs")
