@@ -132,3 +132,30 @@ def test_server_json_object_and_schema_errors(engine):
         metrics = httpx.get(f"{url}/metrics").text
         line = next(x for x in metrics.splitlines() if x.startswith("day0:grammar_mask_seconds_total{"))
         assert float(line.rsplit(" ", 1)[1]) > 0
+
+
+def test_fallback_path_is_constrained_and_penalised_like_the_native(engine):
+    """The generic fallback (transformers' modelling over the runtime's cache) samples through the same engine
+    step: the same grammar and penalties give the same greedy tokens as the native model."""
+    from safetensors.torch import load_file
+
+    from agents.runtime.models.fallback import FallbackModel
+
+    model_dir = cached_model("llama")
+    config = json.loads((model_dir / "config.json").read_text())
+    model = FallbackModel(config)
+    weights = {}
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        weights.update(load_file(shard))
+    model.load_weights(weights.items())
+    model.eval()
+    fb = LLMEngine(model_dir, model=model, config=config, max_num_seqs=4)
+    grammar = grammar_from_json_schema(SCHEMA, strict=True)
+    params = [SamplingParams(max_tokens=60, temperature=0.0, grammar=grammar),
+              SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, frequency_penalty=1.5,
+                             repetition_penalty=1.3, logit_bias={9: 3.0})]
+    got = fb.generate(["Person:", "one two one two"], params)
+    want = engine.generate(["Person:", "one two one two"], params)
+    assert set(json.loads(got[0].text)) == {"name", "age"}
+    assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]
+    assert fb.grammar.mask_rows > 0
