@@ -159,3 +159,33 @@ def test_fallback_path_is_constrained_and_penalised_like_the_native(engine):
     assert set(json.loads(got[0].text)) == {"name", "age"}
     assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]
     assert fb.grammar.mask_rows > 0
+
+
+def test_chat_template_flag_refuses_a_missing_or_broken_file(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    from agents.runtime.commands.serve import serve_command
+
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}{{ m['content'] }")
+    for path, said in ((tmp_path / "absent.jinja", "cannot read"), (broken, "does not parse")):
+        argv = serve_command(cached_model("llama"), dtype="float32", device="cpu",
+                             args=["--allocator", "system", "--chat-template", path])
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                             cwd=Path(__file__).resolve().parents[2])
+        assert run.returncode == 2 and said in run.stdout, run.stdout + run.stderr
+
+
+def test_a_served_template_takes_request_kwargs_but_not_its_reserved_names():
+    from agents.runtime.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(cached_model("llama"))
+    tok.use_chat_template("{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+                          "{% if enable_thinking is defined and not enable_thinking %}/no_think{% endif %}")
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(msgs) == "[hi]"
+    assert tok.apply_chat_template(msgs, template_kwargs={"enable_thinking": False}) == "[hi]/no_think"
+    assert tok.apply_chat_template(msgs, template_kwargs={"messages": []}) == "[hi]"
+    with pytest.raises(ValueError, match="does not parse"):
+        tok.use_chat_template("{% if %}")
