@@ -106,7 +106,10 @@ def test_bad_sampling_params_name_the_field():
         SamplingParams(max_tokens=0)
 
 
-def test_fallback_model_is_served_by_recomputation(model_dir, engine):
+@pytest.mark.parametrize("recompute", [False, True], ids=["paged", "recompute"])
+def test_fallback_model_is_served_paged_or_by_recomputation(model_dir, engine, recompute):
+    """The fallback runs on the paged KV cache where its attention can be routed there, and by recomputing the
+    whole sequence each step when asked to (``recompute_only``): the same greedy tokens as the native model."""
     from safetensors.torch import load_file
 
     from agents.runtime.models.fallback import FallbackModel
@@ -118,12 +121,14 @@ def test_fallback_model_is_served_by_recomputation(model_dir, engine):
         weights.update(load_file(shard))
     model.load_weights(weights.items())
     model.eval()
+    model.recompute_only = recompute
     fb = LLMEngine(model_dir, model=model, config=config, max_num_seqs=4)
-    assert not fb.runner.paged
+    assert fb.runner.paged is not recompute
     outs = fb.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     native = engine.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert [o.output_token_ids for o in outs] == [o.output_token_ids for o in native]
-    assert fb.stats()["kv_blocks_used"] == 0
+    if recompute:
+        assert fb.stats()["kv_blocks_used"] == 0
 
 
 class _PoisonedModel:

@@ -208,9 +208,15 @@ def test_model_lookup_and_unknown_model_404(url):
 @pytest.mark.parametrize(
     ("path", "extra", "param"),
     [
-        ("/v1/completions", {"presence_penalty": 0.5}, "presence_penalty"),
-        ("/v1/completions", {"frequency_penalty": -1}, "frequency_penalty"),
-        ("/v1/completions", {"logit_bias": {"5": 10}}, "logit_bias"),
+        ("/v1/completions", {"presence_penalty": 2.5}, "presence_penalty"),
+        ("/v1/completions", {"frequency_penalty": -3}, "frequency_penalty"),
+        ("/v1/completions", {"repetition_penalty": 0}, "repetition_penalty"),
+        ("/v1/completions", {"min_p": 1.5}, "min_p"),
+        ("/v1/completions", {"min_tokens": 5}, "min_tokens"),
+        ("/v1/completions", {"logit_bias": {"5": 101}}, "logit_bias"),
+        ("/v1/completions", {"logit_bias": {"x": 1}}, "logit_bias"),
+        ("/v1/completions", {"logit_bias": {"99999999": 1}}, "logit_bias"),
+        ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/completions", {"suffix": "tail"}, "suffix"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
         ("/v1/completions", {"logprobs": 21}, "logprobs"),
@@ -220,13 +226,15 @@ def test_model_lookup_and_unknown_model_404(url):
         ("/v1/completions", {"mystery": 1}, "mystery"),
         ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),  # no format
         ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
-        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "bad", "schema": {"type": "no-such-type"}}}}, "response_format"),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"logprobs": 1}, "logprobs"),
         ("/v1/chat/completions", {"echo": True}, "echo"),
     ],
 )
-def test_parameters_the_runtime_does_not_implement_are_named(url, path, extra, param):
+def test_unimplemented_or_out_of_range_parameters_are_named(url, path, extra, param):
     base = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
     r = post(url, path, {**base, **extra, "max_tokens": 2})
     assert r.status_code == 400, r.text

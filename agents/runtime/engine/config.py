@@ -22,6 +22,7 @@ class EngineConfig:
     compile: bool = False  # the decoder layers compiled with torch.compile (engine/compiled/)
     compile_cache_dir: str | None = None  # Inductor's caches; None: engine.compiled.default_cache_dir()
     pack_weights: bool = False  # dense fp32 CPU weights packed (panels or oneDNN; day0 serve's default on CPU fp32)
+    chat_template: str | None = None  # a Jinja chat template's text served instead of the model's own
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

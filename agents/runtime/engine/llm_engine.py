@@ -14,6 +14,8 @@ import torch
 from agents.runtime.engine.block_manager import BlockManager
 from agents.runtime.engine.config import EngineConfig
 from agents.runtime.engine.expert_load import ExpertLoad
+from agents.runtime.engine.grammar import GrammarEngine, GrammarError
+from agents.runtime.engine.logits_processors import apply_penalties
 from agents.runtime.engine.logprobs import token_logprobs
 from agents.runtime.engine.model_runner import ModelRunner, size_kv_pool
 from agents.runtime.engine.multimodal import ImageInputs
@@ -60,6 +62,8 @@ class LLMEngine:
         self.model = model
         self.model_config = config
         self.tokenizer = tokenizer or Tokenizer(self.model_dir)
+        if self.config.chat_template is not None:  # ``--chat-template``: served instead of the model's own
+            self.tokenizer.use_chat_template(self.config.chat_template)
         self.device = torch.device(self.config.device)
         text = config.get("text_config") or config  # a vision-language model: its decoder's
         context = int(text.get("max_position_embeddings") or 2048)
@@ -99,6 +103,7 @@ class LLMEngine:
         )
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.vocab_size = int(text.get("vocab_size") or self.tokenizer.vocab_size)
+        self.grammar = GrammarEngine(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self._lock = threading.Lock()
         self._inbox: list[Sequence] = []
         self._aborts: list[str] = []
@@ -140,6 +145,14 @@ class LLMEngine:
                 raise RequestError("this model does not take images (a text-only model)")
             if not images.positions or images.positions[-1] >= len(ids):
                 raise RequestError("the prompt has no image placeholder tokens for its images")
+        if any(t >= self.vocab_size for t in params.logit_bias):
+            raise RequestError(f"logit_bias token ids must be in [0, {self.vocab_size})")
+        matcher = None
+        if params.grammar is not None:
+            try:
+                matcher = self.grammar.matcher(params.grammar)
+            except GrammarError as exc:
+                raise RequestError(str(exc)) from exc
         with self._lock:
             if len(self._live) >= self.config.max_pending:
                 raise QueueFullError(f"engine queue is full ({self.config.max_pending} requests)")
@@ -148,6 +161,7 @@ class LLMEngine:
                 raise RequestError(f"request id {request_id!r} is already in use")
             seq = Sequence(request_id, ids, params)
             seq.images = images
+            seq.matcher = matcher
             self._live[request_id] = seq
             self._inbox.append(seq)
         return request_id
@@ -183,7 +197,7 @@ class LLMEngine:
             step = self.runner.run_step(batch)
             self.scheduler.on_step_done(batch)
             seqs = step.seqs
-            tokens = sample(step.logits, seqs) if seqs else []
+            tokens = self._sample(step.logits, seqs) if seqs else []
             logprobs = self._sampled_logprobs(step.logits, seqs, tokens)
         except Exception as exc:  # a failing batch never ends the engine, and ends only the request at fault
             error = f"{type(exc).__name__}: {exc}"
@@ -209,6 +223,15 @@ class LLMEngine:
                 self.scheduler.finish(seq, reason)
             outputs.append(self._output(seq, [token], None if lp is None else [lp]))
         return outputs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """Penalties, biases, min-tokens and min-p, then each constrained row's grammar mask, then the draw; the
+        matchers advance with the drawn tokens. Logprobs stay those of the model's own distribution."""
+        logits = apply_penalties(logits, seqs, self.eos_token_ids)
+        logits = self.grammar.apply_masks(logits, seqs)
+        tokens = sample(logits, seqs)
+        self.grammar.advance(seqs, tokens)
+        return tokens
 
     @staticmethod
     def _sampled_logprobs(
@@ -333,7 +356,7 @@ class LLMEngine:
         if broadcast is not None:
             broadcast(None)  # ``None`` stops the workers (see ``engine/tp.py``)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         return {
             "num_waiting": len(self.scheduler.waiting) + len(self._inbox),
             "num_running": len(self.scheduler.running),
@@ -343,4 +366,6 @@ class LLMEngine:
             "kv_cache_bytes": self.runner.kv_cache_bytes,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_steps": self.num_steps,
+            "grammar_mask_seconds": self.grammar.mask_seconds,
+            "grammar_mask_rows": self.grammar.mask_rows,
         }

@@ -8,6 +8,7 @@ MAX_LOGPROBS = 20  # top alternatives per position, as OpenAI's API bounds them
 SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed accepts
 TOKEN_ID_LIMIT = 2**31  # token ids beyond any vocabulary (and beyond int32) are refused up front
 MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 300  # entries per request, as OpenAI bounds them
 
 
 def _is_int(value: object) -> bool:
@@ -32,6 +33,13 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0  # over generated tokens, [-2, 2]
+    frequency_penalty: float = 0.0  # over generated tokens, [-2, 2]
+    repetition_penalty: float = 1.0  # over prompt and generated tokens, > 0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    grammar: str | None = None  # an llguidance grammar (``engine/grammar.py``) the output must follow
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -59,6 +67,26 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
                 raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
+
+        self._check_processing()
+
+    def _check_processing(self) -> None:
+        for name, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
+                             ("min_p", 0.0, 1.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
+        rep = self.repetition_penalty
+        if isinstance(rep, bool) or not isinstance(rep, int | float) or not 0.0 < rep <= 100.0:
+            raise ValueError(f"repetition_penalty must be a number in (0, 100], got {rep!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= max(self.max_tokens, 0):
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens], got {self.min_tokens!r}")
+        bias = self.logit_bias
+        if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS or not all(
+            _is_int(t) and 0 <= t < TOKEN_ID_LIMIT and not isinstance(v, bool) and isinstance(v, int | float)
+            and -100.0 <= v <= 100.0 for t, v in bias.items()
+        ):
+            raise ValueError(f"logit_bias must map at most {MAX_LOGIT_BIAS} token ids to numbers in [-100, 100]")
 
     @property
     def greedy(self) -> bool:

@@ -40,6 +40,7 @@ class Sequence:
         self.finish_time: float | None = None
         self.generator: torch.Generator | None = None
         self.images: ImageInputs | None = None  # a vision-language prompt's images (``engine/multimodal.py``)
+        self.matcher = None  # the grammar matcher of a constrained request (``engine/grammar.py``)
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         # prompt logprobs filled position by position as prefill chunks run (position 0 has none)

@@ -25,7 +25,7 @@ def check_stop(seq: Sequence, token: int, tokenizer: Tokenizer, eos_ids: set[int
     if token in params.stop_token_ids:
         return "stop"
     detokenize(seq, tokenizer)
-    if params.stop:
+    if params.stop and seq.num_output_tokens >= params.min_tokens:  # as vLLM: no stop string before min_tokens
         longest = max(len(s) for s in params.stop)
         start = max(0, seq.emitted_text_len - longest)
         hits = [i for i in (seq.text.find(s, start) for s in params.stop) if i >= 0]

@@ -27,6 +27,9 @@ def _raise(message: str) -> None:
     raise ChatFormatError(f"chat template: {message}")
 
 
+RESERVED_TEMPLATE_VARS = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class Tokenizer:
     """``tokenizer.json`` through the fast ``tokenizers`` library (``transformers`` when it is absent)."""
 
@@ -154,6 +157,15 @@ class Tokenizer:
             vocab = self._fast.get_vocab(with_added_tokens=True) if self._fast is not None else self._hf.get_vocab()
             self._max_token_chars = max((len(t) for t in vocab), default=1)
         return self._max_token_chars
+
+    def use_chat_template(self, template: str) -> None:
+        """Render chats with ``template`` (a Jinja text, as transformers reads a template file) from now on."""
+        try:
+            jinja2.Environment().parse(template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"the chat template does not parse: {exc} (line {exc.lineno})") from None
+        self.chat_template = template
+        self._compiled = None
 
     def apply_chat_template(self, messages: Any, add_generation_prompt: bool = True,
                             template_kwargs: dict[str, Any] | None = None,

@@ -11,6 +11,7 @@ from agents.runtime.engine import SamplingParams
 from agents.runtime.engine.sampling_params import MAX_LOGPROBS, SEED_RANGE
 from agents.runtime.server.errors import APIError
 from agents.runtime.server.fields import get_bool, get_int, get_number, get_object, get_str, is_int
+from agents.runtime.server.structured import PROCESSING_FIELDS, processing_params, response_format_grammar
 
 MAX_N = 64  # choices per prompt
 MAX_CHOICES = 256  # prompts x n per request
@@ -20,27 +21,19 @@ MAX_STOP_LEN = 512
 SAMPLING_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
     "stop_token_ids", "seed", "ignore_eos", "user", "return_token_ids",
-})
+}) | PROCESSING_FIELDS
 # parameters accepted only at the value that means "off": anything else would be silently ignored
-NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "repetition_penalty": (1,),
-    "min_p": (0,),
-    "min_tokens": (0,),
-    "logit_bias": ({},),
-}
+NEUTRAL: dict[str, tuple[Any, ...]] = {}
 COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {**NEUTRAL, "suffix": ("",)}
 CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
     **NEUTRAL,
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
 }
 COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "logprobs", "best_of"} | set(COMPLETION_NEUTRAL)
 CHAT_FIELDS = (SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
-                                  "parallel_tool_calls", "tools", "tool_choice", "chat_template_kwargs"}
-               | set(CHAT_NEUTRAL))
+                                  "parallel_tool_calls", "tools", "tool_choice", "response_format",
+                                  "chat_template_kwargs"} | set(CHAT_NEUTRAL))
 
 
 @dataclass
@@ -151,6 +144,8 @@ def generation(
             ignore_eos=get_bool(body, "ignore_eos"),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            grammar=response_format_grammar(body),
+            **processing_params(body),
         )
     except ValueError as exc:
         param = str(exc).split(" ", 1)[0]

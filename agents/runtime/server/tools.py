@@ -107,6 +107,9 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(kwargs, dict) or len(kwargs) > MAX_TEMPLATE_KWARGS:
         raise APIError(400, f"'chat_template_kwargs' must be an object of at most {MAX_TEMPLATE_KWARGS} fields",
                        "chat_template_kwargs")
+    if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise APIError(400, "'chat_template_kwargs' must be an object whose keys are identifiers",
+                       "chat_template_kwargs")
     clash = sorted(RESERVED_KWARGS & set(kwargs))
     if clash:
         raise APIError(400, f"'chat_template_kwargs' may not set {', '.join(clash)}", "chat_template_kwargs")

@@ -23,6 +23,7 @@ from agents.runtime.server.protocol import (
 )
 from agents.runtime.server.render import ChatRenderer, Choice, Renderer
 from agents.runtime.server.sse import SSEResponse, collect_unless_disconnected
+from agents.runtime.server.structured import check_logit_bias
 from agents.runtime.server.tools import template_kwargs, tool_request
 
 
@@ -31,6 +32,7 @@ async def serve_choices(
     renderer_cls: type[Renderer], images: ImageInputs | None = None,
 ) -> Response:
     requests = [(c.prompt_ids, gen.choice_params(c.index % gen.n)) for c in choices]
+    check_logit_bias(gen.params.logit_bias, engine.vocab_size)
     try:
         group = state.runtime.generate_group(requests, images)
     except RequestError as exc:
