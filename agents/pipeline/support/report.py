@@ -44,7 +44,10 @@ DIVERGENCE_KEYS: tuple[str, ...] = ("prompt", "position", "ref_token", "target_t
 
 
 def section_problems(stage: str, section: Mapping[str, Any]) -> list[str]:
-    """Contract violations of one stage's section: missing keys, named by path."""
+    """Contract violations of one stage's section: missing keys, named by path. A section saying the stage is
+    not applicable (``{"applicable": false, "reason": …}``, an external engine's internals) owes only its reason."""
+    if section.get("applicable") is False:
+        return [] if section.get("reason") else [f"{stage}.reason"]
     problems = [f"{stage}.{key}" for key in SECTION_KEYS.get(stage, ()) if key not in section]
     for (owner, key), wanted in NESTED_KEYS.items():
         if owner == stage and isinstance(section.get(key), Mapping):
