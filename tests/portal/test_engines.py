@@ -102,6 +102,10 @@ def test_a_job_naming_an_engine_waits_until_an_online_agent_has_it(api_client, s
     assert shown["engine"] == "vllm@0.32.0" and shown["stuck"] is True
     assert "with engine vllm@0.32.0" in shown["waiting_reason"] and "none of its 1 online" in shown["waiting_reason"]
     assert job.events.filter(kind="waiting", data__engine="vllm").exists()
+    page = Client()
+    page.force_login(token.user)
+    html = page.get(f"/jobs/{job.pk}/").content.decode()
+    assert "<span data-engine>vllm@0.32.0</span>" in html and "Not claimed:</strong> waiting for an agent" in html
     _agent(hardware, "host-with-vllm", engines={"vllm": "/opt/vllm/bin/vllm"})
     services.do_dispatch_job(job.pk)
     job.refresh_from_db()
