@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from day0cli.main import main
 from agents.runtime.testing.make_model import cached_model
 from agents.worker.engines import discover_engines, parse_engine_args
+from day0cli.main import main
 
 
 def test_an_engine_on_path_and_one_configured_are_advertised(tmp_path: Path, monkeypatch) -> None:
