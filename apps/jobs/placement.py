@@ -98,8 +98,11 @@ def rendezvous(job: Job, node0: Agent) -> tuple[str, int]:
 def reserve_nodes(job: Job, attempt: int) -> tuple[list[JobNode], str | None]:
     """Reserve ``job.nodes`` idle agents for ``attempt`` (the caller holds the job's row lock in a transaction):
     (the nodes, None), or ([], why it waits) when fewer are free; then nothing is reserved."""
-    free = list(idle_agents(job.hardware).select_for_update(skip_locked=True, of=("self",))
-                .order_by("pk")[: job.nodes])
+    candidates = idle_agents(job.hardware)
+    engine = job.spec.get("engine") or {}
+    if engine.get("executable"):  # only agents that advertise the job's engine
+        candidates = candidates.filter(capabilities__engines__has_key=engine.get("name"))
+    free = list(candidates.select_for_update(skip_locked=True, of=("self",)).order_by("pk")[: job.nodes])
     if len(free) < job.nodes:
         return [], waiting_reason(job, len(free))
     address, port = rendezvous(job, free[0])

@@ -135,3 +135,24 @@ def test_a_malformed_engine_in_a_spec_is_named() -> None:
     with pytest.raises(JobSpecError, match="unknown placeholder"):
         JobSpec.from_dict({"model": {}, "engine": {"name": "x", "command": "run {nope}"}})
     assert JobSpec.from_dict({"model": {}}).engine is None
+
+
+def test_a_multi_node_job_reserves_only_agents_with_its_engine(setup) -> None:
+    from django.db import transaction
+
+    from apps.jobs.placement import reserve_nodes
+    from tests.factories import JobFactory
+
+    model, hardware, _ = setup
+    engine = {"name": "vllm", "version": "0.32.0", "executable": "vllm", "command": "vllm serve {model_path}"}
+    job = JobFactory(model=model, hardware=hardware, state=JobState.QUEUED, nodes=2, spec={"engine": engine})
+    without = _agent(hardware, "plain", engines={})
+    first = _agent(hardware, "vllm-1", engines={"vllm": "vllm"})
+    with transaction.atomic():
+        nodes, waiting = reserve_nodes(job, 1)
+    assert nodes == [] and "1 free" in waiting
+    second = _agent(hardware, "vllm-2", engines={"vllm": "/opt/vllm"})
+    with transaction.atomic():
+        nodes, waiting = reserve_nodes(job, 1)
+    assert waiting is None and {n.agent_id for n in nodes} == {first.pk, second.pk} and without.pk not in {
+        n.agent_id for n in nodes}

@@ -77,7 +77,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     tp_note = effective_tp(ctx)[1]
     notes += [tp_note] if tp_note else []
     compile_block = None
-    if requested(ctx):  # the compiled path's evidence: compile seconds, graphs, cache hits and misses
+    if requested(ctx) and not isinstance(server, EngineProcess):  # the compiled path's evidence: compile seconds, graphs, cache hits and misses
         try:
             compile_block = compile_evidence(ctx, server.url, ready_seconds)
         except StageFailed:
