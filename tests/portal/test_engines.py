@@ -58,6 +58,8 @@ def test_only_staff_add_an_engine(api_client, setup) -> None:
     made = staff.post("/api/v1/engines/", body, content_type="application/json")
     assert made.status_code == 201, made.content
     assert made.json()["ref"] == "sglang@0.5.0"
+    again = staff.post("/api/v1/engines/", body, content_type="application/json")
+    assert again.status_code == 400  # one row per name and version
 
 
 def test_a_job_without_an_engine_is_unchanged(api_client, setup, monkeypatch) -> None:
