@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.engines import check_spec_engine
+
 PURPOSES = ("certify", "reference")
 DEFAULT_PURPOSE = "certify"
 DEFAULT_DTYPE = "float32"  # an agent's dtype when the spec names none
@@ -109,6 +111,13 @@ def _thresholds(data: Mapping[str, Any]) -> dict[str, float]:
     return thresholds
 
 
+def _engine(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    try:
+        return check_spec_engine(data.get("engine"))
+    except ValueError as exc:
+        raise JobSpecError("engine", str(exc)) from None
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A job spec as the agent reads it. ``stages`` None: the default stages (``contract.tiers.DEFAULT_STAGES``)."""
@@ -132,6 +141,7 @@ class JobSpec:
     weight_probe: dict[str, Any] | None = None
     node: dict[str, Any] | None = None
     rendezvous_timeout: float | None = None
+    engine: dict[str, Any] | None = None  # {name, version, command}; None: the bundled runtime (contract.engines)
     extra: dict[str, Any] = field(default_factory=dict)  # keys this module does not name, as sent
 
     @classmethod
@@ -150,7 +160,7 @@ class JobSpec:
             stages=_stages(data), dtype=_text(data, "dtype") or DEFAULT_DTYPE,
             tp=_integer(data, "tp", minimum=1), pp=_integer(data, "pp", minimum=1), ep=_integer(data, "ep", minimum=1),
             thresholds=_thresholds(data), bench=_object(data, "bench") or {},
-            rendezvous_timeout=_number(data, "rendezvous_timeout"), **objects,
+            rendezvous_timeout=_number(data, "rendezvous_timeout"), engine=_engine(data), **objects,
             extra={k: v for k, v in data.items() if k not in named},
         )
 

@@ -155,7 +155,11 @@ def type_problems(stage: str, section: Mapping[str, Any], path: str | None = Non
 
 
 def section_problems(stage: str, section: Mapping[str, Any]) -> list[str]:
-    """The keys the contract names that ``section`` lacks, by path (``align.e2e.prompts``, ``load.shards[0].file``)."""
+    """The keys the contract names that ``section`` lacks, by path (``align.e2e.prompts``, ``load.shards[0].file``).
+    A section saying the stage is not applicable (``{"applicable": false, "reason": …}``: an external engine's
+    internals) owes only its reason."""
+    if section.get("applicable") is False:
+        return [] if section.get("reason") else [f"{stage}.reason"]
     problems = [f"{stage}.{key}" for key in SECTION_KEYS.get(stage, ()) if key not in section]
     for (owner, key), wanted in NESTED_KEYS.items():
         if owner == stage and isinstance(section.get(key), Mapping):

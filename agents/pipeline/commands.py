@@ -44,6 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="take the compiled path (a job's bench.compile: true): align compares compiled and eager "
                              "greedy tokens, serve starts `day0 serve --compile`, bench compares it with eager; a "
                              "model that cannot take it runs eager and each section's compile key says why")
+    parser.add_argument("--engine", default=None, metavar="NAME[@VERSION]",
+                        help="serve through this engine started by --engine-command (default: day0, the bundled "
+                             "runtime); inventory and align are then not applicable")
+    parser.add_argument("--engine-command", default=None, metavar="TEMPLATE",
+                        help="the engine's launch command, with {model_path} {port} {dtype} {tp} {pp} {ep} "
+                             "{max_model_len} {extra}")
     parser.add_argument("--report", type=Path, default=None, metavar="FILE", help="write the report JSON here")
     parser.add_argument("--threshold", action="append", default=[], metavar="KEY=VALUE",
                         help="override a threshold, e.g. layer_cosine=0.995 (repeatable)")
@@ -176,6 +182,25 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def engine_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The job's engine from ``--engine NAME[@VERSION]`` and ``--engine-command`` (None: the bundled runtime);
+    a ValueError names what is wrong."""
+    from contract.engines import DEFAULT_ENGINE, check_spec_engine, parse_ref
+
+    ref = getattr(args, "engine", None)
+    command = getattr(args, "engine_command", None)
+    if not ref:
+        if command:
+            raise ValueError("--engine-command needs --engine NAME[@VERSION]")
+        return None
+    name, version = parse_ref(ref)
+    if name == DEFAULT_ENGINE:
+        return None
+    if not command:
+        raise ValueError(f"--engine {ref} needs --engine-command (standalone, the catalog's templates are the portal's)")
+    return check_spec_engine({"name": name, "version": version or "", "command": command})
+
+
 def handle(args: argparse.Namespace) -> int:
     from agents.pipeline.runner import parse_stages, run_pipeline
     from agents.pipeline.support.context import StageContext
@@ -195,13 +220,14 @@ def handle(args: argparse.Namespace) -> int:
         except KeyError as exc:
             raise ValueError(str(exc.args[0]) if exc.args else f"unknown hardware {args.hardware!r}") from None
         node = node_of(args, config)
+        engine = engine_of(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
     ctx = StageContext(model_dir=model_dir, config=config, hardware=hardware, dtype=args.dtype, device=args.device,
                        tp=args.tp, ep=args.ep, pp=args.pp, thresholds=thresholds, workdir=args.workdir, manifest=manifest,
-                       emit_fn=ConsoleEmitter(args.quiet), node=node, bench={"compile": True} if args.compile else {})
+                       emit_fn=ConsoleEmitter(args.quiet), node=node, bench={"compile": True} if args.compile else {}, engine=engine)
     if model_dir is None:  # a config alone: name the model after its file (deepseek-v3.json -> deepseek-v3)
         ctx.state.model_name = args.model_dir.stem
     if args.threads:

@@ -11,14 +11,30 @@ from agents.pipeline.stages.align import stage as align
 from agents.pipeline.stages.eval import stage as evaluation
 from agents.pipeline.stages.inventory import stage as inventory
 from agents.pipeline.support.context import StageContext
+from contract.engines import INTERNAL_STAGES, is_external
 
 Stage = Callable[[StageContext], dict[str, Any]]
+
+
+def internals(name: str, run: Stage) -> Stage:
+    """``run``, except for a job on an external engine (``contract.engines``): a stage that reads the bundled
+    runtime's internals is not applicable there, and its section says so and what replaces it."""
+
+    def stage(ctx: StageContext) -> dict[str, Any]:
+        if not is_external(ctx.engine):
+            return run(ctx)
+        return {"applicable": False, "engine": (ctx.engine or {}).get("name"), "reason": INTERNAL_STAGES[name],
+                "replaced_by": ["serve", "eval"]}
+
+    stage.__doc__ = run.__doc__
+    return stage
+
 
 STAGES: dict[str, Stage] = {
     "plan": plan.run,
     "load": load.run,
-    "inventory": inventory.run,
-    "align": align.run,
+    "inventory": internals("inventory", inventory.run),
+    "align": internals("align", align.run),
     "serve": serve.run,
     "bench": bench.run,
     "eval": evaluation.run,

@@ -22,8 +22,10 @@ from agents.pipeline.support import report as report_mod
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.endpoints import chat_template_source
 from agents.pipeline.support.errors import JobCancelled, StageFailed
+from agents.pipeline.support.server import stop_engine
 from agents.runtime.engine.multimodal import config_takes_images
 from contract import sections, thresholds, tiers, verdicts
+from contract.engines import INTERNAL_STAGES, is_external
 from telemetry import tracing
 
 
@@ -150,11 +152,14 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
         "seconds": {},
         "notes": [],
     }
-    for stage in requested:
-        error = run_stage(ctx, stage, report)
-        if error is not None:
-            report["failed_stage"], report["error"] = stage, error
-            break
+    try:
+        for stage in requested:
+            error = run_stage(ctx, stage, report)
+            if error is not None:
+                report["failed_stage"], report["error"] = stage, error
+                break
+    finally:
+        stop_engine(ctx)  # an external engine ends with the job, whatever happened
     ctx.current_stage = ""
     report["model"] = model_info(ctx)  # the load stage knows which path runs it
     report["notes"] += [f"{name}: {note}" for name, sec in report["stages"].items() for note in sec.get("notes", [])]
@@ -168,6 +173,11 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
     if problems:  # the runner's own contract: a bug here, never a model problem
         raise RuntimeError(f"stage report violates the stage report's keys (docs/stage-report.md): {', '.join(problems)}")
     return report
+
+
+def not_applicable(ctx: StageContext, stage: str, section: dict[str, Any]) -> bool:
+    """Whether ``section`` says its stage reads internals the job's external engine does not expose."""
+    return section.get("applicable") is False and is_external(ctx.engine) and stage in INTERNAL_STAGES
 
 
 def run_stage(ctx: StageContext, stage: str, report: dict[str, Any]) -> str | None:
@@ -197,6 +207,8 @@ def run_stage(ctx: StageContext, stage: str, report: dict[str, Any]) -> str | No
         report["verdicts"][stage] = verdict.as_dict()
         if portal_scored(ctx, section):  # raw challenge outputs: only the portal holds their reference
             report["verdicts"][stage]["scored_by"] = "portal"
+        elif not_applicable(ctx, stage, section):  # an external engine's internals: said, never a failure
+            report["verdicts"][stage]["not_applicable"] = True
         elif not verdict.passed:
             error = "; ".join(verdict.reasons) or report_mod.failure_reason(stage, section)
         elif verdicts.claimed(stage, section) is False:  # the stage itself says it did not pass

@@ -56,6 +56,7 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
         device=STATE.device, tp=job.tp, ep=job.ep, pp=job.pp, thresholds=dict(job.thresholds),
         bench=dict(job.bench), workdir=workdir, emit_fn=emit_fn,
         weight_samples=job.weight_samples, weight_probe=job.weight_probe, node=node_of(job_id, spec),
+        engine=job.engine,
     )
 
 

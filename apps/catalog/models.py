@@ -97,3 +97,33 @@ class Hardware(models.Model):
     @property
     def memory_gb(self) -> float:
         return self.memory_bytes / 1e9
+
+
+class Engine(models.Model):
+    """A serving engine at one version: how it is obtained (a package pin or an image digest), its launch command
+    template (placeholders ``contract.engines.PLACEHOLDERS``) and what its endpoint can answer. ``day0`` is the
+    bundled runtime (the default); ``openai-compatible`` takes the submitter's command (an empty template)."""
+
+    name = models.CharField(max_length=64, validators=[slug_validator])
+    version = models.CharField(max_length=64, blank=True, help_text="empty: any version (the generic engine)")
+    obtained_by = models.CharField(max_length=300, blank=True,
+                                   help_text="a package pin (vllm==0.32.0) or an image digest (repo@sha256:…)")
+    executable = models.CharField(max_length=100, blank=True,
+                                  help_text="the program an agent must find on its PATH (or be given) to run it")
+    command = models.TextField(blank=True, help_text="the launch command template; empty: the job gives it")
+    capabilities = models.JSONField(default=dict, blank=True,
+                                    help_text="{logprobs, prompt_logprobs, images, tools, structured_output}: bools")
+    default = models.BooleanField(default=False, help_text="the engine a job that names none runs")
+    notes = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "version"]
+        constraints = [models.UniqueConstraint(fields=["name", "version"], name="uniq_engine_name_version")]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}" if self.version else self.name
+
+    def __str__(self) -> str:
+        return self.ref

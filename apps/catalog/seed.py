@@ -15,6 +15,7 @@ from django.utils.text import slugify
 from apps.accounts.choices import Role
 from apps.accounts.models import Membership, Organization
 from apps.catalog import services
+from apps.catalog.engines import ensure_builtin_engines
 from apps.catalog.models import Hardware, ModelRelease
 
 DEMO_ORG_SLUG = "day0-demo"
@@ -60,6 +61,7 @@ def seed_catalog(*, include_cpu: bool = True) -> SeedSummary:
     from contract.hardware import cpu_hardware, load_catalog, load_model_catalog
 
     summary = SeedSummary()
+    summary.created += [f"engine:{ref}" for ref in ensure_builtin_engines()]
     specs = list(load_catalog().values()) + ([cpu_hardware()] if include_cpu else [])
     for spec in specs:
         row = spec.to_dict()

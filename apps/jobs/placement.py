@@ -59,6 +59,32 @@ def waiting_reason(job: Job, free: int) -> str:
             f"{free} free of {online} online; none starts until {job.nodes} are free")
 
 
+def agent_has_engine(capabilities: Any, engine: dict[str, Any]) -> bool:
+    """Whether an agent's capabilities advertise ``engine`` (``capabilities["engines"]``: name -> its executable
+    path, or {"path", "version"}); an engine without an executable of its own (the generic one, whose command the
+    job gives) runs on any agent."""
+    if not engine.get("executable"):
+        return True
+    engines = capabilities.get("engines") if isinstance(capabilities, dict) else None
+    return isinstance(engines, dict) and bool(engines.get(engine.get("name")))
+
+
+def engine_waiting_reason(job: Job) -> str | None:
+    """Why ``job`` cannot be dispatched yet: it names an engine no online agent of its hardware advertises (None
+    when one does, or the job runs the bundled runtime)."""
+    engine = job.spec.get("engine")
+    if not engine:
+        return None
+    since = timezone.now() - ONLINE_WINDOW
+    online = list(job.hardware.agents.filter(last_heartbeat_at__gte=since).values_list("capabilities", flat=True))
+    if any(agent_has_engine(caps, engine) for caps in online):
+        return None
+    ref = f"{engine.get('name')}@{engine.get('version')}" if engine.get("version") else engine.get("name")
+    return (f"waiting for an agent of {job.hardware.slug} with engine {ref}: none of its {len(online)} online "
+            f"agent(s) has {engine.get('executable') or engine.get('name')} (on its PATH, or given with "
+            f"--engine {engine.get('name')}=PATH)")
+
+
 def rendezvous(job: Job, node0: Agent) -> tuple[str, int]:
     """(address, first port) where the job's ranks meet: node 0's reported address and a port of this job's."""
     caps = node0.capabilities if isinstance(node0.capabilities, dict) else {}
@@ -72,8 +98,11 @@ def rendezvous(job: Job, node0: Agent) -> tuple[str, int]:
 def reserve_nodes(job: Job, attempt: int) -> tuple[list[JobNode], str | None]:
     """Reserve ``job.nodes`` idle agents for ``attempt`` (the caller holds the job's row lock in a transaction):
     (the nodes, None), or ([], why it waits) when fewer are free; then nothing is reserved."""
-    free = list(idle_agents(job.hardware).select_for_update(skip_locked=True, of=("self",))
-                .order_by("pk")[: job.nodes])
+    candidates = idle_agents(job.hardware)
+    engine = job.spec.get("engine") or {}
+    if engine.get("executable"):  # only agents that advertise the job's engine
+        candidates = candidates.filter(capabilities__engines__has_key=engine.get("name"))
+    free = list(candidates.select_for_update(skip_locked=True, of=("self",)).order_by("pk")[: job.nodes])
     if len(free) < job.nodes:
         return [], waiting_reason(job, len(free))
     address, port = rendezvous(job, free[0])

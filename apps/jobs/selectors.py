@@ -13,6 +13,7 @@ from apps.catalog.selectors import visible_models_q
 from apps.jobs.choices import ACTIVE_STATES, ONLINE_WINDOW, JobPurpose, JobState
 from apps.jobs.dispatch import stuck_after
 from apps.jobs.models import Job, JobEvent
+from contract.engines import DEFAULT_ENGINE
 
 
 def visible_jobs(actor: Actor) -> QuerySet[Job]:
@@ -45,11 +46,18 @@ def job_event_nodes(job_id: int) -> list[int]:
                       .distinct()))
 
 
+def engine_label(spec: dict) -> str:
+    """The engine a job spec runs, ``NAME@VERSION`` (``day0``: the bundled runtime, a spec naming none)."""
+    engine = spec.get("engine") or {}
+    name, version = engine.get("name") or DEFAULT_ENGINE, engine.get("version") or ""
+    return f"{name}@{version}" if version else name
+
+
 def job_waiting_reason(job: Job, *, now: datetime | None = None) -> str | None:
     """Why a dispatched job has not been claimed, once it waited ``DAY0_JOB_STUCK_SECONDS``: no agent of its
     hardware online (and when one was last seen), or agents online that did not take it. None otherwise."""
-    if job.state == JobState.QUEUED and job.nodes > 1 and job.error.startswith("waiting for "):
-        return job.error  # placement.waiting_reason: fewer agents free than the plan has nodes
+    if job.state == JobState.QUEUED and job.error.startswith("waiting for "):
+        return job.error  # placement: fewer agents free than the plan has nodes, or none online has its engine
     if job.state != JobState.DISPATCHED or job.dispatched_at is None or job.agent_id is not None:
         return None
     now = now or timezone.now()

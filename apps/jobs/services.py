@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
+from apps.catalog.engines import spec_engine
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import model_is_public
 from apps.core import events
@@ -84,6 +85,9 @@ def check_job_spec(model: ModelRelease, hardware: Hardware, spec: dict[str, Any]
         raise ValidationError({"dtype": f"{hardware.slug} does not support {named} "
                                         f"(it supports {', '.join(hardware.dtypes)})"})
     spec = {**spec, "dtype": named or default_dtype(hardware)}
+    engine = spec_engine(spec.pop("engine", None), spec.pop("engine_command", None))  # 400 naming it
+    if engine is not None:
+        spec["engine"] = engine
     layout = config_layout_error(model.config, hardware, spec.get("tp"), spec.get("pp"), spec.get("ep"))
     if layout is not None:
         raise ValidationError({layout.field: str(layout)})
@@ -315,6 +319,10 @@ def do_dispatch_job(job_id: int) -> None:
                                                            f"(DAY0_JOB_MAX_ATTEMPTS={cap})")
             return
         nodes: list[JobNode] = []
+        missing = placement.engine_waiting_reason(job)
+        if missing is not None:  # no online agent of its hardware can start the engine it names
+            _note_waiting(job, missing)
+            return
         if job.nodes > 1:  # all of its agents at once, or none
             nodes, waiting = placement.reserve_nodes(job, job.attempts + 1)
             if waiting is not None:
@@ -341,7 +349,8 @@ def do_dispatch_job(job_id: int) -> None:
 
 
 def _note_waiting(job: Job, reason: str) -> None:
-    """A multi-node job stays queued until enough agents are free: the reason is its error (the API and page
+    """A multi-node job stays queued until enough agents are free, a job naming an engine until an online agent
+    of its hardware has it: the reason is its error (the API and page
     show it) and, when it changes, an event; ``recovery.do_requeue_lost_jobs`` tries the dispatch again later."""
     if job.error == reason:
         Job.objects.filter(pk=job.pk).update(updated_at=timezone.now())
@@ -349,5 +358,6 @@ def _note_waiting(job: Job, reason: str) -> None:
     Job.objects.filter(pk=job.pk).update(error=reason, updated_at=timezone.now())
     job.error = reason
     do_append_job_event(job.pk, kind="waiting", level=EventLevel.WARNING, message=reason,
-                        data={"nodes": job.nodes, "attempt": job.attempts + 1})
+                        data={"nodes": job.nodes, "attempt": job.attempts + 1,
+                              **({"engine": job.spec["engine"].get("name")} if job.spec.get("engine") else {})})
 

@@ -248,6 +248,10 @@ def judge(stage: str, section: Mapping[str, Any] | None, overrides: Mapping[str,
     if not isinstance(section, Mapping):
         verdict.missing("no section")
         return verdict
+    if section.get("applicable") is False:  # an external engine's internals (contract.engines, docs/engines.md)
+        verdict.missing(f"{stage} not applicable ({_text(section.get('reason'))[:200]}): never passing evidence; "
+                        "for an external engine no tier is reached through it")
+        return verdict
     rule = RULES.get(stage, _no_rule)
     try:
         rule(verdict, section, th.merged(overrides), context or Context())

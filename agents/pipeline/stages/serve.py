@@ -21,6 +21,7 @@ from agents.pipeline.support.endpoints import (
     image_path_checks,
     text_path_checks,
 )
+from agents.pipeline.support.engine_process import EngineProcess
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.layout import effective_tp
 from agents.pipeline.support.server import start_server, stop_server
@@ -76,7 +77,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
     tp_note = effective_tp(ctx)[1]
     notes += [tp_note] if tp_note else []
     compile_block = None
-    if requested(ctx):  # the compiled path's evidence: compile seconds, graphs, cache hits and misses
+    if requested(ctx) and not isinstance(server, EngineProcess):  # the compiled path's evidence: compile seconds, graphs, cache hits and misses
         try:
             compile_block = compile_evidence(ctx, server.url, ready_seconds)
         except StageFailed:
@@ -86,6 +87,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         notes.append(f"server log tail:\n{server.log_tail()}")
         stop_server(ctx)
     return {
+        **({"engine": server.evidence()} if isinstance(server, EngineProcess) else {}),  # what ran, exactly
         **({"compile": compile_block} if compile_block is not None else {}),
         "ready_seconds": round(ready_seconds, 3),
         "endpoint": server.url,

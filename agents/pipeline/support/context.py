@@ -58,6 +58,9 @@ class StageContext:
     nonce: str | None = None
     challenge: dict[str, Any] | None = None
     reference_pool: dict[str, Any] | None = None
+    # the serving engine (``contract.engines``: {name, version, command, executable, capabilities}); None: the
+    # bundled runtime. An external one is started by its command and queried through its endpoint only
+    engine: dict[str, Any] | None = None
     workdir: Path = field(default_factory=lambda: Path("var/adapt"))
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     emit_fn: Emit = _print_emit

@@ -8,16 +8,26 @@ from pathlib import Path
 
 from agents.pipeline.support.compiled import serve_args
 from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.engine_process import EngineProcess
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.layout import effective_layout, effective_tp
 from agents.pipeline.support.nodes import stage_node
 from agents.pipeline.support.server_process import ServerProcess
+from contract.engines import is_external
 
 
-def start_server(ctx: StageContext) -> ServerProcess:
+def start_server(ctx: StageContext) -> ServerProcess | EngineProcess:
     """Start the job's server (not yet ready) and keep it in ``ctx.state.server``."""
     if ctx.model_dir is None:
         raise StageFailed("serve needs the model's weights, but this job has no model directory")
+    if is_external(ctx.engine):  # the job's engine, started by its command, queried through its endpoint
+        tp, _ = effective_tp(ctx)
+        _, ep, pp = effective_layout(ctx)
+        engine = EngineProcess(dict(ctx.engine), Path(ctx.model_dir), dtype=ctx.dtype, tp=tp, pp=pp, ep=ep,
+                               log_path=Path(ctx.workdir) / "engine.log",
+                               extra=" ".join(str(a) for a in ctx.bench.get("serve_args", [])))
+        ctx.state.server = engine
+        return engine
     extra = [str(a) for a in ctx.bench.get("serve_args", [])] + serve_args(ctx)  # bench.compile
     tp, _ = effective_tp(ctx)
     _, ep, pp = effective_layout(ctx)
@@ -44,10 +54,12 @@ def stop_server(ctx: StageContext) -> None:
         server.stop()
 
 
-def running_server(ctx: StageContext) -> ServerProcess:
+def running_server(ctx: StageContext) -> ServerProcess | EngineProcess:
     """The server an earlier stage left up, else one started now and ready (a failure to start stops it)."""
     server = ctx.state.server
     if server is not None:
+        if isinstance(server, EngineProcess):
+            server.check_alive()  # an engine that exited mid-job fails the stage that needs it, naming it
         return server
     server = start_server(ctx)
     try:
@@ -56,3 +68,10 @@ def running_server(ctx: StageContext) -> ServerProcess:
         stop_server(ctx)
         raise
     return server
+
+
+def stop_engine(ctx: StageContext) -> None:
+    """Stop an external engine this pipeline started, with every process of its group (the runner calls it when
+    the pipeline ends, however it ends: no process of the job outlives it)."""
+    if isinstance(ctx.state.server, EngineProcess):
+        stop_server(ctx)

@@ -40,6 +40,9 @@ def register(subparsers: Any) -> None:
     agent.add_argument("--rendezvous-port", type=int,
                        default=int(os.environ.get("DAY0_AGENT_RENDEZVOUS_PORT", "29500")),
                        help="first port of the range (3 per job) a multi-node job's ranks meet at on node 0")
+    agent.add_argument("--engine", action="append", default=[], metavar="NAME=PATH",
+                       help="an engine this agent can start beside those found on PATH (vllm): advertised to the "
+                            "portal, which sends it the jobs naming that engine (repeatable)")
     agent.set_defaults(handler=run_agent)
 
     jobs = subparsers.add_parser("jobs", help="submit, watch, list and cancel adaptation jobs")
@@ -54,6 +57,10 @@ def register(subparsers: Any) -> None:
     for degree, what in (("tp", "tensor-parallel degree"), ("pp", "pipeline stages"), ("ep", "expert-parallel degree")):
         submit.add_argument(f"--{degree}", type=bounded_int(1, 4096), default=None,
                             help=f"pin the plan's {what} (the portal checks it against the planner's rules)")
+    submit.add_argument("--engine", default=None, metavar="NAME[@VERSION]",
+                        help="the serving engine (GET /api/v1/engines/; default day0, the bundled runtime)")
+    submit.add_argument("--engine-command", default=None, metavar="TEMPLATE",
+                        help="the engine's launch command ({model_path} {port} …), for openai-compatible")
     submit.add_argument("--watch", action="store_true", help="watch the job after submitting it")
     add_portal_args(submit)
     submit.set_defaults(handler=run_submit)

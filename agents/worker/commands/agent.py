@@ -68,6 +68,14 @@ def run_agent(args: argparse.Namespace) -> int:
                     "device_count": versions.get("device_count"), "dispatch_key": versions.get("dispatch_key"),
                     "queue": hardware_queue(args.hardware), "address": args.address or _host_address(),
                     "rendezvous_port": args.rendezvous_port}
+    from agents.worker.engines import discover_engines
+
+    try:
+        capabilities["engines"] = discover_engines(getattr(args, "engine", []))
+    except ValueError as exc:
+        print(f"day0 agent: {exc}", file=sys.stderr)
+        return 2
+    os.environ["DAY0_AGENT_ENGINES"] = ",".join(f"{k}={v}" for k, v in capabilities["engines"].items())
     for attempt in range(60):
         try:
             agent = client.register_agent(hostname=STATE.hostname, capabilities=capabilities, versions=versions)

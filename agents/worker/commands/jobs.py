@@ -21,7 +21,9 @@ def job_dtype(name: str | None) -> str | None:
 def run_submit(args: argparse.Namespace) -> int:
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
     with portal_client(args) as client:
-        pins = {k: v for k, v in (("tp", args.tp), ("pp", args.pp), ("ep", args.ep)) if v is not None}
+        pins = {k: v for k, v in (("tp", args.tp), ("pp", args.pp), ("ep", args.ep),
+                                  ("engine", getattr(args, "engine", None)),
+                                  ("engine_command", getattr(args, "engine_command", None))) if v is not None}
         job = ask("submit", lambda: client.create_job(model=args.model, hardware=args.hardware, stages=stages,
                                                       dtype=job_dtype(args.dtype), **pins))
     nodes = int(job.get("nodes") or 1)

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from apps.catalog.choices import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
-from apps.jobs.selectors import job_waiting_reason
+from apps.jobs.selectors import engine_label, job_waiting_reason
 from contract.planner.memory import ALIASES as DTYPE_ALIASES
 from contract.thresholds import check_thresholds, looser_keys
 from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
@@ -39,6 +39,11 @@ class JobCreateSerializer(serializers.Serializer):
     ep = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=4096)
     thresholds = serializers.DictField(child=serializers.FloatField(), required=False)
     bench = serializers.DictField(required=False)
+    engine = serializers.CharField(required=False, max_length=140,
+                                   help_text="the serving engine, NAME or NAME@VERSION (GET /api/v1/engines/); "
+                                             "absent: day0, the bundled runtime")
+    engine_command = serializers.CharField(required=False, max_length=4000,
+                                           help_text="the engine's launch command template (openai-compatible)")
 
     def validate_stages(self, value: list[str]) -> list[str]:
         unknown = [s for s in value if s not in STAGE_ORDER]
@@ -105,6 +110,8 @@ class JobCreateSerializer(serializers.Serializer):
             "ep": data.get("ep"),
             "thresholds": data.get("thresholds") or {},
             "bench": data.get("bench") or {},
+            # resolved against the catalog by services.check_job_spec (absent: the spec is as it always was)
+            **{key: data[key] for key in ("engine", "engine_command") if data.get(key)},
         }
 
 
@@ -136,6 +143,8 @@ class JobSerializer(serializers.ModelSerializer):
                                                "an agent token reads: the agent reports digests, the portal compares")
     custom_thresholds = serializers.SerializerMethodField(
         help_text="the job's threshold overrides looser than the defaults (its tiers are marked custom)")
+    engine = serializers.SerializerMethodField(help_text="the serving engine the job runs, NAME@VERSION (day0: "
+                                                         "the bundled runtime)")
     node_rows = serializers.SerializerMethodField(
         help_text="a multi-node job's hosts at its current attempt: [{rank, agent, state, master_addr, master_port, "
                   "error, events_acked}] (empty for one node)")
@@ -144,7 +153,7 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["id", "model", "hardware", "organization", "requested_by", "spec", "state", "attempts", "agent",
                   "failed_stage", "error", "events_acked", "created_at", "updated_at", "dispatched_at", "started_at",
-                  "finished_at", "stuck", "waiting_reason", "manifest", "custom_thresholds", "nodes", "node_rows"]
+                  "finished_at", "stuck", "waiting_reason", "manifest", "custom_thresholds", "nodes", "node_rows", "engine"]
         read_only_fields = fields
 
     def to_representation(self, job: Job) -> dict:
@@ -161,6 +170,9 @@ class JobSerializer(serializers.ModelSerializer):
         rows = job.node_rows.filter(attempt=job.attempts).values(
             "rank", "agent", "state", "master_addr", "master_port", "error", "events_acked")
         return list(rows)
+
+    def get_engine(self, job: Job) -> str:
+        return engine_label(job.spec)
 
     def get_custom_thresholds(self, job: Job) -> list[str]:
         return looser_keys(job.spec.get("thresholds") or {})
