@@ -26,16 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from agents.pipeline.stages.eval import challenge as eval_challenge
+from agents.pipeline.stages.eval import exec_tasks
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.lm_backends import ReferenceLM, ServedError, ServedLM
 from agents.pipeline.support.models import reference_model, tokenizer
 from agents.pipeline.support.server import running_server, stop_server
+from contract.suites import agent_env
+from contract.suites import humaneval as code_suite
 from contract.suites import needle as eval_needle
 from contract.suites import tasks as eval_tasks
 from contract.thresholds import DEFAULTS as THRESHOLD_DEFAULTS
 
-TASKS: tuple[str, ...] = (*eval_tasks.TASK_FILES, eval_needle.TASK)
+TASKS: tuple[str, ...] = (*eval_tasks.TASK_FILES, eval_needle.TASK, code_suite.TASK, agent_env.TASK)
 DEFAULT_DEPTHS = (0, 25, 50, 75, 100)
 NEEDLE_MAX_TOKENS = eval_needle.MAX_TOKENS
 OPTION_BOUNDS: dict[str, tuple[int, int]] = {
@@ -44,6 +47,10 @@ OPTION_BOUNDS: dict[str, tuple[int, int]] = {
     "eval_needle_samples": (1, 100),
     "eval_needle_distractors": (0, 11),
     "eval_concurrency": (1, 64),
+    "eval_code_limit": (1, 164),
+    "eval_code_seed": (0, 2**31 - 1),
+    "eval_code_max_tokens": (16, 2048),
+    "eval_agent_episodes": (1, 256),
 }
 
 
@@ -96,6 +103,10 @@ def options(ctx: StageContext, context_length: int) -> dict[str, Any]:
         "needle_samples": _int_option(bench, "eval_needle_samples", 1),
         "needle_distractors": _int_option(bench, "eval_needle_distractors", 3),
         "concurrency": _int_option(bench, "eval_concurrency", 4),
+        "code_limit": _int_option(bench, "eval_code_limit", 16),
+        "code_seed": _int_option(bench, "eval_code_seed", None),
+        "code_max_tokens": _int_option(bench, "eval_code_max_tokens", code_suite.MAX_TOKENS),
+        "agent_episodes": _int_option(bench, "eval_agent_episodes", 8),
     }
 
 
@@ -231,9 +242,24 @@ def _run_needle(lm_ref: ReferenceLM, target: ServedLM, tok: Any, opts: dict[str,
     return needle, overall
 
 
-def _summary(rows: list[dict[str, Any]], needle: dict[str, Any] | None, rtol: float) -> str:
+def _summary(rows: list[dict[str, Any]], needle: dict[str, Any] | None, rtol: float,
+             acting: dict[str, dict[str, Any]] | None = None) -> str:
     parts = [f"{r['task']} {r['metric']} {r['target']:.4g} vs reference {r['reference']:.4g}" for r in rows]
     dropped = []
+    code, agent = (acting or {}).get("code"), (acting or {}).get("agent")
+    if code:
+        parts.append(f"humaneval pass@1 {code['pass_at_1']['target']:.3g} vs reference "
+                     f"{code['pass_at_1']['reference']:.3g}")
+        if not code["passed"]:
+            dropped.append(f"humaneval pass@1 {code['pass_at_1']['target']:.3g} is below reference "
+                           f"{code['pass_at_1']['reference']:.3g} − {code['tolerance']:g}")
+    if agent:
+        parts.append(f"agent_kv success {agent['success']['target']:.3g} vs reference "
+                     f"{agent['success']['reference']:.3g}, turn agreement {agent['turn_agreement']:.3g}")
+        if not agent["passed"]:
+            dropped.append(f"agent_kv success {agent['success']['target']:.3g} (reference "
+                           f"{agent['success']['reference']:.3g} − {agent['tolerance']:g}) or turn agreement "
+                           f"{agent['turn_agreement']:.3g} (at least {agent['min_turn_agreement']:g}) short")
     for r in rows:
         if not r["passed"]:
             sign = "1 − " if r["higher_is_better"] else "1 + "
@@ -247,6 +273,23 @@ def _summary(rows: list[dict[str, Any]], needle: dict[str, Any] | None, rtol: fl
     if dropped:
         return "outside tolerance: " + "; ".join(dropped)
     return "; ".join(parts)
+
+
+def _run_acting(name: str, ctx: StageContext, sides: dict[str, Any], encode: Any, opts: dict[str, Any],
+                context: int) -> dict[str, dict[str, Any]]:
+    """``code`` (humaneval) or ``agent`` (agent_kv), with their thresholds from the job's table."""
+    t = {**THRESHOLD_DEFAULTS, **ctx.thresholds}
+    if name == code_suite.TASK:
+        code = exec_tasks.run_code(ctx, sides, encode, opts, float(t["eval_code_pass_tol"]), context)
+        ctx.emit("log", f"eval humaneval: pass@1 target {code['pass_at_1']['target']:.3g}, reference "
+                        f"{code['pass_at_1']['reference']:.3g} ({'pass' if code['passed'] else 'FAIL'})")
+        return {"code": code}
+    agent = exec_tasks.run_agent(ctx, sides, encode, opts, float(t["eval_agent_success_tol"]),
+                                 float(t["eval_agent_min_turn_agreement"]), context)
+    ctx.emit("log", f"eval agent_kv: success target {agent['success']['target']:.3g}, reference "
+                    f"{agent['success']['reference']:.3g}, turn agreement {agent['turn_agreement']:.3g} "
+                    f"({'pass' if agent['passed'] else 'FAIL'})")
+    return {"agent": agent}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -272,7 +315,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
         prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         rows: list[dict[str, Any]] = []
         needle: dict[str, Any] | None = None
+        acting: dict[str, dict[str, Any]] = {}
+        sides = {"target": target, "reference": lm_ref}
         for name in opts["tasks"]:
+            if name in (code_suite.TASK, agent_env.TASK):
+                acting.update(_run_acting(name, ctx, sides, encode, opts, context))
+                continue
             if name == eval_needle.TASK:
                 needle, row = _run_needle(lm_ref, target, tok, opts, rtol, ctx)
             else:
@@ -287,7 +335,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     finally:
         target.close()
         stop_server(ctx)  # the eval stage is the server's last user
-    passed = all(r["passed"] for r in rows) and (needle is None or needle["passed"])
+    passed = (all(r["passed"] for r in rows) and (needle is None or needle["passed"])
+              and all(part["passed"] for part in acting.values()))
     section: dict[str, Any] = {
         "passed": passed,
         "rtol": rtol,
@@ -296,7 +345,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "tasks": rows,
         "needle": needle,
         "options": opts,
-        "summary": _summary(rows, needle, rtol),
+        "code": acting.get("code"),
+        "agent": acting.get("agent"),
+        "summary": _summary(rows, needle, rtol, acting),
         "notes": [] if eval_needle.TASK in opts["tasks"] else ["needle not run (eval_tasks): tier 6 needs it"],
     }
     return section
