@@ -26,8 +26,14 @@ def judge(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float]) -> None:
         tgt = _rate(rows, "target") if isinstance(rows, list) else None
         if ref is None or tgt is None:
             v.missing("code: per_item rows with boolean reference and target missing")
-        elif tgt + 1e-9 < ref - t["eval_code_pass_tol"]:
-            v.fail(f"task humaneval pass@1 {tgt:.3g} is below reference {ref:.3g} − {t['eval_code_pass_tol']:g}")
+        else:
+            if tgt + 1e-9 < ref - t["eval_code_pass_tol"]:
+                v.fail(f"task humaneval pass@1 {tgt:.3g} is below reference {ref:.3g} − {t['eval_code_pass_tol']:g}")
+            for row in rows:  # the same program (by hash) cannot both pass and fail
+                ref_hash, tgt_hash = row.get("reference_sha256"), row.get("target_sha256")
+                if ref_hash and ref_hash == tgt_hash and row["reference"] != row["target"]:
+                    v.fail(f"task humaneval {row.get('task_id')}: the same completion (sha256 {str(ref_hash)[:12]}) "
+                           "is reported passing on one side and failing on the other")
     agent = s.get("agent")
     if isinstance(agent, Mapping):
         rows = agent.get("per_episode")

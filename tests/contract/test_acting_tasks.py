@@ -101,3 +101,6 @@ def test_agent_scoring_and_the_verdict_recompute_from_the_rows() -> None:
     bad_code = judge("eval", {**base, "code": {"per_item": code_rows, "pass_at_1": {"reference": 1, "target": 1}}})
     assert any("task humaneval pass@1 0.5 is below reference 1" in r for r in bad_code.reasons)
     assert not judge("eval", {**base, "code": {"per_item": [{"reference": "yes"}]}}).passed
+    forged = [{"task_id": "HumanEval/0", "reference": False, "target": True, "reference_sha256": "ab" * 32,
+               "target_sha256": "ab" * 32}]
+    assert any("the same completion" in r for r in judge("eval", {**base, "code": {"per_item": forged}}).reasons)

@@ -3,7 +3,9 @@ reference on the same weights, the same token ids on both sides.
 
 Suites (``contract/suites``, lm-eval task files, see ``contract.suites.tasks``): ``day0_mc`` (multiple choice by
 log-likelihood), ``day0_qa`` (short answers, greedy, exact match), ``day0_ppl`` (word perplexity of held-out
-text) and ``needle`` (``eval_needle``: RULER-style single needle with distractors, accuracy per length × depth).
+text), ``needle`` (``eval_needle``: RULER-style single needle with distractors, accuracy per length × depth),
+``humaneval`` and ``agent_kv`` (``exec_tasks``: code run in the sandbox, the multi-turn tool environment; the
+``code`` and ``agent`` keys, docs/references.md).
 The target answers through the server the serve stage left running (``/v1/completions``: echo + logprobs for
 log-likelihoods, greedy ``max_tokens`` for generations), or one started here like the serve stage does.
 
@@ -14,7 +16,9 @@ the reference's. The Wilson 95 % lower bound of each accuracy is reported beside
 Options (the job's ``bench`` settings): ``eval_tasks`` (subset of TASKS), ``eval_limit`` (first N documents per
 task), ``eval_needle_lengths`` (prompt tokens; default: doubling from 256, then ``eval_needle_max_length``
 (1024) itself, never past the served context), ``eval_needle_depths`` (percent), ``eval_needle_samples`` (items per
-cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight).
+cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight), ``eval_code_limit`` (16),
+``eval_code_seed`` (a seeded sample instead of the first problems), ``eval_code_max_tokens``, ``eval_agent_episodes``
+(8).
 
 A certify job carrying the portal's challenge runs only the drawn items through the served target and posts
 their raw outputs (``challenge``): no reference is loaded, no score is claimed (docs/references.md)."""
