@@ -17,7 +17,6 @@ exploit; docs/references.md says so."""
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -28,8 +27,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 _GUARD = r'''
-import os, sys
+import os, resource, sys
 _ROOT = os.path.realpath(sys.argv[1])
+_CPU, _MEMORY, _FSIZE = (int(x) for x in sys.argv[2:5])
+resource.setrlimit(resource.RLIMIT_CPU, (_CPU, _CPU + 1))
+resource.setrlimit(resource.RLIMIT_AS, (_MEMORY, _MEMORY))
+resource.setrlimit(resource.RLIMIT_FSIZE, (_FSIZE, _FSIZE))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 _PROGRAM = os.path.join(_ROOT, "program.py")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _PATH_EVENTS = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.link",
@@ -110,19 +114,6 @@ def _unshare_prefix() -> tuple[str, ...]:
     return (exe, "-rn") if probe.returncode == 0 else ()
 
 
-def _limiter(limits: Limits):  # noqa: ANN202 - a preexec_fn
-    def apply() -> None:
-        cpu = max(1, int(limits.cpu_s))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        memory = limits.memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        size = limits.file_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
-
-
 def run_python(source: str, limits: Limits | None = None) -> Outcome:
     """Run ``source`` as a Python program in the sandbox; the temp dir is removed whatever happens."""
     limits = limits or Limits()
@@ -137,9 +128,12 @@ def run_python(source: str, limits: Limits | None = None) -> Outcome:
             f.write(_GUARD)
         os.chmod(guard, 0o444)
         env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        cmd = [*prefix, sys.executable, "-I", "-B", guard, root]
+        # the limits are set by the guard itself before the program runs (soft = hard: it cannot raise them); no
+        # preexec_fn, which is unsafe with threads (programs run from a thread pool)
+        limit_args = [str(max(1, int(limits.cpu_s))), str(limits.memory_mb << 20), str(limits.file_mb << 20)]
+        cmd = [*prefix, sys.executable, "-I", "-B", guard, root, *limit_args]
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_limiter(limits))
+                                stderr=subprocess.PIPE, start_new_session=True)
         try:
             _, err = proc.communicate(timeout=limits.wall_s)
             status = "passed" if proc.returncode == 0 else ("killed" if proc.returncode < 0 else "failed")

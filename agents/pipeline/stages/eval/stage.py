@@ -16,9 +16,9 @@ the reference's. The Wilson 95 % lower bound of each accuracy is reported beside
 Options (the job's ``bench`` settings): ``eval_tasks`` (subset of TASKS), ``eval_limit`` (first N documents per
 task), ``eval_needle_lengths`` (prompt tokens; default: doubling from 256, then ``eval_needle_max_length``
 (1024) itself, never past the served context), ``eval_needle_depths`` (percent), ``eval_needle_samples`` (items per
-cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight), ``eval_code_limit`` (16),
-``eval_code_seed`` (a seeded sample instead of the first problems), ``eval_code_max_tokens``, ``eval_agent_episodes``
-(8).
+cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight), ``eval_code_limit`` (16, or
+``eval_limit`` when smaller), ``eval_code_seed`` (a seeded sample instead of the first problems),
+``eval_code_max_tokens``, ``eval_agent_episodes`` (8, or ``eval_limit`` when smaller).
 
 A certify job carrying the portal's challenge runs only the drawn items through the served target and posts
 their raw outputs (``challenge``): no reference is loaded, no score is claimed (docs/references.md)."""
@@ -99,18 +99,19 @@ def options(ctx: StageContext, context_length: int) -> dict[str, Any]:
     elif lengths[-1] > room:
         raise StageFailed(f"eval option eval_needle_lengths: {lengths[-1]} tokens plus the answer's "
                           f"{NEEDLE_MAX_TOKENS} do not fit the served context of {context_length}")
+    limit = _int_option(bench, "eval_limit", None)  # also bounds the code problems and agent episodes by default
     return {
         "tasks": [t for t in TASKS if t in tasks],
-        "limit": _int_option(bench, "eval_limit", None),
+        "limit": limit,
         "needle_lengths": lengths,
         "needle_depths": _int_list(bench, "eval_needle_depths", 0, 100) or list(DEFAULT_DEPTHS),
         "needle_samples": _int_option(bench, "eval_needle_samples", 1),
         "needle_distractors": _int_option(bench, "eval_needle_distractors", 3),
         "concurrency": _int_option(bench, "eval_concurrency", 4),
-        "code_limit": _int_option(bench, "eval_code_limit", 16),
+        "code_limit": _int_option(bench, "eval_code_limit", min(16, limit or 16)),
         "code_seed": _int_option(bench, "eval_code_seed", None),
         "code_max_tokens": _int_option(bench, "eval_code_max_tokens", code_suite.MAX_TOKENS),
-        "agent_episodes": _int_option(bench, "eval_agent_episodes", 8),
+        "agent_episodes": _int_option(bench, "eval_agent_episodes", min(8, limit or 8)),
     }
 
 
