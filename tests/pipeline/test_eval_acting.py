@@ -51,3 +51,14 @@ def test_acting_options_name_what_is_wrong(make_ctx, bench, match) -> None:
     ctx.bench = bench
     with pytest.raises(StageFailed, match=match):
         options(ctx, 1024)
+
+
+def test_the_acting_tasks_run_only_when_named(make_ctx) -> None:
+    from agents.pipeline.stages.eval.stage import options
+
+    ctx, _ = make_ctx(cached_model("llama"))
+    ctx.bench = {}
+    assert options(ctx, 1024)["tasks"] == ["day0_mc", "day0_qa", "day0_ppl", "needle"]
+    ctx.bench = {"eval_tasks": "agent_kv,humaneval", "eval_limit": 3}
+    opts = options(ctx, 1024)
+    assert opts["tasks"] == ["humaneval", "agent_kv"] and opts["code_limit"] == 3 and opts["agent_episodes"] == 3
