@@ -94,10 +94,10 @@ class Episode:
         lines = [TOOLS, f"Task: {self.task}"]
         for action, observation in zip(self.actions, self.observations, strict=True):
             lines += [f"Action: {action}", f"Observation: {observation}"]
-        return "\n".join(lines) + "\nAction: "
+        return "\n".join(lines) + "\nAction:"  # the model writes " {...}" (no trailing space: BPE puts it on the word)
 
     def step(self, text: str) -> None:
-        """Apply one model output (the line after ``Action: ``); an episode that is done takes no more."""
+        """Apply one model output (the line after ``Action:``); an episode that is done takes no more."""
         if self.done:
             raise ValueError(f"episode {self.seed} is done")
         line = text.strip().split("\n", 1)[0]

@@ -69,7 +69,7 @@ def test_agent_protocol_errors_use_a_turn_and_the_turn_limit_ends_an_episode() -
     episode.step("I will now call get")
     assert episode.actions == ["I will now call get"] and "not one JSON object" in episode.observations[0]
     episode.step('{"tool": "get", "args": {"key": "nope"}}')
-    assert "no key" in episode.observations[1] and episode.transcript().endswith("Action: ")
+    assert "no key" in episode.observations[1] and episode.transcript().endswith("\nAction:")
     while not episode.done:
         episode.step('{"tool": "list", "args": {}}')
     assert len(episode.actions) == agent_env.MAX_TURNS and not episode.success
