@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 # Bump when a default or a range changes: stored with every verdict so old verdicts say what they used.
-DEFAULTS_VERSION = "2026.12.5"
+DEFAULTS_VERSION = "2026.12.6"
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,13 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
     Threshold("eval_rtol", 0.05, 0.0, 1.0, "max", doc="per task: target >= reference x (1 - rtol)"),
     Threshold("eval_accuracy_tol", 0.07, 0.0, 1.0, "max", doc="|accuracy_target - accuracy_ref|, at most"),
     Threshold("eval_perplexity_rel_tol", 0.02, 0.0, INF, "max", doc="eval texts' relative perplexity difference"),
+    # eval's acting tasks: code run in the sandbox (humaneval), the multi-turn tool environment (agent_kv)
+    Threshold("eval_code_pass_tol", 0.05, 0.0, 1.0, "max",
+              doc="humaneval: target pass@1 >= reference pass@1 - this"),
+    Threshold("eval_agent_success_tol", 0.1, 0.0, 1.0, "max",
+              doc="agent_kv: target success rate >= reference success rate - this"),
+    Threshold("eval_agent_min_turn_agreement", 0.8, 0.0, 1.0, "min",
+              doc="agent_kv: target actions equal to the reference's, turn by turn, at least"),
     # the portal's challenges (docs/references.md): the power rule sizing eval samples
     Threshold("challenge_theta", 0.1, 0.0, 1.0, "max", low_open=True,
               doc="the accuracy drop a challenge is sized to detect (larger: fewer items)"),

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from contract import thresholds as th
+from contract.verdicts import acting as _acting
 from contract.verdicts.align import _align
 from contract.verdicts.base import (  # noqa: F401 (re-exported: the module's public names)
     CLAIM_KEYS,
@@ -154,6 +155,7 @@ def _eval(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
         ctx.challenge(v, "eval", s, t)
         return
     v.note("judged from the agent's own numbers: no portal reference")
+    _acting.judge(v, s, t)
     tasks = s.get("tasks")
     rtol = t["eval_rtol"]
     if not isinstance(tasks, list) or not tasks:

@@ -59,3 +59,26 @@ def test_seeded_evidence_with_only_the_contract_keys_renders_too(world, client_f
         else:
             assert "No evaluation yet." in card
     assert seen == {True, False}
+
+
+def test_cell_page_shows_the_code_and_agent_tasks_beside_the_reference(world, client_for) -> None:
+    from apps.evidence.services import do_record_stage_results
+    from contract.suites import agent_env
+    from contract.suites import humaneval as code_suite
+
+    problems = code_suite.problems()[:4]
+    item = lambda ok: {"passed": ok, "status": "passed" if ok else "failed", "sha256": "0" * 64}  # noqa: E731
+    code = code_suite.score(problems, [item(True), item(True), item(False), item(False)],
+                            [item(True), item(False), item(False), item(False)], tolerance=0.05)
+    episodes = [agent_env.Episode.from_seed(s) for s in range(2)]
+    agent = agent_env.score(episodes, episodes, tolerance=0.1, min_agreement=0.8)
+    section = {**_section([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]]), "code": code, "agent": agent}
+    job = JobFactory(model=world.model, hardware=world.hardware)
+    do_record_stage_results(job, {"eval": section})
+    html = client_for(None).get(f"/cells/{world.model.slug}/{world.hardware.slug}/").content.decode()
+    card = html[html.index('id="eval-acting"'):]
+    card = card[: card.index("</table>")]
+    humaneval = card[card.index('data-task="humaneval"'):card.index('data-task="agent_kv"')]
+    assert 'class="failed"' in humaneval and "0.500" in humaneval and "0.250" in humaneval and "✗ dropped" in humaneval
+    agent_row = card[card.index('data-task="agent_kv"'):]
+    assert "turn agreement 1.00" in agent_row and "✓ pass" in agent_row

@@ -3,7 +3,9 @@ reference on the same weights, the same token ids on both sides.
 
 Suites (``contract/suites``, lm-eval task files, see ``contract.suites.tasks``): ``day0_mc`` (multiple choice by
 log-likelihood), ``day0_qa`` (short answers, greedy, exact match), ``day0_ppl`` (word perplexity of held-out
-text) and ``needle`` (``eval_needle``: RULER-style single needle with distractors, accuracy per length × depth).
+text), ``needle`` (``eval_needle``: RULER-style single needle with distractors, accuracy per length × depth),
+``humaneval`` and ``agent_kv`` (``exec_tasks``: code run in the sandbox, the multi-turn tool environment; the
+``code`` and ``agent`` keys, docs/references.md).
 The target answers through the server the serve stage left running (``/v1/completions``: echo + logprobs for
 log-likelihoods, greedy ``max_tokens`` for generations), or one started here like the serve stage does.
 
@@ -11,10 +13,13 @@ Pass rule per task, one-sided: target ≥ reference × (1 − ``eval_rtol``) (fo
 target ≤ reference × (1 + rtol)); the needle test also needs the target's accuracy at each length to reach
 the reference's. The Wilson 95 % lower bound of each accuracy is reported beside it.
 
-Options (the job's ``bench`` settings): ``eval_tasks`` (subset of TASKS), ``eval_limit`` (first N documents per
+Options (the job's ``bench`` settings): ``eval_tasks`` (subset of TASKS; default DEFAULT_TASKS, without the two
+acting tasks), ``eval_limit`` (first N documents per
 task), ``eval_needle_lengths`` (prompt tokens; default: doubling from 256, then ``eval_needle_max_length``
 (1024) itself, never past the served context), ``eval_needle_depths`` (percent), ``eval_needle_samples`` (items per
-cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight).
+cell), ``eval_needle_distractors``, ``eval_concurrency`` (requests in flight), ``eval_code_limit`` (16, or
+``eval_limit`` when smaller), ``eval_code_seed`` (a seeded sample instead of the first problems),
+``eval_code_max_tokens``, ``eval_agent_episodes`` (8, or ``eval_limit`` when smaller).
 
 A certify job carrying the portal's challenge runs only the drawn items through the served target and posts
 their raw outputs (``challenge``): no reference is loaded, no score is claimed (docs/references.md)."""
@@ -26,16 +31,22 @@ from pathlib import Path
 from typing import Any
 
 from agents.pipeline.stages.eval import challenge as eval_challenge
+from agents.pipeline.stages.eval import exec_tasks
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.lm_backends import ReferenceLM, ServedError, ServedLM
 from agents.pipeline.support.models import reference_model, tokenizer
 from agents.pipeline.support.server import running_server, stop_server
+from contract.suites import agent_env
+from contract.suites import humaneval as code_suite
 from contract.suites import needle as eval_needle
 from contract.suites import tasks as eval_tasks
 from contract.thresholds import DEFAULTS as THRESHOLD_DEFAULTS
 
-TASKS: tuple[str, ...] = (*eval_tasks.TASK_FILES, eval_needle.TASK)
+# humaneval and agent_kv are asked for by name (``eval_tasks``): their reference side generates hundreds of tokens
+# per item with transformers fp32 on the CPU, too slow to run for every model by default
+DEFAULT_TASKS: tuple[str, ...] = (*eval_tasks.TASK_FILES, eval_needle.TASK)
+TASKS: tuple[str, ...] = (*DEFAULT_TASKS, code_suite.TASK, agent_env.TASK)
 DEFAULT_DEPTHS = (0, 25, 50, 75, 100)
 NEEDLE_MAX_TOKENS = eval_needle.MAX_TOKENS
 OPTION_BOUNDS: dict[str, tuple[int, int]] = {
@@ -44,6 +55,10 @@ OPTION_BOUNDS: dict[str, tuple[int, int]] = {
     "eval_needle_samples": (1, 100),
     "eval_needle_distractors": (0, 11),
     "eval_concurrency": (1, 64),
+    "eval_code_limit": (1, 164),
+    "eval_code_seed": (0, 2**31 - 1),
+    "eval_code_max_tokens": (16, 2048),
+    "eval_agent_episodes": (1, 256),
 }
 
 
@@ -75,7 +90,7 @@ def _int_list(bench: dict[str, Any], key: str, low: int, high: int) -> list[int]
 def options(ctx: StageContext, context_length: int) -> dict[str, Any]:
     """The job's eval options with their defaults; a bad one is a StageFailed naming it and its bound."""
     bench = ctx.bench
-    tasks = bench.get("eval_tasks", list(TASKS))
+    tasks = bench.get("eval_tasks", list(DEFAULT_TASKS))
     if isinstance(tasks, str):
         tasks = [t.strip() for t in tasks.split(",") if t.strip()]
     if not isinstance(tasks, list) or not tasks or any(t not in TASKS for t in tasks):
@@ -88,14 +103,19 @@ def options(ctx: StageContext, context_length: int) -> dict[str, Any]:
     elif lengths[-1] > room:
         raise StageFailed(f"eval option eval_needle_lengths: {lengths[-1]} tokens plus the answer's "
                           f"{NEEDLE_MAX_TOKENS} do not fit the served context of {context_length}")
+    limit = _int_option(bench, "eval_limit", None)  # also bounds the code problems and agent episodes by default
     return {
         "tasks": [t for t in TASKS if t in tasks],
-        "limit": _int_option(bench, "eval_limit", None),
+        "limit": limit,
         "needle_lengths": lengths,
         "needle_depths": _int_list(bench, "eval_needle_depths", 0, 100) or list(DEFAULT_DEPTHS),
         "needle_samples": _int_option(bench, "eval_needle_samples", 1),
         "needle_distractors": _int_option(bench, "eval_needle_distractors", 3),
         "concurrency": _int_option(bench, "eval_concurrency", 4),
+        "code_limit": _int_option(bench, "eval_code_limit", min(16, limit or 16)),
+        "code_seed": _int_option(bench, "eval_code_seed", None),
+        "code_max_tokens": _int_option(bench, "eval_code_max_tokens", code_suite.MAX_TOKENS),
+        "agent_episodes": _int_option(bench, "eval_agent_episodes", min(8, limit or 8)),
     }
 
 
@@ -231,9 +251,24 @@ def _run_needle(lm_ref: ReferenceLM, target: ServedLM, tok: Any, opts: dict[str,
     return needle, overall
 
 
-def _summary(rows: list[dict[str, Any]], needle: dict[str, Any] | None, rtol: float) -> str:
+def _summary(rows: list[dict[str, Any]], needle: dict[str, Any] | None, rtol: float,
+             acting: dict[str, dict[str, Any]] | None = None) -> str:
     parts = [f"{r['task']} {r['metric']} {r['target']:.4g} vs reference {r['reference']:.4g}" for r in rows]
     dropped = []
+    code, agent = (acting or {}).get("code"), (acting or {}).get("agent")
+    if code:
+        parts.append(f"humaneval pass@1 {code['pass_at_1']['target']:.3g} vs reference "
+                     f"{code['pass_at_1']['reference']:.3g}")
+        if not code["passed"]:
+            dropped.append(f"humaneval pass@1 {code['pass_at_1']['target']:.3g} is below reference "
+                           f"{code['pass_at_1']['reference']:.3g} − {code['tolerance']:g}")
+    if agent:
+        parts.append(f"agent_kv success {agent['success']['target']:.3g} vs reference "
+                     f"{agent['success']['reference']:.3g}, turn agreement {agent['turn_agreement']:.3g}")
+        if not agent["passed"]:
+            dropped.append(f"agent_kv success {agent['success']['target']:.3g} (reference "
+                           f"{agent['success']['reference']:.3g} − {agent['tolerance']:g}) or turn agreement "
+                           f"{agent['turn_agreement']:.3g} (at least {agent['min_turn_agreement']:g}) short")
     for r in rows:
         if not r["passed"]:
             sign = "1 − " if r["higher_is_better"] else "1 + "
@@ -247,6 +282,23 @@ def _summary(rows: list[dict[str, Any]], needle: dict[str, Any] | None, rtol: fl
     if dropped:
         return "outside tolerance: " + "; ".join(dropped)
     return "; ".join(parts)
+
+
+def _run_acting(name: str, ctx: StageContext, sides: dict[str, Any], encode: Any, opts: dict[str, Any],
+                context: int) -> dict[str, dict[str, Any]]:
+    """``code`` (humaneval) or ``agent`` (agent_kv), with their thresholds from the job's table."""
+    t = {**THRESHOLD_DEFAULTS, **ctx.thresholds}
+    if name == code_suite.TASK:
+        code = exec_tasks.run_code(ctx, sides, encode, opts, float(t["eval_code_pass_tol"]), context)
+        ctx.emit("log", f"eval humaneval: pass@1 target {code['pass_at_1']['target']:.3g}, reference "
+                        f"{code['pass_at_1']['reference']:.3g} ({'pass' if code['passed'] else 'FAIL'})")
+        return {"code": code}
+    agent = exec_tasks.run_agent(ctx, sides, encode, opts, float(t["eval_agent_success_tol"]),
+                                 float(t["eval_agent_min_turn_agreement"]), context)
+    ctx.emit("log", f"eval agent_kv: success target {agent['success']['target']:.3g}, reference "
+                    f"{agent['success']['reference']:.3g}, turn agreement {agent['turn_agreement']:.3g} "
+                    f"({'pass' if agent['passed'] else 'FAIL'})")
+    return {"agent": agent}
 
 
 def run(ctx: StageContext) -> dict[str, Any]:
@@ -272,7 +324,12 @@ def run(ctx: StageContext) -> dict[str, Any]:
         prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         rows: list[dict[str, Any]] = []
         needle: dict[str, Any] | None = None
+        acting: dict[str, dict[str, Any]] = {}
+        sides = {"target": target, "reference": lm_ref}
         for name in opts["tasks"]:
+            if name in (code_suite.TASK, agent_env.TASK):
+                acting.update(_run_acting(name, ctx, sides, encode, opts, context))
+                continue
             if name == eval_needle.TASK:
                 needle, row = _run_needle(lm_ref, target, tok, opts, rtol, ctx)
             else:
@@ -287,7 +344,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     finally:
         target.close()
         stop_server(ctx)  # the eval stage is the server's last user
-    passed = all(r["passed"] for r in rows) and (needle is None or needle["passed"])
+    passed = (all(r["passed"] for r in rows) and (needle is None or needle["passed"])
+              and all(part["passed"] for part in acting.values()))
     section: dict[str, Any] = {
         "passed": passed,
         "rtol": rtol,
@@ -296,7 +354,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "tasks": rows,
         "needle": needle,
         "options": opts,
-        "summary": _summary(rows, needle, rtol),
+        "code": acting.get("code"),
+        "agent": acting.get("agent"),
+        "summary": _summary(rows, needle, rtol, acting),
         "notes": [] if eval_needle.TASK in opts["tasks"] else ["needle not run (eval_tasks): tier 6 needs it"],
     }
     return section
