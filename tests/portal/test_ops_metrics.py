@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -52,7 +53,8 @@ def test_an_empty_token_setting_opens_nothing(client) -> None:
 
 @override_settings(METRICS_TOKEN=TOKEN)
 def test_jobs_agents_and_stuck_jobs_by_hardware(client) -> None:
-    hw = HardwareFactory()
+    # a slug no other test has published to: the broker's queue hw.<slug> outlives each test's database
+    hw = HardwareFactory(slug=f"ops-{uuid.uuid4().hex[:12]}")
     now = timezone.now()
     JobFactory(hardware=hw, state="queued")
     JobFactory(hardware=hw, state="dispatched", dispatched_at=now - timedelta(hours=1))  # unclaimed for an hour
