@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.models import Engine, Hardware, ModelRelease
 
 
 @admin.register(ModelRelease)
@@ -23,3 +23,12 @@ class HardwareAdmin(admin.ModelAdmin):
     list_select_related = ["organization"]
     autocomplete_fields = ["organization"]
     search_fields = ["slug", "name", "vendor"]
+
+
+@admin.register(Engine)
+class EngineAdmin(admin.ModelAdmin):
+    """The serving engines a job may name (the bundled runtime, vLLM, any OpenAI-compatible server)."""
+
+    list_display = ["name", "version", "executable", "default", "created_at"]
+    list_filter = ["name", "default"]
+    search_fields = ["name", "version", "obtained_by"]
