@@ -85,8 +85,9 @@ class EngineProcess:
                               f"{self.log_tail()}")
 
     def wait_ready(self, timeout: float, ctx: Cancellable | None = None) -> float:
-        """Seconds until ``/v1/models`` (or ``/health``) answered 200; StageFailed naming the engine with its
-        log tail when it exited or the timeout passed."""
+        """Seconds until the engine serves: ``/v1/models`` (or ``/health``) answers 200 and a one-token completion
+        is not refused as loading (503); StageFailed naming the engine with its log tail when it exited or the
+        timeout passed."""
         deadline = self.started + timeout
         while time.monotonic() < deadline:
             if ctx is not None:
@@ -94,15 +95,35 @@ class EngineProcess:
             if self.proc.poll() is not None:
                 raise StageFailed(f"engine {self.ref} exited with code {self.proc.returncode} before it was ready; "
                                   f"its log ends:\n{self.log_tail()}")
-            for path in READY_PATHS:
-                try:
-                    if httpx.get(f"{self.url}{path}", timeout=2).status_code == 200:
-                        return time.monotonic() - self.started
-                except httpx.HTTPError:
-                    pass
+            if self._answers() and self._takes_requests():
+                return time.monotonic() - self.started
             time.sleep(0.2)
         raise StageFailed(f"engine {self.ref} not ready after {timeout:.0f} s (no 200 from "
-                          f"{' or '.join(READY_PATHS)}); its log ends:\n{self.log_tail()}")
+                          f"{' or '.join(READY_PATHS)}, or completions still refused); "
+                          f"its log ends:\n{self.log_tail()}")
+
+    def _answers(self) -> bool:
+        """``/v1/models`` (or ``/health``) answers 200: the HTTP server is up (the model may still be loading)."""
+        for path in READY_PATHS:
+            try:
+                if httpx.get(f"{self.url}{path}", timeout=2).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                pass
+        return False
+
+    def _takes_requests(self) -> bool:
+        """A one-token completion is not answered 503 (or a server error): servers that answer ``/health`` and
+        ``/v1/models`` while their model loads (the bundled runtime does) say 503 until they can generate."""
+        body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        model = self.served_model()
+        if model:
+            body["model"] = model
+        try:
+            status = httpx.post(f"{self.url}/v1/completions", json=body, timeout=30).status_code
+        except httpx.HTTPError:
+            return False
+        return status < 500
 
     def served_model(self) -> str | None:
         """The model id the engine serves (``/v1/models``' first), which its requests name."""
@@ -113,7 +134,10 @@ class EngineProcess:
         return data[0].get("id") if data and isinstance(data[0], dict) else None
 
     def version(self) -> str | None:
-        """The engine's version: ``EXECUTABLE --version``'s last line, else None."""
+        """The engine's version: ``EXECUTABLE --version``'s last line, else None. An interpreter running a module
+        (``python -m …``) would answer its own version, not the engine's: None then."""
+        if Path(self.argv[0]).name.startswith("python") and "-m" in self.argv[1:3]:
+            return None
         try:
             out = subprocess.run([self.argv[0], "--version"], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.SubprocessError):
