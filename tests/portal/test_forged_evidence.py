@@ -100,6 +100,12 @@ FORGED: list[tuple[str, str, dict[str, Any], str, str]] = [
      _patched("align", lambda s: s.__setitem__("compile", {"passed": True, "equal": True})), "incomplete",
      "compile rows missing"),
     ("eval without raw outputs", "eval", passing("eval"), "incomplete", "eval: raw outputs missing"),
+    # an external engine's internals are "not applicable": on the bundled engine that claim must not stand in for
+    # the evidence it replaces
+    ("align claimed not applicable", "align", {"applicable": False, "reason": "external engine", "engine": "vllm"},
+     "incomplete", "align not applicable"),
+    ("serve claimed not applicable", "serve", {"applicable": False, "reason": "external engine"}, "incomplete",
+     "serve not applicable"),
 ]
 
 
