@@ -35,6 +35,7 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "eval": ("passed",),
     "comm": ("ranks", "collectives"),
     "env": ("runtime_commit", "torch", "python", "device", "device_count", "dispatch_key", "driver"),
+    "conformance": ("template_declares_tools", "repeats", "checks", "passed"),  # contract/conformance.py
     "reference": ("pool_version", "nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle"),  # docs/references.md
 }
 NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -51,6 +52,7 @@ ROW_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
     ("align", "ops"): ("op", "cosine", "max_rel_err", "max_abs_err", "passed"),
     ("align", "layers"): ("layer", "cosine", "max_rel_err", "passed"),
     ("comm", "collectives"): ("op", "dtype", "ok", "sizes"),
+    ("conformance", "checks"): ("check", "passed", "detail", "target", "reference"),
 }
 DIVERGENCE_KEYS: tuple[str, ...] = ("prompt", "position", "ref_token", "target_token", "ref_top5", "target_top5",
                                     "near_tie")
@@ -67,12 +69,14 @@ SECTION_TYPES: dict[str, dict[str, str]] = {
     "inventory": {"ops": LIST},
     "align": {"passed": BOOL, "thresholds": OBJ, "ops": LIST, "layers": LIST, "e2e": OBJ, "kv_cache": OBJ},
     "serve": {"ready_seconds": NUM, "endpoint": TEXT, "text_path_ok": BOOL, "chat_path_ok": BOOL,
-              "image_path_ok": BOOL, "has_chat_template": BOOL},
+              "image_path_ok": BOOL, "has_chat_template": BOOL, "template_declares_tools": BOOL},
     "bench": {"peak_memory_bytes": INT},  # "runs" is required as a list: the portal names the levels it wants
     "eval": {"passed": BOOL, "needle": OBJ},
     "comm": {"ranks": INT, "collectives": LIST},
     "env": {"runtime_commit": TEXT, "torch": TEXT, "python": TEXT, "device": TEXT, "device_count": INT,
             "dispatch_key": TEXT, "driver": TEXT},
+    "conformance": {"template_declares_tools": BOOL, "thinking": BOOL, "repeats": INT, "checks": LIST,
+                    "passed": BOOL, "tool_call_parser": TEXT, "reasoning_parser": TEXT},
     "soak": {"passed": BOOL, "seconds": NUM, "memory_slope": NUM, "recover_seconds": NUM, "crashes": INT,
              "windows": LIST},
 }
@@ -96,6 +100,7 @@ ROW_TYPES: dict[tuple[str, str], dict[str, str]] = {
     ("comm", "collectives"): {"op": TEXT, "dtype": TEXT, "ok": BOOL, "sizes": LIST},
     ("eval", "tasks"): {"task": TEXT, "reference": NUM, "target": NUM, "n": INT},
     ("soak", "windows"): {"t": NUM, "output_tok_s": NUM, "rss_bytes": INT},
+    ("conformance", "checks"): {"check": TEXT, "passed": BOOL, "detail": TEXT},
 }
 DIVERGENCE_TYPES: dict[str, str] = {"prompt": INT, "position": INT, "ref_token": INT, "target_token": INT,
                                     "ref_top5": LIST, "target_top5": LIST, "near_tie": BOOL}

@@ -129,6 +129,17 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
               doc="agent_kv: target success rate >= reference success rate - this"),
     Threshold("eval_agent_min_turn_agreement", 0.8, 0.0, 1.0, "min",
               doc="agent_kv: target actions equal to the reference's, turn by turn, at least"),
+    # the conformance stage (contract/conformance.py): the served OpenAI endpoint against the reference
+    Threshold("conformance_min_trigger_agreement", 0.98, 0.0, 1.0, "min",
+              doc="tool-call trigger (call or no call) equal to the reference's, of the prompts, at least"),
+    Threshold("conformance_min_arguments_valid", 0.98, 0.0, 1.0, "min",
+              doc="unforced tool calls whose arguments are valid against their schema, at least"),
+    Threshold("conformance_min_forced_valid", 1.0, 0.0, 1.0, "min",
+              doc="forced tool calls (tool_choice required or named) valid, at least"),
+    Threshold("conformance_min_schema_valid", 1.0, 0.0, 1.0, "min",
+              doc="json_schema response_format answers valid against the schema, at least"),
+    Threshold("conformance_repeats", 1, 1, 100, "min", integer=True,
+              doc="times the conformance prompt set is sent (the vendor verifiers repeat ten times)"),
     # the portal's challenges (docs/references.md): the power rule sizing eval samples
     Threshold("challenge_theta", 0.1, 0.0, 1.0, "max", low_open=True,
               doc="the accuracy drop a challenge is sized to detect (larger: fewer items)"),

@@ -30,8 +30,10 @@ TIER_GATES: tuple[tuple[int, str], ...] = (
 )
 
 # ``reference``: a reference job's outputs (docs/references.md); it gates no tier
-STAGE_ORDER: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "eval", "soak", "comm",
-                               "env", "reference")
+# ``conformance``: after serve (it questions the server serve left up); not a default stage, except that a
+# pipeline whose model's chat template declares tools runs it after serve (``with_conformance``)
+STAGE_ORDER: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "conformance", "bench", "eval", "soak",
+                               "comm", "env", "reference")
 DEFAULT_STAGES: tuple[str, ...] = ("plan", "load", "inventory", "align", "serve", "bench", "env")
 
 
@@ -44,8 +46,28 @@ def stage_passed(stage: str, section: Mapping[str, Any] | None, thresholds: Mapp
     return verdicts.judge(stage, section, thresholds, context).passed
 
 
-def compute_tier(passed: Mapping[str, bool | None]) -> int:
-    """The highest tier whose gate and every lower gate passed. ``passed`` maps stage -> pass flag."""
+def with_conformance(stages: list[str], template_declares_tools: bool) -> list[str]:
+    """``stages`` (in STAGE_ORDER) with ``conformance`` added after ``serve`` when the model's chat template
+    declares tools (tier 3 then needs it)."""
+    if not template_declares_tools or "serve" not in stages or "conformance" in stages:
+        return list(stages)
+    return [s for s in STAGE_ORDER if s in stages or s == "conformance"]
+
+
+def declares_tools(stages: Mapping[str, Any] | None, known: bool | None = None) -> bool:
+    """Whether tier 3 needs conformance: the portal's fact about the model's template where it has one
+    (``known``), or what the serve or conformance section found in the template."""
+    if known is not None:
+        return known
+    return any(isinstance(s, Mapping) and s.get("template_declares_tools") is True
+               for s in ((stages or {}).get("serve"), (stages or {}).get("conformance")))
+
+
+def compute_tier(passed: Mapping[str, bool | None], *, template_declares_tools: bool = False) -> int:
+    """The highest tier whose gate and every lower gate passed. ``passed`` maps stage -> pass flag. Where the
+    model's chat template declares tools, the serve gate also needs a passing ``conformance``."""
+    if template_declares_tools:
+        passed = {**passed, "serve": passed.get("serve") is True and passed.get("conformance") is True}
     tier = 0
     for level, stage in TIER_GATES:
         if passed.get(stage) is not True:
@@ -57,4 +79,6 @@ def compute_tier(passed: Mapping[str, bool | None]) -> int:
 def tier_of_report(stages: Mapping[str, Mapping[str, Any]], thresholds: Mapping[str, Any] | None = None,
                    context: verdicts.Context | None = None) -> int:
     """The tier the verdicts on a stage report's ``stages`` mapping reach."""
-    return compute_tier({name: stage_passed(name, section, thresholds, context) for name, section in stages.items()})
+    known = (context or verdicts.Context()).model.template_declares_tools
+    return compute_tier({name: stage_passed(name, section, thresholds, context) for name, section in stages.items()},
+                        template_declares_tools=declares_tools(stages, known))

@@ -8,6 +8,7 @@ from typing import Any
 
 from agents.pipeline.stages import bench, comm, env, load, plan, reference, serve, soak
 from agents.pipeline.stages.align import stage as align
+from agents.pipeline.stages.conformance import stage as conformance
 from agents.pipeline.stages.eval import stage as evaluation
 from agents.pipeline.stages.inventory import stage as inventory
 from agents.pipeline.support.context import StageContext
@@ -36,6 +37,7 @@ STAGES: dict[str, Stage] = {
     "inventory": internals("inventory", inventory.run),
     "align": internals("align", align.run),
     "serve": serve.run,
+    "conformance": conformance.run,
     "bench": bench.run,
     "eval": evaluation.run,
     "soak": soak.run,

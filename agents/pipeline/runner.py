@@ -20,11 +20,12 @@ from typing import Any
 from agents.pipeline.registry import STAGES, Stage
 from agents.pipeline.support import report as report_mod
 from agents.pipeline.support.context import StageContext
-from agents.pipeline.support.endpoints import chat_template_source
+from agents.pipeline.support.endpoints import chat_template_source, chat_template_text
 from agents.pipeline.support.errors import JobCancelled, StageFailed
 from agents.pipeline.support.server import stop_engine
 from agents.runtime.engine.multimodal import config_takes_images
 from contract import sections, thresholds, tiers, verdicts
+from contract.conformance import declares_tools
 from contract.engines import INTERNAL_STAGES, is_external
 from telemetry import tracing
 
@@ -113,6 +114,7 @@ def judging_context(ctx: StageContext, stages: dict[str, Any] | None = None) -> 
     inventory = (stages.get("inventory") or {}).get("ops")
     return verdicts.Context(
         model=verdicts.ModelFacts(config=config, has_chat_template=has_template, manifest=ctx.manifest or None,
+                                  template_declares_tools=template_declares_tools(ctx),
                                   takes_images=config_takes_images(config),
                                   manifest_source="given" if ctx.manifest else "",
                                   context_length=int(context) if context else None, runtime_path=path),
@@ -124,6 +126,11 @@ def judging_context(ctx: StageContext, stages: dict[str, Any] | None = None) -> 
     )
 
 
+def template_declares_tools(ctx: StageContext) -> bool:
+    """Whether the model's chat template reads ``tools`` (the pipeline then runs conformance after serve)."""
+    return ctx.model_dir is not None and declares_tools(chat_template_text(ctx.model_dir))
+
+
 def portal_scored(ctx: StageContext, section: dict[str, Any]) -> bool:
     """A section of raw outputs answering the job's challenge (``scored_by`` "portal"): the portal scores it
     against the reference it holds, so the agent's own verdict of it is kept but stops nothing (its tier claim
@@ -133,7 +140,7 @@ def portal_scored(ctx: StageContext, section: dict[str, Any]) -> bool:
 
 def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, Any]:
     """Run ``stages`` (in ``tiers.STAGE_ORDER``) on ``ctx`` and return the whole stage report."""
-    requested = parse_stages(stages)
+    requested = tiers.with_conformance(parse_stages(stages), template_declares_tools(ctx))
     ctx.state.stages_requested = tuple(requested)  # a stage may keep what a later one needs (bench: the server)
     started = time.time()
     report: dict[str, Any] = {
@@ -165,7 +172,8 @@ def run_pipeline(ctx: StageContext, stages: Iterable[str] | str) -> dict[str, An
     report["notes"] += [f"{name}: {note}" for name, sec in report["stages"].items() for note in sec.get("notes", [])]
     # the tier the verdicts reach; the stage the run stopped at never counts, whatever its verdict said
     report["tier"] = tiers.compute_tier({stage: v["status"] == verdicts.PASS and stage != report["failed_stage"]
-                                         for stage, v in report["verdicts"].items()})
+                                         for stage, v in report["verdicts"].items()},
+                                        template_declares_tools=template_declares_tools(ctx))
     report["tier_name"] = tiers.TIER_NAMES[report["tier"]]
     report["seconds"]["total"] = round(time.time() - started, 3)
     report["finished_at"] = _now()

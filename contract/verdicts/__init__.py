@@ -15,6 +15,7 @@ from typing import Any
 
 from contract import thresholds as th
 from contract.verdicts import acting as _acting
+from contract.verdicts import conformance as _conformance
 from contract.verdicts.align import _align
 from contract.verdicts.base import (  # noqa: F401 (re-exported: the module's public names)
     CLAIM_KEYS,
@@ -239,6 +240,7 @@ def _soak(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
 
 RULES: dict[str, Callable[[Verdict, Mapping[str, Any], Mapping[str, float], Context], None]] = {
     "plan": _plan, "load": _load, "align": _align, "serve": _serve, "bench": _bench, "eval": _eval, "soak": _soak,
+    "conformance": _conformance.judge,
 }
 
 

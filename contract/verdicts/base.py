@@ -15,7 +15,7 @@ LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 PERCENTILES: tuple[str, ...] = ("p50", "p90", "p99")
 # the agent's own pass flag of each stage, kept as a claim
 CLAIM_KEYS: dict[str, str] = {"plan": "fits", "load": "ok", "align": "passed", "serve": "text_path_ok",
-                              "eval": "passed"}
+                              "eval": "passed", "conformance": "passed"}
 LOWER_IS_BETTER = ("perplexity", "ppl", "loss", "error", "wer", "cer", "bits_per", "bpb", "nll")
 HIGHER_IS_BETTER = ("acc", "exact", "match", "f1", "bleu", "rouge", "pass", "score")
 
@@ -32,6 +32,8 @@ class ModelFacts:
     manifest_source: str = ""  # "given" | "staff" | "reference" | "first seen (legacy)" (never compared with)
     context_length: int | None = None
     runtime_path: str | None = None  # "native" | "fallback"
+    # the chat template reads ``tools`` (contract.conformance.declares_tools): tier 3 then needs conformance
+    template_declares_tools: bool | None = None
 
 
 @dataclass(frozen=True)

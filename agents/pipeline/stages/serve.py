@@ -17,6 +17,7 @@ from agents.pipeline.support.compiled import requested, skipped
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.endpoints import (
     chat_template_source,
+    chat_template_text,
     expected_chat_ids,
     image_path_checks,
     text_path_checks,
@@ -26,6 +27,7 @@ from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.layout import effective_tp
 from agents.pipeline.support.server import start_server, stop_server
 from agents.runtime.engine.multimodal import config_takes_images
+from contract.conformance import declares_tools
 
 
 def compile_evidence(ctx: StageContext, url: str, ready_seconds: float) -> dict[str, Any]:
@@ -97,6 +99,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
         "image_path_ok": image_ok,
         "chat_template": template,
         "has_chat_template": template is not None,
+        # the template reads ``tools``: tier 3 then needs a passing conformance section (contract.tiers)
+        "template_declares_tools": declares_tools(chat_template_text(Path(ctx.model_dir))) if template else False,
         "checks": checks,
         "notes": notes,
     }

@@ -13,6 +13,7 @@ import httpx
 
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.models import tokenizer
+from contract.conformance import template_text
 from telemetry import tracing
 
 
@@ -41,6 +42,20 @@ def chat_template_source(model_dir: Path) -> str | None:
     if jinja.is_file() and jinja.read_text(errors="replace").strip():
         return "chat_template.jinja"
     return None
+
+
+def chat_template_text(model_dir: Path) -> str | None:
+    """The chat template's text as the checkpoint ships it (``tokenizer_config.json``'s, a list of named
+    templates read together, else ``chat_template.jinja``), or None."""
+    tok_cfg = model_dir / "tokenizer_config.json"
+    try:
+        text = template_text(json.loads(tok_cfg.read_text()).get("chat_template")) if tok_cfg.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        text = None
+    jinja = model_dir / "chat_template.jinja"
+    if text is None and jinja.is_file():
+        text = jinja.read_text(errors="replace") or None
+    return text
 
 
 def expected_chat_ids(ctx: StageContext) -> list[int] | None:
