@@ -21,7 +21,7 @@ from contract import verdicts
 from tests.runtime.tool_models import ForcedOutput, tool_model
 
 CALL = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Asia/Tokyo"}}\n</tool_call>'
-JSON = '{"city": "Paris", "answer": "sunny and warm"}'
+JSON = '{"city":"Paris","answer":"sunny and warm"}'  # compact: the grammar allows no optional whitespace
 PROSE = "The moon is bright tonight and the sea is calm."
 
 

@@ -16,6 +16,7 @@ from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
 from apps.core.formatting import hours_text, human_bytes, human_count, reached_times
 from apps.dashboards.selectors.jobs import previous_job_ids
+from apps.evidence.conformance import conformance_evidence
 from apps.evidence.models import (
     AlignmentLayer,
     AlignmentOp,
@@ -90,6 +91,7 @@ class CellPage:
     long_context: dict[str, Any] | None = None  # the bench stage's long-context case
     image_path: dict[str, Any] | None = None  # a model that takes images: its serve checks and vision alignment
     eval_section: dict[str, Any] = field(default_factory=dict)  # the newest eval section
+    conformance: dict[str, Any] | None = None  # the newest conformance section's rows (apps.evidence.conformance)
     needle: NeedleHeatmap | None = None  # its needle grids, target and reference paired per cell
     bench_extras: list[dict[str, Any]] = field(default_factory=list)  # per run: comm overhead, jitter, experts
     compiled: dict[str, Any] | None = None  # the serve, bench and align sections' compile blocks, when present
@@ -296,6 +298,7 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
     page.compiled = compiled_path(results, keys)
     page.align_self_reference = keys.get("align", {}).get("fallback_reference_identical") is True
     page.portal_scores = portal_scores(results.get("align"), results.get("eval"))
+    page.conformance = conformance_evidence(results.get("conformance"))
     if model.takes_images:
         page.image_path = image_path_evidence(results.get("serve"), results.get("align"))
     return page

@@ -133,6 +133,9 @@ class CellDetailSerializer(serializers.Serializer):
     runtime_evidence = RuntimeEvidenceSerializer(
         help_text="what the cell page shows of the runtime: compiled path, per bench run comm overhead, TPOT "
                   "jitter, expert balance, soak device memory")
+    conformance = ANY(help_text="the newest conformance section's checks: {job, verdict, template_declares_tools, "
+                                "thinking, tool_call_parser, reasoning_parser, repeats, rows: [{check, passed (the "
+                                "portal's, recomputed), claimed, detail, target, reference}]}; null without one")
     stack = ANY()
     jobs = JobSerializer(many=True)
     history = ANY(help_text="tier changes and re-judgings, newest first: {at, kind, tier_before, tier_after, reason, "

@@ -16,7 +16,8 @@ from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.evidence.manifests import digest_disagreement
 from apps.evidence.runtime_evidence import runtime_evidence
-from apps.evidence.selectors import cell_evidence
+from apps.evidence.conformance import conformance_evidence
+from apps.evidence.selectors import cell_evidence, newest_results
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
 from apps.matrix import grid_cache
@@ -115,6 +116,8 @@ class CellDetailView(APIView):
                      "error": cell.fits_error or None},
             "evidence": cell_evidence(model_row.pk, hardware_row.pk),
             "runtime_evidence": runtime_evidence(model_row.pk, hardware_row.pk),
+            # the conformance rows, target beside reference, each recomputed by the portal (its verdict: above)
+            "conformance": conformance_evidence(newest_results(model_row.pk, hardware_row.pk).get("conformance")),
             "stack": cell_stack(model_row.pk, hardware_row.pk),  # evidence's stack, stale since a change
             "jobs": JobSerializer(jobs, many=True).data,
             # tier changes and re-judgings, newest first, each with its reason
