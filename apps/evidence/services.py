@@ -5,6 +5,7 @@ rows. A section missing what its verdict needs is stored as *incomplete*, never 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +38,10 @@ from apps.evidence.models import (
 from apps.jobs.models import Job
 from apps.references.sections import parse_reference
 from contract import verdicts
+from contract.conformance import ALL_CHECKS
 from contract.sections import type_problems
 from contract.tiers import STAGE_ORDER
+from contract.verdicts import conformance as conformance_verdict
 
 Saver = Callable[[StageResult], None]
 OPERATOR_STATUSES = frozenset({"native", "decomposed", "fallback", "missing"})
@@ -271,9 +274,33 @@ def _soak(s: dict[str, Any], path: str) -> Saver:
     return lambda result: None
 
 
+MAX_CONFORMANCE_ROW_BYTES = 64 * 1024  # a row's target and reference as JSON: a few dozen short answers
+
+
+def _conformance(s: dict[str, Any], path: str) -> Saver:
+    """The conformance section: at most ``verdicts.conformance.MAX_ROWS`` check rows, each a known check with its
+    target and reference bounded; the section (on StageResult) is the evidence, rows recomputed by the verdict."""
+    for key in ("template_declares_tools", "thinking", "passed"):
+        p.boolean(s, key, path)
+    p.integer(s, "repeats", path, low=1, high=100)
+    rows = p.arr(s.get("checks"), f"{path}.checks", max_items=conformance_verdict.MAX_ROWS)
+    for i, raw in enumerate(rows):
+        at = f"{path}.checks[{i}]"
+        row = p.obj(raw, at)
+        check = p.text(row, "check", at, max_length=64, required=True)
+        if check not in ALL_CHECKS:
+            raise p.fail(f"{at}.check", f"unknown check {check!r}; checks are {', '.join(ALL_CHECKS)}")
+        p.text(row, "detail", at, max_length=2000)
+        p.check_numbers(row.get("target"), f"{at}.target"), p.check_numbers(row.get("reference"), f"{at}.reference")
+        if len(json.dumps([row.get("target"), row.get("reference")], default=str)) > MAX_CONFORMANCE_ROW_BYTES:
+            raise p.fail(at, f"target and reference are larger than {MAX_CONFORMANCE_ROW_BYTES} bytes of JSON")
+    return lambda result: None
+
+
 PARSERS: dict[str, Callable[[dict[str, Any], str], Saver]] = {
     "plan": _plan, "load": _load, "inventory": _inventory, "align": _align, "serve": _serve, "bench": _bench,
     "env": _env, "eval": _eval, "comm": _comm, "soak": _soak, "reference": parse_reference,
+    "conformance": _conformance,
 }
 assert set(PARSERS) == set(STAGE_ORDER)
 

@@ -107,6 +107,14 @@ def _newest_verdicts(model_id: int, hardware_id: int) -> dict[str, StageResult]:
     return {r.stage: r for r in rows}
 
 
+def _declares_tools(newest: dict[str, StageResult]) -> bool:
+    """Whether the cell's model template declares tools, as its newest serve or conformance section found it
+    (tier 3 then needs a passing conformance: ``contract.tiers.compute_tier``)."""
+    ids = [newest[s].pk for s in ("serve", "conformance") if s in newest]
+    found = StageResult.objects.filter(pk__in=ids).values_list("section__template_declares_tools", flat=True)
+    return any(value is True for value in found)
+
+
 def _verdict_summary(result: StageResult) -> dict[str, Any]:
     return {"status": result.verdict, "reasons": result.reasons, "claimed": result.claimed_passed,
             "disputed": result.disputed, "job": result.job_id, "at": result.created_at.isoformat(),
@@ -156,7 +164,8 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     newest = _newest_verdicts(model_id, hardware_id)
     flags = {stage: r.verdict == PASS for stage, r in newest.items()}
     times = {stage: r.created_at for stage, r in newest.items()}
-    tier = compute_tier(flags)
+    declares_tools = _declares_tools(newest)
+    tier = compute_tier(flags, template_declares_tools=declares_tools)
     now = now or timezone.now()
     reached = tier_times(dict(cell.tier_reached_at or {}), tier, times, now)
     gates = [newest[stage] for level, stage in TIER_GATES if level <= tier]
@@ -172,6 +181,8 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     cell.lead_hours = lead_hours(cell.current_tier_reached_at, cell.model.released_at)
     next_gate = next((stage for level, stage in TIER_GATES if level == tier + 1), None)
     refused = newest.get(next_gate) if next_gate else None
+    if next_gate == "serve" and declares_tools and refused is not None and refused.verdict == PASS:
+        refused = newest.get("conformance")  # serve passed: tier 3 waits on the conformance verdict
     failure = open_failure(model_id, hardware_id)
     if failure is not None:
         cell.failed_stage = failure_label(failure)[:32]

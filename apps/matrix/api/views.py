@@ -14,9 +14,9 @@ from rest_framework.views import APIView
 from apps.accounts.api.mixins import get_actor, get_or_404
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
+from apps.evidence.conformance import conformance_evidence
 from apps.evidence.manifests import digest_disagreement
 from apps.evidence.runtime_evidence import runtime_evidence
-from apps.evidence.conformance import conformance_evidence
 from apps.evidence.selectors import cell_evidence, newest_results
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
