@@ -16,6 +16,7 @@ from agents.pipeline.stages.conformance import probes
 from agents.pipeline.stages.conformance.reference import Reference
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.endpoints import chat_template_text
+from agents.pipeline.support.engine_process import EngineProcess
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.server import running_server
 from contract import thresholds as th
@@ -198,7 +199,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if ctx.model_dir is None:
         raise StageFailed("conformance needs the model's tokenizer and weights (the reference): no model directory")
     server = running_server(ctx)
-    endpoint = probes.Endpoint(server.url, getattr(server, "served_model", None))
+    # an external engine's requests name the model it serves (vLLM and SGLang want it); the bundled server serves one
+    endpoint = probes.Endpoint(server.url, server.served_model() if isinstance(server, EngineProcess) else None)
     try:
         tools = declares_tools(chat_template_text(Path(ctx.model_dir)))
         repeats = int(th.merged(ctx.thresholds)["conformance_repeats"])
