@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from apps.evidence import weights
-from apps.evidence.judging_facts import physics_facts
+from apps.evidence.judging_facts import physics_facts, reference_declares_tools
 from apps.evidence.models import StageResult
 from apps.jobs.models import Job
 from apps.references.services import challenge_judge
@@ -32,6 +32,7 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
             declared_tensors=model.tensor_count, manifest=model.manifest or None,
             manifest_source=model.manifest_source, context_length=model.context_length,
             runtime_path=load.get("path") if isinstance(load.get("path"), str) else None,
+            template_declares_tools=reference_declares_tools(model.pk),
         ),
         weight_probe=weights.probe_facts(job, stored=sections is None) if sections is None or "load" in sections
         else None,

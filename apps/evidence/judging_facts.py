@@ -33,3 +33,15 @@ def physics_facts(job: Job, sections: dict[str, Any]) -> dict[str, Any]:
 def is_reference_job(job: Job) -> bool:
     """The release's reference run: its load may give the release its manifest and its weight samples."""
     return job.purpose == JobPurpose.REFERENCE and bool(job.hardware.reference)
+
+
+def reference_declares_tools(model_id: int) -> bool | None:
+    """Whether the release's chat template declares tools, as its reference run (on reference hardware, the
+    portal's own) found it in a reference, serve or conformance section; None when no reference run said.
+    A vendor's sections cannot then drop the conformance that tier 3 needs."""
+    found = (StageResult.objects.filter(job__model_id=model_id, job__purpose=JobPurpose.REFERENCE,
+                                        job__hardware__reference=True,
+                                        stage__in=("reference", "serve", "conformance"))
+             .exclude(section__template_declares_tools=None)
+             .order_by("-created_at", "-id").values_list("section__template_declares_tools", flat=True).first())
+    return found if isinstance(found, bool) else None

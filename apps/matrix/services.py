@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from apps.catalog.models import Hardware, ModelRelease
 from apps.core import events
+from apps.evidence.judging_facts import reference_declares_tools
 from apps.evidence.models import StageResult
 from apps.evidence.selectors import cell_results
 from apps.jobs.choices import JobPurpose
@@ -107,9 +108,13 @@ def _newest_verdicts(model_id: int, hardware_id: int) -> dict[str, StageResult]:
     return {r.stage: r for r in rows}
 
 
-def _declares_tools(newest: dict[str, StageResult]) -> bool:
-    """Whether the cell's model template declares tools, as its newest serve or conformance section found it
-    (tier 3 then needs a passing conformance: ``contract.tiers.compute_tier``)."""
+def _declares_tools(newest: dict[str, StageResult], model_id: int) -> bool:
+    """Whether the cell's model template declares tools (tier 3 then needs a passing conformance:
+    ``contract.tiers.compute_tier``): as the release's reference run found it, else as this cell's newest serve
+    or conformance section did."""
+    known = reference_declares_tools(model_id)
+    if known is not None:
+        return known
     ids = [newest[s].pk for s in ("serve", "conformance") if s in newest]
     found = StageResult.objects.filter(pk__in=ids).values_list("section__template_declares_tools", flat=True)
     return any(value is True for value in found)
@@ -164,7 +169,7 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     newest = _newest_verdicts(model_id, hardware_id)
     flags = {stage: r.verdict == PASS for stage, r in newest.items()}
     times = {stage: r.created_at for stage, r in newest.items()}
-    declares_tools = _declares_tools(newest)
+    declares_tools = _declares_tools(newest, model_id)
     tier = compute_tier(flags, template_declares_tools=declares_tools)
     now = now or timezone.now()
     reached = tier_times(dict(cell.tier_reached_at or {}), tier, times, now)

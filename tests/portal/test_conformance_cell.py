@@ -13,9 +13,10 @@ from django.core.exceptions import ValidationError
 from apps.evidence.ingest import do_record_job_results
 from apps.evidence.models import StageResult
 from apps.evidence.services import do_record_stage_results
+from apps.jobs.choices import JobPurpose
 from apps.matrix.models import Cell
 from tests.contract.test_conformance_verdict import section
-from tests.factories import JobFactory
+from tests.factories import HardwareFactory, JobFactory
 from tests.portal.challenges import answered
 from tests.portal.reports import TIER_STAGES, bound, passing
 
@@ -80,3 +81,22 @@ def test_tier_three_waits_on_conformance_where_the_template_declares_tools() -> 
     do_record_job_results(job, bound(job, {"stages": {"conformance": section()}}))
     cell.refresh_from_db()
     assert cell.tier == 4
+
+
+def test_the_reference_runs_word_on_tools_outweighs_a_vendor_section_that_omits_it() -> None:
+    job = JobFactory()
+    model, hardware = job.model, job.hardware
+    reference = JobFactory(model=model, hardware=HardwareFactory(reference=True), purpose=JobPurpose.REFERENCE,
+                           spec={"stages": ["serve"], "dtype": "bfloat16"})
+    do_record_stage_results(reference, {"serve": {**passing("serve"), "template_declares_tools": True}})
+    sections = {s: passing(s) for s in TIER_STAGES[4]}
+    sections["serve"]["template_declares_tools"] = False  # the vendor's word
+    do_record_job_results(job, bound(job, {"stages": answered(job, sections)}))
+    assert Cell.objects.get(model=model, hardware=hardware).tier == 2
+    tools_dropped = section()
+    tools_dropped["template_declares_tools"] = False
+    tools_dropped["checks"] = [r for r in tools_dropped["checks"] if not r["check"].startswith(("tool_", "forced_"))]
+    job = JobFactory(model=model, hardware=hardware, spec={"stages": ["conformance"], "dtype": "bfloat16"})
+    [result] = do_record_job_results(job, bound(job, {"stages": {"conformance": tools_dropped}}))
+    assert result.verdict == "incomplete" and "the portal's fact" in " ".join(result.reasons)
+    assert Cell.objects.get(model=model, hardware=hardware).tier == 2

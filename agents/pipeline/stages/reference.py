@@ -19,9 +19,11 @@ from typing import Any
 
 from agents.pipeline.support import challenge_answers as answers
 from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.endpoints import chat_template_text
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.lm_backends import ReferenceLM
 from agents.pipeline.support.models import eos_token_ids, reference_model, tokenizer
+from contract.conformance import declares_tools
 
 WHERE = "reference_pool"
 
@@ -53,7 +55,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
                     "through transformers float32 cpu")
     lm = ReferenceLM(reference_model(ctx), tok)
     section: dict[str, Any] = {"pool_version": version, "nonce": ctx.nonce, "top_k": top_k,
-                               "reference": "transformers float32 cpu"}
+                               "reference": "transformers float32 cpu",
+                               # the portal's fact: tier 3 of every cell of a release whose template declares
+                               # tools needs a passing conformance (contract.tiers)
+                               "template_declares_tools": declares_tools(chat_template_text(ctx.model_dir))}
     seconds: dict[str, float] = {}
     if items["e2e"]:
         t0 = time.perf_counter()
