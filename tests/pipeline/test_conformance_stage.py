@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from agents.pipeline.stages.conformance import stage as conformance
-from agents.pipeline.support.models import reference_model
 from agents.runtime.engine import LLMEngine
 from agents.runtime.server import chat_output, create_app, render
 from agents.runtime.server.launcher import ServerThread
@@ -72,15 +72,15 @@ class ScriptedReference:
 def served():
     engine = LLMEngine(tool_model("hermes"), num_blocks=128, max_pending=16)
     ScriptedEngine(engine)
+    hf = AutoModelForCausalLM.from_pretrained(tool_model("hermes"), dtype=torch.float32).eval()  # the stage's own
     with ServerThread(create_app(engine, "tiny")) as url:
-        yield url, engine
+        yield url, engine, hf
 
 
 def _run(make_ctx, served) -> dict:
-    url, engine = served
+    url, engine, hf = served
     ctx, _log = make_ctx(tool_model("hermes"))
-    ctx.state.server = SimpleNamespace(url=url)
-    hf = reference_model(ctx)
+    ctx.state.server = SimpleNamespace(url=url)  # the server a serve stage leaves up: only its URL is read
     ctx.state.reference_model = ScriptedReference(hf, engine.tokenizer.encode(CALL, add_special_tokens=False),
                                                   min(engine.eos_token_ids))
     return conformance.run(ctx)
