@@ -153,6 +153,10 @@ def judge(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context
     if len(rows) > MAX_ROWS:
         v.fail(f"{len(rows)} check rows (at most {MAX_ROWS})")
         return
+    repeats, asked = _count(s, "repeats"), int(t["conformance_repeats"])
+    if repeats is None or repeats < asked:
+        v.fail(f"the prompt set was sent {s.get('repeats')!s:.20} time(s), the job asks {asked} "
+               "(threshold conformance_repeats)")
     known = ctx.model.template_declares_tools
     tools = known if known is not None else s.get("template_declares_tools") is True
     if known and s.get("template_declares_tools") is not True:

@@ -99,6 +99,8 @@ def test_thresholds_are_read_from_the_versioned_table():
     assert not verdicts.judge("conformance", s).passed
     assert verdicts.judge("conformance", s, {"conformance_min_trigger_agreement": 0.7}).passed
     assert thresholds.TABLE["conformance_min_trigger_agreement"].default == 0.98
+    v = verdicts.judge("conformance", section(), {"conformance_repeats": 10})
+    assert not v.passed and "sent 1 time(s), the job asks 10" in " ".join(v.reasons)
     with pytest.raises(ValueError, match="conformance_min_forced_valid"):
         thresholds.check_thresholds({"conformance_min_forced_valid": 1.5})
 
