@@ -30,16 +30,16 @@ def check_parts(ckpt: Checkpoint, declared: dict[str, TensorSpec]) -> Parts:
             continue
         q = spec.quant
         found: dict[str, TensorEntry] = {}
+        plain = ckpt.tensors.get(name) if name not in q.part_names() else None
+        if plain is not None:
+            raise LoadError(f"{plain.file.name}: tensor {name!r} is stored unquantised ({plain.dtype}), but "
+                            f"config.json declares it {q.format.label} (stored as "
+                            f"{', '.join(repr(p.name) for p in q.parts if not p.optional)})")
         for part in q.parts:
             entry = ckpt.tensors.get(part.name)
             if entry is None:
                 if part.optional:
                     continue
-                plain = ckpt.tensors.get(name) if part.role == "values" and part.name != name else None
-                if plain is not None:
-                    raise LoadError(f"{plain.file.name}: tensor {name!r} is stored unquantised ({plain.dtype}), "
-                                    f"but config.json declares it {q.format.label} (expected {part.name!r}: "
-                                    f"{part.what})")
                 raise LoadError(f"{ckpt.index_name}: {q.format.label} weight {name!r} lacks its tensor "
                                 f"{part.name!r} ({part.what})")
             if entry.shape not in part.shapes:

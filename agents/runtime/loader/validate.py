@@ -76,6 +76,8 @@ def validate(ckpt: Checkpoint, declared: dict[str, TensorSpec], is_ignored: Call
         if name in scale_of:
             continue  # checked with its weight
         spec = declared.get(name)
+        if spec is not None and spec.quant is not None:
+            continue  # declared in a registered format: ``quantized.check_parts`` checks it
         if spec is None:
             if is_ignored is not None and not is_ignored(name):
                 raise LoadError(f"{entry.file.name}: unexpected tensor {name!r}: the model has no parameter for it")
