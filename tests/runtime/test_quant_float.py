@@ -21,6 +21,7 @@ from agents.runtime.models.simple_decode import greedy_decode
 from agents.runtime.testing import quant_release
 from agents.runtime.testing.make_model import cached_model
 from agents.runtime.testing.quant_release import QUANT_CHOICES, quantize_mxfp4, quantize_nvfp4, quantize_release
+from contract.planner.formats import checkpoint_format
 
 PROMPTS = [[1, 17, 93, 250, 4, 77], [1, 300, 12]]
 FORMAT_NAME = {"mxfp4": "mxfp4", "nvfp4": "nvfp4", "fp8-tensor": "float8_e4m3fn-tensor",
@@ -92,6 +93,12 @@ def test_loads_strictly_and_reports_the_bytes_it_takes(releases, fmt: str) -> No
                  if not n.endswith("layernorm.weight") and n.startswith("model.layers."))
     assert quant["bytes"] == packed and quant["runtime_bytes"] > (3 if "fp8" in fmt else 6) * packed
     assert linears  # the original has the layers the release quantised
+    assert checkpoint_format(config)[0] == quant["format"]  # the planner counts the format the loader loads
+
+
+def test_the_planner_reads_modelopt_fp8_as_per_tensor() -> None:
+    config = {"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8", "exclude_modules": ["lm_head"]}}
+    assert checkpoint_format(config) == ("float8_e4m3fn-tensor", False)
 
 
 @pytest.mark.parametrize("fmt", QUANT_CHOICES)
