@@ -187,3 +187,10 @@ def test_make_model_quant_keeps_the_original_beside_it(tmp_path: Path, capsys) -
     assert (again / "model.safetensors").read_bytes() == (tmp_path / "m" / "model.safetensors").read_bytes()
     args.real, args.arch = "smollm2-135m", None
     assert make_model_command.handle(args) == 2
+
+
+def test_excluded_modules_dotted_globs_and_regexes() -> None:
+    fmt = Mxfp4(("model.layers.*.self_attn", "lm_head", "re:.*mlp.gate$"))
+    kept = ["model.layers.3.self_attn.q_proj.weight", "lm_head.weight", "model.layers.0.mlp.gate.weight"]
+    converted = ["model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.down_proj.weight"]
+    assert not any(fmt.converts(n) for n in kept) and all(fmt.converts(n) for n in converted)

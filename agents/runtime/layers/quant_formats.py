@@ -88,7 +88,7 @@ def _matches(pattern: str, module: str) -> bool:
     if "*" in pattern:
         return fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(module, pattern + ".*")
     dotted = f".{module}."
-    return f".{pattern}." in dotted or module.endswith(pattern)
+    return f".{pattern}." in dotted
 
 
 @dataclass
