@@ -67,3 +67,16 @@ def test_a_planted_scale_fault_fails_align_at_its_layer(make_ctx, tmp_path: Path
     layers = report["stages"]["align"]["layers"]
     assert [row["passed"] for row in layers] == [True, False], layers
     assert layers[0]["max_rel_err"] < 1e-5 and layers[1]["max_rel_err"] > GATE["layer_max_rel_err"]
+
+
+@pytest.mark.slow
+def test_every_default_stage_runs_on_a_quantised_release_on_cpu(make_ctx, tmp_path: Path) -> None:
+    """The issue's 'done when', agent side: a job on an NVFP4 release (emulated on the CPU) passes every default
+    stage; its load section says how it ran."""
+    release = quantize_release(cached_model("llama"), "nvfp4", tmp_path / "nvfp4")
+    ctx, _ = make_ctx(release, thresholds=GATE)
+    report = run_pipeline(ctx, "plan,load,inventory,align,serve,bench,env")
+    assert report["failed_stage"] is None, report["error"]
+    assert report["tier"] >= 5
+    quant = report["stages"]["load"]["quant"]
+    assert quant["format"] == "nvfp4" and quant["mode"] == "emulated" and quant["device_has_type"] is False
