@@ -48,6 +48,7 @@ def test_a_planted_scale_fault_fails_align_at_its_layer(make_ctx, tmp_path: Path
     ctx, _ = make_ctx(release, thresholds=GATE)
     report = run_pipeline(ctx, "load,align")
     assert report["stages"]["load"]["quant"]["format"] == fmt
+    assert report["stages"]["load"]["quant"]["hardware_declares"] is False  # the cpu hardware declares no fp4
     layers = report["stages"]["align"]["layers"]
     assert report["failed_stage"] is None, report["error"]
     assert [row["passed"] for row in layers] == [True, True] and min(r["cosine"] for r in layers) > 0.99999

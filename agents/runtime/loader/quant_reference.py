@@ -12,6 +12,7 @@ it instead of being reproduced by the reference.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,15 @@ def _fp8(tensors: dict[str, torch.Tensor], strategy: str) -> dict[str, torch.Ten
     return out
 
 
+# format class -> its independent dequantiser (tensors by name, the format) -> {unquantised name: fp32 weight};
+# it pops the parts it consumed. Other format modules add theirs with ``REFERENCE[Cls] = fn``.
+REFERENCE: dict[type[QuantFormat], Callable[[dict[str, torch.Tensor], Any], dict[str, torch.Tensor]]] = {
+    Mxfp4: lambda tensors, fmt: _mxfp4(tensors),
+    Nvfp4: lambda tensors, fmt: _nvfp4(tensors),
+    Fp8Scaled: lambda tensors, fmt: _fp8(tensors, fmt.strategy),
+}
+
+
 def dequantized_weights(model_dir: Path | str, fmt: QuantFormat) -> dict[str, torch.Tensor]:
     """Every checkpoint tensor in fp32 under its unquantised name, the quantised ones dequantised."""
     ckpt = Checkpoint.open(model_dir)
@@ -72,14 +82,10 @@ def dequantized_weights(model_dir: Path | str, fmt: QuantFormat) -> dict[str, to
     for path in ckpt.files:
         with safe_open(path, framework="pt") as f:
             tensors.update({name: f.get_tensor(name) for name in f.keys()})  # noqa: SIM118 - not a dict
-    if isinstance(fmt, Mxfp4):
-        weights = _mxfp4(tensors)
-    elif isinstance(fmt, Nvfp4):
-        weights = _nvfp4(tensors)
-    elif isinstance(fmt, Fp8Scaled):
-        weights = _fp8(tensors, fmt.strategy)
-    else:
+    dequantize = next((fn for cls, fn in REFERENCE.items() if isinstance(fmt, cls)), None)
+    if dequantize is None:
         raise ValueError(f"no independent {fmt.label} dequantiser for the alignment reference")
+    weights = dequantize(tensors, fmt)
     return {**{n: t.float() for n, t in tensors.items()}, **weights}
 
 
