@@ -159,6 +159,8 @@ DOWN = "model.layers.1.mlp.down_proj"
      r"config.json: quantization_config.group_size 32: NVFP4 blocks are 16"),
     ("fp8-tensor", lambda t, c: c["quantization_config"]["config_groups"]["group_0"]["weights"].update(
         strategy="block"), r"config.json: quantization_config: FP8 weights with strategy 'block' are not supported"),
+    ("nvfp4", lambda t, c: c["quantization_config"].update(kv_cache_quant_algo="FP8"),
+     r"kv_cache_quant_algo 'FP8' \(modelopt\) is not supported"),
     ("nvfp4", lambda t, c: c["quantization_config"].update(quant_algo="W4A8_AWQ"),
      r"quant_algo 'W4A8_AWQ' \(modelopt\) is not supported"),
 ])

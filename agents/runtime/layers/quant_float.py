@@ -138,6 +138,9 @@ def parse_modelopt(quant: dict[str, Any]) -> QuantFormat | None:
         return None
     algo = str(quant.get("quant_algo", "")).upper()
     excluded = _excluded(quant, "exclude_modules", "modules_to_not_convert", "ignore")
+    if quant.get("kv_cache_quant_algo"):  # its k_scale/v_scale tensors quantise a cache the runtime keeps unscaled
+        raise ValueError(f"quantization_config.kv_cache_quant_algo {quant['kv_cache_quant_algo']!r} (modelopt) is "
+                         f"not supported (the runtime's KV cache is unquantised)")
     if algo == "NVFP4":
         if quant.get("group_size", 16) != 16:
             raise ValueError(f"quantization_config.group_size {quant.get('group_size')!r}: NVFP4 blocks are 16")
