@@ -18,6 +18,7 @@ from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.vision_reference import reference_decoder
 from agents.runtime.context import ForwardContext
 from agents.runtime.engine.multimodal import config_takes_images
+from agents.runtime.loader.quant_reference import dequantized_reference
 from contract.thresholds import ALIGN as ALIGN_THRESHOLDS
 
 # contract.thresholds defaults (every dtype), overridable per job through ctx.thresholds.
@@ -102,8 +103,10 @@ def reference_model(ctx: StageContext) -> nn.Module:
         ref = reference_decoder(ctx)
         ctx.state.reference_model = ref
         return ref
-    try:
-        ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
+    try:  # a quantised release (MXFP4, NVFP4, FP8 per tensor/channel): its weights dequantised in fp32
+        ref = dequantized_reference(ctx.model_dir, ctx.config)
+        if ref is None:
+            ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
     except (ValueError, OSError, KeyError) as exc:
         raise StageFailed(f"the transformers reference cannot load {ctx.model_dir}: {exc}") from exc
     ref.eval()
