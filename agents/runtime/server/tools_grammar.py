@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from agents.runtime.engine.grammar import GrammarError, grammar_from_lark
@@ -122,6 +123,8 @@ def forced_call_lark(parser_name: str, tools: ToolRequest, lit: Literal, *, temp
     reasoning where the model thinks); ValueError for a format without a grammar."""
     if parser_name not in FORMATS:
         raise ValueError(f"no forced-call grammar for the {parser_name!r} tool-call format")
+    if tools.named:  # a named function is called once (as OpenAI and vLLM force it)
+        tools = replace(tools, parallel=False)
     rules = FORMATS[parser_name](tools, lit, template or "")
     # the reasoning ends at the first closing marker (a lazy lexeme), and the marker is forced once the budget
     # of characters is spent
