@@ -58,11 +58,14 @@ def read_text(settings: ChatSettings, text: str) -> Message:
 def _as_written(parser: ToolParser, rest: str, parsed: Parsed) -> None:
     """A forced call's arguments as the model wrote them (valid, as parsed), which is what streamed out piece by
     piece; kept as parsed where the text cannot be matched call for call."""
-    spans = parser.arg_spans(rest[parser.find_start(rest):])
-    if len(spans) != len(parsed.calls) or any(s.end is None or s.name != c.name for s, c in zip(spans, parsed.calls)):
-        return
     start = parser.find_start(rest)
-    for span, call in zip(spans, parsed.calls):
+    spans = parser.arg_spans(rest[start:])
+    if len(spans) != len(parsed.calls):
+        return
+    pairs = list(zip(spans, parsed.calls, strict=True))
+    if any(span.end is None or span.name != call.name for span, call in pairs):
+        return
+    for span, call in pairs:
         call.arguments = rest[start + span.start:start + span.end]
         call.id = span.id or call.id
 
