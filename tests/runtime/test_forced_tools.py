@@ -94,3 +94,37 @@ def test_special_token_markers_use_the_token_syntax():
     assert "start: reason calls" in lark and "{0,10}" in lark
     with pytest.raises(ValueError, match="no forced-call grammar"):
         forced_call_lark("pythonic", req, json.dumps)
+
+
+def test_a_special_marker_token_is_forced_as_that_token(tmp_path):
+    """Where [TOOL_CALLS] and [ARGS] are special tokens of the tokenizer (Mistral's control tokens), the grammar
+    names them by id: the call written with the tokens is accepted, the same text spelled out in pieces is not."""
+    import shutil
+
+    from tokenizers import Tokenizer as Fast
+
+    from agents.runtime.engine.grammar import GrammarEngine, grammar_from_lark
+    from agents.runtime.engine.tokenizer import Tokenizer
+    from agents.runtime.testing.make_model import cached_model
+
+    base = cached_model("llama")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(base / name, tmp_path / name)
+    fast = Fast.from_file(str(tmp_path / "tokenizer.json"))
+    fast.add_special_tokens(["[TOOL_CALLS]", "[ARGS]"])
+    fast.save(str(tmp_path / "tokenizer.json"))
+    tok = Tokenizer(tmp_path)
+    engine = GrammarEngine(tok, fast.get_vocab_size(), set(tok.eos_token_ids))
+    marker = fast.token_to_id("[TOOL_CALLS]")
+    assert engine.literal("[TOOL_CALLS]") == f"<[{marker}]>" and engine.literal("<tool_call>") == '"<tool_call>"'
+    req = tool_request({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    grammar = grammar_from_lark(forced_call_lark("mistral", req, engine.literal, template="[ARGS]"))
+
+    def accepted(ids: list[int]) -> bool:
+        m = engine.matcher(grammar)
+        return all(m.consume_token(t) for t in ids) and m.is_accepting()
+
+    call = fast.encode('[TOOL_CALLS]get_time[ARGS]{"utc": true}', add_special_tokens=False).ids
+    assert marker in call and accepted(call)
+    spelled = [t for piece in ("[", "TOOL_CALLS]", 'get_time') for t in fast.encode(piece, add_special_tokens=False).ids]
+    assert marker not in spelled and not accepted(spelled)
