@@ -129,6 +129,16 @@ def test_server_json_object_and_schema_errors(engine):
         r = httpx.post(f"{url}/v1/chat/completions", json={"messages": msgs, "response_format": bad}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
         assert "broken" in r.json()["error"]["message"]
+        # /v1/completions takes response_format too (as vLLM does), each prompt of a batch constrained
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": ["Person:", "Someone:"], "max_tokens": 80,
+                                                      "temperature": 0, "response_format": fmt}, timeout=120)
+        assert r.status_code == 200, r.text
+        for choice in r.json()["choices"]:
+            value = json.loads(choice["text"])
+            assert choice["finish_reason"] == "stop" and set(value) == {"name", "age"}
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "response_format": bad}, timeout=30)
+        assert r.status_code == 400 and "broken" in r.json()["error"]["message"]
         metrics = httpx.get(f"{url}/metrics").text
         line = next(x for x in metrics.splitlines() if x.startswith("day0:grammar_mask_seconds_total{"))
         assert float(line.rsplit(" ", 1)[1]) > 0

@@ -216,7 +216,7 @@ def test_model_lookup_and_unknown_model_404(url):
         ("/v1/completions", {"logit_bias": {"5": 101}}, "logit_bias"),
         ("/v1/completions", {"logit_bias": {"x": 1}}, "logit_bias"),
         ("/v1/completions", {"logit_bias": {"99999999": 1}}, "logit_bias"),
-        ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("/v1/completions", {"response_format": {"type": "xml"}}, "response_format"),
         ("/v1/completions", {"suffix": "tail"}, "suffix"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
         ("/v1/completions", {"logprobs": 21}, "logprobs"),

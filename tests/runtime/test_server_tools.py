@@ -89,8 +89,10 @@ def test_forced_calls_parse_stream_identically_and_read_with_the_sdk(served):
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
 
     client = OpenAI(base_url=f"{url}/v1", api_key="none")
+    # (tool_choice "auto": a required or named choice is held by the grammar, which the script would fight;
+    # forced choices are tested without the script in test_forced_tools.py)
     sdk = client.chat.completions.create(model="tiny", messages=HISTORY, tools=TOOLS, temperature=0,
-                                         tool_choice="required", max_tokens=300)
+                                         tool_choice="auto", max_tokens=300)
     got = sdk.choices[0].message.tool_calls
     assert [c.function.name for c in got] == ["get_weather", "get_time"] and sdk.choices[0].finish_reason == "tool_calls"
     names = [c.function.name for chunk in client.chat.completions.create(
@@ -108,10 +110,8 @@ def test_a_malformed_or_unwanted_call_is_reported_not_passed_on(served):
     assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "stop"
     assert choice["message"]["content"].endswith(text[-10:]) and says in " ".join(choice["day0_tool_call_errors"])
     _same_as_whole(_stream(url, body)[0], choice)
-    named = {**body, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}
-    forced.text(PREFIX.get(family, "") + CALLS[family])
-    choice = httpx.post(f"{url}/v1/chat/completions", json=named, timeout=60).json()["choices"][0]
-    assert "tool_calls" not in choice["message"] and "get_time" in choice["day0_tool_call_errors"][0]
+    # a named or required choice is held by the grammar while decoding (test_forced_tools.py); its check after
+    # generation is tested in test_tool_parsers.py
 
 
 def test_prompt_is_the_template_with_tools_as_transformers_renders_it(served):

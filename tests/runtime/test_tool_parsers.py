@@ -157,6 +157,26 @@ def test_streamed_deltas_add_up_to_the_whole_message(family, size):
             {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in whole.calls]
 
 
+@pytest.mark.parametrize("family", sorted(CALLS))
+def test_forced_calls_stream_their_arguments_as_written(family):
+    """Calls forced by the grammar: each call's id and name go out once written, then its arguments piece by
+    piece before the answer ends; the pieces add up to the whole message's arguments, the text as written."""
+    chat = settings(family, {"tools": TOOLS, "tool_choice": "required"})
+    chat.forced = True
+    text = CALLS[family]
+    stream, early = StreamedChoice(chat), []
+    for i in range(0, len(text) - 1, 2):
+        early += stream.feed(text[i:i + 2]).get("tool_calls", [])
+    assert len([c for c in early if c["function"]["arguments"]]) >= 4  # several pieces, for both calls
+    assert [c["function"]["name"] for c in early if "id" in c] == ["get_weather", "get_time"]
+    got = _streamed(chat, text, 2)
+    whole = read_text(chat, text)
+    assert [got["calls"][i] for i in sorted(got["calls"])] == [
+        {"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in whole.calls]
+    assert json.loads(whole.calls[0]["function"]["arguments"]) == {"city": "Paris", "days": 2}
+    assert whole.calls[0]["function"]["arguments"] in text  # as written, not re-serialised
+
+
 def test_parser_flags_reach_the_command_line_and_name_every_parser():
     from agents.runtime.commands.serve import PARSER_NAMES, serve_command
 

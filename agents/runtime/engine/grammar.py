@@ -48,6 +48,18 @@ def grammar_from_json_schema(schema: dict[str, Any] | bool, *, strict: bool = Fa
     return grammar
 
 
+def grammar_from_lark(lark: str) -> str:
+    """The llguidance grammar of a Lark text (``%json`` schemas and ``<[id]>`` tokens inside), checked."""
+    try:
+        grammar = _llg().LLMatcher.grammar_from_lark(lark)
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise GrammarError(f"invalid grammar: {exc}") from None
+    ok, message = _validate(grammar)
+    if not ok:
+        raise GrammarError(f"invalid grammar: {message}")
+    return grammar
+
+
 def _validate(grammar: str) -> tuple[bool, str]:
     llg = _llg()
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, None)
@@ -94,6 +106,15 @@ class GrammarEngine:
                 self._ll_tokenizer = llguidance.hf.from_tokenizer(self._tokenizer._hf, n_vocab=self.vocab_size,
                                                                   eos_token=eos)
         return self._ll_tokenizer
+
+    def literal(self, text: str) -> str:
+        """``text`` as a Lark literal for this tokenizer: ``<[id]>`` when it is one special token (which a quoted
+        string never matches), else the quoted text."""
+        tok = self.ll_tokenizer()
+        ids = tok.tokenize_str(text, parse_special=True)
+        if len(ids) == 1 and tok.is_special_token(ids[0]):
+            return f"<[{ids[0]}]>"
+        return json.dumps(text)
 
     def matcher(self, grammar: str):
         """A fresh matcher for ``grammar`` (each choice of ``n`` gets its own); GrammarError when it fails."""

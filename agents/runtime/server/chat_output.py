@@ -22,6 +22,7 @@ class ChatSettings:
     tools: ToolRequest = field(default_factory=ToolRequest)
     tool_parser: type[ToolParser] | None = None
     reasoning: str | None = None
+    forced: bool = False  # the calls are forced by a grammar while decoding (their arguments stream as written)
 
     def parses_tools(self) -> bool:
         return self.tools.parses and self.tool_parser is not None
@@ -40,15 +41,33 @@ def read_text(settings: ChatSettings, text: str) -> Message:
     reasoning, rest = split_reasoning(settings.reasoning, text, final=True)
     parsed = Parsed(rest)
     if settings.parses_tools():
-        parsed = settings.tool_parser().parse(rest, settings.tools.schemas)
+        parser = settings.tool_parser()
+        parsed = parser.parse(rest, settings.tools.schemas)
         parsed.errors += _choice_errors(settings.tools, parsed)
         if parsed.errors:
             parsed = Parsed(rest, errors=parsed.errors)
+        elif settings.forced:
+            _as_written(parser, rest, parsed)
     elif settings.tools.choice not in ("none", "auto"):
         parsed.errors.append("this server has no tool-call parser for the model's template "
                              "(start it with --tool-call-parser)")
     content = parsed.content if parsed.content.strip() or not parsed.calls else None
     return Message(reasoning, content, [c.openai() for c in parsed.calls], parsed.errors)
+
+
+def _as_written(parser: ToolParser, rest: str, parsed: Parsed) -> None:
+    """A forced call's arguments as the model wrote them (valid, as parsed), which is what streamed out piece by
+    piece; kept as parsed where the text cannot be matched call for call."""
+    start = parser.find_start(rest)
+    spans = parser.arg_spans(rest[start:])
+    if len(spans) != len(parsed.calls):
+        return
+    pairs = list(zip(spans, parsed.calls, strict=True))
+    if any(span.end is None or span.name != call.name for span, call in pairs):
+        return
+    for span, call in pairs:
+        call.arguments = rest[start + span.start:start + span.end]
+        call.id = span.id or call.id
 
 
 def _choice_errors(tools: ToolRequest, parsed: Parsed) -> list[str]:
@@ -81,6 +100,7 @@ class StreamedChoice:
         self.text = ""
         self.sent_reasoning = 0
         self.sent_content = 0
+        self.sent_args: list[int] = []  # per call already opened (forced calls stream as written): arguments sent
 
     @staticmethod
     def _visible(full: str, sent: int, final: bool) -> str:
@@ -93,11 +113,32 @@ class StreamedChoice:
             self.sent_content += len(new_text)  # plain text: every character is content as it comes
             return {"content": new_text} if new_text else {}
         reasoning, rest = split_reasoning(self.settings.reasoning, self.text, final=False)
+        calls: list[dict[str, Any]] = []
         if self.settings.parses_tools():
             parser = self.settings.tool_parser()
             start = parser.find_start(rest)
+            if start >= 0 and self.settings.forced:
+                calls = self._call_deltas(parser, rest[start:])
             rest = rest[:start] if start >= 0 else rest[:len(rest) - parser.held_back(rest)]
-        return self._delta(reasoning or "", rest)
+        delta = self._delta(reasoning or "", rest)
+        if calls:
+            delta["tool_calls"] = calls
+        return delta
+
+    def _call_deltas(self, parser: ToolParser, text: str) -> list[dict[str, Any]]:
+        """A forced call's pieces so far: its id and name once written, then its arguments as they grow (the
+        grammar makes them valid; a call cut off by max_tokens is named in the final chunk's errors)."""
+        out: list[dict[str, Any]] = []
+        for i, span in enumerate(parser.arg_spans(text)):
+            args = text[span.start:span.end if span.end is not None else len(text)]
+            if i == len(self.sent_args):
+                self.sent_args.append(0)
+                out.append({"index": i, "id": span.id or parser.new_id(), "type": "function",
+                            "function": {"name": span.name, "arguments": ""}})
+            if len(args) > self.sent_args[i]:
+                out.append({"index": i, "function": {"arguments": args[self.sent_args[i]:]}})
+                self.sent_args[i] = len(args)
+        return out
 
     def finish(self, new_text: str) -> tuple[list[dict[str, Any]], Message]:
         """The deltas that end the choice: the rest of its reasoning and content, then each tool call (its id,
@@ -107,9 +148,13 @@ class StreamedChoice:
         deltas = [self._delta(msg.reasoning or "", msg.content or "", final=True)]
         for i, call in enumerate(msg.calls):
             function = call["function"]
-            deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                           "function": {"name": function["name"], "arguments": ""}}]})
-            deltas.append({"tool_calls": [{"index": i, "function": {"arguments": function["arguments"]}}]})
+            if i >= len(self.sent_args):
+                self.sent_args.append(0)
+                deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                               "function": {"name": function["name"], "arguments": ""}}]})
+            rest = function["arguments"][self.sent_args[i]:]
+            if rest or not self.sent_args[i]:
+                deltas.append({"tool_calls": [{"index": i, "function": {"arguments": rest}}]})
         return deltas, msg
 
     def _delta(self, reasoning: str, content: str, final: bool = False) -> dict[str, Any]:

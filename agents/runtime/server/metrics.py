@@ -198,9 +198,10 @@ class EngineCollector(Collector):
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 is every block in use.", used / total if total else 0)
         preempted = CounterMetricFamily("vllm:num_preemptions", "Preemptions by the scheduler.", labels=["model_name"])
         preempted.add_metric([name], stats.get("num_preemptions", 0))
-        # constrained decoding (response_format): the time spent computing grammar token masks, and their rows
+        # constrained decoding (response_format, forced tool calls): the time spent computing grammar token
+        # masks, and their rows
         masks = CounterMetricFamily("day0:grammar_mask_seconds", "Seconds computing and applying grammar token "
-                                    "masks (response_format).", labels=["model_name"])
+                                    "masks (response_format, forced tool calls).", labels=["model_name"])
         masks.add_metric([name], stats.get("grammar_mask_seconds", 0.0))
         yield masks
         rows = CounterMetricFamily("day0:grammar_mask_rows", "Sequence-steps given a grammar token mask.",

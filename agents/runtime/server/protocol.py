@@ -30,7 +30,8 @@ CHAT_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "functions": ([],),
     "function_call": ("none",),
 }
-COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "logprobs", "best_of"} | set(COMPLETION_NEUTRAL)
+COMPLETION_FIELDS = (SAMPLING_FIELDS | {"prompt", "echo", "logprobs", "best_of", "response_format"}
+                     | set(COMPLETION_NEUTRAL))
 CHAT_FIELDS = (SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
                                   "parallel_tool_calls", "tools", "tool_choice", "response_format",
                                   "chat_template_kwargs"} | set(CHAT_NEUTRAL))

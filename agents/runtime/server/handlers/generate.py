@@ -3,6 +3,8 @@ group and answered whole or streamed over SSE."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -25,6 +27,7 @@ from agents.runtime.server.render import ChatRenderer, Choice, Renderer
 from agents.runtime.server.sse import SSEResponse, collect_unless_disconnected
 from agents.runtime.server.structured import check_logit_bias
 from agents.runtime.server.tools import template_kwargs, tool_request
+from agents.runtime.server.tools_grammar import forced_call_grammar, forces
 
 
 async def serve_choices(
@@ -110,5 +113,13 @@ async def chat_completions(state: ServerState, request: Request) -> Response:
         ids = await tokenize(engine, text, "messages", add_special_tokens=False)  # the template writes the BOS
     gen = chat_generation(body, max_model_len=engine.max_model_len, prompt_tokens=len(ids))
     gen.chat = ChatSettings(tools, tool_parser, reasoning)
+    if forces(tools) and tool_parser is not None:  # required or named: the grammar holds the model to the format
+        if gen.params.grammar is not None:
+            raise APIError(400, "'response_format' cannot be combined with a 'required' or named 'tool_choice'",
+                           "response_format")
+        grammar = await run_in_threadpool(forced_call_grammar, engine, tool_parser.name, tools,
+                                          reasoning=reasoning, max_tokens=gen.params.max_tokens)
+        gen.params = replace(gen.params, grammar=grammar)
+        gen.chat.forced = True
     choices = [Choice(j, ids, "", counts_prompt=j == 0) for j in range(gen.n)]
     return await serve_choices(state, request, engine, gen, choices, ChatRenderer, images)

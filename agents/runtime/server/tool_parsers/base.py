@@ -5,6 +5,7 @@ request's tools (a known function name, arguments a JSON object with the schema'
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,17 @@ class ToolCall:
 
 
 @dataclass
+class ArgSpan:
+    """Where a call's arguments lie in the text from the first marker on: its function's name, its id when
+    the text writes one, the arguments' start and end (None while the JSON value is unfinished)."""
+
+    name: str
+    id: str | None
+    start: int
+    end: int | None
+
+
+@dataclass
 class Parsed:
     """``content``: the text outside the calls (the whole text when a call was malformed); ``errors``: what was
     wrong with each malformed call (then ``calls`` is empty: a half-valid answer is never passed on as valid)."""
@@ -43,6 +55,10 @@ class ToolParser:
     name = ""
     markers: tuple[str, ...] = ()
     tokens: tuple[str, ...] = ()  # every token of the format, kept in the decoded text where it is special
+    # the text just before a call's JSON arguments, its function's name in group "name" (or "name2" in a second
+    # form) and an id in "id" where the format writes one:
+    # how arguments are streamed as the model writes them
+    head: re.Pattern[str] | None = None
 
     def find_start(self, text: str) -> int:
         """Where the first tool call starts in ``text``, or -1."""
@@ -61,6 +77,28 @@ class ToolParser:
 
     def make_id(self, name: str, index: int) -> str | None:
         return None  # the default: a fresh call_ id
+
+    def new_id(self) -> str:
+        """An id for a call whose text names none (a streamed call's id is sent before the call is finished)."""
+        return self.make_id("", 0) or ToolCall("", "").id
+
+    def arg_spans(self, text: str) -> list[ArgSpan]:
+        """The calls in ``text`` (from the first marker on, possibly unfinished) whose name is written, each with
+        where its arguments lie, in order; a call's head is looked for only after the previous call's end."""
+        spans: list[ArgSpan] = []
+        pos = 0
+        while self.head is not None:
+            match = self.head.search(text, pos)
+            if match is None:
+                break
+            end = json_end(text, match.end())
+            groups = match.groupdict()
+            name = groups.get("name") or groups.get("name2") or ""  # a format with two forms names both
+            spans.append(ArgSpan(name, groups.get("id"), match.end(), end))
+            if end is None:
+                break
+            pos = end
+        return spans
 
     def parse(self, text: str, tools: dict[str, dict[str, Any]]) -> Parsed:
         start = self.find_start(text)
@@ -82,6 +120,31 @@ class ToolParser:
         if errors or not calls:
             return Parsed(text, errors=errors or [f"{self.name}: no tool call found after the marker"])
         return Parsed(text[:start], calls)
+
+
+def json_end(text: str, pos: int) -> int | None:
+    """The end of the JSON object or array that starts at ``text[pos]``, or None while it is unfinished (or
+    is not one)."""
+    if pos >= len(text) or text[pos] not in "{[":
+        return None
+    depth, in_string, i = 0, False, pos
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
 
 
 def load_json(text: str, what: str) -> Any:

@@ -11,6 +11,7 @@ from agents.runtime.server.tool_parsers.base import ToolParser, load_json
 
 BEGIN, END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.DOTALL)
+NAME = r"[A-Za-z0-9_.\-]{1,64}"
 FENCED = re.compile(r"^(.*?)\n```(?:json)?\n(.*)\n```$", re.DOTALL)
 
 
@@ -18,6 +19,8 @@ class DeepSeekV3Parser(ToolParser):
     name = "deepseek_v3"
     markers = (BEGIN,)
     tokens = (BEGIN, END, "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>")
+    head = re.compile(rf"<｜tool▁call▁begin｜>(?:function<｜tool▁sep｜>(?P<name>{NAME})\n```json\n|"
+                      rf"(?!function<｜tool▁sep｜>)(?P<name2>{NAME})<｜tool▁sep｜>)")
 
     def parse_calls(self, text: str) -> list[tuple[str, Any]]:
         body = text[len(BEGIN):]

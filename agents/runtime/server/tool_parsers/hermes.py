@@ -15,6 +15,7 @@ class HermesParser(ToolParser):
     name = "hermes"
     markers = ("<tool_call>",)
     tokens = ("<tool_call>", "</tool_call>")
+    head = re.compile(r'\{"name": "(?P<name>[A-Za-z0-9_.\-]{1,64})", "arguments": ')
 
     def parse_calls(self, text: str) -> list[tuple[str, Any]]:
         bodies = CALL.findall(text)

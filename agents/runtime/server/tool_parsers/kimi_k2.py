@@ -18,6 +18,8 @@ class KimiK2Parser(ToolParser):
     name = "kimi_k2"
     markers = (BEGIN,)
     tokens = (BEGIN, END, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+    head = re.compile(r"<\|tool_call_begin\|>(?P<id>functions\.(?P<name>[A-Za-z0-9_.\-]{1,64}):\d+)"
+                      r"<\|tool_call_argument_begin\|>")
 
     def __init__(self) -> None:
         self._ids: dict[int, str] = {}

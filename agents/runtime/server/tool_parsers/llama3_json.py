@@ -5,6 +5,7 @@ starts with one (after whitespace): prose that mentions JSON stays content."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from agents.runtime.server.tool_parsers.base import ToolParser
@@ -16,6 +17,7 @@ class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     markers = (TAG, '{"name"')
     tokens = (TAG,)
+    head = re.compile(r'\{"name": "(?P<name>[A-Za-z0-9_.\-]{1,64})", "parameters": ')
 
     def find_start(self, text: str) -> int:
         body = text.lstrip()

@@ -5,6 +5,7 @@ alphanumeric characters, as Mistral's templates require."""
 from __future__ import annotations
 
 import random
+import re
 import string
 from typing import Any
 
@@ -17,6 +18,9 @@ class MistralParser(ToolParser):
     name = "mistral"
     markers = (MARK,)
     tokens = (MARK, ARGS)
+    # a call of the JSON list, or name[ARGS] after its own [TOOL_CALLS]
+    head = re.compile(r'(?:\{"name": "(?P<name>[A-Za-z0-9_.\-]{1,64})", "arguments": |\[TOOL_CALLS\]'
+                      r'(?P<name2>[A-Za-z0-9_.\-]{1,64})\[ARGS\])')
 
     def parse_calls(self, text: str) -> list[tuple[str, Any]]:
         pieces = [p.strip() for p in text.split(MARK)[1:]]
