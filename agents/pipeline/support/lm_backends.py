@@ -112,14 +112,14 @@ class ReferenceLM:
                 tops.append(top_entries(token, float(logprobs[token]), zip(ids.tolist(), values.tolist(), strict=True)))
                 if token in eos or len(tokens) == limit:
                     break
-                res = self.model(input_ids=torch.tensor([[token]], dtype=torch.long), use_cache=True, **_cache_of(res))
+                res = self.model(input_ids=torch.tensor([[token]], dtype=torch.long), use_cache=True, **cache_of(res))
             out.append({"tokens": tokens, "top_logprobs": tops, "prompt_tokens": len(prompt)})
             progress(n + 1, len(prompts))
             check()
         return out
 
 
-def _cache_of(out: Any) -> dict[str, Any]:
+def cache_of(out: Any) -> dict[str, Any]:
     """The KV cache of a forward's output as the next forward takes it (``cache`` in transformers 5.2x, the
     deprecated ``past_key_values`` before)."""
     if "cache" in getattr(out, "__dataclass_fields__", {}):

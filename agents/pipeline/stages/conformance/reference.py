@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from agents.pipeline.support.context import StageContext
+from agents.pipeline.support.lm_backends import cache_of
 from agents.pipeline.support.models import eos_token_ids, reference_model, tokenizer
 from agents.runtime.server.chat_output import ChatSettings, read_text
 from agents.runtime.server.reasoning import detect_reasoning
@@ -45,7 +46,7 @@ class Reference:
             if token in self.eos:
                 break
             tokens.append(token)
-            out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+            out = model(input_ids=torch.tensor([[token]]), use_cache=True, **cache_of(out))
         return tokens
 
     def answer(self, messages: list[dict[str, Any]], body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
