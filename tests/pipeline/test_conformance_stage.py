@@ -59,9 +59,10 @@ class ScriptedReference:
     def __init__(self, model, script: list[int], eos: int) -> None:
         self.model, self.script, self.eos, self.k = model, script, eos, 0
 
-    def __call__(self, input_ids, past_key_values=None, **kwargs):
-        out = self.model(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
-        self.k = 0 if past_key_values is None else self.k + 1
+    def __call__(self, input_ids, **kwargs):
+        out = self.model(input_ids=input_ids, **kwargs)
+        cached = kwargs.get("cache", kwargs.get("past_key_values"))  # transformers 5.2x names it ``cache``
+        self.k = 0 if cached is None else self.k + 1
         logits = torch.full_like(out.logits, float("-inf"))
         logits[0, -1, self.script[self.k] if self.k < len(self.script) else self.eos] = 0.0
         out.logits = logits
