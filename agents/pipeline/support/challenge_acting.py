@@ -90,7 +90,7 @@ def answer_agent(lm: Any, tok: Any, items: Sequence[Mapping[str, Any]], ctx: Sta
         if not active:
             break
         outs = lm.generate(prompts, limit, list(agent_env.STOP),
-                           lambda d, t, k=turn: ctx.progress(d, t, f"{label} agent turn {k + 1}"), ctx.check_cancelled)
+                           lambda d, t: ctx.progress(d, t, f"{label} agent"), ctx.check_cancelled)
         for episode, text in zip(active, outs, strict=True):
             episode.step(text)
     return [{"id": item["id"], "actions": list(e.actions), "success": e.success}
