@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from apps.evidence.models import StageResult
 from apps.jobs import dispatch, services
@@ -80,9 +81,23 @@ def test_a_certify_eval_is_scored_on_its_code_and_agent_answers(api_client, worl
     assert any("replayed by the portal" in r for r in stored["reasons"]), stored
     job2 = JobFactory(model=world["model"], hardware=world["hardware"], state=JobState.QUEUED,
                       spec={"stages": ["eval"], "dtype": "bfloat16"})
-    raw2 = raw_outputs(_start(job2)["challenge"])["eval"]
+    challenge2 = _start(job2)["challenge"]
+    raw2 = raw_outputs(challenge2)["eval"]
     stored = _post(api_client, job2, world["token"], {"stage": "eval", "section": {**passing("eval"),
                                                                                     "raw": raw2}}).json()["stored"][0]
     assert stored["verdict"] == "pass", stored
     scores = StageResult.objects.get(job=Job.objects.get(pk=job2.pk), stage="eval").challenge_scores
     assert scores["code"]["n"] == 4 and scores["agent"]["success"] == {"reference": 1.0, "target": 1.0}
+    # the cell page: the code and agent rows scored by the portal, each item's reference result beside the target's
+    page = Client().get(f"/cells/{world['model'].slug}/{world['hardware'].slug}/").content.decode()
+    block = page[page.index('id="acting-scored-by-portal"'):]
+    block = block[: block.index("</section>")]
+    humaneval = block[block.index('data-task="humaneval"'):block.index('data-task="agent_kv"')]
+    assert "0.0 %" in humaneval and "identical completions 100.0 %" in humaneval and "0 disputes" in humaneval
+    items = block[block.index('id="portal-acting-items"'):]
+    first = challenge2["code"][0]
+    row = items[items.index(f'data-item="{first["id"]}"'):]
+    row = row[: row.index("</tr>")]
+    assert first["task_id"] in row and "the reference run (identical completion)" in row and "✗ fails" in row
+    agent_row = items[items.index(f'data-item="{challenge2["agent"][0]["id"]}"'):]
+    assert "✓ succeeds" in agent_row[: agent_row.index("</tr>")] and "the portal replayed the actions" in agent_row
