@@ -12,18 +12,40 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from apps.catalog.models import Hardware
 from apps.evidence.models import StageResult
 from apps.jobs import dispatch, services
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
 from apps.references.models import Challenge, ReferenceRun
 from contract.challenges import pool as cp
-from tests.factories import JobFactory
+from tests.factories import (
+    HardwareFactory,
+    JobFactory,
+    ModelReleaseFactory,
+    OrganizationFactory,
+    UserFactory,
+    make_token,
+)
 from tests.portal.challenges import raw_outputs, reference_section
 from tests.portal.reports import passing
-from tests.portal.test_references import _post, _queue_reference, _start, world  # noqa: F401 - the fixture
+from tests.portal.test_references import _post, _queue_reference, _start
 
 pytestmark = pytest.mark.django_db
+
+@pytest.fixture
+def world() -> dict[str, Any]:
+    """Reference hardware with its agent token, an ordinary host with its own, and a release (as in
+    test_references)."""
+    reference_hw = HardwareFactory(slug="ref-cpu")
+    Hardware.objects.filter(pk=reference_hw.pk).update(reference=True)
+    reference_hw.refresh_from_db()
+    hardware = HardwareFactory()
+    return {"model": ModelReleaseFactory(), "reference_hw": reference_hw, "hardware": hardware,
+            "reference_token": make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=reference_hw),
+            "token": make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware),
+            "staff": UserFactory(is_staff=True)}
+
 
 FINISH = json.dumps({"tool": "finish", "args": {}}, sort_keys=True)
 

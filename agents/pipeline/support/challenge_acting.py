@@ -76,7 +76,7 @@ def answer_agent(lm: Any, tok: Any, items: Sequence[Mapping[str, Any]], ctx: Sta
     encode = _encoder(tok)
     episodes = [agent_env.Episode.from_seed(item["seed"]) for item in items]
     limit = min(item["max_tokens"] for item in items) if items else agent_env.ACTION_MAX_TOKENS
-    for turn in range(agent_env.MAX_TURNS):
+    for _turn in range(agent_env.MAX_TURNS):
         active, prompts = [], []
         for episode in episodes:
             if episode.done:
