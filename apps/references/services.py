@@ -208,4 +208,5 @@ def challenge_judge(job: Job, *, attempt: int | None = None) -> ChallengeJudge |
         if pending is not None:
             awaiting = f"awaiting reference: its reference run (job {pending.job_id}) has not finished"
     return ChallengeJudge(challenge=challenge.items, keys=challenge.keys, sizes=challenge.sizes,
-                          reference=reference.outputs if reference else None, awaiting=awaiting)
+                          reference=reference.outputs if reference else None, awaiting=awaiting,
+                          reruns=challenge.reruns or {})

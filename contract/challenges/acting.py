@@ -5,8 +5,9 @@ agent_kv episodes (``agent``), target against the reference it holds.
   its sandbox's pass/fail. The portal checks the hash is the completion's, compares it with the reference's: an
   identical completion takes the reference run's result (trusted hardware ran that very program), and an
   identical completion reported with the other result is a dispute that fails the item. A completion unlike the
-  reference's keeps the agent's sandbox result (the portal runs no code in the web process): that part remains the
-  agent's word, marked per item (``result_from``).
+  reference's keeps the agent's sandbox result until the portal's worker re-runs it (``apps.evidence.reruns``, in
+  ``contract.sandbox``, never in the web process): a re-run result other than the one claimed is a dispute too;
+  until then that item is the agent's word, marked per item (``result_from``).
 * ``agent``: the agent posts its actions, one per turn. The portal replays them in ``contract.suites.agent_env``
   (pure python, deterministic from the episode's seed) and decides success itself, so a claimed success is
   never taken; turn agreement compares the replayed actions with the reference's, turn by turn.
@@ -78,19 +79,29 @@ def _rate(values: Sequence[bool]) -> float | None:
 
 
 def score_code(drawn: Sequence[Mapping[str, Any]], answers: Mapping[str, Mapping[str, Any]],
-               reference: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Per problem: the target's result (the reference run's for an identical completion, else the agent's
-    sandbox's), disputes (identical completion, other result: the item fails), pass@1 of both sides, agreement."""
+               reference: Mapping[str, Mapping[str, Any]],
+               reruns: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Per problem: the target's result (the reference run's for an identical completion; the portal's own re-run
+    of that very completion, by sha256, when it has one; else the agent's sandbox's), disputes (a known result
+    other than the one claimed: the item fails), pass@1 of both sides, agreement."""
     rows = []
     for item in drawn:
         item_id = str(item["id"])
         tgt, ref = answers[item_id], reference[item_id]
         same = tgt["sha256"] == ref.get("sha256")
-        dispute = same and bool(tgt["passed"]) != bool(ref.get("passed"))
-        target = bool(ref.get("passed")) and not dispute if same else bool(tgt["passed"])
+        rerun = (reruns or {}).get(item_id)
+        rerun = rerun if isinstance(rerun, Mapping) and rerun.get("sha256") == tgt["sha256"] else None
+        if same:
+            known, where = bool(ref.get("passed")), "the reference run (identical completion)"
+        elif rerun is not None:
+            known, where = bool(rerun.get("passed")), "the portal's re-run"
+        else:
+            known, where = None, "the agent's sandbox"
+        dispute = known is not None and bool(tgt["passed"]) != known
+        target = bool(tgt["passed"]) if known is None else known and not dispute
         rows.append({"id": item_id, "task_id": str(item.get("task_id", "")), "reference": bool(ref.get("passed")),
                      "target": target, "claimed": bool(tgt["passed"]), "same_completion": same, "dispute": dispute,
-                     "result_from": "the reference run (identical completion)" if same else "the agent's sandbox",
+                     "result_from": where,
                      "target_status": str(tgt.get("status", ""))[:MAX_STATUS],
                      "target_sha256": tgt["sha256"], "completion": str(tgt["completion"])[:SHOWN]})
     ref_rate, tgt_rate = _rate([r["reference"] for r in rows]), _rate([r["target"] for r in rows])
@@ -98,7 +109,7 @@ def score_code(drawn: Sequence[Mapping[str, Any]], answers: Mapping[str, Mapping
             "agreement": _rate([r["reference"] == r["target"] for r in rows]),
             "same_completions": _rate([r["same_completion"] for r in rows]),
             "disputes": [r["id"] for r in rows if r["dispute"]],
-            "agents_word": [r["id"] for r in rows if not r["same_completion"]], "rows": rows}
+            "agents_word": [r["id"] for r in rows if r["result_from"] == "the agent's sandbox"], "rows": rows}
 
 
 def score_agent(drawn: Sequence[Mapping[str, Any]], answers: Mapping[str, Mapping[str, Any]],

@@ -29,6 +29,7 @@ class ChallengeJudge:
     reference: Mapping[str, Any] | None = None
     awaiting: str = "awaiting reference: the release has no finished reference run"
     sizes: Mapping[str, Any] = field(default_factory=dict)
+    reruns: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # code id -> the portal's own run
     scores: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __call__(self, v: Verdict, stage: str, section: Mapping[str, Any], t: Mapping[str, float]) -> None:
@@ -183,11 +184,14 @@ class ChallengeJudge:
 
     def _code(self, v: Verdict, drawn: list, answers: Mapping[str, Mapping[str, Any]], t: Mapping[str, float],
               scores: dict[str, Any]) -> None:
-        code = scores["code"] = {**acting.score_code(drawn, answers, self.reference["code"]),
+        code = scores["code"] = {**acting.score_code(drawn, answers, self.reference["code"], self.reruns),
                                  "tolerance": float(t["eval_code_pass_tol"])}
         for item_id in code["disputes"][:5]:
-            v.fail(f"code {item_id}: the target's completion is the reference's (same sha256) but is reported "
-                   "with the other result: a disputed item fails")
+            row = next(r for r in code["rows"] if r["id"] == item_id)
+            who = ("the reference run ran the identical completion (same sha256)" if row["same_completion"]
+                   else "the portal re-ran that completion (same sha256)")
+            v.fail(f"code {item_id}: the target's completion is claimed to {'pass' if row['claimed'] else 'fail'}, "
+                   f"but {who} and it {'fails' if row['claimed'] else 'passes'}: a disputed item fails")
         if len(code["disputes"]) > 5:
             v.fail(f"code: {len(code['disputes'])} disputed items")
         ref, tgt = code["pass_at_1"]["reference"], code["pass_at_1"]["target"]
@@ -196,7 +200,7 @@ class ChallengeJudge:
                    f"{code['tolerance']:g}")
         if code["agents_word"]:
             v.note(f"code: {len(code['agents_word'])} of {code['n']} completions differ from the reference's; "
-                   "their pass/fail is the agent's sandbox's (the portal runs no code)")
+                   "their pass/fail is the agent's sandbox's until the portal's worker re-runs them")
 
     def _agent(self, v: Verdict, drawn: list, answers: Mapping[str, Mapping[str, Any]], t: Mapping[str, float],
                scores: dict[str, Any]) -> None:

@@ -66,8 +66,8 @@ def test_honest_answers_pass_with_the_portals_own_success() -> None:
 def test_a_claimed_pass_of_a_reference_identical_failing_completion_is_a_dispute() -> None:
     v, scores = _judged(_raw(code=[_code("humaneval-030", PASSING, True), _code("humaneval-000", FAILING, True)]))
     assert v.status == "fail"
-    assert any("code humaneval-000: the target's completion is the reference's (same sha256) but is reported "
-               "with the other result" in r for r in v.reasons), v.reasons
+    assert any("code humaneval-000: the target's completion is claimed to pass, but the reference run ran the "
+               "identical completion (same sha256) and it fails: a disputed item fails" in r for r in v.reasons), v.reasons
     row = next(r for r in scores["code"]["rows"] if r["id"] == "humaneval-000")
     assert (row["dispute"], row["claimed"], row["target"]) == (True, True, False)
 

@@ -123,3 +123,44 @@ def test_a_certify_eval_is_scored_on_its_code_and_agent_answers(api_client, worl
     assert first["task_id"] in row and "the reference run (identical completion)" in row and "✗ fails" in row
     agent_row = items[items.index(f'data-item="{challenge2["agent"][0]["id"]}"'):]
     assert "✓ succeeds" in agent_row[: agent_row.index("</tr>")] and "the portal replayed the actions" in agent_row
+
+
+def test_the_portals_worker_reruns_code_unlike_the_references_and_a_false_claim_fails(
+        api_client, world, django_capture_on_commit_callbacks, monkeypatch) -> None:
+    from apps.evidence import tasks
+    from contract.suites import humaneval as code_suite
+
+    reference = _queue_reference(world, django_capture_on_commit_callbacks)
+    payload = dispatch.task_payload(reference)
+    reference.refresh_from_db()
+    services.do_transition_job(reference, JobState.RUNNING)
+    assert _post(api_client, reference, world["reference_token"],
+                 {"stage": "reference", "section": reference_section(payload)}).status_code == 201
+    job = JobFactory(model=world["model"], hardware=world["hardware"], state=JobState.QUEUED,
+                     spec={"stages": ["eval"], "dtype": "bfloat16", "thresholds": {"challenge_agent_episodes": 0}})
+    challenge = _start(job)["challenge"]
+    raw = raw_outputs(challenge)["eval"]
+    assert "agent" not in challenge and raw["agent"] == []
+    # two completions unlike the reference's, both failing their tests: one claimed to pass (forged), one honest
+    for n, claimed in ((0, True), (1, False)):
+        completion = "    raise ValueError('not solved')\n"
+        raw["code"][n].update(completion=completion, sha256=code_suite.digest(completion), passed=claimed,
+                              status="passed" if claimed else "failed")
+    sent: list[int] = []
+    monkeypatch.setattr(tasks.rerun_code_task, "delay", lambda pk: (sent.append(pk),
+                                                                     tasks.rerun_code_task.apply(args=[pk])))
+    with django_capture_on_commit_callbacks(execute=True):
+        stored = _post(api_client, job, world["token"], {"stage": "eval", "section": {**passing("eval"),
+                                                                                       "raw": raw}}).json()
+    assert stored["stored"][0]["verdict"] == "pass", stored  # at ingest the two results are the agent's word
+    result = StageResult.objects.get(job_id=job.pk, stage="eval")
+    assert sent == [result.pk]  # queued for the portal's worker once the result committed
+    rerun = Challenge.objects.get(job=job).reruns
+    assert {rerun[challenge["code"][n]["id"]]["passed"] for n in (0, 1)} == {False}
+    assert result.verdict == "fail", result.reasons
+    first = challenge["code"][0]["id"]
+    assert any(f"code {first}: the target's completion is claimed to pass, but the portal re-ran that completion "
+               "(same sha256) and it fails: a disputed item fails" in r for r in result.reasons), result.reasons
+    rows = {r["id"]: r for r in result.challenge_scores["code"]["rows"]}
+    assert rows[challenge["code"][1]["id"]]["result_from"] == "the portal's re-run"
+    assert not rows[challenge["code"][1]["id"]]["dispute"] and result.challenge_scores["code"]["agents_word"] == []
