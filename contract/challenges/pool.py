@@ -32,8 +32,8 @@ ACTING_KINDS: tuple[str, ...] = ("code", "agent")  # tasks that act: a program r
 # The acting kinds' pools are bounded by what the fp32 CPU reference run generates for every item: HumanEval's
 # first CODE_POOL problems (up to 384 tokens each) and agent_kv's episodes of seeds 0 .. AGENT_POOL - 1 (up to
 # 8 turns of 48 tokens each).
-CODE_POOL = 40
-AGENT_POOL = 32
+CODE_POOL = 20
+AGENT_POOL = 16
 E2E_MAX_TOKENS = 16
 TOP_K = 5
 NEEDLE_MAX_TOKENS = eval_needle.MAX_TOKENS  # the eval stage's answer budget for a needle

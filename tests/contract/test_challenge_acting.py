@@ -19,7 +19,7 @@ from contract.suites import humaneval as code_suite
 from tests.portal.challenges import solving_actions
 
 FAILING = "    return None\n"
-PASSING = "    return [x for x in l if x > 0]\n"  # HumanEval/30 (get_positive)
+PASSING = "    return number % 1.0\n"  # HumanEval/2 (truncate_number)
 FINISH = json.dumps({"tool": "finish", "args": {}}, sort_keys=True)
 
 
@@ -28,17 +28,17 @@ def _code(item_id: str, completion: str, passed: bool) -> dict:
             "status": "passed" if passed else "failed"}
 
 
-CODE_ITEMS = [cp.pool().agent_items("code", ["humaneval-030", "humaneval-000"])[i] for i in range(2)]
+CODE_ITEMS = [cp.pool().agent_items("code", ["humaneval-002", "humaneval-000"])[i] for i in range(2)]
 AGENT_ITEMS = cp.pool().agent_items("agent", ["agent-000", "agent-001"])
 CHALLENGE = {"nonce": "n1", "top_k": 5, "code": CODE_ITEMS, "agent": AGENT_ITEMS}
-REFERENCE = {"code": {"humaneval-030": {k: v for k, v in _code("x", PASSING, True).items() if k != "id"},
+REFERENCE = {"code": {"humaneval-002": {k: v for k, v in _code("x", PASSING, True).items() if k != "id"},
                       "humaneval-000": {k: v for k, v in _code("x", FAILING, False).items() if k != "id"}},
              "agent": {"agent-000": {"actions": solving_actions(0)}, "agent-001": {"actions": [FINISH]}}}
 
 
 def _raw(**changes: object) -> dict:
     raw = {"nonce": "n1",
-           "code": [_code("humaneval-030", PASSING, True), _code("humaneval-000", FAILING, False)],
+           "code": [_code("humaneval-002", PASSING, True), _code("humaneval-000", FAILING, False)],
            "agent": [{"id": "agent-000", "actions": solving_actions(0), "success": True},
                      {"id": "agent-001", "actions": [FINISH], "success": False}]}
     raw.update(changes)
@@ -64,7 +64,7 @@ def test_honest_answers_pass_with_the_portals_own_success() -> None:
 
 
 def test_a_claimed_pass_of_a_reference_identical_failing_completion_is_a_dispute() -> None:
-    v, scores = _judged(_raw(code=[_code("humaneval-030", PASSING, True), _code("humaneval-000", FAILING, True)]))
+    v, scores = _judged(_raw(code=[_code("humaneval-002", PASSING, True), _code("humaneval-000", FAILING, True)]))
     assert v.status == "fail"
     assert any("code humaneval-000: the target's completion is claimed to pass, but the reference run ran the "
                "identical completion (same sha256) and it fails: a disputed item fails" in r for r in v.reasons), v.reasons
@@ -74,11 +74,11 @@ def test_a_claimed_pass_of_a_reference_identical_failing_completion_is_a_dispute
 
 def test_a_different_completion_keeps_the_agents_sandbox_result_and_says_so() -> None:
     other = "    return sorted(x for x in l if x > 0)\n"
-    v, scores = _judged(_raw(code=[_code("humaneval-030", other, False), _code("humaneval-000", FAILING, False)]))
+    v, scores = _judged(_raw(code=[_code("humaneval-002", other, False), _code("humaneval-000", FAILING, False)]))
     assert v.status == "fail" and any("code humaneval pass@1 0 (2 problems) is below the reference's 0.5" in r
                                       for r in v.reasons), v.reasons
-    assert scores["code"]["agents_word"] == ["humaneval-030"]
-    assert PASSING not in str(scores) and REFERENCE["code"]["humaneval-030"]["sha256"] not in str(scores)
+    assert scores["code"]["agents_word"] == ["humaneval-002"]
+    assert PASSING not in str(scores) and REFERENCE["code"]["humaneval-002"]["sha256"] not in str(scores)
     assert any("1 of 2 completions differ from the reference's" in n for n in v.notes)
 
 
@@ -101,13 +101,13 @@ def test_actions_that_stop_before_finish_and_the_last_turn_do_not_succeed() -> N
 
 @pytest.mark.parametrize(("raw", "phrase"), [
     (_raw(nonce="other"), "their nonce is not this attempt's"),
-    (_raw(code=[_code("humaneval-030", PASSING, True),
+    (_raw(code=[_code("humaneval-002", PASSING, True),
                 {**_code("humaneval-000", FAILING, False), "sha256": "0" * 64}]),
      "code humaneval-000: sha256 is not the sha256 of the completion as run"),
-    (_raw(code=[_code("humaneval-030", PASSING, True), {**_code("humaneval-000", FAILING, False), "passed": "yes"}]),
+    (_raw(code=[_code("humaneval-002", PASSING, True), {**_code("humaneval-000", FAILING, False), "passed": "yes"}]),
      "code humaneval-000: passed must be true or false"),
-    (_raw(code=[_code("humaneval-030", "x" * 20_000, True), _code("humaneval-000", FAILING, False)]),
-     "code humaneval-030: completion must be a string of at most 16384 characters"),
+    (_raw(code=[_code("humaneval-002", "x" * 20_000, True), _code("humaneval-000", FAILING, False)]),
+     "code humaneval-002: completion must be a string of at most 16384 characters"),
     (_raw(agent=[{"id": "agent-000", "actions": [FINISH, FINISH]}, {"id": "agent-001", "actions": [FINISH]}]),
      "agent agent-000: action 2 comes after the episode ended at turn 1"),
     (_raw(agent=[{"id": "agent-000", "actions": ["a"] * (agent_env.MAX_TURNS + 1)},
@@ -121,9 +121,9 @@ def test_malformed_or_forged_acting_answers_are_incomplete(raw: dict, phrase: st
 
 
 def test_the_stand_in_reference_passes_its_own_humaneval_completion() -> None:
-    """The fixture's 'passing' completion really passes HumanEval/30's tests (checked with exec, no sandbox:
+    """The fixture's 'passing' completion really passes HumanEval/2's tests (checked with exec, no sandbox:
     the program is ours)."""
-    problem = next(p for p in code_suite.problems() if p.task_id == "HumanEval/30")
-    exec(compile(code_suite.program(problem, PASSING), "he30", "exec"), {})  # noqa: S102 - our own program
+    problem = next(p for p in code_suite.problems() if p.task_id == "HumanEval/2")
+    exec(compile(code_suite.program(problem, PASSING), "he2", "exec"), {})  # noqa: S102 - our own program
     with pytest.raises(AssertionError):
-        exec(compile(code_suite.program(problem, FAILING), "he30", "exec"), {})  # noqa: S102
+        exec(compile(code_suite.program(problem, FAILING), "he2", "exec"), {})  # noqa: S102
