@@ -35,7 +35,8 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "eval": ("passed",),
     "comm": ("ranks", "collectives"),
     "env": ("runtime_commit", "torch", "python", "device", "device_count", "dispatch_key", "driver"),
-    "reference": ("pool_version", "nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle"),  # docs/references.md
+    # docs/references.md
+    "reference": ("pool_version", "nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle", "code", "agent"),
 }
 NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
     ("plan", "plan"): ("tp", "pp", "ep", "devices"),
