@@ -10,7 +10,8 @@ agent_kv episodes (``agent``), target against the reference it holds.
   until then that item is the agent's word, marked per item (``result_from``).
 * ``agent``: the agent posts its actions, one per turn. The portal replays them in ``contract.suites.agent_env``
   (pure python, deterministic from the episode's seed) and decides success itself, so a claimed success is
-  never taken; turn agreement compares the replayed actions with the reference's, turn by turn.
+  never taken; turn agreement compares the replayed tool calls with the reference's, turn by turn (a line that is
+  no tool call counts as "invalid" on either side, whatever its text).
 
 The reference's completions and actions never leave the portal: the rows name the target's only.
 
@@ -18,7 +19,7 @@ Pure: standard library only (no torch, no Django)."""
 
 from __future__ import annotations
 
-import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,10 +30,6 @@ MAX_COMPLETION = 16_384  # characters of one completion (384 tokens, cut at the 
 MAX_ACTION = 1024  # characters of one action line
 MAX_STATUS = 64
 SHOWN = 2000  # characters of a target completion kept in the stored scores
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def item_problem(kind: str, raw: Mapping[str, Any], drawn: Mapping[str, Any]) -> str | None:
@@ -72,6 +69,14 @@ def replay(seed: int, actions: Sequence[str]) -> agent_env.Episode:
     if not episode.done:
         episode.truncated = True
     return episode
+
+
+def turn_key(action: str) -> str:
+    """What a turn is compared by: the tool call the environment applied (canonical JSON), or ``invalid`` for a
+    line that is no tool call (the environment applies nothing and answers an error either way; the text of two
+    such lines, which near-ties between engines reshuffle, is not an action)."""
+    parsed, _ = agent_env.parse(action.strip())
+    return json.dumps(parsed, sort_keys=True) if parsed is not None else "invalid"
 
 
 def _rate(values: Sequence[bool]) -> float | None:
@@ -123,7 +128,7 @@ def score_agent(drawn: Sequence[Mapping[str, Any]], answers: Mapping[str, Mappin
         tgt = replay(seed, answers[item_id]["actions"])
         ref = replay(seed, reference[item_id]["actions"])
         turns = max(len(ref.actions), len(tgt.actions))
-        same = sum(a == b for a, b in zip(ref.actions, tgt.actions, strict=False))
+        same = sum(turn_key(a) == turn_key(b) for a, b in zip(ref.actions, tgt.actions, strict=False))
         agreed, total = agreed + same, total + turns
         claimed = answers[item_id].get("success")
         rows.append({"id": item_id, "seed": seed, "task": tgt.task, "reference": ref.success, "target": tgt.success,

@@ -93,6 +93,17 @@ def test_actions_that_do_not_reach_the_goal_but_claim_success_fail() -> None:
     assert any("success claimed for agent-000" in n for n in v.notes)
 
 
+def test_turns_compare_tool_calls_and_lines_that_are_none_agree() -> None:
+    listing = json.dumps({"tool": "list", "args": {}}, sort_keys=True)
+    assert acting.turn_key('{"args": {}, "tool": "list"}') == acting.turn_key(listing)
+    assert acting.turn_key("garbage a") == acting.turn_key("} other garbage") == "invalid"
+    assert acting.turn_key(listing) != acting.turn_key(FINISH)
+    ref = {"agent-000": {"actions": ["noise one", listing, FINISH]}, "agent-001": {"actions": [FINISH]}}
+    scored = acting.score_agent(AGENT_ITEMS, {"agent-000": {"actions": ["noise two", listing, FINISH]},
+                                              "agent-001": {"actions": [listing, FINISH]}}, ref)
+    assert scored["turn_agreement"] == 3 / 5  # episode 0: 3 of 3 turns agree (the noise too); episode 1: 0 of 2
+
+
 def test_actions_that_stop_before_finish_and_the_last_turn_do_not_succeed() -> None:
     episode = acting.replay(0, solving_actions(0)[:-1])  # the goal's store, but the episode never ended
     assert episode.truncated and not episode.success

@@ -253,7 +253,7 @@ def test_a_certify_eval_posts_the_served_targets_raw_outputs_without_a_reference
     mine, theirs = raw["agent"][0]["actions"], ref_agent["agent-000"]["actions"]
     assert 1 <= len(mine) <= 8 and mine[0] == theirs[0]
     agent = acting.score_agent(challenge["agent"], _by_id(raw["agent"]), ref_agent)
-    same = sum(a == b for a, b in zip(mine, theirs, strict=False))
+    same = sum(acting.turn_key(a) == acting.turn_key(b) for a, b in zip(mine, theirs, strict=False))
     assert agent["turn_agreement"] == pytest.approx(same / max(len(mine), len(theirs)))
     assert agent["success"]["target"] == acting.replay(0, mine).success  # the portal's replay, not the claim
 
