@@ -36,7 +36,8 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "comm": ("ranks", "collectives"),
     "env": ("runtime_commit", "torch", "python", "device", "device_count", "dispatch_key", "driver"),
     "conformance": ("template_declares_tools", "repeats", "checks", "passed"),  # contract/conformance.py
-    "reference": ("pool_version", "nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle"),  # docs/references.md
+    # docs/references.md
+    "reference": ("pool_version", "nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle", "code", "agent"),
 }
 NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
     ("plan", "plan"): ("tp", "pp", "ep", "devices"),

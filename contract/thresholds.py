@@ -147,6 +147,12 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
               doc="the challenge's one-sided false-alarm rate (larger: fewer items)"),
     Threshold("challenge_beta", 0.2, 0.0, 0.5, "max", low_open=True,
               doc="the challenge's miss rate (larger: fewer items)"),
+    # the challenge's acting items (docs/references.md): fixed sample sizes, small by default (the target answers
+    # each with hundreds of generated tokens, and a CPU host serves slowly); 0 draws none of that kind
+    Threshold("challenge_code_items", 4, 0, 164, "min", integer=True,
+              doc="HumanEval problems a challenge draws from the pool (capped at the pool)"),
+    Threshold("challenge_agent_episodes", 4, 0, 256, "min", integer=True,
+              doc="agent_kv episodes a challenge draws from the pool (capped at the pool)"),
 )}
 
 DEFAULTS: dict[str, float] = {key: t.default for key, t in TABLE.items()}

@@ -35,6 +35,7 @@ from apps.evidence.models import (
     StageResult,
     TokenDivergence,
 )
+from apps.evidence.tasks import queue_rerun
 from apps.jobs.models import Job
 from apps.references.sections import parse_reference
 from contract import verdicts
@@ -353,6 +354,8 @@ def do_record_stage_results(job: Job, sections: dict[str, dict[str, Any]]) -> li
             if held:
                 held.save(job, verdict.passed)
             context = None
+        if stage == "eval":
+            queue_rerun(result)  # code the reference run did not run: the portal's worker runs it
         results.append(result)
     return results
 

@@ -51,6 +51,9 @@ class Challenge(models.Model):
     items = models.JSONField(help_text="the challenge as the agent receives it")
     keys = models.JSONField(default=dict, blank=True, help_text="portal only: kind -> id -> answer")
     sizes = models.JSONField(default=dict, blank=True, help_text="kind -> n and the power rule behind it")
+    reruns = models.JSONField(default=dict, blank=True,
+                              help_text="code item id -> the portal's own sandbox run of the target's completion "
+                                        "{sha256, passed, status} (apps.evidence.reruns)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -21,7 +21,8 @@ from contract.challenges import scoring as cs
 # what the portal keeps of each answer (anything else in an item is dropped)
 KEPT: dict[str, tuple[str, ...]] = {"e2e": ("tokens", "top_logprobs", "prompt_tokens"),
                                     "mc": ("loglikelihoods", "greedy"), "qa": ("text",),
-                                    "ppl": ("loglikelihood", "tokens"), "needle": ("text",)}
+                                    "ppl": ("loglikelihood", "tokens"), "needle": ("text",),
+                                    "code": ("completion", "sha256", "passed", "status"), "agent": ("actions",)}
 MAX_ITEMS = 10_000  # answers of one kind
 
 

@@ -76,4 +76,32 @@ def portal_scores(align: Any, evaluation: Any) -> dict[str, Any] | None:
                 f"needle at {row.get('length')} tokens", {"target": row.get("target"),
                                                          "reference": row.get("reference")}, None)})
     out["rtol"] = eval_scores.get("rtol")
+    out["acting"] = acting_scores(eval_scores)
+    return out
+
+
+def acting_scores(eval_scores: dict[str, Any]) -> dict[str, Any] | None:
+    """The challenge's code and agent items as the portal scored them (``contract.challenges.acting``): a summary
+    row per task and a row per item, the reference's result beside the target's (never its completion or
+    actions); None when the eval challenge drew neither."""
+    code, agent = eval_scores.get("code"), eval_scores.get("agent")
+    if not isinstance(code, dict) and not isinstance(agent, dict):
+        return None
+    out: dict[str, Any] = {"code": None, "agent": None}
+    sizes = eval_scores.get("sizes") or {}
+    if isinstance(code, dict):
+        rate = code.get("pass_at_1") or {}
+        out["code"] = {"n": code.get("n"), "reference": _pct(rate.get("reference")), "target": _pct(rate.get("target")),
+                       "agreement": _pct(code.get("agreement")), "same": _pct(code.get("same_completions")),
+                       "disputes": len(code.get("disputes") or []), "agents_word": len(code.get("agents_word") or []),
+                       "tolerance": code.get("tolerance"), "size": _size_text(sizes.get("code")),
+                       "rows": [r for r in code.get("rows") or [] if isinstance(r, dict)]}
+    if isinstance(agent, dict):
+        rate = agent.get("success") or {}
+        out["agent"] = {"n": agent.get("n"), "reference": _pct(rate.get("reference")),
+                        "target": _pct(rate.get("target")), "agreement": _pct(agent.get("turn_agreement")),
+                        "minimum": agent.get("min_turn_agreement"), "tolerance": agent.get("tolerance"),
+                        "false_claims": len(agent.get("false_claims") or []), "size": _size_text(sizes.get("agent")),
+                        "rows": [{**r, "agreement": _pct(r.get("turn_agreement"))}
+                                 for r in agent.get("rows") or [] if isinstance(r, dict)]}
     return out

@@ -138,8 +138,9 @@ def reference_accuracy(reference: ReferenceRun | None, kind: str) -> tuple[float
 def draw_challenge(job: Job) -> Challenge | None:
     """Draws (with ``secrets``) this attempt's challenge of a certify job that runs align or eval, bound to its
     nonce: end-to-end prompts for align; multiple-choice and short-answer items sized by the power rule, the
-    perplexity documents and fresh needles for eval. Replaces a challenge of the same attempt (a dispatch the
-    broker refused). None for other jobs."""
+    perplexity documents, fresh needles, and fixed samples of HumanEval problems and agent_kv episodes
+    (``challenge_code_items``, ``challenge_agent_episodes``) for eval. Replaces a challenge of the same attempt (a
+    dispatch the broker refused). None for other jobs."""
     stages = set(job.stages)
     if job.purpose != JobPurpose.CERTIFY or not stages & CHALLENGE_STAGES or not job.nonce:
         return None
@@ -171,6 +172,12 @@ def draw_challenge(job: Job) -> Challenge | None:
         needles = cp.needle_items(cp.needle_lengths(job.model.context_length))
         items["needle"], keys["needle"] = needles, cp.needle_answers(needles)
         sizes["needle"] = {"n": len(needles), "rule": f"one fresh needle per length and depth {list(cp.NEEDLE_DEPTHS)}"}
+        for kind, key in (("code", "challenge_code_items"), ("agent", "challenge_agent_episodes")):
+            n = min(int(t[key]), len(pool.ids(kind)))
+            if n:
+                take(kind, n)
+                sizes[kind] = {"n": n, "pool": len(pool.ids(kind)),
+                               "rule": f"a fixed sample of {key} ({int(t[key])}), capped at the pool"}
     items["sizes"] = {kind: {"n": s["n"], "rule": s["rule"]} for kind, s in sizes.items()}
     challenge, _ = Challenge.objects.update_or_create(
         job=job, attempt=job.attempts,
@@ -201,4 +208,5 @@ def challenge_judge(job: Job, *, attempt: int | None = None) -> ChallengeJudge |
         if pending is not None:
             awaiting = f"awaiting reference: its reference run (job {pending.job_id}) has not finished"
     return ChallengeJudge(challenge=challenge.items, keys=challenge.keys, sizes=challenge.sizes,
-                          reference=reference.outputs if reference else None, awaiting=awaiting)
+                          reference=reference.outputs if reference else None, awaiting=awaiting,
+                          reruns=challenge.reruns or {})

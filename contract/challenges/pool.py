@@ -21,11 +21,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from contract.suites import agent_env
+from contract.suites import humaneval as code_suite
 from contract.suites import needle as eval_needle
 from contract.suites import tasks as eval_tasks
 
-KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl", "needle")
-POOL_KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl")  # the stored pool; needles are fresh per draw
+KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl", "needle", "code", "agent")
+POOL_KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl", "code", "agent")  # the stored pool; needles are fresh
+ACTING_KINDS: tuple[str, ...] = ("code", "agent")  # tasks that act: a program run, an episode played
+# The acting kinds' pools are bounded by what the fp32 CPU reference run generates for every item: HumanEval's
+# first CODE_POOL problems (up to 384 tokens each) and agent_kv's episodes of seeds 0 .. AGENT_POOL - 1 (up to
+# 8 turns of 48 tokens each).
+CODE_POOL = 20
+AGENT_POOL = 16
 E2E_MAX_TOKENS = 16
 TOP_K = 5
 NEEDLE_MAX_TOKENS = eval_needle.MAX_TOKENS  # the eval stage's answer budget for a needle
@@ -171,6 +179,26 @@ def _e2e() -> tuple[dict[str, dict], dict[str, dict]]:
     return items, {item_id: {} for item_id in items}
 
 
+def _code() -> tuple[dict[str, dict], dict[str, dict]]:
+    items, answers = {}, {}
+    for i, problem in enumerate(code_suite.problems()[:CODE_POOL]):
+        item_id = f"humaneval-{i:03d}"
+        items[item_id] = {"id": item_id, "task_id": problem.task_id, "prompt": problem.prompt,
+                          "stop": list(code_suite.STOP), "max_tokens": code_suite.MAX_TOKENS}
+        answers[item_id] = {"task": code_suite.TASK, "task_id": problem.task_id}
+    return items, answers
+
+
+def _agent() -> tuple[dict[str, dict], dict[str, dict]]:
+    items, answers = {}, {}
+    for seed in range(AGENT_POOL):
+        item_id = f"agent-{seed:03d}"
+        items[item_id] = {"id": item_id, "seed": seed, "max_turns": agent_env.MAX_TURNS,
+                          "max_tokens": agent_env.ACTION_MAX_TOKENS}
+        answers[item_id] = {"task": agent_env.TASK, "goal": agent_env.Episode.from_seed(seed).task}
+    return items, answers
+
+
 def build_pool() -> Pool:
     """The pool from the bundled suites and prompts (deterministic: the same files give the same version)."""
     items: dict[str, dict[str, dict]] = {}
@@ -179,6 +207,8 @@ def build_pool() -> Pool:
     items["mc"], answers["mc"] = _mc(eval_tasks.load_task("day0_mc"))
     items["qa"], answers["qa"] = _qa(eval_tasks.load_task("day0_qa"))
     items["ppl"], answers["ppl"] = _ppl(eval_tasks.load_task("day0_ppl"))
+    items["code"], answers["code"] = _code()
+    items["agent"], answers["agent"] = _agent()
     seen: set[str] = set()
     for kind in POOL_KINDS:
         for item_id in items[kind]:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 from typing import Any
 
+from contract.challenges import acting
 from contract.suites import needle as eval_needle
 from contract.suites import tasks as eval_tasks
 
@@ -96,6 +97,8 @@ def _item_problem(kind: str, raw: Mapping[str, Any], drawn: Mapping[str, Any], t
         if _logprob(raw.get("loglikelihood")) is None or not _int(raw.get("tokens"), 1):
             return "loglikelihood (a number <= 0) and tokens (a positive count) required"
         return None
+    if kind in ("code", "agent"):
+        return acting.item_problem(kind, raw, drawn)
     return f"unknown kind {kind}"
 
 

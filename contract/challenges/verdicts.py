@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.challenges import acting
 from contract.challenges import scoring as cs
 from contract.verdicts.base import Verdict
 
-EVAL_KINDS: tuple[str, ...] = ("mc", "qa", "ppl", "needle")
+EVAL_KINDS: tuple[str, ...] = ("mc", "qa", "ppl", "needle", "code", "agent")
 
 
 @dataclass
@@ -28,6 +29,7 @@ class ChallengeJudge:
     reference: Mapping[str, Any] | None = None
     awaiting: str = "awaiting reference: the release has no finished reference run"
     sizes: Mapping[str, Any] = field(default_factory=dict)
+    reruns: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # code id -> the portal's own run
     scores: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __call__(self, v: Verdict, stage: str, section: Mapping[str, Any], t: Mapping[str, float]) -> None:
@@ -145,6 +147,10 @@ class ChallengeJudge:
                 v.note(f"eval: ppl token counts differ from the reference's for {cs._listed(ppl['token_counts_differ'])}")
         if drawn["needle"]:
             self._needle(v, drawn["needle"], answers["needle"], rtol, scores)
+        if drawn["code"]:
+            self._code(v, drawn["code"], answers["code"], t, scores)
+        if drawn["agent"]:
+            self._agent(v, drawn["agent"], answers["agent"], t, scores)
         self.scores["eval"] = scores
 
     def _accuracy_rule(self, v: Verdict, label: str, score: Mapping[str, Any], rtol: float) -> None:
@@ -174,6 +180,42 @@ class ChallengeJudge:
                        f"{target['n']}, Wilson 95 % upper {target['wilson_high']:.3f}) is below the reference's "
                        f"{ref['accuracy']:.3f} × (1 − {rtol:g})")
         scores["needle"] = rows
+
+
+    def _code(self, v: Verdict, drawn: list, answers: Mapping[str, Mapping[str, Any]], t: Mapping[str, float],
+              scores: dict[str, Any]) -> None:
+        code = scores["code"] = {**acting.score_code(drawn, answers, self.reference["code"], self.reruns),
+                                 "tolerance": float(t["eval_code_pass_tol"])}
+        for item_id in code["disputes"][:5]:
+            row = next(r for r in code["rows"] if r["id"] == item_id)
+            who = ("the reference run ran the identical completion (same sha256)" if row["same_completion"]
+                   else "the portal re-ran that completion (same sha256)")
+            v.fail(f"code {item_id}: the target's completion is claimed to {'pass' if row['claimed'] else 'fail'}, "
+                   f"but {who} and it {'fails' if row['claimed'] else 'passes'}: a disputed item fails")
+        if len(code["disputes"]) > 5:
+            v.fail(f"code: {len(code['disputes'])} disputed items")
+        ref, tgt = code["pass_at_1"]["reference"], code["pass_at_1"]["target"]
+        if tgt + 1e-9 < ref - code["tolerance"]:
+            v.fail(f"code humaneval pass@1 {tgt:.3g} ({code['n']} problems) is below the reference's {ref:.3g} − "
+                   f"{code['tolerance']:g}")
+        if code["agents_word"]:
+            v.note(f"code: {len(code['agents_word'])} of {code['n']} completions differ from the reference's; "
+                   "their pass/fail is the agent's sandbox's until the portal's worker re-runs them")
+
+    def _agent(self, v: Verdict, drawn: list, answers: Mapping[str, Mapping[str, Any]], t: Mapping[str, float],
+               scores: dict[str, Any]) -> None:
+        agent = scores["agent"] = {**acting.score_agent(drawn, answers, self.reference["agent"]),
+                                   "tolerance": float(t["eval_agent_success_tol"]),
+                                   "min_turn_agreement": float(t["eval_agent_min_turn_agreement"])}
+        if agent["false_claims"]:
+            v.note(f"agent: success claimed for {cs._listed(agent['false_claims'])}, which the portal's replay of "
+                   "the actions does not reach (success is the replay's)")
+        ref, tgt = agent["success"]["reference"], agent["success"]["target"]
+        if tgt + 1e-9 < ref - agent["tolerance"]:
+            v.fail(f"agent_kv success {tgt:.3g} ({agent['n']} episodes, replayed by the portal) is below the "
+                   f"reference's {ref:.3g} − {agent['tolerance']:g}")
+        if agent["turn_agreement"] + 1e-9 < agent["min_turn_agreement"]:
+            v.fail(f"agent_kv turn agreement {agent['turn_agreement']:.3g} is below {agent['min_turn_agreement']:g}")
 
 
 def _at(part: str) -> str:

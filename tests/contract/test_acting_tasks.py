@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agents.pipeline.support import sandbox
+from contract import sandbox
 from contract import thresholds as th
 from contract.suites import agent_env
 from contract.suites import humaneval as code_suite

@@ -8,12 +8,15 @@ import subprocess
 import sys
 
 from contract.challenges import pool as cp
+from contract.suites import agent_env
+from contract.suites import humaneval as code_suite
 from contract.suites import tasks as eval_tasks
 
 
 def test_pool_items_render_as_the_harness_does() -> None:
     pool = cp.pool()
-    assert {k: len(v) for k, v in pool.items.items()} == {"e2e": 48, "mc": 231, "qa": 72, "ppl": 8}
+    assert {k: len(v) for k, v in pool.items.items()} == {"e2e": 48, "mc": 231, "qa": 72, "ppl": 8,
+                                                          "code": cp.CODE_POOL, "agent": cp.AGENT_POOL}
     mc = pool.items["mc"]["mc-000"]
     assert mc == {"id": "mc-000", "context": "Question: What is the capital of France?\nAnswer:",
                   "choices": [" Paris", " Lyon", " Madrid", " Berlin"]}
@@ -26,6 +29,20 @@ def test_pool_items_render_as_the_harness_does() -> None:
     assert (qa["until"], qa["max_tokens"]) == (["\n"], 12)
     assert pool.items["e2e"]["e2e-002"] == {"id": "e2e-002", "prompt": "Write one sentence about rivers.",
                                             "chat": True, "max_tokens": cp.E2E_MAX_TOKENS}
+
+
+def test_code_and_agent_items_are_humaneval_problems_and_agent_seeds() -> None:
+    pool = cp.pool()
+    first = code_suite.problems()[0]
+    assert pool.items["code"]["humaneval-000"] == {"id": "humaneval-000", "task_id": "HumanEval/0",
+                                                   "prompt": first.prompt, "stop": list(code_suite.STOP),
+                                                   "max_tokens": code_suite.MAX_TOKENS}
+    assert [pool.items["code"][i]["task_id"] for i in pool.ids("code")] == [
+        f"HumanEval/{n}" for n in range(cp.CODE_POOL)]
+    assert "test" not in pool.items["code"]["humaneval-000"]  # the package ships the tests; the item names them
+    assert pool.items["agent"]["agent-005"] == {"id": "agent-005", "seed": 5, "max_turns": agent_env.MAX_TURNS,
+                                                "max_tokens": agent_env.ACTION_MAX_TOKENS}
+    assert [pool.items["agent"][i]["seed"] for i in pool.ids("agent")] == list(range(cp.AGENT_POOL))
 
 
 def test_answers_stay_out_of_agent_items() -> None:

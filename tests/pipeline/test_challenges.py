@@ -24,10 +24,12 @@ from agents.pipeline.support.models import encode, eos_token_ids, reference_mode
 from agents.pipeline.support.server_process import ServerProcess
 from agents.runtime.loader import load_model
 from agents.runtime.testing.make_model import cached_model
+from contract.challenges import acting
+from contract.challenges import pool as cp
 from contract.suites import tasks as eval_tasks
 from tests.pipeline.conftest import EventLog
 
-KINDS = ("e2e", "mc", "qa", "ppl", "needle")
+KINDS = ("e2e", "mc", "qa", "ppl", "needle", "code", "agent")
 NEEDLE = {"key": "apple", "value": "4821730", "distractors": [{"key": "pear", "value": "7654321"}]}
 
 
@@ -49,6 +51,8 @@ def suite_pool(limit: int = 3) -> dict[str, Any]:
     task = eval_tasks.load_task("day0_ppl")
     pool["ppl"] = [{"id": f"ppl-{i}", "text": eval_tasks.field_of(task.config["doc_to_target"], d)}
                    for i, d in enumerate(task.docs[:2])]
+    pool["code"] = [{**item, "max_tokens": 24} for item in cp.pool().agent_items("code")[:2]]  # short: a tiny model
+    pool["agent"] = cp.pool().agent_items("agent")[:2]
     pool["needle"] = [{"id": "needle-400-50-0", "length": 400, "depth": 50, **NEEDLE},
                       {"id": "needle-4096-0-0", "length": 4096, "depth": 0, **NEEDLE}]  # past the context of 1024
     return pool
@@ -208,13 +212,13 @@ def _eval_with_server(make_ctx: Any, model: Path, served: Path, tmp_path: Path, 
     server.wait_ready(120)
     report = run_pipeline(ctx, ["eval"])
     progress = {e["data"]["what"] for e in log.events if e["kind"] == "progress"}
-    assert {f"eval challenge {kind}" for kind in challenge if kind in ("mc", "qa", "ppl", "needle")} <= progress
+    assert {f"eval challenge {kind}" for kind in challenge if kind in KINDS[1:]} <= progress
     return ctx, report
 
 
 def test_a_certify_eval_posts_the_served_targets_raw_outputs_without_a_reference(make_ctx, sharp_llama,
                                                                                  reference_section, tmp_path) -> None:
-    challenge = drawn(suite_pool(), ("mc", "qa", "ppl", "needle"), "eval-nonce")
+    challenge = drawn(suite_pool(), ("mc", "qa", "ppl", "needle", "code", "agent"), "eval-nonce")
     ctx, report = _eval_with_server(make_ctx, sharp_llama, sharp_llama, tmp_path, challenge)
     assert report["failed_stage"] is None, report["error"]  # the agent cannot judge it: the portal does
     assert report["verdicts"]["eval"]["scored_by"] == "portal" and report["tier"] < 6
@@ -235,6 +239,23 @@ def test_a_certify_eval_posts_the_served_targets_raw_outputs_without_a_reference
         assert row["tokens"] == ref["ppl"][row["id"]]["tokens"]
         assert row["loglikelihood"] == pytest.approx(ref["ppl"][row["id"]]["loglikelihood"], rel=1e-5)
     assert raw["needle"] == [ref["needle"]["needle-400-50-0"]]  # same prompt, same greedy answer
+    # the acting items: the same greedy completion (by sha256) and sandbox result, the same actions turn by turn;
+    # the portal's scoring takes the reference run's result for the identical completion and replays the actions
+    ref_code, ref_agent = _by_id(reference_section["code"]), _by_id(reference_section["agent"])
+    assert [row["id"] for row in raw["code"]] == ["humaneval-000"] and [r["id"] for r in raw["agent"]] == ["agent-000"]
+    for row in raw["code"]:
+        want = ref_code[row["id"]]
+        assert (row["completion"], row["sha256"], row["passed"]) == (want["completion"], want["sha256"], want["passed"])
+        assert row["status"] in ("passed", "failed", "timeout", "killed")
+    code = acting.score_code(challenge["code"], _by_id(raw["code"]), ref_code)
+    assert code["same_completions"] == 1.0 and not code["disputes"]
+    # a random model's long transcripts meet near-ties (served runtime against transformers): the first turn agrees
+    mine, theirs = raw["agent"][0]["actions"], ref_agent["agent-000"]["actions"]
+    assert 1 <= len(mine) <= 8 and mine[0] == theirs[0]
+    agent = acting.score_agent(challenge["agent"], _by_id(raw["agent"]), ref_agent)
+    same = sum(acting.turn_key(a) == acting.turn_key(b) for a, b in zip(mine, theirs, strict=False))
+    assert agent["turn_agreement"] == pytest.approx(same / max(len(mine), len(theirs)))
+    assert agent["success"]["target"] == acting.replay(0, mine).success  # the portal's replay, not the claim
 
 
 def test_the_served_greedy_flags_agree_with_the_reference(make_ctx, sharp_llama, tmp_path) -> None:

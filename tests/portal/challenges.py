@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from typing import Any
 
 from contract.challenges import pool as cp
+from contract.suites import agent_env
+from contract.suites import humaneval as code_suite
 
 VOCAB = 32000
 
@@ -44,7 +47,29 @@ def needle_answer(item: dict[str, Any]) -> dict[str, Any]:
     return {"id": item["id"], "text": f" {item['value']}."}
 
 
+def code_answer(item: dict[str, Any]) -> dict[str, Any]:
+    """A completion that returns None (fails its tests), the same for every run of the stand-in model."""
+    completion = f"    return None  # {item['id']}\n"
+    return {"id": item["id"], "completion": completion, "sha256": code_suite.digest(completion), "passed": False,
+            "status": "failed"}
+
+
+def solving_actions(seed: int) -> list[str]:
+    """Actions that reach the goal of episode ``seed`` and finish (the stand-in model solves every episode)."""
+    episode = agent_env.Episode.from_seed(seed)
+    actions = [{"tool": "set", "args": {"key": k, "value": v}} for k, v in sorted(episode.goal.items())
+               if episode.store.get(k) != v]
+    actions += [{"tool": "delete", "args": {"key": k}} for k in sorted(episode.store) if k not in episode.goal]
+    actions.append({"tool": "finish", "args": {}})
+    return [json.dumps(a, sort_keys=True) for a in actions]
+
+
+def agent_answer(item: dict[str, Any]) -> dict[str, Any]:
+    return {"id": item["id"], "actions": solving_actions(item["seed"]), "success": True}
+
+
 ANSWER = {"e2e": e2e_answer, "mc": mc_answer, "qa": qa_answer, "ppl": ppl_answer, "needle": needle_answer}
+ANSWER.update(code=code_answer, agent=agent_answer)
 
 
 def reference_section(payload: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +84,7 @@ def reference_section(payload: dict[str, Any]) -> dict[str, Any]:
 def raw_outputs(challenge: dict[str, Any]) -> dict[str, Any]:
     """Honest raw outputs of a challenge: ``{"align": e2e raw, "eval": eval raw}``."""
     eval_raw = {"nonce": challenge["nonce"]}
-    for kind in ("mc", "qa", "ppl", "needle"):
+    for kind in ("mc", "qa", "ppl", "needle", "code", "agent"):
         eval_raw[kind] = [ANSWER[kind](item) for item in challenge.get(kind) or []]
     return {"align": {"nonce": challenge["nonce"], "items": [e2e_answer(i) for i in challenge.get("e2e") or []]},
             "eval": eval_raw}

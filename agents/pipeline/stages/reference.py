@@ -7,7 +7,9 @@ docs/references.md): every item of the job's ``reference_pool`` answered by ``tr
 * ``mc``: each choice's log-likelihood after the context and whether it is the greedy continuation;
 * ``qa``: the greedy text up to ``until`` / ``max_tokens``;
 * ``ppl``: the document's rolling log-likelihood and its token count;
-* ``needle``: the greedy answer to the prompt built from the item's key, value and distractors.
+* ``needle``: the greedy answer to the prompt built from the item's key, value and distractors;
+* ``code``: the greedy HumanEval completion, its sha256 and its program's result in the sandbox;
+* ``agent``: the actions of the agent_kv episode of the item's seed, played greedily turn by turn.
 
 The section echoes the pool's version and the job's nonce; it gates no tier (the portal decides what it is)."""
 
@@ -17,6 +19,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from agents.pipeline.support import challenge_acting as acting
 from agents.pipeline.support import challenge_answers as answers
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.endpoints import chat_template_text
@@ -70,6 +73,14 @@ def run(ctx: StageContext) -> dict[str, Any]:
     raw, eval_seconds = answers.answer_eval(lm, tok, items, ctx, "reference", context=answers.context_length(ctx),
                                             window=answers.ppl_window(ctx))
     section.update(raw)
+    for kind, answer in (("code", acting.answer_code), ("agent", acting.answer_agent)):
+        if items[kind]:
+            t0 = time.perf_counter()
+            ctx.emit("log", f"reference: {len(items[kind])} {kind} items")
+            extra = {"where": WHERE} if kind == "code" else {}
+            section[kind] = answer(lm, tok, items[kind], ctx, "reference", context=answers.context_length(ctx),
+                                   **extra)
+            seconds[kind] = round(time.perf_counter() - t0, 3)
     for kind in answers.KINDS:
         section.setdefault(kind, [])
     section["counts"] = {kind: len(section[kind]) for kind in answers.KINDS}

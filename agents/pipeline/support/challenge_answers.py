@@ -19,11 +19,14 @@ from typing import Any
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.models import encode, tokenizer
+from contract.suites import agent_env
 from contract.suites import needle as eval_needle
 from contract.suites import tasks as eval_tasks
 
-KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl", "needle")
+KINDS: tuple[str, ...] = ("e2e", "mc", "qa", "ppl", "needle", "code", "agent")
 EVAL_KINDS: tuple[str, ...] = ("mc", "qa", "ppl", "needle")
+ACTING_KINDS: tuple[str, ...] = ("code", "agent")  # answered by ``challenge_acting``
+MAX_TURNS = agent_env.MAX_TURNS  # the environment's turns (an item may not ask for others)
 MAX_ITEMS = 10_000  # per kind
 MAX_TEXT = 200_000  # characters of one prompt, context or document
 MAX_NEW_TOKENS = 1024
@@ -82,6 +85,13 @@ def _item(kind: str, raw: Any, path: str) -> dict[str, Any]:
                     max_tokens=_int(raw, "max_tokens", path, 1, MAX_NEW_TOKENS))
     elif kind == "ppl":
         item.update(text=_text(raw, "text", path))
+    elif kind == "code":
+        item.update(task_id=_text(raw, "task_id", path, limit=64), prompt=_text(raw, "prompt", path),
+                    stop=_strings(raw, "stop", path, 0, MAX_UNTIL, 64),
+                    max_tokens=_int(raw, "max_tokens", path, 1, MAX_NEW_TOKENS))
+    elif kind == "agent":
+        item.update(seed=_int(raw, "seed", path, 0, 2**31 - 1), max_turns=_int(raw, "max_turns", path, MAX_TURNS, MAX_TURNS),
+                    max_tokens=_int(raw, "max_tokens", path, 1, MAX_NEW_TOKENS))
     else:  # needle
         distractors = raw.get("distractors", [])
         if not isinstance(distractors, list) or len(distractors) > MAX_DISTRACTORS:

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agents.pipeline.support import sandbox
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
+from contract import sandbox
 from contract.suites import agent_env
 from contract.suites import humaneval as code_suite
 

@@ -12,7 +12,11 @@
   PYTHON* variables, no user site), no bytecode written (``-B``).
 
 This confines mistakes and casual misbehaviour of model output, not a determined attacker with a kernel
-exploit; docs/references.md says so."""
+exploit; docs/references.md says so.
+
+Standard library only, in ``contract`` so both sides run the same confinement: the agents (the eval stage, the
+reference run) and the portal's Celery worker, which re-runs a challenge's code the reference run did not
+(``apps.evidence.reruns``); never the web process."""
 
 from __future__ import annotations
 

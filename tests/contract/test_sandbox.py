@@ -7,7 +7,7 @@ import os
 import tempfile
 import time
 
-from agents.pipeline.support import sandbox
+from contract import sandbox
 
 FAST = sandbox.Limits(wall_s=5.0, cpu_s=3, memory_mb=512)
 
