@@ -24,7 +24,7 @@ from apps.matrix.api.matrix_json import matrix_data, matrix_json
 from apps.matrix.api.serializers import CellDetailSerializer
 from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
-from apps.matrix.selectors import MatrixFilters, lead_hours
+from apps.matrix.selectors import FilterError, MatrixFilters, lead_hours
 from apps.matrix.stacks import cell_stack
 from contract.manifest import LEGACY_SOURCES
 from contract.tiers import TIER_NAMES
@@ -33,11 +33,11 @@ API_PAGE_SIZE, API_PAGE_SIZE_MAX = 50, 1000
 
 
 def parse_filters(params: Any) -> MatrixFilters:
-    """``?vendor=&family=&tier=``; a bad tier is a 400 naming the accepted values."""
+    """``?vendor=&family=&tier=&engine=``; a bad tier or engine is a 400 naming what is accepted."""
     try:
         return MatrixFilters.from_params(params, strict=True)
-    except ValueError as exc:
-        raise ValidationError({"tier": str(exc)}) from None
+    except FilterError as exc:
+        raise ValidationError({exc.field: str(exc)}) from None
 
 
 def _page_param(params: Any, name: str, default: int, most: int) -> int:
@@ -59,6 +59,9 @@ class MatrixView(APIView):
         OpenApiParameter("family", str, description="only models of this family (llama, qwen3, deepseek_v3 …)"),
         OpenApiParameter("tier", str, description="only models reaching at least this tier on some hardware "
                                                   "(0-6 or its name)"),
+        OpenApiParameter("engine", str, description="only this engine's cells, NAME (every version) or "
+                                                    "NAME@VERSION; without it each cell is the best engine's, with "
+                                                    "'engine' and every engine's tier in 'engines'"),
         OpenApiParameter("page", int, description="optional: this page of rows (from 1), with a 'page' key "
                                                   "{number, size, pages, count}; without it every row"),
         OpenApiParameter("page_size", int, description=f"optional: rows per page (1-{API_PAGE_SIZE_MAX}, default "
@@ -73,7 +76,7 @@ class MatrixView(APIView):
         size = _page_param(params, "page_size", API_PAGE_SIZE, API_PAGE_SIZE_MAX)
         if getattr(request.accepted_renderer, "format", "") != "json":  # the browsable API renders the data
             return Response(matrix_data(actor, filters, number, size))
-        parts = [filters.vendor, filters.family, filters.min_tier, number, size if paged else None]
+        parts = [filters.vendor, filters.family, filters.min_tier, number, size if paged else None, filters.engine]
         body = grid_cache.cached("api", actor, parts, lambda: matrix_json(actor, filters, number, size))
         return HttpResponse(body, content_type="application/json")
 
