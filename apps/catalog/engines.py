@@ -4,9 +4,8 @@ and the ``engine`` object a job spec carries to the agent (``contract.engines``)
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction

@@ -65,9 +65,10 @@ from contract.tiers import STAGE_ORDER, TIER_NAMES
 def cell_page(request: HttpRequest, model: str, hardware: str, *, form: RunForm | None = None,
               status: int = 200) -> HttpResponse:
     actor = actor_for(request)
-    page = selectors.cell_page(actor, model, hardware, jobs_page=request.GET.get("jobs", 1))
+    engine = request.GET.get("engine", "").strip()[:140]
+    page = selectors.cell_page(actor, model, hardware, jobs_page=request.GET.get("jobs", 1), engine_ref=engine)
     if page is None:
-        raise Http404(f"no cell {model} × {hardware}")
+        raise Http404(f"no cell {model} × {hardware}" + (f" with engine {engine}" if engine else ""))
     can_submit = may_submit(actor, page.model)
     if can_submit and form is None:
         form = RunForm.initial(page.model, page.hardware)

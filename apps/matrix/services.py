@@ -20,9 +20,9 @@ from apps.jobs.models import Job
 from apps.matrix.events import CellChangedMessage, broadcast_cell_changed, broadcast_matrix_changed
 from apps.matrix.grid_cache import matrix_changed
 from apps.matrix.history import failure_label, open_failure, record_history
-from apps.matrix.series import version_regression
 from apps.matrix.models import Cell, CellHistory
 from apps.matrix.selectors import lead_hours
+from apps.matrix.series import version_regression
 from contract.engines import DEFAULT_ENGINE
 from contract.tiers import TIER_GATES, TIER_NAMES, compute_tier
 from contract.verdicts import PASS

@@ -9,13 +9,13 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from apps.accounts.models import Organization
+from apps.catalog.engines import default_engine
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.services import model_fields_from_config
 from apps.evidence.models import StageResult
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
 from apps.matrix.grid_cache import matrix_changed
-from apps.catalog.engines import default_engine
 from apps.matrix.models import Cell
 from tests.factories import tiny_config
 

@@ -10,11 +10,11 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from apps.accounts.access import Actor
+from apps.benchmarks.regressions import Direction, metric_direction
+from apps.benchmarks.run_metrics import run_values
 from apps.catalog.engines import engine_jobs_q, resolve_engine
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
-from apps.benchmarks.regressions import Direction, metric_direction
-from apps.benchmarks.run_metrics import run_values
 from apps.evidence.models import BenchmarkPoint, StageResult
 from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job

@@ -12,9 +12,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from apps.catalog.engines import engine_for_spec
 from apps.accounts.api.mixins import get_actor, get_or_404, require
 from apps.catalog.api.serializers import ModelReleaseSerializer
+from apps.catalog.engines import engine_for_spec
 from apps.catalog.selectors import visible_models
 from apps.evidence import ingest
 from apps.evidence.manifests import check_settle_manifest

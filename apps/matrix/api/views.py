@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -12,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.api.mixins import get_actor, get_or_404
+from apps.catalog.engines import default_engine, engine_jobs_q, resolve_engine
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.evidence.manifests import digest_disagreement
@@ -25,6 +27,7 @@ from apps.matrix.api.serializers import CellDetailSerializer
 from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
 from apps.matrix.selectors import FilterError, MatrixFilters, lead_hours
+from apps.matrix.series import engine_cells
 from apps.matrix.stacks import cell_stack
 from contract.manifest import LEGACY_SOURCES
 from contract.tiers import TIER_NAMES
@@ -85,21 +88,31 @@ class CellDetailView(APIView):
     """A cell's evidence: tier, fits estimate, the newest result of each stage, checklist, alignment,
     benchmarks and jobs; ``runtime_evidence``: what the cell page shows of the runtime (the same selector)."""
 
-    @extend_schema(responses=CellDetailSerializer)
+    @extend_schema(responses=CellDetailSerializer, parameters=[
+        OpenApiParameter("engine", str, description="the engine's cell, NAME or NAME@VERSION (default: the bundled "
+                                                    "runtime, day0); 'engines' lists every engine's cell"),
+    ])
     def get(self, request: Request, model: str, hardware: str) -> Response:
         actor = get_actor(request)
         model_row = get_or_404(visible_models(actor), "model", slug=model)
         hardware_row = get_or_404(Hardware.objects.all(), "hardware", slug=hardware)
-        cell = Cell.objects.filter(model=model_row, hardware=hardware_row).first()
-        if cell is None:  # a cell is created with its model or hardware; this only guards a half-seeded catalog
-            cell = Cell(model=model_row, hardware=hardware_row)
+        raw = (request.query_params.get("engine") or "").strip()
+        try:
+            engine = resolve_engine(raw) if raw else default_engine()
+        except DjangoValidationError as exc:
+            raise ValidationError({"engine": exc.message_dict.get("engine", [str(exc)])}) from None
+        cell = Cell.objects.filter(model=model_row, hardware=hardware_row, engine=engine).first()
+        if cell is None:  # an engine without a job here, or a half-seeded catalog: the cell as it would start
+            cell = Cell(model=model_row, hardware=hardware_row, engine=engine)
         reached = {int(k): v for k, v in (cell.tier_reached_at or {}).items()}
         lead = {TIER_NAMES[t]: lead_hours(datetime.fromisoformat(at), model_row.released_at)
                 for t, at in sorted(reached.items())}
-        jobs = Job.objects.filter(model=model_row, hardware=hardware_row).select_related(
+        jobs = Job.objects.filter(engine_jobs_q(engine), model=model_row, hardware=hardware_row).select_related(
             "model", "hardware", "organization", "requested_by")[:20]
         return Response({
             "model": model_row.slug, "hardware": hardware_row.slug,
+            "engine": engine.ref,  # whose cell this is; every engine's, best first:
+            "engines": [e.as_dict() for e in engine_cells(model_row.pk, hardware_row.pk)],
             "tier": cell.tier, "tier_name": cell.tier_name,
             "failed_stage": cell.failed_stage or None, "error": cell.error or None,
             "stage_passed": cell.stage_passed,
@@ -116,7 +129,7 @@ class CellDetailView(APIView):
             "lead_time_hours": lead,
             "fits": {"fits": cell.fits, "devices": cell.fits_devices, "plan": cell.fits_plan,
                      "error": cell.fits_error or None},
-            "evidence": cell_evidence(model_row.pk, hardware_row.pk),
+            "evidence": cell_evidence(model_row.pk, hardware_row.pk, engine_jobs_q(engine, "job__")),
             "runtime_evidence": runtime_evidence(model_row.pk, hardware_row.pk),
             "stack": cell_stack(model_row.pk, hardware_row.pk),  # evidence's stack, stale since a change
             "jobs": JobSerializer(jobs, many=True).data,
