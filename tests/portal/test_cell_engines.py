@@ -19,38 +19,16 @@ from apps.alerts.receivers import do_alert_tier_drop
 from apps.catalog.engines import default_engine, engine_for_spec, ensure_builtin_engines
 from apps.catalog.models import Engine
 from apps.core import events
-from apps.evidence.ingest import do_record_job_results
 from apps.jobs.choices import JobState
 from apps.matrix.models import Cell, CellHistory
 from apps.matrix.series import engine_cells
-from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory
-from tests.portal.reports import TIER_STAGES, bound, failing, passing
+from tests.factories import HardwareFactory, ModelReleaseFactory
+from tests.portal.engine_runs import run_job as _run
+from tests.portal.engine_runs import spec as _spec
+from tests.portal.engine_runs import vllm_serve as _vllm_serve
+from tests.portal.reports import TIER_STAGES, failing, passing
 
 pytestmark = pytest.mark.django_db
-
-
-def _spec(name: str, version: str) -> dict[str, Any]:
-    return {"stages": ["plan", "load", "serve", "env", "eval"], "dtype": "bfloat16",
-            "engine": {"name": name, "version": version, "executable": "vllm", "capabilities": {},
-                       "command": "vllm serve {model_path} --port {port}"}}
-
-
-def _run(model, hardware, stages: dict[str, dict[str, Any]], spec: dict[str, Any] | None = None,
-         state: str = JobState.SUCCEEDED):
-    """A job of ``spec``'s engine posting ``stages``, then settled in ``state`` (the cell follows both)."""
-    job = JobFactory(model=model, hardware=hardware, **({"spec": spec} if spec else {}))
-    do_record_job_results(job, bound(job, {"stages": stages}))
-    type(job).objects.filter(pk=job.pk).update(state=state)
-    events.send_now(events.cell_inputs_changed, model_id=model.pk, hardware_id=hardware.pk, reason="", history=None)
-    return job
-
-
-def _vllm_serve(version: str, threads: str) -> dict[str, Any]:
-    serve = passing("serve")
-    serve["engine"] = {"name": "vllm", "version": version, "ref": f"vllm@{version}", "reported_version": version,
-                       "command": ["vllm", "serve", "/models/m", "--port", "8100", "--dtype", "bfloat16"],
-                       "served_model": "m", "pid": 4242, "environment": {"OMP_NUM_THREADS": threads}}
-    return serve
 
 
 @pytest.mark.django_db(transaction=True)
