@@ -10,9 +10,9 @@ from typing import Any
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from apps.catalog.engines import version_key
 from apps.accounts.access import Actor
 from apps.benchmarks.open_regressions import open_regressions
+from apps.catalog.engines import version_key
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models, visible_models_q
 from apps.dashboards.selectors.day0 import Day0Release, release_timeline
