@@ -12,7 +12,7 @@ from tests.portal.reports import bound, passing
 
 
 def spec(name: str, version: str) -> dict[str, Any]:
-    return {"stages": ["plan", "load", "serve", "env", "eval"], "dtype": "bfloat16",
+    return {"stages": ["plan", "load", "serve", "bench", "env", "eval"], "dtype": "bfloat16",
             "engine": {"name": name, "version": version, "executable": "vllm", "capabilities": {},
                        "command": "vllm serve {model_path} --port {port}"}}
 

@@ -175,3 +175,20 @@ def test_a_jobs_evidence_lands_in_the_requested_catalog_versions_cell() -> None:
     assert engine_for_spec(_spec("vllm", "0.32.0")).ref == "vllm@0.32.0"
     generic = engine_for_spec({"engine": {"name": "openai-compatible", "version": "1.4"}})
     assert generic.ref == "openai-compatible"  # the submitter's version is evidence, the catalog row the key
+
+
+def test_an_engines_versions_share_one_benchmark_series_and_two_engines_never_do() -> None:
+    from apps.accounts.access import Actor
+    from apps.benchmarks.selectors import SeriesQuery, load_series
+
+    ensure_builtin_engines()
+    Engine.objects.get_or_create(name="vllm", version="0.33.0", defaults={"executable": "vllm"})
+    model, hardware = ModelReleaseFactory(), HardwareFactory()
+    _run(model, hardware, {"bench": passing("bench")})
+    for version in ("0.32.0", "0.33.0"):
+        _run(model, hardware, {"bench": passing("bench")}, _spec("vllm", version))
+    series = load_series(Actor(is_staff=True), SeriesQuery(model=model.slug, hardware=hardware.slug,
+                                                           metrics=("tpot_ms_p50",)))
+    points = {s.config.engine: len(s.points) for s in series if s.config.concurrency == series[0].config.concurrency}
+    assert points == {"": 1, "vllm": 2}
+    assert any(s.config.label.endswith(" · vllm") for s in series)
