@@ -270,7 +270,7 @@ def badge(request: HttpRequest, model: str, hardware: str) -> HttpResponse:
     hardware_row = Hardware.objects.filter(slug=hardware).only("id", "slug").first()
     if model_row is None or hardware_row is None:
         raise Http404(f"no cell {model} × {hardware}")
-    cell = (Cell.objects.filter(model=model_row, hardware=hardware_row)
+    cell = (Cell.objects.filter(model=model_row, hardware=hardware_row, engine__default=True)  # the bundled runtime's
             .only("tier", "failed_stage", "custom_thresholds", "synthetic", "disputed").first())
     marks = cell_marks(cell.custom_thresholds, cell.synthetic, cell.disputed) if cell else ()
     svg = badge_svg(hardware_row.slug, cell.tier if cell else 0, cell.failed_stage if cell else "", marks)
