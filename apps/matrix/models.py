@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 from apps.catalog.engines import default_engine_id
@@ -16,9 +18,8 @@ class Cell(models.Model):
 
     model = models.ForeignKey("catalog.ModelRelease", on_delete=models.CASCADE, related_name="cells")
     hardware = models.ForeignKey("catalog.Hardware", on_delete=models.CASCADE, related_name="cells")
-    # a cell created without one is the bundled runtime's (every cell before engines existed)
-    engine = models.ForeignKey("catalog.Engine", on_delete=models.PROTECT, related_name="cells",
-                               default=default_engine_id)
+    # a cell saved without one is the bundled runtime's (every cell before engines existed; ``save``)
+    engine = models.ForeignKey("catalog.Engine", on_delete=models.PROTECT, related_name="cells")
     tier = models.PositiveSmallIntegerField(default=0, db_index=True)
     stage_passed = models.JSONField(default=dict, blank=True)  # stage -> the newest evidence's verdict passes
     # stage -> the newest verdict: {"status", "reasons", "claimed", "disputed", "job", "defaults_version", ...}
@@ -45,6 +46,13 @@ class Cell(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_id}x{self.hardware_id}x{self.engine_id}: {self.tier}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """A cell saved without an engine is the default engine's (the portal's own writers always name one; an
+        unsaved ``Cell()`` needs no database)."""
+        if self.engine_id is None:
+            self.engine_id = default_engine_id()
+        super().save(*args, **kwargs)
 
     @property
     def tier_name(self) -> str:

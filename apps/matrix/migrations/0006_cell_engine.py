@@ -4,8 +4,6 @@ default engine catalog migration 0007 seeds); the unique key gains the engine.""
 import django.db.models.deletion
 from django.db import migrations, models
 
-import apps.catalog.engines
-
 DAY0 = {"name": "day0", "version": "", "default": True, "executable": "", "obtained_by": "bundled with the agent",
         "command": "", "capabilities": {"logprobs": True, "prompt_logprobs": True, "images": True, "tools": False,
                                         "structured_output": False},
@@ -39,8 +37,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="cell",
             name="engine",
-            field=models.ForeignKey(default=apps.catalog.engines.default_engine_id,
-                                    on_delete=django.db.models.deletion.PROTECT, related_name="cells",
+            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name="cells",
                                     to="catalog.engine"),
         ),
         migrations.RemoveConstraint(model_name="cell", name="uniq_cell"),
