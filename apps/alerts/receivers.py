@@ -14,23 +14,36 @@ from apps.alerts.regressions import alert_benchmark_run_task
 from apps.catalog.models import Hardware, ModelRelease
 from apps.core import events
 from apps.fleet.models import StackChange
+from contract.engines import DEFAULT_ENGINE
 from contract.tiers import TIER_NAMES
 
 logger = logging.getLogger(__name__)
 
 
 def do_alert_tier_drop(*, model_id: int, hardware_id: int, from_tier: int, to_tier: int, failed_stage: str,
-                       error: str, job_id: int | None, **_: Any) -> list[Delivery]:
-    """A cell's tier fell (the ``tier_dropped`` event the matrix publishes when it recomputes a lower tier)."""
+                       error: str, job_id: int | None, engine: str = "", previous_engine: str = "",
+                       stages: dict[str, list[str]] | None = None, **_: Any) -> list[Delivery]:
+    """A cell's tier fell (the ``tier_dropped`` event the matrix publishes when it recomputes a lower tier), or an
+    engine's new version reaches a lower tier than its previous one on the same model × hardware
+    (``previous_engine``: that version; ``stages``: what passed there and no longer does)."""
     if to_tier >= from_tier:
         return []
     model, hardware = ModelRelease.objects.get(pk=model_id), Hardware.objects.get(pk=hardware_id)
     reason = f" (failed at {failed_stage})" if failed_stage else ""
-    summary = (f"{model.slug} on {hardware.slug} dropped from tier {from_tier} "
-               f"({TIER_NAMES[from_tier]}) to {to_tier} ({TIER_NAMES[to_tier]}){reason}")
-    return services.do_publish_alert(AlertKind.TIER_DROP, summary=summary, model=model, hardware=hardware, data={
-        "from_tier": from_tier, "to_tier": to_tier, "failed_stage": failed_stage,
-        "error": (error or "")[:2000], "job": job_id})
+    if previous_engine:
+        lost = ", ".join(f"{stage} {was} → {now}" for stage, (was, now) in (stages or {}).items())
+        summary = (f"{model.slug} on {hardware.slug}: {engine} regressed against {previous_engine}, tier "
+                   f"{from_tier} ({TIER_NAMES[from_tier]}) → {to_tier} ({TIER_NAMES[to_tier]})"
+                   + (f": {lost}" if lost else reason))
+    else:
+        on = f" with {engine}" if engine and engine != DEFAULT_ENGINE else ""
+        summary = (f"{model.slug} on {hardware.slug}{on} dropped from tier {from_tier} "
+                   f"({TIER_NAMES[from_tier]}) to {to_tier} ({TIER_NAMES[to_tier]}){reason}")
+    data: dict[str, Any] = {"from_tier": from_tier, "to_tier": to_tier, "failed_stage": failed_stage,
+                            "error": (error or "")[:2000], "job": job_id}
+    if engine and (engine != DEFAULT_ENGINE or previous_engine):
+        data.update(engine=engine, previous_engine=previous_engine or None, stages=stages or {})
+    return services.do_publish_alert(AlertKind.TIER_DROP, summary=summary, model=model, hardware=hardware, data=data)
 
 
 def do_alert_job_failed(*, job_id: int, model_id: int, hardware_id: int, state: str, failed_stage: str, error: str,

@@ -86,7 +86,7 @@ def _stamp(job: Job, clock: Clock, job_fields: tuple[str, ...] = (), *, stage: s
         if stage == "bench":
             BenchmarkRun.objects.filter(result__job=job).update(created_at=now)
     if tier_reached_before is not None:
-        job.model.cells.filter(hardware_id=job.hardware_id).update(tier_reached_at=tier_reached_before)
+        job.model.cells.filter(hardware_id=job.hardware_id, engine__default=True).update(tier_reached_at=tier_reached_before)
     _recompute_cell(job.model_id, job.hardware_id, now=now)
 
 
@@ -97,7 +97,7 @@ def _recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = N
 
 
 def _tier_times(job: Job) -> dict:
-    return job.model.cells.filter(hardware_id=job.hardware_id).values_list(
+    return job.model.cells.filter(hardware_id=job.hardware_id, engine__default=True).values_list(
         "tier_reached_at", flat=True).first() or {}
 
 
@@ -197,7 +197,7 @@ def run_adaptation(model: ModelRelease, hardware: Hardware, outcome: str, clock:
                    *, with_events: bool = True) -> Job:
     """One adaptation job, stage by stage at the clock's time: events, results, transitions, cell recompute."""
     stages, failing = OUTCOMES[outcome]
-    cell = model.cells.filter(hardware=hardware).first()
+    cell = model.cells.filter(hardware=hardware, engine__default=True).first()
     if cell is not None and cell.fits is False:
         stages, failing = ("plan",), "plan"
     dtype = "bfloat16" if "bfloat16" in (hardware.dtypes or ["bfloat16"]) else "float16"
@@ -264,7 +264,7 @@ def run_benchmark_history(model: ModelRelease, hardware: Hardware, clock: Clock,
     """One bench-only job a day for ``days`` days from ``start``; on ``regression_day`` (and the day after)
     per-token latency is multiplied by ``regression[0]`` (so throughput drops to about 1/that) and throughput
     further by ``regression[1]``."""
-    cell = model.cells.filter(hardware=hardware).first()
+    cell = model.cells.filter(hardware=hardware, engine__default=True).first()
     profile = profile_for(model, hardware, cell)
     jobs = []
     for day in range(days):

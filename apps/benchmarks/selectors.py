@@ -29,6 +29,7 @@ from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
 from apps.core.validators import as_utc
 from apps.evidence.models import BenchmarkPoint, BenchmarkRun
+from contract.engines import DEFAULT_ENGINE
 
 # Runs one request may read; a wider query must be narrowed (by model, hardware or since).
 MAX_RUNS = 20_000
@@ -94,21 +95,24 @@ class NotVisible(LookupError):
 
 @dataclass(frozen=True, order=True)
 class Configuration:
-    """What makes two runs comparable besides model and hardware."""
+    """What makes two runs comparable besides model and hardware. ``engine``: the serving engine's name ("" for
+    the bundled runtime) — not its version, so one engine's versions form one series and a slower version is a
+    regression of it, while two engines never share a baseline."""
 
     dtype: str
     concurrency: int
     input_len: int | None = None
     output_len: int | None = None
+    engine: str = ""
 
     @property
     def label(self) -> str:
         lengths = f" · {self.input_len}→{self.output_len} tok" if self.input_len or self.output_len else ""
-        return f"c={self.concurrency} · {self.dtype or '?'}{lengths}"
+        return f"c={self.concurrency} · {self.dtype or '?'}{lengths}" + (f" · {self.engine}" if self.engine else "")
 
     def as_dict(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "concurrency": self.concurrency, "input_len": self.input_len,
-                "output_len": self.output_len}
+                "output_len": self.output_len, **({"engine": self.engine} if self.engine else {})}
 
 
 @dataclass
@@ -218,8 +222,10 @@ def _config_of(spec: Any, concurrency: int) -> Configuration:
     def as_int(v: Any) -> int | None:
         return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
+    engine = spec.get("engine") if isinstance(spec.get("engine"), dict) else {}
+    name = str(engine.get("name") or "")[:64]
     return Configuration(str(spec.get("dtype") or ""), concurrency, as_int(bench.get("input_len")),
-                         as_int(bench.get("output_len")))
+                         as_int(bench.get("output_len")), "" if name == DEFAULT_ENGINE else name)
 
 
 def load_series(actor: Actor, query: SeriesQuery, *, rule: RegressionRule | None = None,

@@ -4,10 +4,12 @@ and the ``engine`` object a job spec carries to the agent (``contract.engines``)
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 
 from apps.catalog.models import Engine
 from contract.engines import DEFAULT_ENGINE, GENERIC_ENGINE, check_template, parse_ref
@@ -87,3 +89,62 @@ def spec_engine(ref: str | None, command: str | None = None) -> dict[str, Any] |
     _, version = parse_ref(ref)
     return {"name": engine.name, "version": engine.version or version or "", "command": template,
             "executable": engine.executable, "capabilities": dict(engine.capabilities)}
+
+
+def default_engine() -> Engine:
+    """The engine a job that names none runs (the bundled ``day0``), created with the built-ins when missing."""
+    engine = Engine.objects.filter(default=True).order_by("id").first()
+    if engine is None:
+        ensure_builtin_engines()
+        engine = Engine.objects.filter(default=True).order_by("id").first() or Engine.objects.get(name=DEFAULT_ENGINE,
+                                                                                                  version="")
+    return engine
+
+
+def default_engine_id() -> int:
+    """``Cell.engine``'s default: a cell created without an engine is the bundled runtime's."""
+    return default_engine().pk
+
+
+def engine_for_spec(spec: Any) -> Engine:
+    """The catalog engine whose cell a job's evidence lands in: the spec's ``engine`` {name, version} as the job
+    named it at submission (the *requested* catalog version is the key; the version the engine reported is
+    evidence, shown beside it). A spec naming none, or ``day0``, is the default engine; a version the catalog has
+    no row of (the generic engine's submitter-given one) is the engine's versionless row; a name the catalog no
+    longer has gets its row back (the evidence must land somewhere it can be seen)."""
+    engine = spec.get("engine") if isinstance(spec, dict) else None
+    if not isinstance(engine, dict) or not engine.get("name") or engine.get("name") == DEFAULT_ENGINE:
+        return default_engine()
+    name, version = str(engine["name"])[:64], str(engine.get("version") or "")[:64]
+    rows = {e.version: e for e in Engine.objects.filter(name=name, version__in={version, ""})}
+    found = rows.get(version) or rows.get("")
+    if found is None:
+        found, _ = Engine.objects.get_or_create(name=name, version=version,
+                                                defaults={"notes": "recreated from a job's spec"})
+    return found
+
+
+def engine_jobs_q(engine: Engine, prefix: str = "") -> Q:
+    """The jobs (``prefix`` "job__" for their results) whose evidence is ``engine``'s cell (``engine_for_spec``'s
+    rule, as a query)."""
+    name, version = f"{prefix}spec__engine__name", f"{prefix}spec__engine__version"
+    if engine.default:
+        return Q(**{f"{prefix}spec__engine__isnull": True}) | Q(**{name: engine.name})
+    if engine.version:
+        return Q(**{name: engine.name, version: engine.version})
+    others = list(Engine.objects.filter(name=engine.name).exclude(version="").values_list("version", flat=True))
+    return Q(**{name: engine.name}) & ~Q(**{f"{version}__in": others}) if others else Q(**{name: engine.name})
+
+
+def version_key(version: str) -> tuple[Any, ...]:
+    """Orders engine versions as people read them: "0.10.0" after "0.9.2" (numbers as numbers, text after)."""
+    return tuple((0, int(p), "") if p.isdecimal() else (1, 0, p) for p in re.split(r"[.\-+_]", version or "") if p)
+
+
+def parse_engine_filter(raw: str | None) -> tuple[str, str | None] | None:
+    """A ``?engine=`` parameter: ``NAME`` (every version) or ``NAME@VERSION``; None when blank. A malformed one
+    raises ``ValueError`` naming what is accepted."""
+    raw = (raw or "").strip()
+    if not raw:
+        return None
+    return parse_ref(raw)

@@ -26,7 +26,9 @@ logger = logging.getLogger(__name__)
 
 # A job ended failed or lost. Facts: job_id, model_id, hardware_id, state, failed_stage, error, attempts.
 job_failed = Signal()
-# A cell's tier fell. Facts: cell_id, model_id, hardware_id, from_tier, to_tier, failed_stage, error, job_id.
+# A cell's tier fell. Facts: cell_id, model_id, hardware_id, from_tier, to_tier, failed_stage, error, job_id,
+# engine (the cell's NAME@VERSION). Also sent when an engine's version reaches a lower tier than its previous
+# version on the same model × hardware, with previous_engine and stages (stage -> [before, now]).
 tier_dropped = Signal()
 # A benchmark run (a bench section's rows) was stored. Facts: run_id.
 benchmark_recorded = Signal()

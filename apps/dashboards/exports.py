@@ -8,7 +8,7 @@ from apps.matrix.selectors import Matrix
 
 MATRIX_COLUMNS = ("model", "model_name", "family", "released_at", "visibility", "hardware", "vendor", "tier",
                   "tier_name", "failed_stage", "fits", "fits_devices", "fits_dtype", "reached_at", "lead_time_hours", "jobs",
-                  "synthetic", "custom_thresholds", "disputed")
+                  "synthetic", "custom_thresholds", "disputed", "engine", "engines")
 
 
 def matrix_rows(matrix: Matrix) -> list[dict[str, Any]]:
@@ -27,5 +27,8 @@ def matrix_rows(matrix: Matrix) -> list[dict[str, Any]]:
                 "lead_time_hours": c.get("lead_time_hours"), "jobs": c.get("jobs", 0),
                 "synthetic": c.get("synthetic", False), "custom_thresholds": c.get("custom_thresholds", False),
                 "disputed": ",".join(c.get("disputed") or []),
+                # the engine whose cell this is (the best one, or the ?engine= filter's), every engine's tier
+                "engine": c.get("engine"),
+                "engines": " ".join(f"{e['engine']}:T{e['tier']}" for e in c.get("engines") or []),
             })
     return rows

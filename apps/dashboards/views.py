@@ -47,7 +47,7 @@ from apps.dashboards.badges import badge_svg
 from apps.dashboards.exports import MATRIX_COLUMNS, matrix_rows
 from apps.dashboards.forms import BENCH_FIELDS, THRESHOLD_PRESETS, RunForm, may_submit, threshold_help
 from apps.dashboards.selectors import catalog as catalog_pages
-from apps.dashboards.selectors.compare import compare_jobs
+from apps.dashboards.selectors.compare import compare_engines, compare_jobs
 from apps.dashboards.selectors.day0 import cell_marks
 from apps.dashboards.selectors.fleet import fleet, online_agent_count
 from apps.dashboards.selectors.jobs import STATES, JobFilters, job_list, previous_job_ids
@@ -65,9 +65,10 @@ from contract.tiers import STAGE_ORDER, TIER_NAMES
 def cell_page(request: HttpRequest, model: str, hardware: str, *, form: RunForm | None = None,
               status: int = 200) -> HttpResponse:
     actor = actor_for(request)
-    page = selectors.cell_page(actor, model, hardware, jobs_page=request.GET.get("jobs", 1))
+    engine = request.GET.get("engine", "").strip()[:140]
+    page = selectors.cell_page(actor, model, hardware, jobs_page=request.GET.get("jobs", 1), engine_ref=engine)
     if page is None:
-        raise Http404(f"no cell {model} × {hardware}")
+        raise Http404(f"no cell {model} × {hardware}" + (f" with engine {engine}" if engine else ""))
     can_submit = may_submit(actor, page.model)
     if can_submit and form is None:
         form = RunForm.initial(page.model, page.hardware)
@@ -193,8 +194,21 @@ def regressions_page(request: HttpRequest) -> HttpResponse:
 
 
 def compare_page(request: HttpRequest) -> HttpResponse:
-    """``/compare/?a=JOB&b=JOB``: two runs side by side."""
-    raw_a, raw_b = request.GET.get("a", "").strip(), request.GET.get("b", "").strip()
+    """``/compare/?a=JOB&b=JOB``: two runs side by side; ``/compare/?model=M&hardware=H&a=ENGINE&b=ENGINE``: two
+    engines (or two versions, ``NAME@VERSION``) of one model × hardware, each by its newest run there."""
+    raw_a, raw_b = request.GET.get("a", "").strip()[:140], request.GET.get("b", "").strip()[:140]
+    model, hardware = request.GET.get("model", "").strip(), request.GET.get("hardware", "").strip()
+    if model or hardware:
+        found = compare_engines(actor_for(request), model, hardware, raw_a, raw_b) if raw_a and raw_b else (
+            "a and b name the two engines to compare (NAME or NAME@VERSION)")
+        if found is None:
+            raise Http404(f"no cell {model} × {hardware}")
+        if isinstance(found, str):
+            return render(request, "dashboards/compare.html", {
+                "comparison": None, "a": raw_a, "b": raw_b, "model": model, "hardware": hardware,
+                "error": found}, status=400)
+        return render(request, "dashboards/compare.html", {"comparison": found, "a": raw_a, "b": raw_b,
+                                                           "model": model, "hardware": hardware})
     if not raw_a and not raw_b:
         return render(request, "dashboards/compare.html", {"comparison": None, "error": ""})
     if not (raw_a.isdecimal() and raw_b.isdecimal()):
@@ -256,7 +270,7 @@ def badge(request: HttpRequest, model: str, hardware: str) -> HttpResponse:
     hardware_row = Hardware.objects.filter(slug=hardware).only("id", "slug").first()
     if model_row is None or hardware_row is None:
         raise Http404(f"no cell {model} × {hardware}")
-    cell = (Cell.objects.filter(model=model_row, hardware=hardware_row)
+    cell = (Cell.objects.filter(model=model_row, hardware=hardware_row, engine__default=True)  # the bundled runtime's
             .only("tier", "failed_stage", "custom_thresholds", "synthetic", "disputed").first())
     marks = cell_marks(cell.custom_thresholds, cell.synthetic, cell.disputed) if cell else ()
     svg = badge_svg(hardware_row.slug, cell.tier if cell else 0, cell.failed_stage if cell else "", marks)

@@ -23,14 +23,17 @@ def cell_results(model_id: int, hardware_id: int) -> QuerySet[StageResult]:
                                       job__purpose=JobPurpose.CERTIFY)
 
 
-def newest_results(model_id: int, hardware_id: int) -> dict[str, StageResult]:
-    """stage -> the newest result of that stage in the cell, with its one-to-one evidence row (one query).
+def newest_results(model_id: int, hardware_id: int, jobs_q: Q | None = None) -> dict[str, StageResult]:
+    """stage -> the newest result of that stage in the cell (of the jobs ``jobs_q`` keeps, a query on results:
+    one engine's), with its one-to-one evidence row (one query).
 
     One uncorrelated "newest id" subquery per stage: each sorts only that stage's results, so a year of daily
     benchmark runs costs a sort of the bench results, not reading the cell's whole history."""
     # every job of the cell, a reference run's too (the page shows its summary, labelled; the tier reads
     # ``cell_results`` only)
     evidence = StageResult.objects.filter(job__model_id=model_id, job__hardware_id=hardware_id)
+    if jobs_q is not None:
+        evidence = evidence.filter(jobs_q)
     newest = Q()
     for stage in STAGE_ORDER:
         newest |= Q(id=Subquery(evidence.filter(stage=stage).order_by("-created_at", "-id").values("id")[:1]))
@@ -58,10 +61,10 @@ def alignment_detail(result_id: int) -> AlignmentReport | None:
     )
 
 
-def cell_evidence(model_id: int, hardware_id: int) -> dict[str, Any]:
+def cell_evidence(model_id: int, hardware_id: int, jobs_q: Q | None = None) -> dict[str, Any]:
     """The evidence of a cell as plain data: the newest section of each stage (as stored), the operator
     checklist, alignment rows and the benchmark history."""
-    newest = newest_results(model_id, hardware_id)
+    newest = newest_results(model_id, hardware_id, jobs_q)
     sections = dict(StageResult.objects.filter(pk__in=[r.pk for r in newest.values()]).values_list("stage", "section"))
     out: dict[str, Any] = {
         "stages": {stage: {"job": r.job_id, "passed": r.passed, "verdict": r.verdict, "reasons": r.reasons,

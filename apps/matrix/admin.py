@@ -9,8 +9,8 @@ from apps.matrix.models import Cell, CellHistory
 class CellAdmin(admin.ModelAdmin):
     """Cells are computed (apps.matrix.services); the admin shows them read-only."""
 
-    list_display = ["model", "hardware", "tier", "failed_stage", "fits", "fits_devices", "updated_at"]
-    list_filter = ["tier", "hardware"]
+    list_display = ["model", "hardware", "engine", "tier", "failed_stage", "fits", "fits_devices", "updated_at"]
+    list_filter = ["tier", "hardware", "engine"]
     search_fields = ["model__slug", "hardware__slug"]
 
     def has_change_permission(self, request, obj=None) -> bool:

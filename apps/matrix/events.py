@@ -4,7 +4,7 @@ Producers call only ``broadcast_matrix_changed``, after their transaction commit
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from apps.core.broadcast import group_send
 
@@ -23,6 +23,7 @@ class CellChangedMessage(TypedDict):
     custom_thresholds: bool
     synthetic: bool
     disputed: list[str]
+    engine: NotRequired[str]  # the cell's engine, NAME@VERSION (the page updates in place only the engine it shows)
 
 
 class MatrixChangedMessage(TypedDict):

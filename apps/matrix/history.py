@@ -8,6 +8,8 @@ from typing import Any
 
 from django.db.models import Max
 
+from apps.catalog.engines import engine_jobs_q
+from apps.catalog.models import Engine
 from apps.evidence.selectors import cell_results
 from apps.jobs.choices import JobPurpose, JobState
 from apps.jobs.models import Job
@@ -29,16 +31,22 @@ def stages_to_prove(job: Job, passed_in_job: set[tuple[int, str]]) -> list[str]:
     return [s for s in STAGE_ORDER if s in requested and (job.pk, s) not in passed_in_job]
 
 
-def open_failure(model_id: int, hardware_id: int) -> Job | None:
-    """The newest failed, lost or cancelled job of the cell that no newer job has proved wrong: one of its
-    stages to prove (``stages_to_prove``) has no passing verdict from a job created after it. Three queries."""
-    failures = list(Job.objects.filter(model_id=model_id, hardware_id=hardware_id, state__in=UNSUCCESSFUL_STATES,
-                                       purpose=JobPurpose.CERTIFY)
+def open_failure(model_id: int, hardware_id: int, engine: Engine | None = None) -> Job | None:
+    """The newest failed, lost or cancelled job of the cell (of ``engine``'s jobs, when given) that no newer job
+    has proved wrong: one of its stages to prove (``stages_to_prove``) has no passing verdict from a job created
+    after it. Three queries."""
+    jobs = Job.objects.filter(model_id=model_id, hardware_id=hardware_id, state__in=UNSUCCESSFUL_STATES,
+                              purpose=JobPurpose.CERTIFY)
+    if engine is not None:
+        jobs = jobs.filter(engine_jobs_q(engine))
+    failures = list(jobs
                     .order_by("-finished_at", "-id")
                     .only("id", "state", "spec", "failed_stage", "error", "created_at")[:FAILURES_SCANNED])
     if not failures:
         return None
     passes = cell_results(model_id, hardware_id).filter(verdict=PASS)
+    if engine is not None:
+        passes = passes.filter(engine_jobs_q(engine, "job__"))
     newest_pass = dict(passes.values("stage").annotate(latest=Max("job__created_at")).values_list("stage", "latest"))
     passed_in_job = set(passes.filter(job_id__in=[j.pk for j in failures]).values_list("job_id", "stage"))
     for job in failures:

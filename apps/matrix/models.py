@@ -1,18 +1,25 @@
-"""The compatibility matrix: one cell per model × hardware, its tier computed from evidence."""
+"""The compatibility matrix: one cell per model × hardware × engine@version, its tier computed from evidence."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
+from apps.catalog.engines import default_engine_id
 from contract.tiers import TIER_NAMES
 
 
 class Cell(models.Model):
-    """A model on a hardware. Written only by ``apps.matrix.services``: the tier from the newest evidence of
-    each stage, "failed at <stage>" from the newest finished job, and the fits estimate from the config."""
+    """A model on a hardware served by one engine at one catalog version (``engine``: the catalog row the job
+    named, the bundled ``day0`` by default). Written only by ``apps.matrix.services``: the tier from the newest
+    evidence of each stage of that engine's jobs, "failed at <stage>" from the newest finished job, and the fits
+    estimate from the config."""
 
     model = models.ForeignKey("catalog.ModelRelease", on_delete=models.CASCADE, related_name="cells")
     hardware = models.ForeignKey("catalog.Hardware", on_delete=models.CASCADE, related_name="cells")
+    # a cell saved without one is the bundled runtime's (every cell before engines existed; ``save``)
+    engine = models.ForeignKey("catalog.Engine", on_delete=models.PROTECT, related_name="cells")
     tier = models.PositiveSmallIntegerField(default=0, db_index=True)
     stage_passed = models.JSONField(default=dict, blank=True)  # stage -> the newest evidence's verdict passes
     # stage -> the newest verdict: {"status", "reasons", "claimed", "disputed", "job", "defaults_version", ...}
@@ -35,10 +42,17 @@ class Cell(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["model", "hardware"], name="uniq_cell")]
+        constraints = [models.UniqueConstraint(fields=["model", "hardware", "engine"], name="uniq_cell_engine")]
 
     def __str__(self) -> str:
-        return f"{self.model_id}x{self.hardware_id}: {self.tier}"
+        return f"{self.model_id}x{self.hardware_id}x{self.engine_id}: {self.tier}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """A cell saved without an engine is the default engine's (the portal's own writers always name one; an
+        unsaved ``Cell()`` needs no database)."""
+        if self.engine_id is None:
+            self.engine_id = default_engine_id()
+        super().save(*args, **kwargs)
 
     @property
     def tier_name(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from html import escape
+from urllib.parse import quote
 
 from apps.catalog.models import Hardware, ModelRelease
 from apps.core.formatting import reached_times
@@ -75,7 +76,21 @@ def cell_title(cell: CellView, hardware_name: str, released_at: datetime | None,
         lines.append(f"does not fit on {hardware_name} in {cell.fits_dtype or '?'}")
     if regressions:
         lines.append("open regression: " + ", ".join(regressions))
+    if len(cell.engines) > 1 or not cell.default_engine:
+        lines.append("engines: " + ", ".join(f"{ref} T{tier}" for ref, tier in cell.engines))
     return "\n".join(lines)
+
+
+def engine_html(cell: CellView) -> str:
+    """The engine line of a cell whose best engine is not the bundled runtime, or that has several engines: the
+    one shown and a link to the cell page that lists every engine's tier."""
+    if len(cell.engines) <= 1 and cell.default_engine:
+        return ""
+    others = len(cell.engines) - 1
+    more = f" +{others}" if others > 0 else ""
+    listed = escape(", ".join(f"{ref} T{tier}" for ref, tier in cell.engines))
+    return f'<span class="engine" data-engines="{listed}">{escape(cell.engine)}{more}</span>'
+
 
 
 def _fit_text(cell: CellView) -> str:
@@ -111,13 +126,15 @@ def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None, hardwa
     regressions = regressions or []
     times = reached_times(cell.tier_reached) if cell.tier_reached else {}
     title = escape(cell_title(cell, hardware_name, released_at, regressions, times))
-    href = f"/cells/{model_slug}/{hardware_slug}/"
+    href = f"/cells/{model_slug}/{hardware_slug}/" + ("" if cell.default_engine else f"?engine={quote(cell.engine)}")
+    engine = engine_html(cell)
+    engine_attr = "" if cell.default_engine else f' data-engine="{escape(cell.engine)}"'
     flag = (f'<span class="reg-open" title="open regression: {escape(", ".join(regressions))}">▲ regression</span>'
             if regressions else "")
     if cell.tier == 0 and not cell.failed_stage:
         fit = " no-fit" if cell.fits is False else ""
-        return (f'<td class="cell untested{fit}" data-tier="0" title="{title}"><a href="{href}">'
-                f'<span class="fit-line">{escape(_fit_text(cell))}</span>{flag}</a></td>')
+        return (f'<td class="cell untested{fit}" data-tier="0"{engine_attr} title="{title}"><a href="{href}">'
+                f'<span class="fit-line">{escape(_fit_text(cell))}</span>{engine}{flag}</a></td>')
     parts = [f'<span class="tier-label">T{cell.tier} {TIER_NAMES[cell.tier]}</span>']
     if cell.failed_stage:
         at = "" if cell.failed_stage in ("cancelled", "lost") else "at "
@@ -129,11 +146,12 @@ def cell_html(model_slug: str, hardware_slug: str, cell: CellView | None, hardwa
         parts.append(f'<span class="since"><time datetime="{when.isoformat()}">'
                      f'{w.day:02d} {MONTHS[w.month]} {w.year % 100:02d}</time>'
                      + (f' <span class="lead">{lead}</span>' if lead else "") + "</span>")
+    parts.append(engine)
     parts.append(flag)
     parts.append(evidence_marks(cell))
     failed = " failed-cell" if cell.failed_stage else ""
     regressed = " regressed" if regressions else ""
-    return (f'<td class="cell tier-{cell.tier}{failed}{regressed}" data-tier="{cell.tier}" title="{title}">'
+    return (f'<td class="cell tier-{cell.tier}{failed}{regressed}" data-tier="{cell.tier}"{engine_attr} title="{title}">'
             f'<a href="{href}">{"".join(parts)}</a></td>')
 
 

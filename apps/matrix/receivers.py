@@ -19,7 +19,10 @@ from apps.matrix.events import broadcast_matrix_changed
 
 def on_cell_inputs_changed(*, model_id: int, hardware_id: int, reason: str = "", history: dict[str, Any] | None = None,
                            now: datetime | None = None, **_: Any) -> None:
-    services.recompute_cell(model_id, hardware_id, reason=reason, history=history, now=now)
+    """Recomputes the cell of every engine the model × hardware's jobs ran (the bundled runtime's always): each
+    keeps to its own jobs' evidence, so recomputing one that did not change leaves it as it was."""
+    for engine in services.cell_engines(model_id, hardware_id):
+        services.recompute_cell(model_id, hardware_id, engine=engine, reason=reason, history=history, now=now)
 
 
 def on_catalog_changed(*, model: Any = None, hardware: Any = None, created: bool = False, changed: Any = (),

@@ -11,15 +11,17 @@ from typing import Any
 from django.db.models import Q
 
 from apps.accounts.access import Actor
+from apps.catalog.engines import parse_engine_filter, version_key
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models_q
 from apps.matrix.models import Cell
+from contract.engines import DEFAULT_ENGINE
 from contract.tiers import TIER_NAMES
 
 # lead_hours is stored on the cell: parsing 8,000 timestamps per request would cost more than the rest
 CELL_COLUMNS = ("model_id", "hardware_id", "tier", "failed_stage", "fits", "fits_devices", "lead_hours", "job_count",
                 "current_tier_reached_at", "fits_plan__dtype", "tier_reached_at", "custom_thresholds", "synthetic",
-                "disputed")
+                "disputed", "engine__name", "engine__version", "engine__default")
 
 
 def parse_tier(raw: str | None) -> int | None:
@@ -35,24 +37,49 @@ def parse_tier(raw: str | None) -> int | None:
     raise ValueError(f"must be 0-6 or a tier name ({', '.join(TIER_NAMES.values())})")
 
 
+class FilterError(ValueError):
+    """A bad matrix filter; ``field`` names the parameter."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(frozen=True)
 class MatrixFilters:
     vendor: str = ""
     family: str = ""
     min_tier: int | None = None
+    engine: str = ""  # NAME (every version) or NAME@VERSION: only that engine's cells; "" = the best engine's
 
     @classmethod
     def from_params(cls, params: Any, *, strict: bool = False) -> MatrixFilters:
-        """``?vendor=&family=&tier=`` (tier: the minimum tier a row must reach on some hardware). A bad tier
-        raises ``ValueError`` when ``strict`` (the API), and is ignored otherwise (pages keep working)."""
+        """``?vendor=&family=&tier=&engine=`` (tier: the minimum tier a row must reach on some hardware; engine:
+        ``NAME`` or ``NAME@VERSION``). A bad tier or engine raises ``FilterError`` when ``strict`` (the API), and
+        is ignored otherwise (pages keep working)."""
         try:
             tier = parse_tier(params.get("tier"))
-        except ValueError:
+        except ValueError as exc:
             if strict:
-                raise
+                raise FilterError("tier", str(exc)) from None
             tier = None
+        engine = (params.get("engine") or "").strip()[:140]
+        try:
+            parse_engine_filter(engine)
+        except ValueError as exc:
+            if strict:
+                raise FilterError("engine", str(exc)) from None
+            engine = ""
         return cls(vendor=(params.get("vendor") or "").strip(), family=(params.get("family") or "").strip(),
-                   min_tier=tier)
+                   min_tier=tier, engine=engine)
+
+    def engine_q(self, prefix: str = "") -> Q:
+        """The cells the engine filter keeps (everything without one)."""
+        parsed = parse_engine_filter(self.engine)
+        if parsed is None:
+            return Q()
+        name, version = parsed
+        return Q(**{f"{prefix}engine__name": name, **({f"{prefix}engine__version": version} if version else {})})
 
 
 @dataclass
@@ -71,6 +98,10 @@ class CellView:
     custom_thresholds: bool = False  # the tier rests on thresholds looser than the defaults
     synthetic: bool = False  # the tier rests on seeded evidence
     disputed: list[str] = field(default_factory=list)  # stages whose agent claim the portal's verdict refutes
+    engine: str = DEFAULT_ENGINE  # the engine whose cell this is (the best one of the model × hardware)
+    default_engine: bool = True
+    engines: list[tuple[str, int]] = field(default_factory=list)  # every engine's (ref, tier), best first
+    rank: tuple[Any, ...] = field(default=(), repr=False, compare=False)  # keep_best's order
 
     @property
     def tier_name(self) -> str:
@@ -82,7 +113,8 @@ class CellView:
                 "lead_time_hours": self.lead_hours, "tier_reached_at": self.tier_reached,
                 "reached_at": self.reached_at.isoformat() if self.reached_at else None, "jobs": self.job_count,
                 "custom_thresholds": self.custom_thresholds, "synthetic": self.synthetic,
-                "disputed": list(self.disputed)}
+                "disputed": list(self.disputed), "engine": self.engine,
+                "engines": [{"engine": ref, "tier": tier} for ref, tier in self.engines or [(self.engine, self.tier)]]}
 
 
 @dataclass
@@ -127,16 +159,39 @@ def _cells(actor: Actor, models: list[ModelRelease], hardware: list[Hardware],
     cells_q = Q(model_id__in=list(known)) if len(known) < 1000 else Q(visible_models_q(actor, prefix="model__"))
     if filters.vendor:
         cells_q &= Q(hardware_id__in=[h.pk for h in hardware])
+    cells_q &= filters.engine_q()
     cells: dict[tuple[int, int], CellView] = {}
     if not known:
         return cells
     for (model_id, hw_id, tier, failed, fits, devices, lead, jobs, reached, dtype, reached_map, custom, synthetic,
-         disputed) in Cell.objects.filter(cells_q).values_list(*CELL_COLUMNS):
+         disputed, name, version, default) in Cell.objects.filter(cells_q).values_list(*CELL_COLUMNS):
         if model_id in known:
-            cells[(model_id, hw_id)] = CellView(tier, failed, fits, devices, lead, jobs, reached, dtype,
-                                                reached_map if isinstance(reached_map, dict) else {},
-                                                bool(custom), bool(synthetic), list(disputed or []))
+            view = CellView(tier, failed, fits, devices, lead, jobs, reached, dtype,
+                            reached_map if isinstance(reached_map, dict) else {}, bool(custom), bool(synthetic),
+                            list(disputed or []), f"{name}@{version}" if version else name, bool(default))
+            keep_best(cells, (model_id, hw_id), view, version)
     return cells
+
+
+def engine_rank(tier: int, default: bool, jobs: int, version: str) -> tuple[Any, ...]:
+    """The best engine's cell of a model × hardware ranks highest: the highest tier; on a tie the default engine,
+    then the one tested, then the newest version."""
+    return (tier, bool(default), jobs > 0, version_key(version))
+
+
+def keep_best(cells: dict[tuple[int, int], CellView], key: tuple[int, int], view: CellView, version: str) -> None:
+    """Adds ``view`` to the engines of ``key`` and keeps the best one as the cell shown; its ``engines`` list
+    every engine's (ref, tier), the shown one first, then by tier."""
+    view.rank = engine_rank(view.tier, view.default_engine, view.job_count, version)
+    shown = cells.get(key)
+    if shown is None:
+        view.engines = [(view.engine, view.tier)]
+        cells[key] = view
+        return
+    engines = [*shown.engines, (view.engine, view.tier)]
+    if view.rank > shown.rank:
+        cells[key] = shown = view
+    shown.engines = sorted(engines, key=lambda e: (e[0] != shown.engine, -e[1]))
 
 
 def build_matrix(actor: Actor, filters: MatrixFilters | None = None) -> Matrix:
@@ -181,7 +236,8 @@ def select_rows(actor: Actor, filters: MatrixFilters) -> tuple[list[Hardware], l
     hardware = _hardware(filters)
     models = _models(actor, filters)
     if filters.min_tier and models:
-        reaching = Cell.objects.filter(model_id__in=[m.pk for m in models], tier__gte=filters.min_tier)
+        reaching = Cell.objects.filter(filters.engine_q(), model_id__in=[m.pk for m in models],
+                                       tier__gte=filters.min_tier)
         if filters.vendor:
             reaching = reaching.filter(hardware_id__in=[h.pk for h in hardware])
         ids = set(reaching.values_list("model_id", flat=True).distinct())
@@ -214,3 +270,11 @@ def family_choices() -> list[str]:
 
 def vendor_choices() -> list[str]:
     return list(Hardware.objects.order_by("vendor").values_list("vendor", flat=True).distinct())
+
+
+def engine_choices() -> list[str]:
+    """The engine filter's choices: each engine name that has cells (every version), then each NAME@VERSION."""
+    rows = set(Cell.objects.values_list("engine__name", "engine__version").distinct())
+    names = sorted({name for name, _ in rows})
+    refs = sorted((f"{n}@{v}" for n, v in rows if v), key=lambda r: (r.split("@")[0], version_key(r.split("@")[1])))
+    return names + refs

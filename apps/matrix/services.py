@@ -10,7 +10,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.engines import default_engine, engine_for_spec, engine_jobs_q
+from apps.catalog.models import Engine, Hardware, ModelRelease
 from apps.core import events
 from apps.evidence.judging_facts import reference_declares_tools
 from apps.evidence.models import StageResult
@@ -22,6 +23,8 @@ from apps.matrix.grid_cache import matrix_changed
 from apps.matrix.history import failure_label, open_failure, record_history
 from apps.matrix.models import Cell, CellHistory
 from apps.matrix.selectors import lead_hours
+from apps.matrix.series import version_regression
+from contract.engines import DEFAULT_ENGINE
 from contract.tiers import TIER_GATES, TIER_NAMES, compute_tier
 from contract.verdicts import PASS
 
@@ -67,12 +70,13 @@ def refresh_cells(*, models: Iterable[ModelRelease] | None = None,
     hardware_list = list(hardware) if hardware is not None else list(Hardware.objects.all())
     if not model_list or not hardware_list:
         return 0
+    engine = default_engine()  # every model × hardware has the bundled runtime's cell; others come with evidence
     Cell.objects.bulk_create(
-        [Cell(model=m, hardware=h) for m in model_list for h in hardware_list], ignore_conflicts=True
+        [Cell(model=m, hardware=h, engine=engine) for m in model_list for h in hardware_list], ignore_conflicts=True
     )
     cells = {
         (c.model_id, c.hardware_id): c
-        for c in Cell.objects.filter(model__in=model_list, hardware__in=hardware_list)
+        for c in Cell.objects.filter(model__in=model_list, hardware__in=hardware_list, engine=engine)
     }
     changed = []
     for m in model_list:
@@ -90,7 +94,7 @@ def refresh_cells(*, models: Iterable[ModelRelease] | None = None,
 
 
 def refresh_lead_times(model: ModelRelease) -> None:
-    """Recomputes the stored lead times of a model's cells (its release time changed)."""
+    """Recomputes the stored lead times of a model's cells, every engine's (its release time changed)."""
     cells = list(Cell.objects.filter(model=model, current_tier_reached_at__isnull=False))
     for cell in cells:
         cell.lead_hours = lead_hours(cell.current_tier_reached_at, model.released_at)
@@ -98,10 +102,25 @@ def refresh_lead_times(model: ModelRelease) -> None:
     matrix_changed()
 
 
-def _newest_verdicts(model_id: int, hardware_id: int) -> dict[str, StageResult]:
-    """stage -> its newest result in this cell (with the verdict, the claim and when it arrived)."""
+def cell_engines(model_id: int, hardware_id: int) -> list[Engine]:
+    """The engines whose cells a model × hardware has: the default one, every engine its certify jobs named and
+    every engine a cell already exists for (three queries)."""
+    named = set(Job.objects.filter(model_id=model_id, hardware_id=hardware_id, purpose=JobPurpose.CERTIFY)
+                .values_list("spec__engine__name", "spec__engine__version").distinct())
+    engines = {default_engine()}
+    for name, version in named:
+        if name and name != DEFAULT_ENGINE:
+            engines.add(engine_for_spec({"engine": {"name": name, "version": version or ""}}))
+    for cell in Cell.objects.filter(model_id=model_id, hardware_id=hardware_id).select_related("engine"):
+        engines.add(cell.engine)
+    return sorted(engines, key=lambda e: (not e.default, e.name, e.version))
+
+
+def _newest_verdicts(model_id: int, hardware_id: int, engine: Engine) -> dict[str, StageResult]:
+    """stage -> its newest result in this cell (``engine``'s jobs; with the verdict, the claim and when it
+    arrived)."""
     newest: dict[str, int] = {}
-    for pk, stage in (cell_results(model_id, hardware_id)
+    for pk, stage in (cell_results(model_id, hardware_id).filter(engine_jobs_q(engine, "job__"))
                       .order_by("stage", "-created_at", "-id").values_list("id", "stage")):
         newest.setdefault(stage, pk)
     rows = StageResult.objects.filter(pk__in=list(newest.values())).defer("section")
@@ -149,9 +168,9 @@ def tier_times(reached: dict[str, str], tier: int, times: dict[str, datetime], n
 
 
 @transaction.atomic
-def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = None, reason: str = "",
-                   history: dict[str, Any] | None = None) -> Cell:
-    """Recomputes a cell's tier from the portal's verdicts on the newest evidence of each stage (never the
+def recompute_cell(model_id: int, hardware_id: int, *, engine: Engine | None = None, now: datetime | None = None,
+                   reason: str = "", history: dict[str, Any] | None = None) -> Cell:
+    """Recomputes the cell of ``engine`` (default: the bundled runtime), from its jobs' evidence only: its tier from the portal's verdicts on the newest evidence of each stage (never the
     agent's claimed flags), its "failed at" (below; else the first gate above the tier whose newest verdict
     refuses it, with the reasons), whether the tier rests on custom thresholds or
     synthetic evidence, and the first time each tier was reached (monotone; ``now`` is the time of a tier
@@ -160,13 +179,14 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     "Failed at" is the newest failed, lost or cancelled job that no newer job proved wrong
     (``history.open_failure``). A tier change is a ``CellHistory`` entry with ``reason``; ``history``
     (``{"kind", "data"}``) records an entry even when the tier stays (a re-judging). Broadcasts after commit."""
-    Cell.objects.bulk_create([Cell(model_id=model_id, hardware_id=hardware_id)], ignore_conflicts=True)
-    cell = Cell.objects.select_for_update().select_related("model", "hardware").get(
-        model_id=model_id, hardware_id=hardware_id
+    engine = engine or default_engine()
+    Cell.objects.bulk_create([Cell(model_id=model_id, hardware_id=hardware_id, engine=engine)], ignore_conflicts=True)
+    cell = Cell.objects.select_for_update().select_related("model", "hardware", "engine").get(
+        model_id=model_id, hardware_id=hardware_id, engine=engine
     )
     before = (cell.tier, cell.failed_stage, cell.error, list(cell.disputed or []), cell.custom_thresholds,
               cell.synthetic)
-    newest = _newest_verdicts(model_id, hardware_id)
+    newest = _newest_verdicts(model_id, hardware_id, engine)
     flags = {stage: r.verdict == PASS for stage, r in newest.items()}
     times = {stage: r.created_at for stage, r in newest.items()}
     declares_tools = _declares_tools(newest, model_id)
@@ -178,7 +198,8 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     cell.disputed = sorted(stage for stage, r in newest.items() if r.disputed)
     cell.custom_thresholds = any(r.custom_thresholds for r in gates)
     cell.synthetic = any(r.synthetic for r in gates)
-    jobs = Job.objects.filter(model_id=model_id, hardware_id=hardware_id, purpose=JobPurpose.CERTIFY)
+    jobs = Job.objects.filter(engine_jobs_q(engine), model_id=model_id, hardware_id=hardware_id,
+                              purpose=JobPurpose.CERTIFY)
     cell.tier = tier
     cell.stage_passed = flags
     cell.tier_reached_at = reached
@@ -188,7 +209,7 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
     refused = newest.get(next_gate) if next_gate else None
     if next_gate == "serve" and declares_tools and refused is not None and refused.verdict == PASS:
         refused = newest.get("conformance")  # serve passed: tier 3 waits on the conformance verdict
-    failure = open_failure(model_id, hardware_id)
+    failure = open_failure(model_id, hardware_id, engine)
     if failure is not None:
         cell.failed_stage = failure_label(failure)[:32]
         cell.error = failure.error
@@ -211,11 +232,12 @@ def recompute_cell(model_id: int, hardware_id: int, *, now: datetime | None = No
             type="cell.changed", model=cell.model.slug, hardware=cell.hardware.slug, tier=cell.tier,
             tier_name=TIER_NAMES[cell.tier], failed_stage=cell.failed_stage, fits=cell.fits,
             fits_devices=cell.fits_devices, custom_thresholds=cell.custom_thresholds, synthetic=cell.synthetic,
-            disputed=list(cell.disputed),
+            disputed=list(cell.disputed), engine=engine.ref,
         )
         transaction.on_commit(lambda: broadcast_cell_changed(message))
     if cell.tier < before[0]:
         events.publish(events.tier_dropped, cell_id=cell.pk, model_id=cell.model_id, hardware_id=cell.hardware_id,
                        from_tier=before[0], to_tier=cell.tier, failed_stage=cell.failed_stage, error=cell.error,
-                       job_id=cell.last_job_id)
+                       job_id=cell.last_job_id, engine=engine.ref)
+    version_regression(cell, before[0])
     return cell

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db.models import Max
 
+from apps.catalog.engines import engine_jobs_q
 from apps.catalog.models import Hardware
 from apps.evidence.models import EnvLock, StageResult
 from apps.fleet.choices import RevalidationPolicy
@@ -19,6 +20,7 @@ from apps.jobs.choices import ACTIVE_STATES
 from apps.jobs.models import Job
 from apps.jobs.services import do_create_job
 from apps.matrix.models import Cell
+from contract.engines import DEFAULT_ENGINE
 from contract.verdicts import PASS
 
 
@@ -34,13 +36,18 @@ def queue_revalidation(hardware: Hardware, policy: HardwarePolicy | None, change
     if policy is None or policy.policy == RevalidationPolicy.OFF:
         return []
     min_tier = policy.min_tier if policy.policy == RevalidationPolicy.AT_OR_ABOVE_TIER else 1
-    cells = Cell.objects.filter(hardware=hardware, tier__gte=min_tier).select_related("model").order_by("id")
-    busy = set(Job.objects.filter(hardware=hardware, state__in=ACTIVE_STATES).values_list("model_id", flat=True))
+    cells = (Cell.objects.filter(hardware=hardware, tier__gte=min_tier).select_related("model", "engine")
+             .order_by("id"))
+    # a cell is its engine's: busy while a job of that engine runs, re-validated with that engine's newest job
+    busy = {(model_id, name or DEFAULT_ENGINE, version or "") for model_id, name, version in Job.objects.filter(
+        hardware=hardware, state__in=ACTIVE_STATES).values_list("model_id", "spec__engine__name",
+                                                                 "spec__engine__version")}
     queued: list[int] = []
     for cell in cells[:MAX_REVALIDATION_JOBS]:
-        if cell.model_id in busy:
+        if (cell.model_id, cell.engine.name, cell.engine.version) in busy:
             continue
-        recent = Job.objects.filter(model_id=cell.model_id, hardware=hardware).order_by("-created_at", "-id")[:50]
+        recent = Job.objects.filter(engine_jobs_q(cell.engine), model_id=cell.model_id,
+                                    hardware=hardware).order_by("-created_at", "-id")[:50]
         last = next((j for j in recent if not (j.spec or {}).get("seeded")), None)  # NULL-safe, unlike exclude()
         if last is None or not last.stages:
             continue

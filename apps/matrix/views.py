@@ -18,7 +18,14 @@ from apps.benchmarks.open_regressions import open_regressions
 from apps.catalog.models import Hardware, ModelRelease
 from apps.matrix import grid_cache
 from apps.matrix.presenters import dtype_short, human_count, rows_html
-from apps.matrix.selectors import Matrix, MatrixFilters, build_matrix_page, family_choices, vendor_choices
+from apps.matrix.selectors import (
+    Matrix,
+    MatrixFilters,
+    build_matrix_page,
+    engine_choices,
+    family_choices,
+    vendor_choices,
+)
 from apps.matrix.services import estimate_fit
 from contract.planner.memory import DTYPES
 from contract.tiers import TIER_NAMES
@@ -121,7 +128,8 @@ def _grid(actor: Actor, filters: MatrixFilters, options: PageOptions, number: in
         "next": link(page.number + 1) if page.number < page.pages else "",
         "first": link(1), "last": link(page.pages),
     }).strip()
-    return {"html": html, "count": count, "vendors": vendor_choices(), "families": family_choices()}
+    return {"html": html, "count": count, "vendors": vendor_choices(), "families": family_choices(),
+            "engines": engine_choices()}
 
 
 def matrix_page(request: HttpRequest) -> HttpResponse:
@@ -134,6 +142,7 @@ def matrix_page(request: HttpRequest) -> HttpResponse:
     number, size = page_params(request.GET)
     regressions = open_regressions(actor)
     params = {k: v for k, v in (("q", options.q), ("vendor", filters.vendor), ("family", filters.family),
+                                ("engine", filters.engine),
                                 ("tier", "" if filters.min_tier is None else str(filters.min_tier)),
                                 ("dtype", options.dtype), ("regressed", "1" if options.regressed else ""),
                                 ("page_size", "" if size == PAGE_SIZE else str(size))) if v}
@@ -142,10 +151,10 @@ def matrix_page(request: HttpRequest) -> HttpResponse:
                              lambda: _grid(actor, filters, options, number, size, regressions, params))
     if request.GET.get("fragment") == "grid":
         return HttpResponse(grid["html"])
-    query = urlencode({k: v for k, v in request.GET.items() if k in ("vendor", "family", "tier") and v})
+    query = urlencode({k: v for k, v in request.GET.items() if k in ("vendor", "family", "tier", "engine") and v})
     return render(request, "matrix/matrix.html", {
         "grid": mark_safe(grid["html"]), "count": grid["count"],  # noqa: S308 - rendered by the template engine
         "filters": filters, "options": options, "tiers": sorted(TIER_NAMES.items()), "vendors": grid["vendors"],
-        "families": grid["families"], "dtypes": [(d, dtype_short(d)) for d in PLAN_DTYPES],
+        "families": grid["families"], "engines": grid.get("engines") or [], "dtypes": [(d, dtype_short(d)) for d in PLAN_DTYPES],
         "export_query": f"?{query}" if query else "", "open_regressions": len(regressions),
     })

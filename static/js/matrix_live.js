@@ -36,6 +36,8 @@
     var link = grid.querySelector('a[href="/cells/' + CSS.escape(msg.model) + "/" + CSS.escape(msg.hardware) + '/"]');
     if (!link) { return false; }
     var td = link.closest("td");
+    // the grid shows one engine per model × hardware (the best): another engine's change is left to a reload
+    if (msg.engine && (td.dataset.engine || "day0") !== msg.engine) { return false; }
     var oldTier = td.dataset.tier;
     var since = link.querySelector(".since");
     var flag = link.querySelector(".reg-open");

@@ -53,6 +53,7 @@ def test_bundled_server_by_command_serves_and_evals_through_the_endpoint(tmp_pat
     assert serve["text_path_ok"] is True and serve["chat_path_ok"] is True
     engine = serve["engine"]
     assert engine["name"] == "openai-compatible" and engine["command"][1:4] == ["-m", "agents.runtime", "serve"]
+    assert engine["environment"]["OMP_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"]  # the version lock's part
     assert report["stages"]["eval"]["endpoint"] == serve["endpoint"]
     assert ctx.state.server is None and not _alive(engine["pid"])  # nothing of the job outlives it
 

@@ -28,6 +28,14 @@ def test_env_section_locks_versions_and_device():
     assert len(section["runtime_commit"]) == 40 and int(section["runtime_commit"], 16) >= 0
 
 
+def test_env_section_locks_threads_and_the_locked_variables(monkeypatch):
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    section = env.run(_ctx())
+    assert section["threads"] == torch.get_num_threads()
+    assert section["environment"]["MALLOC_ARENA_MAX"] == "2" and "LD_PRELOAD" not in section["environment"]
+
+
 def test_dispatch_key_of_accelerators():
     assert dispatch_key_for("cuda:1") == "CUDA"
     assert dispatch_key_for("privateuseone") == "PrivateUse1"

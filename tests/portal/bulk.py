@@ -9,6 +9,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 from apps.accounts.models import Organization
+from apps.catalog.engines import default_engine
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.services import model_fields_from_config
 from apps.evidence.models import StageResult
@@ -39,11 +40,12 @@ def build_matrix(n_models: int, n_hardware: int, jobs_per_cell: int, *, seed: in
         for i in range(n_models)
     ])
     cells = []
+    engine = default_engine()
     for m in models:
         for h in hardware:
             tier = rng.randint(0, 6)
             reached = m.released_at + timedelta(hours=rng.randint(1, 400))
-            cells.append(Cell(model=m, hardware=h, tier=tier, fits=True, fits_devices=rng.choice([1, 2, 4, 8]),
+            cells.append(Cell(model=m, hardware=h, engine=engine, tier=tier, fits=True, fits_devices=rng.choice([1, 2, 4, 8]),
                               fits_plan={"plan": {"tp": 1, "pp": 1, "ep": 1, "devices": 1}},
                               failed_stage=rng.choice(["", "", "", "align", "serve"]),
                               tier_reached_at={str(t): reached.isoformat() for t in range(1, tier + 1)},

@@ -81,7 +81,7 @@ def test_query_count_is_fixed_for_anonymous_readers(client, django_assert_num_qu
         client.get("/api/v1/matrix/")
     with django_assert_num_queries(0):  # cached until a cell, a model or a hardware changes
         client.get("/api/v1/matrix/")
-    with django_assert_num_queries(7):  # + the vendor and family filter choices, the benchmark history stamp
+    with django_assert_num_queries(8):  # + the vendor, family and engine filter choices, the benchmark history stamp
         client.get("/")
     with django_assert_num_queries(1):  # cached: the benchmark history stamp (the viewer's regression flags)
         client.get("/")

@@ -144,7 +144,8 @@ def test_the_api_keeps_its_shape_and_pages_on_request(api_client) -> None:
     assert set(whole) == {"tiers", "hardware", "models"} and len(whole["models"]) == 12
     cell = next(iter(whole["models"][0]["cells"].values()))
     assert set(cell) == {"tier", "tier_name", "failed_stage", "fits", "fits_devices", "fits_dtype", "lead_time_hours",
-                         "tier_reached_at", "reached_at", "jobs", "custom_thresholds", "synthetic", "disputed"}
+                         "tier_reached_at", "reached_at", "jobs", "custom_thresholds", "synthetic", "disputed",
+                         "engine", "engines"}  # engines: additive (a cell is the best engine's)
     pages = [api_client.get(f"/api/v1/matrix/?page={n}&page_size=5").json() for n in (1, 2, 3)]
     assert [p["page"] for p in pages] == [{"number": n, "size": 5, "pages": 3, "count": 12} for n in (1, 2, 3)]
     assert [m for p in pages for m in p["models"]] == whole["models"]

@@ -18,6 +18,7 @@ import httpx
 
 from agents.pipeline.support.errors import Cancellable, StageFailed
 from contract.engines import render_command
+from contract.version_lock import locked_environment
 
 READY_PATHS = ("/v1/models", "/health")
 
@@ -60,6 +61,7 @@ class EngineProcess:
             self.argv[0] = configured
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("DAY0_API_KEY", None)
+        self.environment = locked_environment(env)  # what the engine ran under (the version lock)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.started = time.monotonic()
@@ -149,7 +151,8 @@ class EngineProcess:
         """The serve section's ``engine`` block: what ran, exactly (the version lock's part of it)."""
         return {"name": self.engine.get("name"), "version": self.engine.get("version") or None,
                 "ref": self.ref, "command": self.argv, "reported_version": self.version(),
-                "served_model": self.served_model(), "pid": self.proc.pid}
+                "served_model": self.served_model(), "pid": self.proc.pid,
+                "environment": dict(getattr(self, "environment", {}))}
 
     def stop(self) -> None:
         """SIGTERM to the engine's whole process group, SIGKILL after 15 s; safe to call twice."""

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contract.version_lock import locked_environment
+
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -101,6 +103,9 @@ def environment_lock(device: str = "cpu") -> dict[str, Any]:
         cpu_model=cpu_model(),
         cpu_count=os.cpu_count(),
         executable=sys.executable,
+        threads=torch.get_num_threads(),
+        # threads, thread binding, allocators: part of the version lock (contract.version_lock)
+        environment=locked_environment(os.environ),
     )
     lock.update(device_info(device))
     for package in ("transformers", "safetensors", "tokenizers", "numpy"):

@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from apps.accounts.access import Actor
 from apps.benchmarks.open_regressions import open_regressions
+from apps.catalog.engines import version_key
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.selectors import visible_models, visible_models_q
 from apps.dashboards.selectors.day0 import Day0Release, release_timeline
@@ -57,22 +58,35 @@ class ModelPage:
     timeline: Day0Release
 
 
+def engine_rows(cells: QuerySet[Cell], by: str) -> dict[int, list[Cell]]:
+    """Cells grouped by ``by`` (their hardware or model id), each group's engines the bundled runtime first,
+    then by name and version: the model and hardware pages show one row per engine."""
+    out: dict[int, list[Cell]] = {}
+    for cell in cells.select_related("engine"):
+        out.setdefault(getattr(cell, by), []).append(cell)
+    for group in out.values():
+        group.sort(key=lambda c: (not c.engine.default, c.engine.name, version_key(c.engine.version)))
+    return out
+
+
 def model_page(actor: Actor, slug: str) -> ModelPage | None:
     """None when the model is unknown or not visible to ``actor``."""
     model = visible_models(actor).select_related("organization").filter(slug=slug).first()
     if model is None:
         return None
     hardware = list(Hardware.objects.order_by("vendor", "name"))
-    cells = {c.hardware_id: c for c in Cell.objects.filter(model=model)}
+    cells = engine_rows(Cell.objects.filter(model=model), "hardware_id")
     regressions = open_regressions(actor, model=model.slug)
-    timeline = release_timeline(model, hardware, {(model.pk, hw_id): (c.tier, c.failed_stage, c.tier_reached_at)
-                                                  for hw_id, c in cells.items()})
+    timeline = release_timeline(model, hardware, {(model.pk, hw_id): (c[0].tier, c[0].failed_stage,
+                                                                      c[0].tier_reached_at)
+                                                  for hw_id, c in cells.items() if c[0].engine.default})
     try:
         own_format = resolve_dtype("auto", model.config or {})[0]
     except ValueError:
         own_format = model.dtype
     return ModelPage(model, own_format, config_summary(model.config or {}),
-                     [(h, cells.get(h.pk), regressions.get((model.slug, h.slug), [])) for h in hardware], timeline)
+                     [(h, cell, regressions.get((model.slug, h.slug), [])) for h in hardware
+                      for cell in cells.get(h.pk) or [None]], timeline)
 
 
 @dataclass
@@ -98,7 +112,7 @@ def hardware_page(actor: Actor, slug: str) -> HardwarePage | None:
         return None
     models = list(ModelRelease.objects.filter(visible_models_q(actor)).only(
         "id", "slug", "name", "released_at", "visibility", "family", "params_total", "params_active"))
-    cells = {c.model_id: c for c in Cell.objects.filter(hardware=hardware, model_id__in=[m.pk for m in models])}
+    cells = engine_rows(Cell.objects.filter(hardware=hardware, model_id__in=[m.pk for m in models]), "model_id")
     regressions = open_regressions(actor, hardware=hardware.slug)
     comm = (StageResult.objects.filter(job__hardware=hardware, stage="comm",
                                        job__model_id__in=[m.pk for m in models])
@@ -115,5 +129,6 @@ def hardware_page(actor: Actor, slug: str) -> HardwarePage | None:
                                 "op": c.get("op"), "dtype": c.get("dtype"), "ok": c.get("ok"), "busbw": best,
                                 "sizes": len(sizes)})
     return HardwarePage(hardware, fleet(actor, hardware_id=hardware.pk),
-                        [(m, cells.get(m.pk), regressions.get((m.slug, hardware.slug), [])) for m in models],
+                        [(m, cell, regressions.get((m.slug, hardware.slug), [])) for m in models
+                         for cell in cells.get(m.pk) or [None]],
                         collectives)

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.paginator import Page, Paginator
 
 from apps.accounts.access import Actor
-from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.engines import default_engine, engine_jobs_q, resolve_engine
+from apps.catalog.models import Engine, Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
 from apps.core.formatting import hours_text, human_bytes, human_count, reached_times
 from apps.dashboards.selectors.jobs import previous_job_ids
@@ -32,6 +34,7 @@ from apps.evidence.selectors import newest_results
 from apps.jobs.models import Job
 from apps.matrix.models import Cell
 from apps.matrix.selectors import lead_hours
+from apps.matrix.series import EngineCell, engine_cells
 from apps.references.selectors import portal_scores
 from contract.tiers import STAGE_ORDER, TIER_GATES, TIER_NAMES
 
@@ -97,6 +100,8 @@ class CellPage:
     compiled: dict[str, Any] | None = None  # the serve, bench and align sections' compile blocks, when present
     portal_scores: dict[str, Any] | None = None  # the portal's scores of the raw outputs (align e2e, eval)
     align_self_reference: bool = False  # the target ran the reference implementation (transformers fallback, fp32 CPU)
+    engine: Engine | None = None  # the engine whose cell this page shows (the bundled runtime by default)
+    engines: list[EngineCell] = field(default_factory=list)  # every engine's cell of this model × hardware
 
     @property
     def verdict_rows(self) -> list[tuple[str, dict[str, Any]]]:
@@ -244,16 +249,23 @@ def _e2e_prompts(align: StageResult | None, divergences: list[TokenDivergence]) 
     return prompts
 
 
-def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: Any = 1) -> CellPage | None:
-    """The cell's evidence, or None when the model is not visible to ``actor`` or a slug is unknown; its job
-    history one page (``JOB_PAGE`` jobs, newest first) at a time."""
+def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: Any = 1,
+              engine_ref: str = "") -> CellPage | None:
+    """The cell of ``engine_ref`` (``NAME``/``NAME@VERSION``; default the bundled runtime): its evidence from that
+    engine's jobs, or None when the model is not visible to ``actor``, a slug or the engine is unknown; its job
+    history one page (``JOB_PAGE`` jobs, newest first) at a time; every engine's cell of the model × hardware."""
     model = visible_model(actor, model_slug)
     hardware = Hardware.objects.filter(slug=hardware_slug).first()
     if model is None or hardware is None:
         return None
-    cell = Cell.objects.filter(model=model, hardware=hardware).first()
-    results = newest_results(model.pk, hardware.pk)
-    page = CellPage(model, hardware, cell, tier_ladder(cell, model.released_at), results)
+    try:
+        engine = resolve_engine(engine_ref) if engine_ref else default_engine()
+    except ValidationError:
+        return None
+    cell = Cell.objects.filter(model=model, hardware=hardware, engine=engine).first()
+    results = newest_results(model.pk, hardware.pk, engine_jobs_q(engine, "job__"))
+    page = CellPage(model, hardware, cell, tier_ladder(cell, model.released_at), results, engine=engine,
+                    engines=engine_cells(model.pk, hardware.pk))
     if "inventory" in results:
         page.operators = list(OperatorCheck.objects.filter(result_id=results["inventory"].pk)
                               .order_by("status", "-count", "op").values("op", "count", "dtypes", "status",
@@ -274,7 +286,8 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
     if load is not None:
         page.load_problems = list(LoadProblem.objects.filter(load=load).order_by("tensor")[:200])
         page.shards = list(ShardChecksum.objects.filter(load=load).order_by("file")[:200])
-    page.job_page = Paginator(Job.objects.filter(model=model, hardware=hardware).select_related("requested_by")
+    page.job_page = Paginator(Job.objects.filter(engine_jobs_q(engine), model=model, hardware=hardware)
+                              .select_related("requested_by")
                               .order_by("-created_at", "-id"), JOB_PAGE).get_page(jobs_page)
     page.jobs = list(page.job_page.object_list)
     # "compare with the job before" of the same purpose: a certify job is never compared with a reference run

@@ -7,12 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.exceptions import ValidationError
+
 from apps.accounts.access import Actor
 from apps.benchmarks.regressions import Direction, metric_direction
 from apps.benchmarks.run_metrics import run_values
+from apps.catalog.engines import engine_jobs_q, resolve_engine
+from apps.catalog.models import Hardware
+from apps.catalog.selectors import visible_models
 from apps.evidence.models import BenchmarkPoint, StageResult
+from apps.jobs.choices import JobPurpose
 from apps.jobs.models import Job
 from apps.jobs.selectors import visible_jobs
+from contract.version_lock import flatten_lock, lock_diff
 
 COMPARED_METRICS = (("ttft_ms_p50", "TTFT p50", "ms"), ("ttft_ms_p99", "TTFT p99", "ms"),
                     ("tpot_ms_p50", "TPOT p50", "ms"), ("itl_ms_p50", "ITL p50", "ms"),
@@ -58,6 +65,13 @@ class Comparison:
     alignment: list[Cmp] = field(default_factory=list)
     env: list[Cmp] = field(default_factory=list)
     stages: list[Cmp] = field(default_factory=list)
+    evals: list[Cmp] = field(default_factory=list)  # per eval task: the target score of each run
+    lock: list[Cmp] = field(default_factory=list)  # the version lock, entries that differ first
+    engines: tuple[str, str] | None = None  # an engine comparison: the two engines compared
+
+    @property
+    def lock_differs(self) -> list[str]:
+        return [row.label for row in self.lock if row.verdict == "differs"]
 
     @property
     def same_cell(self) -> bool:
@@ -113,9 +127,65 @@ def compare_jobs(actor: Actor, a_id: int, b_id: int) -> Comparison | None:
         for name, label in ALIGN_FIELDS:
             va, vb = (getattr(x, name, None) for x in aligns)
             out.alignment.append(Cmp(label, va, vb, verdict="same" if va == vb else "differs"))
+    sections: dict[tuple[int, str], Any] = {}
+    wanted = [r.pk for j in (a_id, b_id) for stage, r in results[j].items() if stage in ("serve", "env", "eval")]
+    for job_id, stage, section in StageResult.objects.filter(pk__in=wanted).values_list("job_id", "stage", "section"):
+        sections[(job_id, stage)] = section
+    locks = [flatten_lock(sections.get((j, "serve")), sections.get((j, "env"))) for j in (a_id, b_id)]
+    out.lock = [Cmp(key, va, vb, verdict="differs" if differs else "same") for key, va, vb, differs in lock_diff(*locks)]
+    out.evals = eval_rows(sections.get((a_id, "eval")), sections.get((b_id, "eval")))
     envs = [getattr(results[j].get("env"), "env", None) for j in (a_id, b_id)]
     if any(envs):
         for name in ENV_FIELDS:
             va, vb = (getattr(x, name, None) for x in envs)
             out.env.append(Cmp(name.replace("_", " "), va, vb, verdict="same" if va == vb else "differs"))
+    return out
+
+
+def _tasks(section: Any) -> dict[str, dict[str, Any]]:
+    tasks = section.get("tasks") if isinstance(section, dict) else None
+    return {str(t.get("task")): t for t in tasks or [] if isinstance(t, dict) and t.get("task")}
+
+
+def eval_rows(a: Any, b: Any) -> list[Cmp]:
+    """Per eval task of either run: the target's score on each side (its metric as the unit), B / A, and the
+    task's own verdict when it changed."""
+    ta, tb = _tasks(a), _tasks(b)
+    rows = []
+    for task in sorted(set(ta) | set(tb)):
+        xa, xb = ta.get(task, {}), tb.get(task, {})
+        va, vb = xa.get("target"), xb.get("target")
+        ratio = vb / va if isinstance(va, int | float) and isinstance(vb, int | float) and va else None
+        passed = (xa.get("passed"), xb.get("passed"))
+        verdict = "same" if va == vb else ("worse" if isinstance(va, int | float) and isinstance(vb, int | float)
+                                          and vb < va else "differs")
+        if passed[0] is True and passed[1] is False:
+            verdict = "worse"
+        rows.append(Cmp(task, va, vb, str(xa.get("metric") or xb.get("metric") or ""), ratio, verdict))
+    return rows
+
+
+def compare_engines(actor: Actor, model_slug: str, hardware_slug: str, a_ref: str,
+                    b_ref: str) -> Comparison | str | None:
+    """Two engines (or two versions of one) on one model × hardware: each engine's newest certify job of that
+    cell with evidence, compared as ``compare_jobs`` compares two runs. None when the model or hardware is not
+    visible; a text naming what is missing when an engine is unknown or has no run there."""
+    if not (visible_models(actor).filter(slug=model_slug).exists()
+            and Hardware.objects.filter(slug=hardware_slug).exists()):
+        return None
+    jobs = visible_jobs(actor).filter(model__slug=model_slug, hardware__slug=hardware_slug,
+                                      purpose=JobPurpose.CERTIFY, stage_results__isnull=False)
+    picked = []
+    for ref in (a_ref, b_ref):
+        try:
+            engine = resolve_engine(ref)
+        except ValidationError as exc:
+            return "; ".join(exc.message_dict.get("engine", [str(exc)]))
+        job = jobs.filter(engine_jobs_q(engine)).order_by("-created_at", "-id").values_list("pk", flat=True).first()
+        if job is None:
+            return f"{engine.ref} has no run of {model_slug} on {hardware_slug} yet"
+        picked.append((engine.ref, job))
+    out = compare_jobs(actor, picked[0][1], picked[1][1])
+    if out is not None:
+        out.engines = (picked[0][0], picked[1][0])
     return out

@@ -119,7 +119,7 @@ def day0_timeline(actor: Actor, *, rank_tier: int = 3, include_hosts: bool = Fal
     hardware = list(Hardware.objects.only("id", "slug", "name", "vendor", "shared_memory"))
     cells = {(m, h): (tier, failed, reached, cell_marks(custom, synthetic, disputed))
              for m, h, tier, failed, reached, custom, synthetic, disputed in
-             Cell.objects.filter(model_id__in=[m.pk for m in models])
+             Cell.objects.filter(model_id__in=[m.pk for m in models], engine__default=True)  # the bundled runtime's
              .values_list("model_id", "hardware_id", "tier", "failed_stage", "tier_reached_at", "custom_thresholds",
                           "synthetic", "disputed")}
     per_hw: dict[int, list[list[float]]] = {h.pk: [[] for _ in TIMELINE_TIERS] for h in hardware}

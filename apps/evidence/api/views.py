@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from apps.accounts.api.mixins import get_actor, get_or_404, require
 from apps.catalog.api.serializers import ModelReleaseSerializer
+from apps.catalog.engines import engine_for_spec
 from apps.catalog.selectors import visible_models
 from apps.evidence import ingest
 from apps.evidence.manifests import check_settle_manifest
@@ -34,7 +35,8 @@ class JobResultsView(APIView):
         job = get_or_404(visible_jobs(actor), "job", pk=int(pk))
         require(actor.authenticated, actor, "")
         results = ingest.check_record_job_results(actor, job, request.data)
-        cell = job.model.cells.get(hardware_id=job.hardware_id)  # the matrix's row, through its relation
+        # the matrix's cell of the job's engine, through its relation
+        cell = job.model.cells.get(hardware_id=job.hardware_id, engine=engine_for_spec(job.spec))
         return Response({"job": job.pk, "stored": [r.summary() for r in results],
                          "cell": {"tier": cell.tier, "tier_name": cell.tier_name, "failed_stage": cell.failed_stage,
                                   "error": cell.error, "custom_thresholds": cell.custom_thresholds,

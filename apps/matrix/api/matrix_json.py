@@ -12,9 +12,10 @@ from django.db import connection
 from rest_framework.renderers import JSONRenderer
 
 from apps.accounts.access import Actor
-from apps.catalog.models import Hardware, ModelRelease
+from apps.catalog.engines import parse_engine_filter
+from apps.catalog.models import Engine, Hardware, ModelRelease
 from apps.matrix.models import Cell
-from apps.matrix.selectors import MatrixFilters, build_matrix, build_matrix_page, page_of, select_rows
+from apps.matrix.selectors import MatrixFilters, build_matrix, build_matrix_page, engine_rank, page_of, select_rows
 from contract.tiers import TIER_NAMES
 
 
@@ -59,11 +60,13 @@ _ISO = ("CASE WHEN {c} IS NULL THEN NULL WHEN date_part('microseconds', {c}) = f
         "ELSE to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"+00:00\"') END")
 
 
-def _cells_sql(by_hardware: bool) -> str:
+def _cells_sql(by_hardware: bool, engine: tuple[str, str | None] | None) -> str:
     names = " ".join(f"WHEN {int(t)} THEN %s" for t in TIER_NAMES)
-    table = Cell._meta.db_table
+    table, engines = Cell._meta.db_table, Engine._meta.db_table
+    where = (" AND hardware_id = ANY(%s)" if by_hardware else "") + (
+        "" if engine is None else " AND e.name = %s" + (" AND e.version = %s" if engine[1] else ""))
     return (
-        f"SELECT model_id, hardware_id, json_build_object("
+        f"SELECT model_id, hardware_id, e.name, e.version, e.\"default\", tier, job_count, json_build_object("
         f"'tier', tier, 'tier_name', CASE tier {names} END, 'failed_stage', NULLIF(failed_stage, ''), "
         f"'fits', fits, 'fits_devices', fits_devices, 'fits_dtype', fits_plan -> 'dtype', "
         f"'lead_time_hours', lead_hours, "
@@ -72,8 +75,27 @@ def _cells_sql(by_hardware: bool) -> str:
         f"'reached_at', {_ISO.format(c='current_tier_reached_at')}, 'jobs', job_count, "
         f"'custom_thresholds', custom_thresholds, 'synthetic', synthetic, "
         f"'disputed', CASE WHEN jsonb_typeof(disputed) = 'array' THEN disputed ELSE '[]'::jsonb END"
-        f")::text FROM {table} WHERE model_id = ANY(%s)" + (" AND hardware_id = ANY(%s)" if by_hardware else "")
+        f")::text FROM {table} JOIN {engines} e ON e.id = {table}.engine_id WHERE model_id = ANY(%s)" + where
     )
+
+
+def _best_texts(rows: list[tuple[Any, ...]]) -> dict[tuple[int, int], str]:
+    """Each model × hardware's best engine's cell text (``selectors.engine_rank``), with its ``engine`` and every
+    engine's (``engines``) as ``CellView.as_dict`` writes them."""
+    best: dict[tuple[int, int], tuple[tuple[Any, ...], str, str]] = {}
+    listed: dict[tuple[int, int], list[tuple[str, int]]] = {}
+    for model_id, hw_id, name, version, default, tier, jobs, text in rows:
+        ref = f"{name}@{version}" if version else name
+        key, rank = (model_id, hw_id), engine_rank(tier, default, jobs, version)
+        listed.setdefault(key, []).append((ref, tier))
+        if key not in best or rank > best[key][0]:
+            best[key] = (rank, ref, text)
+    out = {}
+    for key, (_, ref, text) in best.items():
+        engines = sorted(listed[key], key=lambda e: (e[0] != ref, -e[1]))
+        out[key] = (f'{text[:-1]},"engine":{_dumps(ref)},"engines":'
+                    f'{_dumps([{"engine": r, "tier": t} for r, t in engines])}}}')
+    return out
 
 
 def matrix_json(actor: Actor, filters: MatrixFilters, number: int | None, size: int) -> str:
@@ -91,9 +113,12 @@ def matrix_json(actor: Actor, filters: MatrixFilters, number: int | None, size: 
         params: list[Any] = [*TIER_NAMES.values(), [m.pk for m in models]]
         if filters.vendor:
             params.append([h.pk for h in hardware])
+        engine = parse_engine_filter(filters.engine)
+        if engine is not None:
+            params += [engine[0]] + ([engine[1]] if engine[1] else [])
         with connection.cursor() as cursor:
-            cursor.execute(_cells_sql(bool(filters.vendor)), params)
-            texts = {(model_id, hw_id): text for model_id, hw_id, text in cursor.fetchall()}
+            cursor.execute(_cells_sql(bool(filters.vendor), engine), params)
+            texts = _best_texts(cursor.fetchall())
     columns = [(h.pk, _dumps(h.slug)) for h in hardware]
     rows = []
     for m in models:

@@ -115,6 +115,9 @@ class RuntimeEvidenceSerializer(serializers.Serializer):
 class CellDetailSerializer(serializers.Serializer):
     model = serializers.CharField()
     hardware = serializers.CharField()
+    engine = serializers.CharField(help_text="the engine whose cell this is, NAME@VERSION (day0 by default)")
+    engines = ANY(help_text="every engine's cell of this model × hardware, best first: {engine, name, version, "
+                            "default, tier, tier_name, failed_stage, jobs, previous_version, previous_tier, regressed}")
     tier = ANY()
     tier_name = ANY()
     failed_stage = ANY()

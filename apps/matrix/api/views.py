@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -12,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.accounts.api.mixins import get_actor, get_or_404
+from apps.catalog.engines import default_engine, engine_jobs_q, resolve_engine
 from apps.catalog.models import Hardware
 from apps.catalog.selectors import visible_models
 from apps.evidence.conformance import conformance_evidence
@@ -25,7 +27,8 @@ from apps.matrix.api.matrix_json import matrix_data, matrix_json
 from apps.matrix.api.serializers import CellDetailSerializer
 from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
-from apps.matrix.selectors import MatrixFilters, lead_hours
+from apps.matrix.selectors import FilterError, MatrixFilters, lead_hours
+from apps.matrix.series import engine_cells
 from apps.matrix.stacks import cell_stack
 from contract.manifest import LEGACY_SOURCES
 from contract.tiers import TIER_NAMES
@@ -34,11 +37,11 @@ API_PAGE_SIZE, API_PAGE_SIZE_MAX = 50, 1000
 
 
 def parse_filters(params: Any) -> MatrixFilters:
-    """``?vendor=&family=&tier=``; a bad tier is a 400 naming the accepted values."""
+    """``?vendor=&family=&tier=&engine=``; a bad tier or engine is a 400 naming what is accepted."""
     try:
         return MatrixFilters.from_params(params, strict=True)
-    except ValueError as exc:
-        raise ValidationError({"tier": str(exc)}) from None
+    except FilterError as exc:
+        raise ValidationError({exc.field: str(exc)}) from None
 
 
 def _page_param(params: Any, name: str, default: int, most: int) -> int:
@@ -60,6 +63,9 @@ class MatrixView(APIView):
         OpenApiParameter("family", str, description="only models of this family (llama, qwen3, deepseek_v3 …)"),
         OpenApiParameter("tier", str, description="only models reaching at least this tier on some hardware "
                                                   "(0-6 or its name)"),
+        OpenApiParameter("engine", str, description="only this engine's cells, NAME (every version) or "
+                                                    "NAME@VERSION; without it each cell is the best engine's, with "
+                                                    "'engine' and every engine's tier in 'engines'"),
         OpenApiParameter("page", int, description="optional: this page of rows (from 1), with a 'page' key "
                                                   "{number, size, pages, count}; without it every row"),
         OpenApiParameter("page_size", int, description=f"optional: rows per page (1-{API_PAGE_SIZE_MAX}, default "
@@ -74,7 +80,7 @@ class MatrixView(APIView):
         size = _page_param(params, "page_size", API_PAGE_SIZE, API_PAGE_SIZE_MAX)
         if getattr(request.accepted_renderer, "format", "") != "json":  # the browsable API renders the data
             return Response(matrix_data(actor, filters, number, size))
-        parts = [filters.vendor, filters.family, filters.min_tier, number, size if paged else None]
+        parts = [filters.vendor, filters.family, filters.min_tier, number, size if paged else None, filters.engine]
         body = grid_cache.cached("api", actor, parts, lambda: matrix_json(actor, filters, number, size))
         return HttpResponse(body, content_type="application/json")
 
@@ -83,21 +89,31 @@ class CellDetailView(APIView):
     """A cell's evidence: tier, fits estimate, the newest result of each stage, checklist, alignment,
     benchmarks and jobs; ``runtime_evidence``: what the cell page shows of the runtime (the same selector)."""
 
-    @extend_schema(responses=CellDetailSerializer)
+    @extend_schema(responses=CellDetailSerializer, parameters=[
+        OpenApiParameter("engine", str, description="the engine's cell, NAME or NAME@VERSION (default: the bundled "
+                                                    "runtime, day0); 'engines' lists every engine's cell"),
+    ])
     def get(self, request: Request, model: str, hardware: str) -> Response:
         actor = get_actor(request)
         model_row = get_or_404(visible_models(actor), "model", slug=model)
         hardware_row = get_or_404(Hardware.objects.all(), "hardware", slug=hardware)
-        cell = Cell.objects.filter(model=model_row, hardware=hardware_row).first()
-        if cell is None:  # a cell is created with its model or hardware; this only guards a half-seeded catalog
-            cell = Cell(model=model_row, hardware=hardware_row)
+        raw = (request.query_params.get("engine") or "").strip()
+        try:
+            engine = resolve_engine(raw) if raw else default_engine()
+        except DjangoValidationError as exc:
+            raise ValidationError({"engine": exc.message_dict.get("engine", [str(exc)])}) from None
+        cell = Cell.objects.filter(model=model_row, hardware=hardware_row, engine=engine).first()
+        if cell is None:  # an engine without a job here, or a half-seeded catalog: the cell as it would start
+            cell = Cell(model=model_row, hardware=hardware_row, engine=engine)
         reached = {int(k): v for k, v in (cell.tier_reached_at or {}).items()}
         lead = {TIER_NAMES[t]: lead_hours(datetime.fromisoformat(at), model_row.released_at)
                 for t, at in sorted(reached.items())}
-        jobs = Job.objects.filter(model=model_row, hardware=hardware_row).select_related(
+        jobs = Job.objects.filter(engine_jobs_q(engine), model=model_row, hardware=hardware_row).select_related(
             "model", "hardware", "organization", "requested_by")[:20]
         return Response({
             "model": model_row.slug, "hardware": hardware_row.slug,
+            "engine": engine.ref,  # whose cell this is; every engine's, best first:
+            "engines": [e.as_dict() for e in engine_cells(model_row.pk, hardware_row.pk)],
             "tier": cell.tier, "tier_name": cell.tier_name,
             "failed_stage": cell.failed_stage or None, "error": cell.error or None,
             "stage_passed": cell.stage_passed,
@@ -114,7 +130,7 @@ class CellDetailView(APIView):
             "lead_time_hours": lead,
             "fits": {"fits": cell.fits, "devices": cell.fits_devices, "plan": cell.fits_plan,
                      "error": cell.fits_error or None},
-            "evidence": cell_evidence(model_row.pk, hardware_row.pk),
+            "evidence": cell_evidence(model_row.pk, hardware_row.pk, engine_jobs_q(engine, "job__")),
             "runtime_evidence": runtime_evidence(model_row.pk, hardware_row.pk),
             # the conformance rows, target beside reference, each recomputed by the portal (its verdict: above)
             "conformance": conformance_evidence(newest_results(model_row.pk, hardware_row.pk).get("conformance")),
