@@ -70,6 +70,7 @@ class EngineProcess:
             self._log.close()
             raise StageFailed(f"engine {self.ref} could not start {self.argv[0]!r}: {exc}") from exc
         self.pgid = self.proc.pid
+        self.ready_seconds: float | None = None  # set once wait_ready saw it serve
         atexit.register(self.stop)
 
     def log_tail(self, lines: int = 20) -> str:
@@ -96,7 +97,8 @@ class EngineProcess:
                 raise StageFailed(f"engine {self.ref} exited with code {self.proc.returncode} before it was ready; "
                                   f"its log ends:\n{self.log_tail()}")
             if self._answers() and self._takes_requests():
-                return time.monotonic() - self.started
+                self.ready_seconds = time.monotonic() - self.started
+                return self.ready_seconds
             time.sleep(0.2)
         raise StageFailed(f"engine {self.ref} not ready after {timeout:.0f} s (no 200 from "
                           f"{' or '.join(READY_PATHS)}, or completions still refused); "
