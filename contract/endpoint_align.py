@@ -20,8 +20,9 @@ AGREEING_CASES: tuple[str, ...] = ("miss", "hit", "hit_vs_miss")
 NOOP_CASE, PERTURBED_CASE = "noop", "perturbed"
 CASES: tuple[str, ...] = (*AGREEING_CASES, NOOP_CASE, PERTURBED_CASE)
 NOOP_MAX_KL = 1e-9  # a run compared with itself: anything above is arithmetic that invents differences
-# the perturbed prompt is *seen* when its mean KL is above this floor and this many times the largest agreeing
-# case's: an engine whose logprobs ignore the prompt (or a check that compares nothing) shows ~0 everywhere
+# the perturbed prompt is *seen* when its mean KL is above this floor and this many times the miss case's (the
+# same prompt prefilled on a cold cache: the engine's own decode-vs-prefill noise): an engine whose logprobs ignore
+# the prompt (or a check that compares nothing) shows ~0 everywhere
 PERTURBED_MIN_KL = 1e-7
 PERTURBED_MIN_RATIO = 10.0
 MAX_POSITIONS = 4096  # per row
@@ -73,9 +74,9 @@ def row_kl(a: Sequence[Any], b: Sequence[Any]) -> tuple[float, float] | None:
     return sum(values) / len(values), max(values)
 
 
-def perturbed_floor(agreeing_means: Sequence[float]) -> float:
-    """The mean KL a perturbed prompt must exceed to count as seen, given the agreeing cases' means."""
-    return max([PERTURBED_MIN_KL] + [PERTURBED_MIN_RATIO * m for m in agreeing_means])
+def perturbed_floor(miss_mean: float | None) -> float:
+    """The mean KL a perturbed prompt must exceed to count as seen, given the miss case's mean."""
+    return max(PERTURBED_MIN_KL, PERTURBED_MIN_RATIO * (miss_mean or 0.0))
 
 
 def chosen_tokens(positions: Sequence[Any]) -> list[int | None]:
