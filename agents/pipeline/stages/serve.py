@@ -67,7 +67,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
         expected, template_note = None, f"transformers could not render the chat template: {exc}"
     else:
         template_note = None
-    checks = text_path_checks(server.url, template is not None, expected)
+    model = server.served_model() if isinstance(server, EngineProcess) else None  # the id its requests name
+    checks = text_path_checks(server.url, template is not None, expected, model)
     takes_images = config_takes_images(ctx.config)
     if takes_images:
         checks += image_path_checks(server.url, Path(ctx.model_dir))

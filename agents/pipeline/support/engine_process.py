@@ -35,6 +35,26 @@ def agent_engine_path(name: str) -> str | None:
     return None
 
 
+# what a known engine needs in its environment unless the agent's own sets it (vLLM-CPU: its KV cache in GiB)
+ENGINE_ENV: dict[str, dict[str, str]] = {"vllm": {"VLLM_CPU_KVCACHE_SPACE": "2"}}
+# the agent's own Python settings, which would point a program with its own interpreter at the agent's packages
+AGENT_PYTHON_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+
+
+def engine_env(engine: dict[str, Any]) -> dict[str, str]:
+    """The environment an engine runs in: the agent's, offline for the hub, without the agent's API key; an engine
+    with an executable of its own (``vllm``) also without the agent's Python path, plus ``ENGINE_ENV``'s
+    defaults for it (the agent's environment wins)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("DAY0_API_KEY", None)
+    if engine.get("executable"):
+        for key in AGENT_PYTHON_ENV:
+            env.pop(key, None)
+    for key, value in ENGINE_ENV.get(str(engine.get("name")), {}).items():
+        env.setdefault(key, value)
+    return env
+
+
 class EngineProcess:
     """An external engine's server, in its own session (process group)."""
 
@@ -58,8 +78,7 @@ class EngineProcess:
         configured = agent_engine_path(str(engine.get("name")))
         if configured and exe and self.argv[0] == exe:  # the agent's own path for the engine's program
             self.argv[0] = configured
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        env.pop("DAY0_API_KEY", None)
+        env = engine_env(engine)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.started = time.monotonic()
