@@ -4,6 +4,7 @@ the next stage that queries it, stopped by the last one."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from agents.pipeline.support.compiled import serve_args
@@ -44,7 +45,7 @@ def start_server(ctx: StageContext) -> ServerProcess | EngineProcess:
         _, ep, pp = effective_layout(ctx)
         engine = EngineProcess(dict(ctx.engine), Path(ctx.model_dir), dtype=ctx.dtype, tp=tp, pp=pp, ep=ep,
                                log_path=Path(ctx.workdir) / "engine.log", max_model_len=engine_max_model_len(ctx),
-                               extra=" ".join(str(a) for a in ctx.bench.get("serve_args", [])))
+                               extra=shlex.join(str(a) for a in ctx.bench.get("serve_args", [])))  # quoted
         ctx.state.server = engine
         return engine
     extra = [str(a) for a in ctx.bench.get("serve_args", [])] + serve_args(ctx)  # bench.compile
