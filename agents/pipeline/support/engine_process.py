@@ -90,6 +90,8 @@ class EngineProcess:
             raise StageFailed(f"engine {self.ref} could not start {self.argv[0]!r}: {exc}") from exc
         self.pgid = self.proc.pid
         self.ready_seconds: float | None = None  # set once wait_ready saw it serve
+        self._version: str | None = None
+        self._version_proc = self._ask_version(env)  # asked while it starts: vLLM's import takes a minute
         atexit.register(self.stop)
 
     def log_tail(self, lines: int = 20) -> str:
@@ -154,17 +156,30 @@ class EngineProcess:
             return None
         return data[0].get("id") if data and isinstance(data[0], dict) else None
 
-    def version(self) -> str | None:
-        """The engine's version: ``EXECUTABLE --version``'s last line, else None. An interpreter running a module
-        (``python -m …``) would answer its own version, not the engine's: None then."""
+    def _ask_version(self, env: dict[str, str]) -> subprocess.Popen | None:
+        """``EXECUTABLE --version`` started beside the engine (same environment); None for an interpreter running
+        a module (``python -m …``), which would answer its own version, not the engine's."""
         if Path(self.argv[0]).name.startswith("python") and "-m" in self.argv[1:3]:
             return None
         try:
-            out = subprocess.run([self.argv[0], "--version"], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError):
+            return subprocess.Popen([self.argv[0], "--version"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+        except OSError:
             return None
-        lines = [ln.strip() for ln in (out.stdout or "").splitlines() if ln.strip()]
-        return lines[-1][:200] if out.returncode == 0 and lines else None
+
+    def version(self) -> str | None:
+        """The engine's version: ``EXECUTABLE --version``'s last line (waited for up to 300 s), else None."""
+        proc, self._version_proc = self._version_proc, None
+        if proc is not None:
+            try:
+                out, _ = proc.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                return None
+            lines = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
+            self._version = lines[-1][:200] if proc.returncode == 0 and lines else None
+        return self._version
 
     def evidence(self) -> dict[str, Any]:
         """The serve section's ``engine`` block: what ran, exactly (the version lock's part of it)."""
@@ -174,6 +189,9 @@ class EngineProcess:
 
     def stop(self) -> None:
         """SIGTERM to the engine's whole process group, SIGKILL after 15 s; safe to call twice."""
+        if self._version_proc is not None and self._version_proc.poll() is None:
+            self._version_proc.kill()
+            self._version_proc.wait()
         for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(self.pgid, sig)
