@@ -33,7 +33,7 @@ ENGINE = {**{k: v for k, v in next(e for e in BUILTIN if e["name"] == "vllm").it
 STAGES = ("plan", "load", "align", "serve", "bench", "eval")
 # small but at the portal's minimum baseline; --enforce-eager: no inductor compilation at start on a shared CPU
 BENCH = {"ready_timeout": 1800, "max_model_len": 2048, "concurrency": [1, 2, 4], "num_prompts": 16,
-         "output_len": 16, "long_context": False, "probe": False}
+         "output_len": 16, "long_context": False}
 WRONG_ROPE = '{"rope_parameters": {"rope_type": "default", "rope_theta": 10.0}}'  # the model's is 100000
 
 
