@@ -25,8 +25,9 @@ MAX_COMMAND = 4000
 # them is the endpoint checks named here (docs/engines.md)
 INTERNAL_STAGES: dict[str, str] = {
     "inventory": "the operator inventory hooks the bundled runtime's modules; an external engine's are not visible",
-    "align": "operator and layer align read the bundled runtime's activations; the endpoint's token ids and "
-             "logprobs are checked by serve and eval instead",
+    "align": "operator and layer align read the bundled runtime's activations; an external engine's align is "
+             "endpoint align instead (end to end through its endpoint and the KV-cache self-consistency check, "
+             "contract/endpoint_align.py)",
 }
 
 
