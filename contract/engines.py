@@ -25,8 +25,9 @@ MAX_COMMAND = 4000
 # them is the endpoint checks named here (docs/engines.md)
 INTERNAL_STAGES: dict[str, str] = {
     "inventory": "the operator inventory hooks the bundled runtime's modules; an external engine's are not visible",
-    "align": "operator and layer align read the bundled runtime's activations; the endpoint's token ids and "
-             "logprobs are checked by serve and eval instead",
+    "align": "operator and layer align read the bundled runtime's activations; an external engine's align is "
+             "endpoint align instead (end to end through its endpoint and the KV-cache self-consistency check, "
+             "contract/endpoint_align.py)",
 }
 
 
@@ -63,12 +64,19 @@ def check_template(template: str) -> None:
 
 def render_command(template: str, values: Mapping[str, Any]) -> list[str]:
     """The argv of ``template``: split as a shell would, then each placeholder filled (``{extra}`` may stand
-    alone as a word and expands to the extra flags, split); a placeholder without a value becomes ''."""
+    alone as a word and expands to the extra flags, split); a placeholder without a value becomes '', and a word
+    that is only such a placeholder after a ``--flag`` drops the flag too (``--max-model-len {max_model_len}``
+    with no length: the engine's own default)."""
     check_template(template)
     argv: list[str] = []
     for word in shlex.split(template):
         if word == "{extra}":
             argv += shlex.split(str(values.get("extra") or ""))
+            continue
+        lone = re.fullmatch(r"\{([a-z_]+)\}", word)
+        if lone and not str(values.get(lone.group(1), "") or "") and argv and argv[-1].startswith("--") \
+                and "=" not in argv[-1]:
+            argv.pop()
             continue
         argv.append(re.sub(r"\{([a-z_]+)\}", lambda m: str(values.get(m.group(1), "") or ""), word))
     return [a for a in argv if a != ""]

@@ -39,6 +39,8 @@ SECTION_KEYS: dict[str, tuple[str, ...]] = {
     # docs/references.md
     "reference": ("pool_version", "nonce", "top_k", "e2e", "mc", "qa", "ppl", "needle", "code", "agent"),
 }
+# an external engine's align section (``method`` "endpoint", contract/endpoint_align.py) owes these instead
+ENDPOINT_ALIGN_KEYS: tuple[str, ...] = ("passed", "thresholds", "engine", "e2e", "kv_self")
 NESTED_KEYS: dict[tuple[str, str], tuple[str, ...]] = {
     ("plan", "plan"): ("tp", "pp", "ep", "devices"),
     ("inventory", "summary"): ("native", "decomposed", "fallback", "missing"),
@@ -166,7 +168,10 @@ def section_problems(stage: str, section: Mapping[str, Any]) -> list[str]:
     internals) owes only its reason."""
     if section.get("applicable") is False:
         return [] if section.get("reason") else [f"{stage}.reason"]
-    problems = [f"{stage}.{key}" for key in SECTION_KEYS.get(stage, ()) if key not in section]
+    wanted_keys = SECTION_KEYS.get(stage, ())
+    if stage == "align" and section.get("method") == "endpoint":  # an external engine: no ops or layers to show
+        wanted_keys = ENDPOINT_ALIGN_KEYS
+    problems = [f"{stage}.{key}" for key in wanted_keys if key not in section]
     for (owner, key), wanted in NESTED_KEYS.items():
         if owner == stage and isinstance(section.get(key), Mapping):
             problems += [f"{stage}.{key}.{k}" for k in wanted if k not in section[key]]

@@ -90,6 +90,11 @@ TABLE: dict[str, Threshold] = {t.key: t for t in (
               doc="incremental vs full recompute, max abs error over the reference's max |logit|"),
     Threshold("kv_cache_max_len", 1024, 1, 10_000_000, "min", integer=True, context_bound=True,
               doc="the longest sequence the KV-cache check runs"),
+    # an external engine's KV cache through its endpoint (align kv_self, contract/endpoint_align.py)
+    Threshold("kv_self_max_mean_kl", 0.01, 0.0, INF, "max", high_open=True,
+              doc="decoded vs the same text prefilled again (prefix-cache hit and miss): mean top-k KL, at most; "
+                  "a perturbed prompt must exceed it (the check sees a difference)"),
+    Threshold("kv_self_top_k", 5, 1, 20, "none", integer=True, doc="logprobs per position the KV self-check asks for"),
     # the image path (align_vision): vision encoder and projector outputs against transformers
     Threshold("vision_min_cosine", 0.9999, 0.0, 1.0, "min", low_open=True,
               doc="vision encoder / projector output cosine, at least"),

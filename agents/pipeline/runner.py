@@ -123,6 +123,7 @@ def judging_context(ctx: StageContext, stages: dict[str, Any] | None = None) -> 
         bench_asked=dict(ctx.bench or {}),
         inventory_ops=[str(r.get("op")) for r in inventory if isinstance(r, dict)] if isinstance(inventory, list)
         else None,
+        engine=(ctx.engine or {}).get("name") if isinstance(ctx.engine, dict) else None,
     )
 
 

@@ -22,8 +22,8 @@ BUILTIN: tuple[dict[str, Any], ...] = (
      "notes": "the bundled runtime (day0 serve): every stage, internals included"},
     {"name": "vllm", "version": "0.32.0", "default": False, "executable": "vllm",
      "obtained_by": "vllm==0.32.0 (CPU build)",
-     "command": "vllm serve {model_path} --port {port} --dtype {dtype} --tensor-parallel-size {tp} "
-                "--max-model-len {max_model_len} {extra}",
+     "command": "vllm serve {model_path} --port {port} --host 127.0.0.1 --dtype {dtype} "
+                "--tensor-parallel-size {tp} --max-model-len {max_model_len} {extra}",
      "capabilities": {"logprobs": True, "prompt_logprobs": True, "images": True, "tools": True,
                       "structured_output": True},
      "notes": "vLLM-CPU"},

@@ -41,4 +41,5 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
                                         memory_bandwidth_gbps=hardware.memory_bandwidth_gbps),
         dtype=job.spec.get("dtype") or "auto", **physics,
         challenge=challenge_judge(job),  # the portal judges e2e and eval from its own scores
+        engine=(job.spec.get("engine") or {}).get("name") if isinstance(job.spec.get("engine"), dict) else None,
     )

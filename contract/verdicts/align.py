@@ -10,6 +10,7 @@ from typing import Any
 from contract.verdicts.base import PASS, Context, Verdict
 from contract.verdicts.base import number as _number
 from contract.verdicts.base import text as _text
+from contract.verdicts.endpoint import external, judge_endpoint_align
 
 # --- align -----------------------------------------------------------------------------------------------
 
@@ -202,6 +203,9 @@ def runtime_path(ctx: Context) -> tuple[str | None, str]:
 
 
 def _align(v: Verdict, s: Mapping[str, Any], t: Mapping[str, float], ctx: Context) -> None:
+    if external(ctx) or s.get("method") == "endpoint":  # an external engine: endpoint align replaces the rest
+        judge_endpoint_align(v, s, t, ctx, _e2e)
+        return
     path, source = runtime_path(ctx)
     config = ctx.model.config or {}
     if source == "the config" and ctx.model.runtime_path and ctx.model.runtime_path != path:

@@ -64,6 +64,9 @@ class Context:
     # the load's weight probe as the portal expects it: {"nonce", "probes": [{"file", "offset", "length",
     # "sha256"}], "answers": stored answers or None} or {"probes": [], "reason"}; None: not judged by the portal
     weight_probe: Mapping[str, Any] | None = None
+    # the engine the job ran (``contract.engines``: a name; None or "day0": the bundled runtime). An external
+    # engine's align is endpoint align (``contract.endpoint_align``); the bundled runtime's never is
+    engine: str | None = None
 
 
 @dataclass

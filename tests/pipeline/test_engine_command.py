@@ -40,16 +40,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_bundled_server_by_command_serves_and_evals_through_the_endpoint(tmp_path, monkeypatch):
+def test_bundled_server_by_command_reaches_aligned_through_the_endpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the command runs the checkout's runtime module
     ctx = _job_ctx(tmp_path, BUNDLED, [], eval_limit=2, eval_needle_lengths=[768],
                    eval_needle_depths=[0])
-    report = run_pipeline(ctx, ["inventory", "align", "serve", "eval"])
+    report = run_pipeline(ctx, ["plan", "load", "inventory", "align", "serve", "eval"])
     assert report["failed_stage"] is None, report["error"]
-    for stage in ("inventory", "align"):
-        section = report["stages"][stage]
-        assert section["applicable"] is False and section["engine"] == "openai-compatible" and section["reason"]
+    inventory = report["stages"]["inventory"]
+    assert inventory["applicable"] is False and inventory["engine"] == "openai-compatible" and inventory["reason"]
+    # align through the endpoint: e2e against the local reference and the KV self-consistency check
+    align = report["stages"]["align"]
+    assert align["method"] == "endpoint" and align["engine"] == "openai-compatible" and align["passed"] is True
+    assert report["verdicts"]["align"]["status"] == "pass", report["verdicts"]["align"]
+    assert align["e2e"]["token_match_rate"] == 1.0 and align["e2e"]["tokens"] > 0
+    kv = {row["case"]: row for row in align["kv_self"]["rows"]}
+    assert set(kv) == {"miss", "hit", "hit_vs_miss", "noop", "perturbed"}
+    assert kv["noop"]["mean_kl"] == 0.0 and kv["miss"]["mean_kl"] < 1e-6 and kv["hit"]["mean_kl"] < 1e-6
+    assert kv["perturbed"]["mean_kl"] > align["kv_self"]["perturbed_floor"]  # the check sees a changed prompt
+    assert report["tier"] >= 4  # aligned: bench (tier 5) was not asked for
     serve = report["stages"]["serve"]
+    assert serve["endpoint"] == align["endpoint"]  # one engine for the job: serve kept the one align started
     assert serve["text_path_ok"] is True and serve["chat_path_ok"] is True
     engine = serve["engine"]
     assert engine["name"] == "openai-compatible" and engine["command"][1:4] == ["-m", "agents.runtime", "serve"]

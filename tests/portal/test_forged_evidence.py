@@ -13,6 +13,7 @@ import pytest
 from apps.catalog.models import ModelRelease
 from apps.evidence.models import StageResult
 from apps.matrix.models import Cell
+from tests.endpoint_sections import endpoint_align
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
 from tests.portal.challenges import answer
 from tests.portal.reports import PASSING, TIER_STAGES, bound, new_attempt, passing
@@ -106,6 +107,9 @@ FORGED: list[tuple[str, str, dict[str, Any], str, str]] = [
      "incomplete", "align not applicable"),
     ("serve claimed not applicable", "serve", {"applicable": False, "reason": "external engine"}, "incomplete",
      "serve not applicable"),
+    # an external engine's endpoint align (e2e + KV self-consistency) on the bundled engine stands for nothing
+    ("endpoint align claimed on the bundled runtime", "align", endpoint_align(), "incomplete",
+     "endpoint align (method 'endpoint') is an external engine's align"),
 ]
 
 

@@ -175,6 +175,21 @@ def test_return_token_ids_gives_the_prompt_and_generated_ids_streamed_and_not(ur
     assert bad.status_code == 400 and "return_token_ids" in bad.text
 
 
+def test_return_tokens_as_token_ids_names_every_logprob_token_by_its_id(url):
+    """vLLM's ``return_tokens_as_token_ids``: an endpoint client (endpoint align) reads exact ids, echo included."""
+    prompt = [1, 5, 9, 13, 17]
+    req = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": 3, "echo": True,
+           "return_token_ids": True}
+    choice = post(url, "/v1/completions", {**req, "return_tokens_as_token_ids": True}).json()["choices"][0]
+    block = choice["logprobs"]
+    assert block["tokens"] == [f"token_id:{t}" for t in prompt + choice["token_ids"]]
+    assert all(k.startswith("token_id:") for top in block["top_logprobs"] if top for k in top)
+    plain = post(url, "/v1/completions", req).json()["choices"][0]["logprobs"]
+    assert plain["token_logprobs"] == block["token_logprobs"]  # the same numbers, named by text
+    bad = post(url, "/v1/completions", {**req, "return_tokens_as_token_ids": "yes"})
+    assert bad.status_code == 400 and "return_tokens_as_token_ids" in bad.text
+
+
 def test_chat_logprobs_in_the_chat_format(url, engine, reference):
     messages = [{"role": "user", "content": "Say something"}]
     req = {"messages": messages, "logprobs": True, "top_logprobs": 2, "max_tokens": 4, "temperature": 0,

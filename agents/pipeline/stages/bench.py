@@ -50,6 +50,9 @@ def run(ctx: StageContext) -> dict[str, Any]:
     finally:
         if not keep:
             stop_server(ctx)  # the bench is the server's last user
+    # which client measured it: the runtime's own, for an external engine too (vLLM's ``vllm bench serve`` is
+    # not driven from a job yet, docs/engines.md)
+    section["client"] = "day0 (agents.runtime.bench)"
     for run in [*section["runs"], *([section["long_context"]] if section.get("long_context") else [])]:
         add_rank_overheads(run)
     ctx.emit("log", "benchmark:\n" + format_table(section))

@@ -50,14 +50,18 @@ def run(ctx: StageContext) -> dict[str, Any]:
     """The serve section: ready_seconds, endpoint, tp (ranks serving: the job's override, else the plan's
     degree clipped to this host), text_path_ok, chat_path_ok (None when the model has no chat template),
     image_path_ok (None when the model takes no images), chat_template (where it was found), checks."""
-    stop_server(ctx)  # a server left by an earlier run of this stage
-    server = start_server(ctx)
-    timeout = float(ctx.bench.get("ready_timeout", 900))
-    try:
-        ready_seconds = server.wait_ready(timeout, ctx)
-    except BaseException:
-        stop_server(ctx)
-        raise
+    kept = ctx.state.server
+    if isinstance(kept, EngineProcess) and kept.ready_seconds is not None and kept.proc.poll() is None:
+        server, ready_seconds = kept, kept.ready_seconds  # the engine endpoint align started: one start per job
+    else:
+        stop_server(ctx)  # a server left by an earlier run of this stage
+        server = start_server(ctx)
+        timeout = float(ctx.bench.get("ready_timeout", 900))
+        try:
+            ready_seconds = server.wait_ready(timeout, ctx)
+        except BaseException:
+            stop_server(ctx)
+            raise
     template = chat_template_source(Path(ctx.model_dir))
     try:
         expected = expected_chat_ids(ctx) if template else None
@@ -65,7 +69,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
         expected, template_note = None, f"transformers could not render the chat template: {exc}"
     else:
         template_note = None
-    checks = text_path_checks(server.url, template is not None, expected)
+    model = server.served_model() if isinstance(server, EngineProcess) else None  # the id its requests name
+    checks = text_path_checks(server.url, template is not None, expected, model)
     takes_images = config_takes_images(ctx.config)
     if takes_images:
         checks += image_path_checks(server.url, Path(ctx.model_dir))

@@ -68,10 +68,12 @@ def expected_chat_ids(ctx: StageContext) -> list[int] | None:
 
 
 def text_path_checks(url: str, has_chat_template: bool,
-                     expected_chat: list[int] | None = None) -> list[dict[str, Any]]:
-    """The completions (plain, streamed) and, with a template, chat checks: ``{name, ok, detail}`` each."""
+                     expected_chat: list[int] | None = None, model: str | None = None) -> list[dict[str, Any]]:
+    """The completions (plain, streamed) and, with a template, chat checks: ``{name, ok, detail}`` each. ``model``:
+    the served model id the requests name (an external engine's)."""
     client = httpx.Client(base_url=url, timeout=120, headers=tracing.inject())  # the job's trace goes on
-    req = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    named = {"model": model} if model else {}
+    req = {**named, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
 
     def completion() -> str:
         r = client.post("/v1/completions", json=req)
@@ -95,7 +97,8 @@ def text_path_checks(url: str, has_chat_template: bool,
         return f"{len(chunks)} chunks"
 
     def chat() -> str:
-        r = client.post("/v1/chat/completions", json={"messages": CHAT_MESSAGES, "max_tokens": 8, "temperature": 0})
+        r = client.post("/v1/chat/completions", json={**named, "messages": CHAT_MESSAGES, "max_tokens": 8,
+                                                       "temperature": 0})
         assert r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}"
         body = r.json()
         assert body["usage"]["completion_tokens"] >= 1, "no token generated"

@@ -36,6 +36,26 @@ def agent_engine_path(name: str) -> str | None:
     return None
 
 
+# what a known engine needs in its environment unless the agent's own sets it (vLLM-CPU: its KV cache in GiB)
+ENGINE_ENV: dict[str, dict[str, str]] = {"vllm": {"VLLM_CPU_KVCACHE_SPACE": "2"}}
+# the agent's own Python settings, which would point a program with its own interpreter at the agent's packages
+AGENT_PYTHON_ENV = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+
+
+def engine_env(engine: dict[str, Any]) -> dict[str, str]:
+    """The environment an engine runs in: the agent's, offline for the hub, without the agent's API key; an engine
+    with an executable of its own (``vllm``) also without the agent's Python path, plus ``ENGINE_ENV``'s
+    defaults for it (the agent's environment wins)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("DAY0_API_KEY", None)
+    if engine.get("executable"):
+        for key in AGENT_PYTHON_ENV:
+            env.pop(key, None)
+    for key, value in ENGINE_ENV.get(str(engine.get("name")), {}).items():
+        env.setdefault(key, value)
+    return env
+
+
 class EngineProcess:
     """An external engine's server, in its own session (process group)."""
 
@@ -59,8 +79,7 @@ class EngineProcess:
         configured = agent_engine_path(str(engine.get("name")))
         if configured and exe and self.argv[0] == exe:  # the agent's own path for the engine's program
             self.argv[0] = configured
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        env.pop("DAY0_API_KEY", None)
+        env = engine_env(engine)
         self.environment = locked_environment(env)  # what the engine ran under (the version lock)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
@@ -72,6 +91,9 @@ class EngineProcess:
             self._log.close()
             raise StageFailed(f"engine {self.ref} could not start {self.argv[0]!r}: {exc}") from exc
         self.pgid = self.proc.pid
+        self.ready_seconds: float | None = None  # set once wait_ready saw it serve
+        self._version: str | None = None
+        self._version_proc = self._ask_version(env)  # asked while it starts: vLLM's import takes a minute
         atexit.register(self.stop)
 
     def log_tail(self, lines: int = 20) -> str:
@@ -98,7 +120,8 @@ class EngineProcess:
                 raise StageFailed(f"engine {self.ref} exited with code {self.proc.returncode} before it was ready; "
                                   f"its log ends:\n{self.log_tail()}")
             if self._answers() and self._takes_requests():
-                return time.monotonic() - self.started
+                self.ready_seconds = time.monotonic() - self.started
+                return self.ready_seconds
             time.sleep(0.2)
         raise StageFailed(f"engine {self.ref} not ready after {timeout:.0f} s (no 200 from "
                           f"{' or '.join(READY_PATHS)}, or completions still refused); "
@@ -135,17 +158,30 @@ class EngineProcess:
             return None
         return data[0].get("id") if data and isinstance(data[0], dict) else None
 
-    def version(self) -> str | None:
-        """The engine's version: ``EXECUTABLE --version``'s last line, else None. An interpreter running a module
-        (``python -m …``) would answer its own version, not the engine's: None then."""
+    def _ask_version(self, env: dict[str, str]) -> subprocess.Popen | None:
+        """``EXECUTABLE --version`` started beside the engine (same environment); None for an interpreter running
+        a module (``python -m …``), which would answer its own version, not the engine's."""
         if Path(self.argv[0]).name.startswith("python") and "-m" in self.argv[1:3]:
             return None
         try:
-            out = subprocess.run([self.argv[0], "--version"], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError):
+            return subprocess.Popen([self.argv[0], "--version"], stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+        except OSError:
             return None
-        lines = [ln.strip() for ln in (out.stdout or "").splitlines() if ln.strip()]
-        return lines[-1][:200] if out.returncode == 0 and lines else None
+
+    def version(self) -> str | None:
+        """The engine's version: ``EXECUTABLE --version``'s last line (waited for up to 300 s), else None."""
+        proc, self._version_proc = self._version_proc, None
+        if proc is not None:
+            try:
+                out, _ = proc.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                return None
+            lines = [ln.strip() for ln in (out or "").splitlines() if ln.strip()]
+            self._version = lines[-1][:200] if proc.returncode == 0 and lines else None
+        return self._version
 
     def evidence(self) -> dict[str, Any]:
         """The serve section's ``engine`` block: what ran, exactly (the version lock's part of it)."""
@@ -156,6 +192,9 @@ class EngineProcess:
 
     def stop(self) -> None:
         """SIGTERM to the engine's whole process group, SIGKILL after 15 s; safe to call twice."""
+        if self._version_proc is not None and self._version_proc.poll() is None:
+            self._version_proc.kill()
+            self._version_proc.wait()
         for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(self.pgid, sig)

@@ -155,10 +155,12 @@ class ServedError(RuntimeError):
 class ServedLM:
     """The served target through ``/v1/completions``; ``concurrency`` requests in flight (the server batches)."""
 
-    def __init__(self, url: str, *, concurrency: int = 4, batch: int = 16, timeout: float = 600.0) -> None:
+    def __init__(self, url: str, *, concurrency: int = 4, batch: int = 16, timeout: float = 600.0,
+                 model: str | None = None) -> None:
         import httpx
 
         self.url = url.rstrip("/")
+        self.model = model  # the served model id each request names (an external engine's; vLLM wants it)
         self.concurrency = concurrency
         self.batch = batch  # log-likelihood prompts per request
         self.client = httpx.Client(base_url=self.url, timeout=timeout, headers=tracing.inject())  # the job's trace
@@ -169,6 +171,8 @@ class ServedLM:
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         import httpx
 
+        if self.model:
+            body = {"model": self.model, **body}
         try:
             r = self.client.post("/v1/completions", json=body)
         except httpx.HTTPError as exc:

@@ -4,6 +4,7 @@ the next stage that queries it, stopped by the last one."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from agents.pipeline.support.compiled import serve_args
@@ -15,6 +16,25 @@ from agents.pipeline.support.nodes import stage_node
 from agents.pipeline.support.server_process import ServerProcess
 from contract.engines import is_external
 
+ENGINE_MAX_MODEL_LEN = 4096  # an external engine's context unless the job sets bench.max_model_len
+
+
+def engine_max_model_len(ctx: StageContext) -> int:
+    """``{max_model_len}`` of an external engine's command: the job's ``bench.max_model_len``, else the model's
+    context up to ``ENGINE_MAX_MODEL_LEN`` (an engine sizes its KV cache for it)."""
+    asked = ctx.bench.get("max_model_len")
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
+        return asked
+    config = ctx.config or {}
+    context = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    return min(int(context), ENGINE_MAX_MODEL_LEN) if isinstance(context, int) and context > 0 else ENGINE_MAX_MODEL_LEN
+
+
+def served_model(ctx: StageContext) -> str | None:
+    """The model id an external engine serves (its requests name it; vLLM wants it), None for the bundled one."""
+    server = ctx.state.server
+    return server.served_model() if isinstance(server, EngineProcess) else None
+
 
 def start_server(ctx: StageContext) -> ServerProcess | EngineProcess:
     """Start the job's server (not yet ready) and keep it in ``ctx.state.server``."""
@@ -24,8 +44,8 @@ def start_server(ctx: StageContext) -> ServerProcess | EngineProcess:
         tp, _ = effective_tp(ctx)
         _, ep, pp = effective_layout(ctx)
         engine = EngineProcess(dict(ctx.engine), Path(ctx.model_dir), dtype=ctx.dtype, tp=tp, pp=pp, ep=ep,
-                               log_path=Path(ctx.workdir) / "engine.log",
-                               extra=" ".join(str(a) for a in ctx.bench.get("serve_args", [])))
+                               log_path=Path(ctx.workdir) / "engine.log", max_model_len=engine_max_model_len(ctx),
+                               extra=shlex.join(str(a) for a in ctx.bench.get("serve_args", [])))  # quoted
         ctx.state.server = engine
         return engine
     extra = [str(a) for a in ctx.bench.get("serve_args", [])] + serve_args(ctx)  # bench.compile

@@ -20,7 +20,7 @@ MAX_STOP_LEN = 512
 
 SAMPLING_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
-    "stop_token_ids", "seed", "ignore_eos", "user", "return_token_ids",
+    "stop_token_ids", "seed", "ignore_eos", "user", "return_token_ids", "return_tokens_as_token_ids",
 }) | PROCESSING_FIELDS
 # parameters accepted only at the value that means "off": anything else would be silently ignored
 NEUTRAL: dict[str, tuple[Any, ...]] = {}
@@ -48,6 +48,7 @@ class Generation:
     echo: bool = False
     logprobs: int | None = None  # completions: top alternatives (0..20); chat: top_logprobs when logprobs is on
     return_token_ids: bool = False  # vLLM's extension: each choice carries its prompt's and its own token ids
+    tokens_as_ids: bool = False  # vLLM's ``return_tokens_as_token_ids``: logprobs name tokens "token_id:N"
     chat: Any = None  # chat: how its text is read (server/chat_output.ChatSettings: tool calls, reasoning)
 
     def choice_params(self, j: int) -> SamplingParams:
@@ -152,7 +153,8 @@ def generation(
         param = str(exc).split(" ", 1)[0]
         raise APIError(400, str(exc), param if param in body else None) from exc
     return Generation(params, n=n, stream=stream, include_usage=include_usage,
-                      return_token_ids=get_bool(body, "return_token_ids"))
+                      return_token_ids=get_bool(body, "return_token_ids"),
+                      tokens_as_ids=get_bool(body, "return_tokens_as_token_ids"))
 
 
 def completion_generation(body: dict, *, max_model_len: int) -> Generation:

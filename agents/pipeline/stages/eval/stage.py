@@ -36,7 +36,7 @@ from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.lm_backends import ReferenceLM, ServedError, ServedLM
 from agents.pipeline.support.models import reference_model, tokenizer
-from agents.pipeline.support.server import running_server, stop_server
+from agents.pipeline.support.server import running_server, served_model, stop_server
 from contract.suites import agent_env
 from contract.suites import humaneval as code_suite
 from contract.suites import needle as eval_needle
@@ -308,7 +308,7 @@ def run(ctx: StageContext) -> dict[str, Any]:
         raise StageFailed("eval needs the model's tokenizer (tokenizer.json), and the checkpoint has none")
     rtol = _rtol(ctx)
     url = running_server(ctx).url
-    target = ServedLM(url)
+    target = ServedLM(url, model=served_model(ctx))
     try:
         context = _served_context(target, ctx)
         if eval_challenge.has_challenge(ctx):  # the portal's drawn items only, raw outputs, no reference

@@ -30,6 +30,11 @@ from agents.runtime.server.tools import template_kwargs, tool_request
 from agents.runtime.server.tools_grammar import forced_call_grammar, forces
 
 
+def token_id_text(token: int) -> str:
+    """A token as vLLM's ``return_tokens_as_token_ids`` names it in logprobs: ``token_id:N``."""
+    return f"token_id:{token}"
+
+
 async def serve_choices(
     state: ServerState, request: Request, engine: LLMEngine, gen: Generation, choices: list[Choice],
     renderer_cls: type[Renderer], images: ImageInputs | None = None,
@@ -43,7 +48,8 @@ async def serve_choices(
     except QueueFullError as exc:
         raise APIError(429, str(exc), err_type="rate_limit_exceeded") from exc
     tok = engine.tokenizer
-    renderer = renderer_cls(state.model_name, request.state.request_id, gen, choices, tok.token_text, tok.visible_len)
+    token_text = token_id_text if gen.tokens_as_ids else tok.token_text  # exact ids for an endpoint client
+    renderer = renderer_cls(state.model_name, request.state.request_id, gen, choices, token_text, tok.visible_len)
     if gen.stream:
         return SSEResponse(renderer.stream(group), group)
     outputs = await collect_unless_disconnected(request, group)
