@@ -19,7 +19,7 @@ from contract.tiers import TIER_NAMES
 # lead_hours is stored on the cell: parsing 8,000 timestamps per request would cost more than the rest
 CELL_COLUMNS = ("model_id", "hardware_id", "tier", "failed_stage", "fits", "fits_devices", "lead_hours", "job_count",
                 "current_tier_reached_at", "fits_plan__dtype", "tier_reached_at", "custom_thresholds", "synthetic",
-                "disputed")
+                "disputed", "fits_plan__quant__mode")
 
 
 def parse_tier(raw: str | None) -> int | None:
@@ -71,6 +71,7 @@ class CellView:
     custom_thresholds: bool = False  # the tier rests on thresholds looser than the defaults
     synthetic: bool = False  # the tier rests on seeded evidence
     disputed: list[str] = field(default_factory=list)  # stages whose agent claim the portal's verdict refutes
+    quant_mode: str | None = None  # a quantised format here: "native" or "emulated" (the fit estimate's quant.mode)
 
     @property
     def tier_name(self) -> str:
@@ -82,7 +83,7 @@ class CellView:
                 "lead_time_hours": self.lead_hours, "tier_reached_at": self.tier_reached,
                 "reached_at": self.reached_at.isoformat() if self.reached_at else None, "jobs": self.job_count,
                 "custom_thresholds": self.custom_thresholds, "synthetic": self.synthetic,
-                "disputed": list(self.disputed)}
+                "disputed": list(self.disputed), "quant_mode": self.quant_mode}
 
 
 @dataclass
@@ -131,11 +132,12 @@ def _cells(actor: Actor, models: list[ModelRelease], hardware: list[Hardware],
     if not known:
         return cells
     for (model_id, hw_id, tier, failed, fits, devices, lead, jobs, reached, dtype, reached_map, custom, synthetic,
-         disputed) in Cell.objects.filter(cells_q).values_list(*CELL_COLUMNS):
+         disputed, quant_mode) in Cell.objects.filter(cells_q).values_list(*CELL_COLUMNS):
         if model_id in known:
             cells[(model_id, hw_id)] = CellView(tier, failed, fits, devices, lead, jobs, reached, dtype,
                                                 reached_map if isinstance(reached_map, dict) else {},
-                                                bool(custom), bool(synthetic), list(disputed or []))
+                                                bool(custom), bool(synthetic), list(disputed or []),
+                                                quant_mode if quant_mode in ("native", "emulated") else None)
     return cells
 
 

@@ -114,6 +114,9 @@ def checkpoint_format(config: dict[str, Any]) -> tuple[str, Keep] | None:
         return "mxfp4", keep
     if method == "modelopt" and "fp4" in str(quant.get("quant_algo", "")).lower():
         return "nvfp4", keep
+    if method == "gguf":  # a GGUF release: the type of most of its weights (``gguf_release.release_config``)
+        kind = str(quant.get("type", "")).lower()
+        return (kind, keep) if kind in FORMATS else None
     if method in ("gptq", "awq") and quant.get("bits") == 4:  # both store qzeros, symmetric or not
         return int4_name(quant.get("group_size"), True), keep
     if quant.get("bits") in (4, 8):

@@ -18,6 +18,7 @@ from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.vision_reference import reference_decoder
 from agents.runtime.context import ForwardContext
 from agents.runtime.engine.multimodal import config_takes_images
+from agents.runtime.loader.gguf_release import gguf_files_kwargs
 from contract.thresholds import ALIGN as ALIGN_THRESHOLDS
 
 # contract.thresholds defaults (every dtype), overridable per job through ctx.thresholds.
@@ -103,7 +104,8 @@ def reference_model(ctx: StageContext) -> nn.Module:
         ctx.state.reference_model = ref
         return ref
     try:
-        ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
+        ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32,
+                                                   **gguf_files_kwargs(ctx.model_dir))
     except (ValueError, OSError, KeyError) as exc:
         raise StageFailed(f"the transformers reference cannot load {ctx.model_dir}: {exc}") from exc
     ref.eval()
@@ -116,10 +118,12 @@ def tokenizer(ctx: StageContext) -> Any | None:
     if ctx.state.tokenizer_loaded:
         return ctx.state.tokenizer
     tok = None
-    if ctx.model_dir is not None and any((ctx.model_dir / n).exists() for n in ("tokenizer.json", "tokenizer.model")):
+    gguf = gguf_files_kwargs(ctx.model_dir)  # a GGUF release carries its tokenizer in its metadata
+    if ctx.model_dir is not None and (gguf or any((ctx.model_dir / n).exists()
+                                                  for n in ("tokenizer.json", "tokenizer.model"))):
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(ctx.model_dir)
+        tok = AutoTokenizer.from_pretrained(ctx.model_dir, **gguf)
     ctx.state.tokenizer, ctx.state.tokenizer_loaded = tok, True
     return tok
 

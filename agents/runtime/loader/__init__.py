@@ -96,8 +96,7 @@ def load_model(
     gguf = gguf_file(model_dir) if not (model_dir / "config.json").exists() else None
     if gguf is not None:  # a GGUF release: dequantised at load (emulated), no safetensors, no manifest check
         model, report, config = load_gguf(gguf, dtype=torch_dtype(dtype), device=device)
-        report.update(peak_rss_bytes=peak_rss(), rss_before_bytes=rss_before)
-        return LoadResult(model=model, report=report, config=config)
+        return _outside_safetensors(model, report, config, expected, rss_before)
     config = read_config(model_dir)
     try:
         int_fmt = int_format(config)
@@ -105,8 +104,7 @@ def load_model(
         raise LoadError(f"config.json: {exc}") from exc
     if int_fmt is not None:  # integer weights (compressed-tensors, GPTQ, AWQ): dequantised at load (emulated)
         model, report = load_int_release(model_dir, config, int_fmt, dtype=torch_dtype(dtype), device=device)
-        report.update(peak_rss_bytes=peak_rss(), rss_before_bytes=rss_before)
-        return LoadResult(model=model, report=report, config=config)
+        return _outside_safetensors(model, report, config, expected, rss_before)
     ckpt = Checkpoint.open(model_dir)
     lead = get_tp_rank() == 0 and get_ep_rank() == 0
     hasher = ShardHasher(ckpt.files, checksum_cache) if lead else None
@@ -213,6 +211,17 @@ def load_model(
         sha256={"workers": hasher.workers, "seconds": round(hasher.seconds, 4), "computed_bytes": hasher.computed_bytes}
         if hasher is not None else None,
     )
+    return LoadResult(model=model, report=report, config=config)
+
+
+def _outside_safetensors(model: Any, report: dict[str, Any], config: dict[str, Any], expected: Any,
+                         rss_before: int) -> LoadResult:
+    """A GGUF or integer-format load's result: its shards compared with the manifest like any load's."""
+    if expected is not None:
+        report["problems"] += compare_manifest(report["shards"], expected)
+        report["manifest"] = {"files": len(expected), "matched": sum(1 for s in report["shards"] if s.get("matches"))}
+        report["ok"] = not report["problems"]
+    report.update(peak_rss_bytes=peak_rss(), rss_before_bytes=rss_before, sha256=None)
     return LoadResult(model=model, report=report, config=config)
 
 

@@ -19,6 +19,7 @@ import torch
 from agents.runtime.layers.int_quant import IntFormat, check_g_idx, companions, dequantize_int, divisibility
 from agents.runtime.layers.quant import quantizable_parameters
 from agents.runtime.loader.checkpoint import Checkpoint
+from agents.runtime.loader.hashing import ShardHasher, shard_rows
 from agents.runtime.loader.safetensors_file import DTYPES, LoadError, MappedFile, TensorEntry
 from agents.runtime.loader.validate import checkpoint_dtype, declared_tensors
 from agents.runtime.models.registry import build_model
@@ -47,6 +48,7 @@ def load_int_release(model_dir: Path, config: dict[str, Any], fmt: IntFormat, *,
     t0 = time.perf_counter()
     plain_config = {k: v for k, v in config.items() if k != "quantization_config"}
     ckpt = Checkpoint.open(model_dir)
+    hasher = ShardHasher(ckpt.files)
     try:
         model = build_model(plain_config, dtype=dtype, device=device)
     except (ValueError, NotImplementedError) as exc:
@@ -83,10 +85,12 @@ def load_int_release(model_dir: Path, config: dict[str, Any], fmt: IntFormat, *,
         raise LoadError(f"{fmt.name}: {exc}") from exc
     runtime = sum(p.numel() * p.element_size() for p in model.parameters())
     dtypes = Counter(e.dtype for e in ckpt.tensors.values())
+    seconds = time.perf_counter() - t0
     report = {"ok": True, "path": model.path, "architecture": (config.get("architectures") or [None])[0],
               "dtype": str(dtype).removeprefix("torch."), "problems": [], "stats": {}, "tensors": len(ckpt.tensors),
-              "fp8_tensors": 0, "bytes": packed, "seconds": round(time.perf_counter() - t0, 4),
-              "shards": [{"file": p.name, "size": p.stat().st_size, "bytes": p.stat().st_size} for p in ckpt.files],
+              "fp8_tensors": 0, "bytes": packed, "seconds": round(seconds, 4),
+              "gb_per_s": round(packed / seconds / 1e9, 3) if seconds > 0 else None,
+              "shards": shard_rows(ckpt.files, hasher), "zero_copy_bytes": 0,
               "quant": {"format": fmt.method, "bits": fmt.bits, "group": fmt.group, "symmetric": fmt.symmetric,
                         "act_order": fmt.act_order, "converted": len(groups), "types": dict(sorted(dtypes.items())),
                         "mode": "emulated", "how": "dequantized at load", "bytes": packed, "runtime_bytes": runtime}}
