@@ -169,3 +169,35 @@ def _check_values(fmt: IntFormat, parts: dict[str, TensorEntry], out_features: i
     if why:
         raise LoadError(f"{entry.file.name}: {fmt.name}: tensor {entry.name!r} {why}")
 
+
+
+def dequantized_state(model_dir: Path, config: dict[str, Any], fmt: IntFormat) -> dict[str, torch.Tensor]:
+    """The release's tensors by their unquantised names in fp32, converted weights dequantised: the align
+    stage's reference (transformers on the same numbers) where transformers cannot load the format on CPU. Each
+    converted weight's size comes from its parts (compressed-tensors' ``weight_shape``, GPTQ's and AWQ's packing);
+    the load stage checks them against the model."""
+    first = {"compressed-tensors": "weight_packed", "gptq": "qweight", "awq": "qweight"}[fmt.method]
+    ckpt = Checkpoint.open(model_dir)
+    mapped = {path: MappedFile(path) for path in ckpt.files}
+    try:
+        read = {name: mapped[e.file].tensor(e) for name, e in ckpt.tensors.items()}
+        out: dict[str, torch.Tensor] = {}
+        modules = {n.removesuffix(f".{first}") for n in read if n.endswith(f".{first}")}
+        for module in sorted(modules):
+            suffixes = companions(fmt, 8, 8)  # the names only
+            parts = {s: read[f"{module}.{s}"] for s in suffixes if f"{module}.{s}" in read}
+            packed = parts[first]
+            if fmt.method == "compressed-tensors":
+                out_features, in_features = (int(v) for v in parts["weight_shape"].tolist())
+            elif fmt.method == "gptq":
+                in_features, out_features = packed.shape[0] * 8, packed.shape[1]
+            else:
+                in_features, out_features = packed.shape[0], packed.shape[1] * 8
+            out[f"{module}.weight"] = dequantize_int(fmt, parts, out_features, in_features)
+            for suffix in suffixes:
+                read.pop(f"{module}.{suffix}", None)
+        out.update({name: t.float().clone() for name, t in read.items()})
+        return out
+    finally:
+        for source in mapped.values():
+            source.close()
