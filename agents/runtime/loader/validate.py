@@ -42,7 +42,8 @@ def declared_tensors(model: Any, config: dict[str, Any]) -> dict[str, TensorSpec
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if quant and str(method).lower() != "fp8":
         raise LoadError(f"config.json: quantization_config.quant_method {method!r} is not supported (the runtime "
-                        f"loads unquantised and block-scaled fp8 checkpoints)")
+                        f"loads unquantised, block-scaled fp8, compressed-tensors pack-quantized, GPTQ, AWQ "
+                        f"and GGUF releases)")
     try:
         if hasattr(model, "checkpoint_tensors"):
             return model.checkpoint_tensors()
