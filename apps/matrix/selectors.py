@@ -83,7 +83,7 @@ class CellView:
                 "lead_time_hours": self.lead_hours, "tier_reached_at": self.tier_reached,
                 "reached_at": self.reached_at.isoformat() if self.reached_at else None, "jobs": self.job_count,
                 "custom_thresholds": self.custom_thresholds, "synthetic": self.synthetic,
-                "disputed": list(self.disputed), "quant_mode": self.quant_mode}
+                "disputed": list(self.disputed)}
 
 
 @dataclass

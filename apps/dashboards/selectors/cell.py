@@ -299,7 +299,7 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
     page.compiled = compiled_path(results, keys)
     page.align_self_reference = keys.get("align", {}).get("fallback_reference_identical") is True
     page.portal_scores = portal_scores(results.get("align"), results.get("eval"))
-    page.quant = quant_facts(results)
+    page.quant = quant_facts(model, results)
     original = visible_model(actor, model.quantized_from.slug) if model.quantized_from_id else None
     page.quality_cost = quality_cost_view(original, hardware, results)
     if model.takes_images:

@@ -21,11 +21,15 @@ def _section(result: StageResult | None) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {}
 
 
-def quant_facts(results: dict[str, StageResult]) -> dict[str, Any] | None:
+def quant_facts(model: ModelRelease, results: dict[str, StageResult]) -> dict[str, Any] | None:
     """``{format, mode, how, bytes, runtime_bytes, source}`` from the newest load's ``quant`` block (what ran), else
-    the plan's (what the planner expects); None for an unquantised cell."""
+    the plan's (what the planner expects); None for an unquantised release (no query then)."""
+    if not (model.config or {}).get("quantization_config") and model.quantized_from_id is None:
+        return None
+    ids = {r.pk: stage for stage, r in results.items() if stage in ("load", "plan")}
+    blocks = dict(StageResult.objects.filter(pk__in=list(ids)).values_list("stage", "section__quant"))  # one query
     for stage in ("load", "plan"):
-        block = _section(results.get(stage)).get("quant")
+        block = blocks.get(stage)
         if isinstance(block, dict) and block.get("format"):
             keep = ("format", "mode", "how", "bytes", "runtime_bytes", "types", "bits", "group")
             return {**{k: block.get(k) for k in keep}, "source": stage}
