@@ -45,9 +45,13 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
     if model_dir is not None and (model_dir / "config.json").is_file():
         config = json.loads((model_dir / "config.json").read_text())
     elif model_dir is not None:  # a GGUF-only release: its config from the file's metadata
+        from agents.runtime.loader import LoadError
         from agents.runtime.loader.gguf_release import release_config
 
-        config = release_config(model_dir)
+        try:
+            config = release_config(model_dir)
+        except LoadError as exc:
+            raise ValueError(f"job {job_id}: {exc}") from None
     if not isinstance(config, dict):
         raise ValueError(f"job {job_id}: no model files and no config in the job spec")
     hardware = dict(job.hardware)
