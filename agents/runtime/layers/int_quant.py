@@ -99,12 +99,11 @@ def int_format(config: dict[str, Any]) -> IntFormat | None:
     return None
 
 
-def _compressed_tensors(quant: dict[str, Any]) -> IntFormat:
+def _compressed_tensors(quant: dict[str, Any]) -> IntFormat | None:
     fmt = str(quant.get("format", "")).lower()
     groups = quant.get("config_groups") or {}
     if fmt != "pack-quantized":
-        raise ValueError(f"quantization_config: compressed-tensors format {fmt!r} is not supported "
-                         f"(pack-quantized only)")
+        return None  # float formats (float-quantized, nvfp4-pack-quantized): the registry of quant_formats.py
     if not isinstance(groups, dict) or len(groups) != 1:
         raise ValueError(f"quantization_config: compressed-tensors with {len(groups)} config_groups is not supported "
                          f"(one scheme for every converted linear)")
@@ -116,6 +115,8 @@ def _compressed_tensors(quant: dict[str, Any]) -> IntFormat:
         raise ValueError("quantization_config: compressed-tensors activation quantisation is not supported "
                          "(weight-only schemes)")
     bits, kind, strategy = weights.get("num_bits"), weights.get("type"), weights.get("strategy")
+    if kind == "float":
+        return None  # FP4/FP8 in the pack-quantized container: the float registry decides
     if kind != "int" or bits not in (4, 8):
         raise ValueError(f"quantization_config: compressed-tensors weights of type {kind!r} with num_bits {bits!r} "
                          f"are not supported (int, 4 or 8 bits)")

@@ -17,6 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from agents.runtime.layers import quant_float  # noqa: F401 - registers MXFP4, NVFP4, FP8 per tensor/channel
+from agents.runtime.layers.quant_formats import QuantizedTensor, QuantSpec, quant_format
+
 FP8_CODES = ("F8_E4M3",)  # safetensors codes an FP8 weight may be stored in
 SCALE_CODES = ("F32", "BF16")
 
@@ -78,6 +81,7 @@ class TensorSpec:
 
     shape: tuple[int, ...]
     fp8: ScaleSpec | None = None
+    quant: QuantSpec | None = None  # stored in a registered format (``quant_formats.py``): only that way
 
 
 @dataclass
@@ -141,7 +145,7 @@ def dequantizing(loader: Callable[..., None]) -> Callable[..., None]:
     first, then loaded (and TP-sliced) like any checkpoint tensor."""
 
     def load(param: nn.Parameter, loaded: Any, shard_id: Hashable = None) -> None:
-        if isinstance(loaded, BlockFp8Tensor):
+        if isinstance(loaded, BlockFp8Tensor | QuantizedTensor):
             loaded = loaded.dequantize(param.dtype, param.device)  # [R, C]
         loader(param, loaded, shard_id)
 
@@ -160,9 +164,11 @@ def declare_checkpoint(model: nn.Module, config: dict[str, Any],
                        checkpoint_name: Callable[[str, Hashable], str]) -> dict[str, TensorSpec]:
     """Every checkpoint tensor a model built from loader-protocol parameters (``shards``, ``checkpoint_shape``)
     needs, with what storage it accepts; FP8 with a ``<name>_scale_inv`` companion for quantisable 2-D weights
-    when the config declares block-scaled FP8."""
+    when the config declares block-scaled FP8, or the parts of a registered format (``quant_formats.py``) when
+    it declares one of those."""
     fmt = block_fp8_format(config)
-    quantizable = quantizable_parameters(model) if fmt else set()
+    other = quant_format(config) if fmt is None else None
+    quantizable = quantizable_parameters(model) if fmt or other else set()
     out: dict[str, TensorSpec] = {}
     for param_name, param in model.named_parameters():
         for shard in param.shards:
@@ -171,5 +177,8 @@ def declare_checkpoint(model: nn.Module, config: dict[str, Any],
             scale = None
             if fmt is not None and id(param) in quantizable and len(shape) == 2 and fmt.converts(name):
                 scale = ScaleSpec(f"{name}_scale_inv", fmt.scale_shape(shape), fmt.block)
+            if other is not None and id(param) in quantizable and len(shape) == 2 and other.converts(name):
+                out[name] = TensorSpec(shape, quant=other.spec(name, shape))
+                continue
             out[name] = TensorSpec(shape, scale)
     return out

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from agents.runtime.loader.hashing import ShardHasher
 from agents.runtime.loader.int_release import load_int_release
 from agents.runtime.loader.manifest import compare_manifest, parse_manifest
 from agents.runtime.loader.memory import advise_huge_pages
+from agents.runtime.loader.quantized import check_parts, quant_report, quantized_tensor, release
 from agents.runtime.loader.safetensors_file import DTYPES, LoadError, MappedFile, TensorEntry
 from agents.runtime.loader.stats import current_rss, peak_rss, reset_peak_rss, tensor_stats
 from agents.runtime.loader.validate import declared_tensors, torch_dtype, validate
@@ -116,6 +117,7 @@ def load_model(
     declared = declared_tensors(model, config)
     scales = validate(ckpt, declared, getattr(model, "is_ignored", None), config)
     blocks = {name: declared[name].fp8.block for name in scales}
+    quantized = check_parts(ckpt, declared)  # registered formats (MXFP4, NVFP4, FP8 per tensor/channel, ...)
     advise_huge_pages([p.data for p in model.parameters()])
 
     report: dict[str, Any] = {"ok": True, "path": model.path, "architecture": config.get("architectures", [None])[0],
@@ -123,7 +125,7 @@ def load_model(
     # Largest first: a parameter's pages become resident only when written, so while a big tensor's source is
     # mapped few parameters are resident yet, and the peak stays near the model's size.
     # FP8 scales travel with their weights, not on their own.
-    scale_names = {e.name for e in scales.values()}
+    scale_names = {e.name for e in scales.values()} | {e.name for v in quantized.values() for e in v.values()}
     elsewhere = getattr(model, "other_stage", lambda name: False)  # pipeline parallel: another rank's tensors
     ignored = getattr(model, "is_ignored", elsewhere)
     runs = _stored_runs(model, ckpt, set(scales) | scale_names, ignored) if zero_copy else []  # CPU params only
@@ -132,7 +134,7 @@ def load_model(
                       if e.name not in scale_names and e.name not in in_runs and not elsewhere(e.name)),
                      key=lambda e: (-e.nbytes, e.file.name, e.start))
     state = {"current": None, "bytes": 0, "adopted": 0}
-    total_entries = len(entries) + len(in_runs)
+    total_entries = len(entries) + len(in_runs) + len(quantized)
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         mapped = {path: MappedFile(path) for path in ckpt.files}
@@ -155,6 +157,20 @@ def load_model(
                     done += 1
                     if progress is not None:
                         progress(done, total_entries)
+            for name, parts in quantized.items():  # each weight's parts together, dequantised by its loader
+                done += 1
+                if elsewhere(name):
+                    continue
+                state["current"] = parts["values"]
+                item = quantized_tensor(declared[name].quant, parts, mapped)
+                yield name, item
+                if stats and lead:
+                    values = item.dequantized if item.dequantized is not None else item.dequantize(torch.float32)
+                    _record(replace(parts["values"], name=name), tensor_stats(values), report, fail_on_nonfinite)
+                del item
+                state["bytes"] += release(parts, mapped)
+                if progress is not None:
+                    progress(done, total_entries)
             for entry in entries:
                 done += 1
                 state["current"] = entry
@@ -211,6 +227,8 @@ def load_model(
         sha256={"workers": hasher.workers, "seconds": round(hasher.seconds, 4), "computed_bytes": hasher.computed_bytes}
         if hasher is not None else None,
     )
+    if quantized:
+        report["quant"] = quant_report(quantized, declared, torch_dtype(dtype), device)
     return LoadResult(model=model, report=report, config=config)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from agents.runtime.layers.quant import FP8_CODES, ScaleSpec, TensorSpec, block_fp8_format
+from agents.runtime.layers.quant_formats import quant_format
 from agents.runtime.loader.checkpoint import Checkpoint
 from agents.runtime.loader.safetensors_file import DTYPES, NAMES, LoadError, TensorEntry
 
@@ -40,17 +41,22 @@ def declared_tensors(model: Any, config: dict[str, Any]) -> dict[str, TensorSpec
     ``expected_tensors`` shapes with unquantised storage only."""
     quant = config.get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, dict) else None
-    if quant and str(method).lower() != "fp8":
+    try:
+        registered = quant_format(config)
+    except ValueError as exc:
+        raise LoadError(f"config.json: {exc}") from exc
+    if quant and str(method).lower() != "fp8" and registered is None:
         raise LoadError(f"config.json: quantization_config.quant_method {method!r} is not supported (the runtime "
-                        f"loads unquantised, block-scaled fp8, compressed-tensors pack-quantized, GPTQ, AWQ "
-                        f"and GGUF releases)")
+                        f"loads unquantised, block-scaled fp8, MXFP4, NVFP4, FP8 per-tensor/per-channel, "
+                        f"compressed-tensors pack-quantized INT4/INT8, GPTQ, AWQ and GGUF releases)")
     try:
         if hasattr(model, "checkpoint_tensors"):
             return model.checkpoint_tensors()
     except ValueError as exc:
         raise LoadError(f"config.json: {exc}") from exc
-    if block_fp8_format(config) is not None:
-        raise LoadError(f"config.json: the checkpoint is FP8-quantised, which the {model.path} path of "
+    if block_fp8_format(config) is not None or registered is not None:
+        what = "FP8-quantised" if registered is None else f"quantised as {registered.label}"
+        raise LoadError(f"config.json: the checkpoint is {what}, which the {model.path} path of "
                         f"{(config.get('architectures') or [None])[0]!r} cannot load")
     return {name: TensorSpec(tuple(shape)) for name, (shape, _) in model.expected_tensors().items()}
 
@@ -60,6 +66,9 @@ def validate(ckpt: Checkpoint, declared: dict[str, TensorSpec], is_ignored: Call
     """Every name, shape and dtype checked before any copy: errors name the file and the tensor. Returns each
     FP8 weight's scale entry."""
     scale_of = {spec.fp8.name: name for name, spec in declared.items() if spec.fp8 is not None}
+    for spec in declared.values():  # a registered format's parts are checked by ``quantized.check_parts``
+        if spec.quant is not None:
+            scale_of.update(dict.fromkeys(spec.quant.part_names(), spec.quant.name))
     config_dtype = checkpoint_dtype(config)
     scales: dict[str, TensorEntry] = {}
     # scale-like names last: an FP8 tensor the model does not take is the clearer error than its stray scale
@@ -67,6 +76,8 @@ def validate(ckpt: Checkpoint, declared: dict[str, TensorSpec], is_ignored: Call
         if name in scale_of:
             continue  # checked with its weight
         spec = declared.get(name)
+        if spec is not None and spec.quant is not None:
+            continue  # declared in a registered format: ``quantized.check_parts`` checks it
         if spec is None:
             if is_ignored is not None and not is_ignored(name):
                 raise LoadError(f"{entry.file.name}: unexpected tensor {name!r}: the model has no parameter for it")
@@ -87,10 +98,12 @@ def validate(ckpt: Checkpoint, declared: dict[str, TensorSpec], is_ignored: Call
                 want += ")" if block_fp8_format(config) else ": config.json has no fp8 quantization_config)"
             raise LoadError(f"{entry.file.name}: tensor {name!r} has dtype {entry.dtype}, expected {want}")
     for scale_name, weight in scale_of.items():
+        if declared[weight].quant is not None:
+            continue
         if scale_name in ckpt.tensors and weight in ckpt.tensors and weight not in scales:
             raise LoadError(f"{ckpt.tensors[scale_name].file.name}: scale tensor {scale_name!r} accompanies "
                             f"{weight!r}, which is stored as {ckpt.tensors[weight].dtype}, not FP8")
-    missing = sorted(set(declared) - set(ckpt.tensors))
+    missing = sorted({n for n, spec in declared.items() if spec.quant is None} - set(ckpt.tensors))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise LoadError(f"{ckpt.index_name}: missing tensor {missing[0]!r}{more}")
