@@ -171,3 +171,14 @@ def test_an_unsupported_integer_layout_is_refused_naming_the_key(releases, tmp_p
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(LoadError, match=r"config.json: quantization_config: AWQ version 'gemv'"):
         load_model(out)
+
+
+@pytest.mark.parametrize(("fmt", "method"), [("gptq-actorder", "gptq"), ("int8-ct", "compressed-tensors")])
+def test_make_model_quant_builds_a_release_beside_its_original(fmt, method, tmp_path) -> None:
+    from day0cli.main import main
+
+    out = tmp_path / "m"
+    assert main(["make-model", "--arch", "llama", "--quant", fmt, "--out", str(out)]) == 0
+    loaded, original = load_model(out), load_model(out / "original")
+    assert loaded.report["quant"]["format"] == method and original.report.get("quant") is None
+    assert main(["make-model", "--arch", "mixtral", "--quant", fmt, "--out", str(tmp_path / "moe")]) == 2

@@ -36,7 +36,9 @@ def read_release(src: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
 
 def _save(src: Path, out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
-    out.mkdir(parents=True, exist_ok=False)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "config.json").exists():
+        raise FileExistsError(f"{out} already holds a release")
     for name in SIDE_FILES:
         if (src / name).exists():
             shutil.copy(src / name, out / name)
@@ -152,3 +154,16 @@ def write_awq(src: Path, out: Path, *, group: int = 32) -> tuple[Path, dict[str,
     config["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
                                      "version": "gemm"}
     return _save(src, out, config, out_tensors), reference
+
+
+# ``day0 make-model --quant``: the integer formats (dense architectures: the writers convert the attention and MLP
+# linears by their Llama-style names)
+INT_WRITERS = {
+    "int4-ct": lambda src, out: write_compressed_tensors(src, out),
+    "int4-ct-asym": lambda src, out: write_compressed_tensors(src, out, symmetric=False),
+    "int8-ct": lambda src, out: write_compressed_tensors(src, out, bits=8, group=None),
+    "gptq": lambda src, out: write_gptq(src, out),
+    "gptq-actorder": lambda src, out: write_gptq(src, out, act_order=True, symmetric=False),
+    "awq": lambda src, out: write_awq(src, out),
+}
+INT_ARCHES = ("llama", "qwen3")
