@@ -151,8 +151,18 @@ def _load_job(model_arg: Path) -> tuple[Path | None, dict[str, Any]]:
         config_path, model_dir = model_arg / "config.json", model_arg
     else:
         raise ValueError(f"{model_arg} does not exist")
+    if not config_path.is_file() and model_dir is not None:
+        from agents.runtime.loader import LoadError
+        from agents.runtime.loader.gguf_release import release_config
+
+        try:  # a GGUF-only release: its config from the file's metadata
+            config = release_config(model_dir)
+        except LoadError as exc:
+            raise ValueError(str(exc)) from None
+        if config is not None:
+            return model_dir, config
     if not config_path.is_file():
-        raise ValueError(f"{model_arg} has no config.json")
+        raise ValueError(f"{model_arg} has no config.json (nor a single .gguf)")
     try:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as exc:

@@ -20,7 +20,7 @@ def _model_dir(spec: dict[str, Any]) -> Path | None:
     if model.get("path"):
         candidates.append(Path(model["path"]))
     for path in candidates:
-        if (path / "config.json").is_file():
+        if (path / "config.json").is_file() or (path.is_dir() and any(path.glob("*.gguf"))):
             return path
     return None
 
@@ -42,8 +42,16 @@ def build_context(job_id: int, spec: dict[str, Any], emit_fn: Any) -> Any:
     job = read_spec(job_id, spec)
     model_dir = _model_dir(spec)
     config = job.model.get("config")
-    if model_dir is not None:
+    if model_dir is not None and (model_dir / "config.json").is_file():
         config = json.loads((model_dir / "config.json").read_text())
+    elif model_dir is not None:  # a GGUF-only release: its config from the file's metadata
+        from agents.runtime.loader import LoadError
+        from agents.runtime.loader.gguf_release import release_config
+
+        try:
+            config = release_config(model_dir)
+        except LoadError as exc:
+            raise ValueError(f"job {job_id}: {exc}") from None
     if not isinstance(config, dict):
         raise ValueError(f"job {job_id}: no model files and no config in the job spec")
     hardware = dict(job.hardware)

@@ -42,6 +42,10 @@ class ModelRelease(models.Model):
     # where the reference host reads the weights (a path or a hub id): its reference run holds the references
     reference_source = models.CharField(max_length=500, blank=True,
                                         help_text="weights source the reference hardware reads for the reference run")
+    # a quantised release's unquantised original: its eval is the baseline of the cell's "quality cost" row
+    quantized_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                       related_name="quantized_variants",
+                                       help_text="the unquantised release this one is a quantisation of")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -70,10 +70,11 @@ def cell_title(cell: CellView, hardware_name: str, released_at: datetime | None,
         lines.append(f"a job was {cell.failed_stage} before proving its stages")
     elif cell.failed_stage:
         lines.append(f"newest job failed at {cell.failed_stage}")
+    mode = f" ({cell.quant_mode} on this hardware)" if cell.quant_mode else ""
     if cell.fits is True:
-        lines.append(f"fits on {cell.fits_devices} × {hardware_name} in {cell.fits_dtype or '?'}")
+        lines.append(f"fits on {cell.fits_devices} × {hardware_name} in {cell.fits_dtype or '?'}{mode}")
     elif cell.fits is False:
-        lines.append(f"does not fit on {hardware_name} in {cell.fits_dtype or '?'}")
+        lines.append(f"does not fit on {hardware_name} in {cell.fits_dtype or '?'}{mode}")
     if regressions:
         lines.append("open regression: " + ", ".join(regressions))
     if len(cell.engines) > 1 or not cell.default_engine:
@@ -94,10 +95,11 @@ def engine_html(cell: CellView) -> str:
 
 
 def _fit_text(cell: CellView) -> str:
+    mode = " emulated" if cell.quant_mode == "emulated" else ""  # a quantised format dequantised on this hardware
     if cell.fits is True:
-        return f"fits {cell.fits_devices}× · {dtype_short(cell.fits_dtype)}"
+        return f"fits {cell.fits_devices}× · {dtype_short(cell.fits_dtype)}{mode}"
     if cell.fits is False:
-        return f"no fit · {dtype_short(cell.fits_dtype)}"
+        return f"no fit · {dtype_short(cell.fits_dtype)}{mode}"
     return "fit unknown"
 
 

@@ -114,6 +114,9 @@ def checkpoint_format(config: dict[str, Any]) -> tuple[str, Keep] | None:
         return "mxfp4", keep
     if method == "modelopt" and "fp4" in str(quant.get("quant_algo", "")).lower():
         return "nvfp4", keep
+    if method == "gguf":  # a GGUF release: the type of most of its weights (``gguf_release.release_config``)
+        kind = str(quant.get("type", "")).lower()
+        return (kind, keep) if kind in FORMATS else None
     if method == "modelopt" and str(quant.get("quant_algo", "")).upper() == "FP8":  # one scale per tensor
         return "float8_e4m3fn-tensor", _keep(quant.get("exclude_modules") or [], False)
     if method in ("gptq", "awq") and quant.get("bits") == 4:  # both store qzeros, symmetric or not

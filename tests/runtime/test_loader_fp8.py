@@ -232,9 +232,10 @@ def test_fp8_without_block_size_is_refused(tmp_path: Path) -> None:
 
 def test_other_quantisation_methods_are_refused_by_name(tmp_path: Path) -> None:
     def edit(_t: dict[str, torch.Tensor], c: dict) -> None:
-        c["quantization_config"] = {"quant_method": "awq", "bits": 4}
+        c["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}  # (AWQ loads now)
 
-    with pytest.raises(LoadError, match="config.json: quantization_config.quant_method 'awq' is not supported"):
+    with pytest.raises(LoadError, match="config.json: quantization_config.quant_method 'bitsandbytes' is not "
+                                        "supported"):
         load_model(_llama_fp8(tmp_path, edit))
 
 

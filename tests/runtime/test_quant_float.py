@@ -171,7 +171,9 @@ def test_a_planted_scale_error_or_unsupported_layout_is_refused_naming_tensor_an
 
 
 def test_make_model_quant_keeps_the_original_beside_it(tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    assert make_model_command.QUANT_CHOICES == QUANT_CHOICES
+    from agents.runtime.testing.int_models import INT_WRITERS
+
+    assert make_model_command.QUANT_CHOICES == QUANT_CHOICES + tuple(INT_WRITERS)  # float formats, then integer
     args = argparse.Namespace(arch="llama", real=None, quant="mxfp4", size="tiny", seed=3, dtype="float32",
                               out=tmp_path / "m")
     assert make_model_command.handle(args) == 0

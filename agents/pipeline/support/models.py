@@ -18,6 +18,10 @@ from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.vision_reference import reference_decoder
 from agents.runtime.context import ForwardContext
 from agents.runtime.engine.multimodal import config_takes_images
+from agents.runtime.layers.int_quant import int_format
+from agents.runtime.loader import LoadError
+from agents.runtime.loader.gguf_release import gguf_files_kwargs
+from agents.runtime.loader.int_release import dequantized_state
 from agents.runtime.loader.quant_reference import dequantized_reference
 from contract.thresholds import ALIGN as ALIGN_THRESHOLDS
 
@@ -103,14 +107,39 @@ def reference_model(ctx: StageContext) -> nn.Module:
         ref = reference_decoder(ctx)
         ctx.state.reference_model = ref
         return ref
-    try:  # a quantised release (MXFP4, NVFP4, FP8 per tensor/channel): its weights dequantised in fp32
-        ref = dequantized_reference(ctx.model_dir, ctx.config)
-        if ref is None:
-            ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32)
-    except (ValueError, OSError, KeyError) as exc:
+    try:
+        if int_format(ctx.config) is not None:  # integer weights: transformers on the dequantised numbers
+            ref = _dequantized_reference(ctx)
+        else:  # a quantised release (MXFP4, NVFP4, FP8 per tensor/channel): its weights dequantised in fp32
+            ref = dequantized_reference(ctx.model_dir, ctx.config)
+            if ref is None:
+                ref = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32,
+                                                           **gguf_files_kwargs(ctx.model_dir))
+    except (ValueError, OSError, KeyError, LoadError) as exc:
         raise StageFailed(f"the transformers reference cannot load {ctx.model_dir}: {exc}") from exc
     ref.eval()
     ctx.state.reference_model = ref
+    return ref
+
+
+def _dequantized_reference(ctx: StageContext) -> nn.Module:
+    """transformers' model of an integer-format release (compressed-tensors, GPTQ, AWQ) built unquantised and
+    given the dequantised weights (``int_release.dequantized_state``): the same numbers in fp32, so operators,
+    layers and tokens compare the runtime's kernels, not the quantisation (which the eval against the
+    unquantised original measures). transformers' GPTQ and AWQ loaders need CUDA kernels; this needs none."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    plain = {k: v for k, v in ctx.config.items() if k != "quantization_config"}
+    config = AutoConfig.for_model(plain.pop("model_type"), **plain)
+    ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = dequantized_state(ctx.model_dir, ctx.config, int_format(ctx.config))
+    missing, unexpected = ref.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or unexpected:
+        raise ValueError(f"the dequantised reference does not match transformers' model: missing "
+                         f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    if tied:
+        ref.tie_weights()
     return ref
 
 
@@ -119,10 +148,12 @@ def tokenizer(ctx: StageContext) -> Any | None:
     if ctx.state.tokenizer_loaded:
         return ctx.state.tokenizer
     tok = None
-    if ctx.model_dir is not None and any((ctx.model_dir / n).exists() for n in ("tokenizer.json", "tokenizer.model")):
+    gguf = gguf_files_kwargs(ctx.model_dir)  # a GGUF release carries its tokenizer in its metadata
+    if ctx.model_dir is not None and (gguf or any((ctx.model_dir / n).exists()
+                                                  for n in ("tokenizer.json", "tokenizer.model"))):
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(ctx.model_dir)
+        tok = AutoTokenizer.from_pretrained(ctx.model_dir, **gguf)
     ctx.state.tokenizer, ctx.state.tokenizer_loaded = tok, True
     return tok
 

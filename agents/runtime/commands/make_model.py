@@ -10,7 +10,9 @@ from pathlib import Path
 ARCH_CHOICES = ("llama", "qwen3", "mixtral", "qwen3-moe", "deepseek-v3", "llava", "llava-siglip", "qwen2-vl",
                 "qwen2.5-vl", "qwen3-vl")
 REAL_CHOICES = ("smollm2-135m",)
-QUANT_CHOICES = ("mxfp4", "nvfp4", "fp8-tensor", "fp8-channel")  # agents.runtime.testing.quant_release
+# agents.runtime.testing.quant_release (float formats) and int_models (integer formats, dense architectures)
+QUANT_CHOICES = ("mxfp4", "nvfp4", "fp8-tensor", "fp8-channel", "int4-ct", "int4-ct-asym", "int8-ct", "gptq",
+                 "gptq-actorder", "awq")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

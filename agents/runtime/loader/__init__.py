@@ -8,7 +8,8 @@ parameter needs is not copied at all: the parameter adopts the mapped bytes (``z
 merged parameter (gate/up) whose shards the file stores back to back in its order. A block-scaled FP8 weight
 streams together with its ``_scale_inv`` as one ``BlockFp8Tensor``; the parameter's weight loader dequantises it
 (``layers/quant.py``), and its statistics are those of the dequantised values. A directory holding one GGUF
-file and no config.json is a GGUF release (``gguf_release.py``: dequantised at load).
+file and no config.json is a GGUF release (``gguf_release.py``: dequantised at load), and a config declaring an
+integer format (compressed-tensors pack-quantized, GPTQ, AWQ) goes to ``int_release.py`` (dequantised at load).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from typing import Any
 import torch
 
 from agents.runtime.distributed import get_ep_rank, get_tp_rank
+from agents.runtime.layers.int_quant import int_format
 from agents.runtime.layers.quant import BlockFp8Tensor
 from agents.runtime.layers.weights import adopt_or_copy, mapped_tensor
 from agents.runtime.loader.checkpoint import Checkpoint
 from agents.runtime.loader.gguf_release import gguf_file, load_gguf
 from agents.runtime.loader.hashing import ShardHasher
+from agents.runtime.loader.int_release import load_int_release
 from agents.runtime.loader.manifest import compare_manifest, parse_manifest
 from agents.runtime.loader.memory import advise_huge_pages
 from agents.runtime.loader.quantized import check_parts, quant_report, quantized_tensor, release
@@ -94,9 +97,15 @@ def load_model(
     gguf = gguf_file(model_dir) if not (model_dir / "config.json").exists() else None
     if gguf is not None:  # a GGUF release: dequantised at load (emulated), no safetensors, no manifest check
         model, report, config = load_gguf(gguf, dtype=torch_dtype(dtype), device=device)
-        report.update(peak_rss_bytes=peak_rss(), rss_before_bytes=rss_before)
-        return LoadResult(model=model, report=report, config=config)
+        return _outside_safetensors(model, report, config, expected, rss_before)
     config = read_config(model_dir)
+    try:
+        int_fmt = int_format(config)
+    except ValueError as exc:
+        raise LoadError(f"config.json: {exc}") from exc
+    if int_fmt is not None:  # integer weights (compressed-tensors, GPTQ, AWQ): dequantised at load (emulated)
+        model, report = load_int_release(model_dir, config, int_fmt, dtype=torch_dtype(dtype), device=device)
+        return _outside_safetensors(model, report, config, expected, rss_before)
     ckpt = Checkpoint.open(model_dir)
     lead = get_tp_rank() == 0 and get_ep_rank() == 0
     hasher = ShardHasher(ckpt.files, checksum_cache) if lead else None
@@ -220,6 +229,17 @@ def load_model(
     )
     if quantized:
         report["quant"] = quant_report(quantized, declared, torch_dtype(dtype), device)
+    return LoadResult(model=model, report=report, config=config)
+
+
+def _outside_safetensors(model: Any, report: dict[str, Any], config: dict[str, Any], expected: Any,
+                         rss_before: int) -> LoadResult:
+    """A GGUF or integer-format load's result: its shards compared with the manifest like any load's."""
+    if expected is not None:
+        report["problems"] += compare_manifest(report["shards"], expected)
+        report["manifest"] = {"files": len(expected), "matched": sum(1 for s in report["shards"] if s.get("matches"))}
+        report["ok"] = not report["problems"]
+    report.update(peak_rss_bytes=peak_rss(), rss_before_bytes=rss_before, sha256=None)
     return LoadResult(model=model, report=report, config=config)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agents.runtime.loader.hashing import ShardHasher, shard_rows
 from agents.runtime.loader.safetensors_file import LoadError
 
 # the GGUF types this loader dequantises (the gguf package knows more; these are the ones tested here)
@@ -71,6 +72,44 @@ def read_config(path: Path, architecture: str) -> dict[str, Any]:
     return config
 
 
+def gguf_files_kwargs(model_dir: Path | None) -> dict[str, str]:
+    """``{"gguf_file": name}`` for transformers' ``from_pretrained`` when ``model_dir`` is a GGUF release."""
+    path = gguf_file(model_dir) if model_dir is not None and not (model_dir / "config.json").exists() else None
+    return {"gguf_file": path.name} if path is not None else {}
+
+
+def release_config(model_dir: Path) -> dict[str, Any] | None:
+    """The config a job plans and aligns a GGUF-only release with (None when ``model_dir`` is not one): the HF
+    config from its metadata, plus ``quantization_config: {quant_method: "gguf", type, types}`` where ``type``
+    is the GGUF type holding the most 2-D weights' values (the planner counts that format's bytes) and ``types``
+    counts every tensor's type. LoadError for an unreadable file or an architecture the runtime lacks."""
+    import gguf
+
+    if (model_dir / "config.json").exists():
+        return None
+    path = gguf_file(model_dir)
+    if path is None:
+        return None
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError) as exc:
+        raise LoadError(f"{path.name}: not a readable GGUF file: {exc}") from exc
+    arch_field = reader.fields.get("general.architecture")
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else None
+    if arch not in GGUF_ARCHITECTURES:
+        raise LoadError(f"{path.name}: GGUF architecture {arch!r} is not supported (supported: "
+                        f"{', '.join(GGUF_ARCHITECTURES)})")
+    config = read_config(path, GGUF_ARCHITECTURES[arch])
+    values: Counter[str] = Counter()
+    for tensor in reader.tensors:
+        if len(tensor.shape) == 2:
+            values[tensor.tensor_type.name] += int(tensor.n_elements)
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    dominant = values.most_common(1)[0][0].lower() if values else "float32"
+    config["quantization_config"] = {"quant_method": "gguf", "type": dominant, "types": dict(sorted(types.items()))}
+    return config
+
+
 def load_gguf(path: Path, *, dtype: torch.dtype, device: str | torch.device = "cpu") -> tuple[Any, dict, dict]:
     """(model, load report, config) of the GGUF release at ``path``; LoadError naming the tensor and the format
     for a name, shape or quantisation type the runtime cannot load."""
@@ -122,15 +161,18 @@ def load_gguf(path: Path, *, dtype: torch.dtype, device: str | torch.device = "c
                 weight = unpermute(weight, heads[part])
             yield name, weight.to(dtype)
 
+    hasher = ShardHasher([path])
     model.load_weights(stream())
+    seconds = time.perf_counter() - t0
     types = Counter(t.tensor_type.name for _, t in plan)
     packed = sum(int(t.n_bytes) for _, t in plan)
     element = torch.empty((), dtype=dtype).element_size()
     runtime = sum(int(np.prod(t.shape)) * element for _, t in plan)
     report = {"ok": True, "path": model.path, "architecture": GGUF_ARCHITECTURES[arch],
               "dtype": str(dtype).removeprefix("torch."), "problems": [], "stats": {}, "tensors": len(plan),
-              "fp8_tensors": 0, "bytes": path.stat().st_size, "seconds": round(time.perf_counter() - t0, 4),
-              "shards": [{"file": path.name, "size": path.stat().st_size, "bytes": path.stat().st_size}],
+              "fp8_tensors": 0, "bytes": path.stat().st_size, "seconds": round(seconds, 4),
+              "gb_per_s": round(path.stat().st_size / seconds / 1e9, 3) if seconds > 0 else None,
+              "shards": shard_rows([path], hasher), "zero_copy_bytes": 0,
               "quant": {"format": "gguf", "types": dict(sorted(types.items())), "mode": "emulated",
                         "how": "dequantized at load", "bytes": packed, "runtime_bytes": runtime}}
     return model, report, config

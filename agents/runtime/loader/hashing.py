@@ -163,3 +163,15 @@ class ShardHasher:
         if self.error is not None:
             raise self.error
         return self.digests
+
+
+def shard_rows(files: list[Path], hasher: ShardHasher) -> list[dict]:
+    """The load report's ``shards`` of a release read outside the safetensors path (GGUF, integer formats): one
+    row per file with its digest, where the digest came from, and its size."""
+    digests = hasher.result()
+    rows = []
+    for path in files:
+        digest, source = digests.get(path.name, (None, None))
+        size = path.stat().st_size
+        rows.append({"file": path.name, "sha256": digest, "sha256_source": source, "size": size, "bytes": size})
+    return rows

@@ -47,8 +47,8 @@ def declared_tensors(model: Any, config: dict[str, Any]) -> dict[str, TensorSpec
         raise LoadError(f"config.json: {exc}") from exc
     if quant and str(method).lower() != "fp8" and registered is None:
         raise LoadError(f"config.json: quantization_config.quant_method {method!r} is not supported (the runtime "
-                        f"loads unquantised, block-scaled fp8, MXFP4, NVFP4 and FP8 per-tensor/per-channel "
-                        f"checkpoints)")
+                        f"loads unquantised, block-scaled fp8, MXFP4, NVFP4, FP8 per-tensor/per-channel, "
+                        f"compressed-tensors pack-quantized INT4/INT8, GPTQ, AWQ and GGUF releases)")
     try:
         if hasattr(model, "checkpoint_tensors"):
             return model.checkpoint_tensors()

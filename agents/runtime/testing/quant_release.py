@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from agents.runtime.layers.quant_float import E2M1
 from agents.runtime.layers.quant_formats import QuantSpec, quant_format
 from agents.runtime.models.registry import build_model
+from agents.runtime.testing.int_models import INT_ARCHES, INT_WRITERS
 from agents.runtime.testing.make_model import make_model
 
 QUANT_CHOICES = ("mxfp4", "nvfp4", "fp8-tensor", "fp8-channel")
@@ -151,10 +152,15 @@ def quantize_release(src: Path, fmt: str, dst: Path) -> Path:
 def make_quantized_model(arch: str, fmt: str, size: str = "tiny", seed: int = 0,
                          out: Path | str = Path("model")) -> Path:
     """``out``: the ``fmt`` release of the random-weight ``arch`` model, its original under ``out/original``."""
-    if fmt not in QUANT_CHOICES:
-        raise ValueError(f"unknown quantised format {fmt!r} (choose from {', '.join(QUANT_CHOICES)})")
+    if fmt not in QUANT_CHOICES + tuple(INT_WRITERS):
+        raise ValueError(f"unknown quantised format {fmt!r} (choose from "
+                         f"{', '.join(QUANT_CHOICES + tuple(INT_WRITERS))})")
+    if fmt in INT_WRITERS and arch not in INT_ARCHES:
+        raise ValueError(f"--quant {fmt} is written for dense architectures ({', '.join(INT_ARCHES)}), not {arch}")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"output directory {out} is not empty")
     original = make_model(arch, size, seed, out / ORIGINAL)
+    if fmt in INT_WRITERS:  # integer formats (int_models.py): compressed-tensors, GPTQ, AWQ
+        return INT_WRITERS[fmt](original, out)[0]
     return quantize_release(original, fmt, out)

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
 from apps.accounts.models import Organization
-from apps.catalog.choices import DTYPE_NAMES
+from apps.catalog.choices import DTYPE_NAMES, Visibility
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.services import model_fields_from_config
 from contract.manifest import check_manifest
@@ -28,7 +28,7 @@ class ModelReleaseSerializer(serializers.ModelSerializer):
                   "params_active", "published_params_total", "published_params_active", "context_length", "dtype",
                   "modalities", "released_at", "visibility", "config", "manifest", "manifest_source", "manifest_seen",
                   "tensor_count", "has_chat_template", "digest_conflict", "hardware_digests", "reference_source",
-                  "created_at",
+                  "quantized_from", "created_at",
                   "updated_at"]
         read_only_fields = ["id", "architecture", "family", "params_total", "params_active", "context_length",
                             "dtype", "manifest_source", "manifest_seen", "digest_conflict", "created_at", "updated_at"]
@@ -42,6 +42,10 @@ class ModelReleaseSerializer(serializers.ModelSerializer):
         }
 
     manifest = serializers.JSONField(required=False)
+    quantized_from = serializers.SlugRelatedField(
+        slug_field="slug", queryset=ModelRelease.objects.all(), required=False, allow_null=True,
+        help_text="the slug of the unquantised release this one quantises (public, or of the same organization): "
+                  "its eval is the baseline of the cell's quality-cost row")
     digest_conflict = serializers.SerializerMethodField(
         help_text="while the release has no manifest loads are compared with: where two hardware loaded different "
                   "bytes ({file, hardware: [a, b], sha256: [x, y], jobs, files_differing, files, groups}); "
@@ -80,6 +84,18 @@ class ModelReleaseSerializer(serializers.ModelSerializer):
         if any(ord(c) < 32 for c in value):
             raise serializers.ValidationError("must be a path or a hub id the reference host can read (no control "
                                               "characters)")
+        return value
+
+    def validate_quantized_from(self, value: ModelRelease | None) -> ModelRelease | None:
+        if value is None:
+            return None
+        own = getattr(self.instance, "organization_id", None) or getattr(self.context.get("organization"), "pk", None)
+        if self.instance is not None and value.pk == self.instance.pk:
+            raise serializers.ValidationError("a release cannot be a quantisation of itself")
+        if value.visibility != Visibility.PUBLIC and value.organization_id != own:
+            raise serializers.ValidationError(f"no release {value.slug!r} you may name here")
+        if value.quantized_from_id is not None or (value.config or {}).get("quantization_config"):
+            raise serializers.ValidationError(f"{value.slug!r} is itself quantised: name the unquantised original")
         return value
 
     def validate_modalities(self, value: Any) -> list[str]:

@@ -18,6 +18,7 @@ from apps.catalog.models import Engine, Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
 from apps.core.formatting import hours_text, human_bytes, human_count, reached_times
 from apps.dashboards.selectors.jobs import previous_job_ids
+from apps.dashboards.selectors.quality import quality_cost_view, quant_facts
 from apps.evidence.conformance import conformance_evidence
 from apps.evidence.models import (
     AlignmentLayer,
@@ -102,6 +103,8 @@ class CellPage:
     align_self_reference: bool = False  # the target ran the reference implementation (transformers fallback, fp32 CPU)
     engine: Engine | None = None  # the engine whose cell this page shows (the bundled runtime by default)
     engines: list[EngineCell] = field(default_factory=list)  # every engine's cell of this model × hardware
+    quant: dict[str, Any] | None = None  # the format and native/emulated (``selectors.quality.quant_facts``)
+    quality_cost: dict[str, Any] | None = None  # eval against the unquantised original (``quality_cost_view``)
 
     @property
     def verdict_rows(self) -> list[tuple[str, dict[str, Any]]]:
@@ -312,6 +315,9 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
     page.align_self_reference = keys.get("align", {}).get("fallback_reference_identical") is True
     page.portal_scores = portal_scores(results.get("align"), results.get("eval"))
     page.conformance = conformance_evidence(results.get("conformance"))
+    page.quant = quant_facts(model, results)
+    original = visible_model(actor, model.quantized_from.slug) if model.quantized_from_id else None
+    page.quality_cost = quality_cost_view(original, hardware, results)
     if model.takes_images:
         page.image_path = image_path_evidence(results.get("serve"), results.get("align"))
     return page
