@@ -14,11 +14,11 @@ from django.db.models import Q
 from apps.catalog.models import Engine
 from contract.engines import DEFAULT_ENGINE, GENERIC_ENGINE, check_template, parse_ref
 
-# the built-in engines; migration 0007 seeds the same rows (a migration keeps its own copy)
+# the built-in engines; migrations 0007 and 0009 seed the same rows (a migration keeps its own copy)
 BUILTIN: tuple[dict[str, Any], ...] = (
     {"name": DEFAULT_ENGINE, "version": "", "default": True, "executable": "", "obtained_by": "bundled with the agent",
-     "command": "", "capabilities": {"logprobs": True, "prompt_logprobs": True, "images": True, "tools": False,
-                                     "structured_output": False},
+     "command": "", "capabilities": {"logprobs": True, "prompt_logprobs": True, "images": True, "tools": True,
+                                     "structured_output": True},
      "notes": "the bundled runtime (day0 serve): every stage, internals included"},
     {"name": "vllm", "version": "0.32.0", "default": False, "executable": "vllm",
      "obtained_by": "vllm==0.32.0 (CPU build)",
