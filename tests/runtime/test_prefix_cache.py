@@ -145,3 +145,33 @@ def test_greedy_output_is_identical_with_prefix_caching_on_and_off(model_dir, nu
     assert stats["kv_blocks_used"] == 0 and off.stats()["prefix_cache_hits"] == 0
     if num_blocks == 14:
         assert stats["prefix_cache_evictions"] > 0
+
+
+def test_day0_serve_flag_reaches_the_engine_and_metrics_count_hits(model_dir, monkeypatch):
+    import argparse
+
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agents.runtime.commands import serve as serve_cmd
+    from agents.runtime.server import create_app, launcher
+    from agents.runtime.server.launcher import ServerThread
+
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+    assert parser.parse_args(["serve", "m"]).enable_prefix_caching is False
+    args = parser.parse_args(["serve", str(model_dir), "--enable-prefix-caching", "--allocator", "system"])
+    seen: dict = {}
+    monkeypatch.setattr(launcher, "serve", lambda model, **kw: seen.update(kw) or 0)
+    assert serve_cmd.handle(args) == 0 and seen["enable_prefix_caching"] is True
+
+    engine = LLMEngine(model_dir, num_blocks=64, block_size=8, enable_prefix_caching=True)
+    head = "You are a careful assistant who answers in one short sentence. " * 2
+    with ServerThread(create_app(engine, "tiny")) as url:
+        for tail in ("What is a cat?", "Name a colour."):
+            body = {"prompt": head + tail, "max_tokens": 3, "temperature": 0}
+            assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert found["vllm:prefix_cache_hits_total"] >= 16  # the second prompt's shared full blocks
+    assert found["vllm:prefix_cache_queries_total"] > found["vllm:prefix_cache_hits_total"]
