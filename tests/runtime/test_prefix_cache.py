@@ -3,6 +3,8 @@ unchanged by it (shared prefixes batched with other requests, under eviction pre
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -175,3 +177,48 @@ def test_day0_serve_flag_reaches_the_engine_and_metrics_count_hits(model_dir, mo
     found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert found["vllm:prefix_cache_hits_total"] >= 16  # the second prompt's shared full blocks
     assert found["vllm:prefix_cache_queries_total"] > found["vllm:prefix_cache_hits_total"]
+
+
+@pytest.mark.slow  # two ranks load the model: ~20-60 s on a busy host
+def test_tensor_parallel_ranks_share_cached_blocks_in_step(model_dir, tmp_path):
+    """``day0 serve --tp 2 --enable-prefix-caching``: rank 0 schedules the cached blocks, the other rank reads
+    the blocks it wrote itself when they were computed; the text equals one process without caching."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    from agents.runtime.server.launcher import free_port
+
+    head = "You are a careful assistant who answers in one short sentence. " * 3
+    prompts = [head + "What is a cat?", head + "Name a colour.", head + "What is a cat?"]
+    alone = [o.text for o in LLMEngine(model_dir, num_blocks=64).generate(prompts, GREEDY)]
+    port, log = free_port(), open(tmp_path / "serve.log", "w")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "day0cli", "serve", str(model_dir), "--tp", "2", "--port",
+                             str(port), "--num-blocks", "64", "--block-size", "8", "--enable-prefix-caching"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[2])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+        for prompt, expected in zip(prompts, alone, strict=True):
+            body = {"prompt": prompt, "max_tokens": GREEDY.max_tokens, "temperature": 0, "ignore_eos": True}
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == expected
+        hits = re.search(r'^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)', httpx.get(f"{url}/metrics").text, re.M)
+        assert hits and float(hits.group(1)) >= 2 * 40
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
