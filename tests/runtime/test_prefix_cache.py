@@ -222,3 +222,18 @@ def test_tensor_parallel_ranks_share_cached_blocks_in_step(model_dir, tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+def test_packed_native_path_and_a_prompt_one_token_past_its_cached_blocks(model_dir):
+    """fp32 weights packed (the native kernels' path); a 33-token prompt over 8-token blocks whose first four
+    blocks are cached leaves one token to compute: it runs as a decode row and still draws the same tokens."""
+    base = list(range(5, 37))
+    prompts = [[*base, 40], [*base, 41, 42, 43], [*base[:16], *[7] * 9], [9, 8, 7]]
+    outputs = {}
+    for on in (False, True):
+        engine = LLMEngine(model_dir, num_blocks=64, block_size=8, max_num_batched_tokens=32, pack_weights=True,
+                           enable_prefix_caching=on)
+        engine.generate([[*base, 99]], GREEDY)
+        outputs[on] = [o.output_token_ids for o in engine.generate(prompts, GREEDY)]
+        assert engine.stats()["prefix_cache_hits"] == (32 + 32 + 16 if on else 0)
+    assert outputs[True] == outputs[False]
