@@ -60,7 +60,7 @@ _ISO = ("COALESCE('\"' || replace(to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T
         "|| '+00:00\"', 'null')")
 # per process and database: a cell's "id:version" -> (model id, hardware id, its JSON text); bounded
 _FRAGMENTS: dict[str, dict[str, tuple[int, int, str]]] = {}
-_MAX_FRAGMENTS = 400_000
+_MAX_FRAGMENTS = 120_000  # ~50 MB of texts at ~400 bytes a cell: 15 x the 8,000-cell matrix
 
 
 def _bool(column: str) -> str:
