@@ -262,7 +262,7 @@ def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, 
                 else w.label
             table.append((w, label, median_rows(per[w.name]["vllm"]), median_rows(per[w.name]["day0"])))
         print_table(f"{name}: {model_dir.name}" + (f" ({phase} phase: --max-model-len {max_len}, prefix caching "
-                    f"{'on' if caching else 'off'} on both)" if phase != "base" else ""), table, rounds)
+                    f"{'on' if caching else 'off'}, both servers)" if phase != "base" else ""), table, rounds)
         results[tag] = {"model": str(model_dir), "greedy": check, "poisson_rate": rate, "rounds": per,
                          "ready_s": {"vllm": vllm.ready_s, "day0": day0.ready_s}}
     finally:
