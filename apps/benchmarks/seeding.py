@@ -41,7 +41,7 @@ STAGE_HOURS: dict[str, tuple[float, float]] = {
 }
 # outcome -> (stages run, the stage that fails or None); weights below
 OUTCOMES: dict[str, tuple[tuple[str, ...], str | None]] = {
-    "validated": (tuple(s for s in STAGE_ORDER if s not in ("comm", "soak", "reference")), None),  # no seeded collectives, soak or reference
+    "validated": (tuple(s for s in STAGE_ORDER if s not in ("comm", "soak", "reference", "conformance")), None),  # no seeded collectives, soak, reference or tool conformance (the seeded templates declare no tools)
     "baselined": (("plan", "load", "inventory", "align", "serve", "bench", "env"), None),
     "align-fails": (("plan", "load", "inventory", "align"), "align"),
     "load-fails": (("plan", "load"), "load"),

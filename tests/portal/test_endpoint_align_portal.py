@@ -49,7 +49,7 @@ def test_endpoint_align_with_portal_scored_e2e_takes_an_external_engine_to_align
     stored = body["stored"][0]
     assert stored["verdict"] == "pass", stored["reasons"]
     assert body["cell"]["tier"] == 4
-    page = api_client.get(f"/cells/{job.model.slug}/{job.hardware.slug}/")  # the cell says what replaced align
+    page = api_client.get(f"/cells/{job.model.slug}/{job.hardware.slug}/?engine=vllm@0.32.0")  # the cell says what replaced align
     assert page.status_code == 200 and 'id="endpoint-align"' in page.content.decode()
     assert "engine <code>vllm</code>" in page.content.decode()
 

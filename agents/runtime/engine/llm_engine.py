@@ -83,8 +83,9 @@ class LLMEngine:
         else:  # recompute path: blocks only bound admission
             num_blocks = self.config.max_num_seqs * (-(-max_len // bs))
         self.max_model_len = min(max_len, num_blocks * bs)
-        self.blocks = BlockManager(num_blocks, bs)
         self.runner = ModelRunner(model, self.device, bs, num_blocks)
+        self.blocks = BlockManager(num_blocks, bs, enable_prefix_caching=self.config.enable_prefix_caching
+                                   and self.runner.paged)
         self.expert_load = ExpertLoad(model)
         self.compiled = None  # the compiled path (``--compile``), installed after the expert-load hooks it keeps
         if self.config.compile:
@@ -368,4 +369,9 @@ class LLMEngine:
             "num_steps": self.num_steps,
             "grammar_mask_seconds": self.grammar.mask_seconds,
             "grammar_mask_rows": self.grammar.mask_rows,
+            "prefix_caching": int(self.blocks.enable_prefix_caching),
+            "prefix_cache_queries": self.blocks.num_queries,
+            "prefix_cache_hits": self.blocks.num_hits,
+            "prefix_cache_blocks": self.blocks.num_cached_blocks,
+            "prefix_cache_evictions": self.blocks.num_evictions,
         }

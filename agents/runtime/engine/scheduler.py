@@ -127,15 +127,19 @@ class Scheduler:
             return batch  # blocks are short: let the running sequences drain before admitting more
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.num_uncomputed_tokens
+            hits = self.blocks.lookup(seq)  # prefix caching: leading full blocks whose K/V is cached
+            cached = len(hits) * self.blocks.block_size
+            n = seq.num_tokens - cached if hits else seq.num_uncomputed_tokens
             if n > budget and not self.config.chunked_prefill:
                 break
             n = min(n, budget)
             # admit only with a little headroom so the newcomer does not force an immediate preemption
-            reserve = 1 if self.running else 0
-            if not self.blocks.can_allocate(seq, seq.num_computed_tokens + n, reserve=reserve):
+            reserve = (1 if self.running else 0) + self.blocks.blocks_taken(hits)
+            if self.blocks.blocks_for(cached + n) - len(hits) + reserve > self.blocks.num_free_blocks:
                 break
             self.waiting.popleft()
+            if self.blocks.enable_prefix_caching and not seq.block_table:
+                self.blocks.take(seq, hits)
             self.blocks.allocate(seq, seq.num_computed_tokens + n)
             seq.first_scheduled_time = seq.first_scheduled_time or time.monotonic()
             seq.status = SequenceStatus.RUNNING
@@ -183,6 +187,7 @@ class Scheduler:
         ready = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
+            self.blocks.register(seq)  # its blocks now full of computed tokens become reusable prefixes
             if seq.num_uncomputed_tokens == 0:
                 ready.append(seq)
         return ready

@@ -30,6 +30,12 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        # prefix caching (``engine/block_manager.py``): chained hashes of the full blocks, their root (the images'
+        # hash), how many of the table's blocks are named in the cache, and the prompt tokens found cached
+        self.block_hashes: list[bytes] = []
+        self.prefix_root = b""
+        self.num_registered_blocks = 0
+        self.num_cached_tokens = 0
         self.finish_reason: str | None = None
         self.num_preemptions = 0
         self.isolate = False  # run alone: it was in a batch whose forward pass failed

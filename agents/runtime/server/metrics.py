@@ -8,8 +8,8 @@ scheduler and answers HTTP, so request metrics exist there alone; what other ran
 collectives) rank 0 already gathers through the rendezvous store (``engine.tp.RankStats``), which the collector
 reads, labelled by rank: no multiprocess directory, and no collective on the serving path.
 
-Not exported: prefix-cache queries and hits (the engine has no prefix cache) and a grammar-mask time (the server
-has no guided decoding)."""
+Prefix caching (``--enable-prefix-caching``): ``vllm:prefix_cache_queries_total`` (prompt tokens looked up) and
+``vllm:prefix_cache_hits_total`` (those found cached) as vLLM names them; both stay 0 with caching off."""
 
 from __future__ import annotations
 
@@ -209,6 +209,14 @@ class EngineCollector(Collector):
         rows.add_metric([name], stats.get("grammar_mask_rows", 0))
         yield rows
         yield preempted
+        queries = CounterMetricFamily("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+                                      "queried tokens.", labels=["model_name"])
+        queries.add_metric([name], stats.get("prefix_cache_queries", 0))
+        yield queries
+        hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+                                   "tokens.", labels=["model_name"])
+        hits.add_metric([name], stats.get("prefix_cache_hits", 0))
+        yield hits
         yield gauge("day0:kv_blocks_used", "KV-cache blocks in use.", used)
         yield gauge("day0:kv_blocks_free", "KV-cache blocks free.", stats.get("kv_blocks_free", 0))
         yield gauge("day0:kv_blocks_capacity", "KV-cache blocks in the pool.", total)
