@@ -16,7 +16,7 @@ from tests.portal.reports import passing
 
 pytestmark = pytest.mark.django_db
 INT4 = {"quant_method": "compressed-tensors", "format": "pack-quantized"}
-# as agents/pipeline/stages/align/original.py reports an int4-ct tiny release against its original
+# shaped as agents/pipeline/stages/align/original.py reports an int4-ct tiny release against its original
 BLOCK = {"method": "original (transformers fp32) greedy decode; the quantised target scored on the same prefixes",
          "original": "original", "informational": True, "prompts": 3, "tokens": 48, "top_k": 10,
          "token_match_rate": 0.875, "exact": False, "first_divergence": [4, None, 11], "kl_mean": 0.00213,

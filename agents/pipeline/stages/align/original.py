@@ -22,7 +22,15 @@ import torch
 
 from agents.pipeline.stages.align.e2e import CHAT, NEW_TOKENS, PERPLEXITY_TEXT, PROMPTS, reference_greedy
 from agents.pipeline.support.context import StageContext
-from agents.pipeline.support.models import encode, eos_token_ids, perplexity, reference_forward, target_forward
+from agents.pipeline.support.errors import StageFailed
+from agents.pipeline.support.models import (
+    check_reference_fits,
+    encode,
+    eos_token_ids,
+    perplexity,
+    reference_forward,
+    target_forward,
+)
 from contract.quant_cost import METHOD
 
 TOP_K = 10
@@ -70,6 +78,10 @@ def kl_step(p_logits: torch.Tensor, q_logits: torch.Tensor, k: int) -> tuple[flo
     return max(full, 0.0), max(top, 0.0)
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
 def compare(ctx: StageContext, target: Any, original: torch.nn.Module, new_tokens: int = NEW_TOKENS,
             top_k: int = TOP_K) -> dict[str, Any]:
     """The comparison's numbers: the original's greedy decode, the target teacher-forced on it."""
@@ -100,13 +112,12 @@ def compare(ctx: StageContext, target: Any, original: torch.nn.Module, new_token
     ppl_ids, _ = encode(ctx, [PERPLEXITY_TEXT])
     ppl_original = perplexity(reference_forward(original, ppl_ids[0])[0], ppl_ids[0])
     ppl_target = perplexity(target_forward(ctx, target, ppl_ids)[0][0], ppl_ids[0])
-    mean = (lambda xs: sum(xs) / len(xs) if xs else 0.0)
     return {
         "prompts": len(prompts), "tokens": compared, "top_k": top_k,
         "token_match_rate": matches / compared if compared else 1.0, "exact": matches == compared,
         "first_divergence": first,
-        "kl_mean": mean(kls), "kl_max": max(kls, default=0.0),
-        "topk_kl_mean": mean(top_kls), "topk_kl_max": max(top_kls, default=0.0),
+        "kl_mean": _mean(kls), "kl_max": max(kls, default=0.0),
+        "topk_kl_mean": _mean(top_kls), "topk_kl_max": max(top_kls, default=0.0),
         "perplexity_original": ppl_original, "perplexity_target": ppl_target,
         "perplexity_rel_diff": (ppl_target - ppl_original) / ppl_original if math.isfinite(ppl_original) else None,
     }
@@ -122,9 +133,10 @@ def run(ctx: StageContext, target: Any) -> tuple[dict[str, Any] | None, list[str
                              "informational": True}
     try:
         ctx.emit("log", f"align: the quantised target against its original {path}")
+        check_reference_fits(ctx)  # a second fp32 model beside the reference: this host must still hold it
         original = _load_original(path, ctx.config)
         block.update(compare(ctx, target, original))
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+    except (OSError, ValueError, KeyError, RuntimeError, StageFailed) as exc:
         block["error"] = f"{type(exc).__name__}: {exc}"
         return block, [f"the quantisation's cost against the original was not measured: {block['error']}"]
     return block, [f"quantisation cost against the original: token match {block['token_match_rate']:.3f}, "
