@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from contract.quant_cost import TYPES as E2E_ORIGINAL_TYPES
+
 TOP_LEVEL_KEYS: tuple[str, ...] = ("model", "hardware", "dtype", "tier", "failed_stage", "error", "stages")
 MODEL_KEYS: tuple[str, ...] = ("name", "architecture", "path")
 
@@ -70,7 +72,8 @@ SECTION_TYPES: dict[str, dict[str, str]] = {
     "load": {"ok": BOOL, "tensors": INT, "bytes": INT, "seconds": NUM, "gb_per_s": NUM, "peak_rss_bytes": INT,
              "shards": LIST, "problems": LIST},
     "inventory": {"ops": LIST},
-    "align": {"passed": BOOL, "thresholds": OBJ, "ops": LIST, "layers": LIST, "e2e": OBJ, "kv_cache": OBJ},
+    "align": {"passed": BOOL, "thresholds": OBJ, "ops": LIST, "layers": LIST, "e2e": OBJ, "kv_cache": OBJ,
+              "e2e_original": OBJ},
     "serve": {"ready_seconds": NUM, "endpoint": TEXT, "text_path_ok": BOOL, "chat_path_ok": BOOL,
               "image_path_ok": BOOL, "has_chat_template": BOOL, "template_declares_tools": BOOL},
     "bench": {"peak_memory_bytes": INT},  # "runs" is required as a list: the portal names the levels it wants
@@ -89,6 +92,7 @@ NESTED_TYPES: dict[tuple[str, str], dict[str, str]] = {
     ("align", "e2e"): {"prompts": INT, "tokens": INT, "token_match_rate": NUM, "perplexity_ref": NUM,
                        "perplexity_target": NUM, "divergences": LIST},
     ("align", "kv_cache"): {"passed": BOOL, "max_abs_err": NUM, "lengths": LIST},
+    ("align", "e2e_original"): E2E_ORIGINAL_TYPES,  # a quantised release against its original (contract/quant_cost.py)
     ("eval", "needle"): {"lengths": LIST, "depths": LIST, "reference": LIST, "target": LIST},
 }
 # ... and the keys of each row of a list it holds (every row an object)

@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--manifest", type=Path, default=None, metavar="FILE",
                         help="the release's checksum manifest (JSON, as `day0 manifest` prints it): the load stage "
                              "fails naming any shard whose sha256 or size differs, or that is missing or extra")
+    parser.add_argument("--original", type=Path, default=None, metavar="DIR",
+                        help="a quantised release's unquantised original: align adds the quantisation's cost against "
+                             "it (e2e_original; default: DIR/original beside the release when it exists)")
     parser.set_defaults(handler=handle)
     manifest = subparsers.add_parser(
         "manifest", help="print the checksum manifest [{name, size, sha256}] of a checkpoint's weight files",
@@ -230,6 +233,8 @@ def handle(args: argparse.Namespace) -> int:
         except KeyError as exc:
             raise ValueError(str(exc.args[0]) if exc.args else f"unknown hardware {args.hardware!r}") from None
         node = node_of(args, config)
+        if args.original is not None and not (args.original / "config.json").is_file():
+            raise ValueError(f"--original {args.original}: no config.json there")
         engine = engine_of(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -237,7 +242,7 @@ def handle(args: argparse.Namespace) -> int:
 
     ctx = StageContext(model_dir=model_dir, config=config, hardware=hardware, dtype=args.dtype, device=args.device,
                        tp=args.tp, ep=args.ep, pp=args.pp, thresholds=thresholds, workdir=args.workdir, manifest=manifest,
-                       emit_fn=ConsoleEmitter(args.quiet), node=node, bench={"compile": True} if args.compile else {}, engine=engine)
+                       original_dir=args.original, emit_fn=ConsoleEmitter(args.quiet), node=node, bench={"compile": True} if args.compile else {}, engine=engine)
     if model_dir is None:  # a config alone: name the model after its file (deepseek-v3.json -> deepseek-v3)
         ctx.state.model_name = args.model_dir.stem
     if args.threads:

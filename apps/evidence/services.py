@@ -40,6 +40,7 @@ from apps.jobs.models import Job
 from apps.references.sections import parse_reference
 from contract import verdicts
 from contract.conformance import ALL_CHECKS
+from contract.quant_cost import problems as quant_cost_problems
 from contract.sections import type_problems
 from contract.tiers import STAGE_ORDER
 from contract.verdicts import conformance as conformance_verdict
@@ -126,6 +127,9 @@ def _inventory(s: dict[str, Any], path: str) -> Saver:
 def _align(s: dict[str, Any], path: str) -> Saver:
     e2e = p.obj(s.get("e2e"), f"{path}.e2e", required=False)
     kv = p.obj(s.get("kv_cache"), f"{path}.kv_cache", required=False)
+    cost = p.obj(s.get("e2e_original"), f"{path}.e2e_original", required=False)  # kept in the section's JSON
+    for at, message in quant_cost_problems(cost, f"{path}.e2e_original")[:1]:
+        raise p.fail(at, message)
     fields = dict(
         passed=bool(p.boolean(s, "passed", path)),
         thresholds=p.obj(s.get("thresholds"), f"{path}.thresholds", required=False),

@@ -46,6 +46,9 @@ class StageContext:
     # the release's checksum manifest of its weight files, ``[{"name", "size", "sha256"}]`` (``day0 adapt
     # --manifest FILE``; a portal job never carries it: the portal compares); the load fails on any disagreement
     manifest: list[dict[str, Any]] | None = None
+    # a quantised release's unquantised original (``day0 adapt --original DIR``); None: ``model_dir/original``
+    # when it exists (make-model's layout). Align measures the quantisation's cost against it (docs/quantized.md)
+    original_dir: Path | None = None
     # the portal's weight challenge of this attempt (``support/weight_probe.py``): a reference run's
     # ``{"count", "length", "positions"}`` to sample each shard at, or a certify job's ``{"nonce", "probes"}``
     weight_samples: dict[str, Any] | None = None

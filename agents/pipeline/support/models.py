@@ -75,7 +75,7 @@ def fp32_target(ctx: StageContext) -> Any:
     return model
 
 
-def _check_reference_fits(ctx: StageContext) -> None:
+def check_reference_fits(ctx: StageContext) -> None:
     """The fp32 reference must fit in this host's available memory; say so up front rather than swap or die."""
     params = (ctx.results.get("plan") or {}).get("params_total")
     try:
@@ -98,7 +98,7 @@ def reference_model(ctx: StageContext) -> nn.Module:
         return ref
     if ctx.model_dir is None:
         raise StageFailed(f"{ctx.current_stage} needs the model's weights, but this job has no model directory")
-    _check_reference_fits(ctx)
+    check_reference_fits(ctx)
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

@@ -18,7 +18,7 @@ from apps.catalog.models import Engine, Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
 from apps.core.formatting import hours_text, human_bytes, human_count, reached_times
 from apps.dashboards.selectors.jobs import previous_job_ids
-from apps.dashboards.selectors.quality import quality_cost_view, quant_facts
+from apps.dashboards.selectors.quality import original_e2e, quality_cost_view, quant_facts
 from apps.evidence.conformance import conformance_evidence
 from apps.evidence.models import (
     AlignmentLayer,
@@ -105,6 +105,7 @@ class CellPage:
     engines: list[EngineCell] = field(default_factory=list)  # every engine's cell of this model × hardware
     quant: dict[str, Any] | None = None  # the format and native/emulated (``selectors.quality.quant_facts``)
     quality_cost: dict[str, Any] | None = None  # eval against the unquantised original (``quality_cost_view``)
+    quant_e2e: dict[str, Any] | None = None  # align's e2e_original: end to end against the original (``original_e2e``)
 
     @property
     def verdict_rows(self) -> list[tuple[str, dict[str, Any]]]:
@@ -318,6 +319,7 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
     page.quant = quant_facts(model, results)
     original = visible_model(actor, model.quantized_from.slug) if model.quantized_from_id else None
     page.quality_cost = quality_cost_view(original, hardware, results)
+    page.quant_e2e = original_e2e(results)
     if model.takes_images:
         page.image_path = image_path_evidence(results.get("serve"), results.get("align"))
     return page

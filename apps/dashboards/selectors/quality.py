@@ -12,6 +12,7 @@ from typing import Any
 from apps.catalog.models import Hardware, ModelRelease
 from apps.evidence.models import StageResult
 from contract.quality import quality_cost
+from contract.quant_cost import problems as quant_cost_problems
 
 
 def _section(result: StageResult | None) -> dict[str, Any]:
@@ -63,3 +64,16 @@ def quality_cost_view(original: ModelRelease | None, hardware: Hardware,
     view["rows"] = quality_cost(_section(mine).get("tasks") or [], _section(theirs).get("tasks") or [])
     view["worst"] = max(view["rows"], key=lambda r: r["cost"], default=None)
     return view
+
+
+def original_e2e(results: dict[str, StageResult]) -> dict[str, Any] | None:
+    """The newest align section's ``e2e_original`` block (the quantised release against its unquantised original
+    end to end: greedy token match, KL, perplexity; informational, never failing align), with ``align_job_id``;
+    None when that align measured none. A stored block out of its bounds is not shown (the ingest refuses one)."""
+    align = results.get("align")
+    if align is None:
+        return None
+    block = StageResult.objects.filter(pk=align.pk).values_list("section__e2e_original", flat=True).first()
+    if not isinstance(block, dict) or quant_cost_problems(block):
+        return None
+    return {**block, "align_job_id": align.job_id}

@@ -12,6 +12,7 @@ import torch
 
 from agents.pipeline.stages.align import compiled as compiled_part
 from agents.pipeline.stages.align import kv, ops, vision
+from agents.pipeline.stages.align import original as original_part
 from agents.pipeline.stages.align.e2e import PROMPTS, challenge_raw, run_e2e
 from agents.pipeline.stages.align.layers import run_layers
 from agents.pipeline.support.context import StageContext
@@ -97,6 +98,10 @@ def run(ctx: StageContext) -> dict[str, Any]:
     if raw is not None:
         section["e2e"]["raw"] = raw
     notes += raw_notes
+    cost, cost_notes = original_part.run(ctx, target)  # a quantised release against its original: informational
+    if cost is not None:
+        section["e2e_original"] = cost
+    notes += cost_notes
     ctx.check_cancelled()
     ctx.progress(3, steps, "alignment checks")
 
