@@ -92,6 +92,15 @@ def emulated_reason(name: str, declared: bool) -> str | None:
     return None
 
 
+def hardware_declares(config: dict[str, Any] | None, dtypes: list[str] | tuple[str, ...] | None) -> bool | None:
+    """Whether a hardware's declared dtypes hold the element type of the config's quantised format (None: no
+    format, or no dtypes declared). AMD's fnuz FP8 runs the fn format."""
+    found = checkpoint_format(config or {})
+    if found is None or not dtypes:
+        return None
+    return native_type(found[0]) in {str(d).removesuffix("uz") for d in dtypes}
+
+
 def int4_name(group: int | None, asymmetric: bool) -> str:
     group = group if group and group > 0 else 128
     return f"int4-g{group}{'-zp' if asymmetric else ''}"

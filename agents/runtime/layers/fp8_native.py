@@ -78,13 +78,25 @@ def load_native(param: nn.Parameter, loaded: QuantizedTensor, shard_id: Hashable
     zero = loaded.parts.get("zero_point")
     if zero is not None and bool((zero.float() != 0).any()):
         raise ValueError(f"{fmt.label}: a non-zero weight_zero_point (asymmetric FP8) is not supported")
-    values = loaded.parts["values"].to(param.device)
     rows = loaded.spec.shape[0]
     scale = loaded.parts["scale"].to(device=param.device, dtype=torch.float32).reshape(-1)
-    scale = scale.expand(rows) if scale.numel() == 1 else scale  # [R]
-    inner(param, values, shard_id)
-    offset, start, taken = param.rows_of(shard_id)
-    param.fp8_scale.narrow(0, offset, taken).copy_(scale.narrow(0, start, taken))
+    load_rows(param, param, loaded.parts["values"].to(param.device), scale.expand(rows) if scale.numel() == 1
+              else scale, shard_id, inner)
+
+
+def load_rows(like: nn.Parameter, dest: nn.Parameter, values: torch.Tensor, scale: torch.Tensor,
+              shard_id: Hashable, inner: Any) -> None:
+    """FP8 ``values`` [R, C] of one checkpoint shard into ``dest`` through the layer's loader ``inner`` (its TP
+    slice), and their row scales ``scale`` [R] into ``dest.fp8_scale`` at the rows ``like.rows_of`` says."""
+    inner(dest, values, shard_id)
+    offset, start, taken = like.rows_of(shard_id)
+    dest.fp8_scale.narrow(0, offset, taken).copy_(scale.narrow(0, start, taken))
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight [R, C] as E4M3 with one fp32 scale per row (abs max -> 448): a checkpoint in the per-channel form."""
+    scale = (weight.float().abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
+    return (weight.float() / scale[:, None]).to(FP8), scale
 
 
 def runtime_bytes(model: nn.Module) -> int:
