@@ -106,8 +106,9 @@ def plan_report(
     chosen = _candidates.choose(plans)
     warnings = list(spec.warnings)
     quant = quant_block(counts, dtype, keep_attention, hardware_dtypes)
-    if hardware_dtypes and quant.get("mode", "native") == "emulated" or hardware_dtypes and not quant \
-            and dtype not in hardware_dtypes:
+    if hardware_dtypes and quant.get("mode") == "emulated":
+        warnings.append(f"{dtype} runs emulated on this hardware: {quant['reason']}")
+    elif hardware_dtypes and not quant and dtype not in hardware_dtypes:
         warnings.append(f"{dtype} is not a native dtype of this hardware ({', '.join(hardware_dtypes)})")
     per_device = chosen.memory_per_device if chosen else memory_bytes
     report: dict[str, Any] = {

@@ -70,7 +70,8 @@ def fp32_target(ctx: StageContext) -> Any:
     from agents.runtime.loader import LoadError, load_model
 
     try:
-        model = load_model(ctx.model_dir, dtype="float32", device=ctx.device, stats=False).model
+        model = load_model(ctx.model_dir, dtype="float32", device=ctx.device, stats=False, quant_mode=ctx.quant_mode,
+                           hardware_declares=hardware_declares(ctx.config, (ctx.hardware or {}).get("dtypes"))).model
     except LoadError as exc:
         raise StageFailed(f"cannot load the model in fp32: {exc}") from exc
     ctx.state.model_fp32 = model
