@@ -134,3 +134,32 @@ def test_tp_ranks_hold_their_slices_of_values_and_scales(releases: dict[str, Pat
             assert rows == {p.shape[0] // 2}
             got = torch.cat([q.float() * q.fp8_scale[:, None] for q in parts])
             assert sorted(got.sum(1).tolist()) == pytest.approx(sorted((p.float() * p.fp8_scale[:, None]).sum(1).tolist()))
+
+
+def test_the_engine_serves_native_fp8_with_packing_left_to_fp32_weights(releases: dict[str, Path]) -> None:
+    """``day0 serve --quant-mode native`` (EngineConfig.quant_mode): the engine's model holds FP8 weights, its
+    load report says native, and ``--pack-weights`` (on for fp32 CPU serving) leaves them as they are."""
+    from agents.runtime.engine import LLMEngine, SamplingParams
+
+    engine = LLMEngine(releases["fp8-channel"], num_blocks=32, quant_mode="native", pack_weights=True)
+    assert engine.load_report["quant"]["mode"] == "native"
+    assert sum(p.dtype == FP8 for p in engine.model.parameters()) == 8
+    out = engine.generate([[1, 17, 93, 250, 4, 77]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert len(out[0].output_token_ids) == 4
+    with pytest.raises(ValueError, match="quant_mode must be auto, native or emulated"):
+        LLMEngine(releases["fp8-channel"], quant_mode="fp8")
+
+
+def test_fused_experts_stay_emulated_and_are_named(tmp_path: Path) -> None:
+    """A MoE release in native mode: attention in FP8, the fused routed experts dequantised (no grouped W8A8
+    kernel), the report naming them and counting both kinds of bytes."""
+    release = quantize_release(cached_model("qwen3-moe"), "fp8-channel", tmp_path / "moe")
+    native, emulated = load_model(release, quant_mode="native"), load_model(release, quant_mode="emulated")
+    quant = native.report["quant"]
+    assert quant["mode"] == "native" and quant["native_tensors"] == 8 and quant["tensors"] == 56
+    assert all(".mlp.experts." in name for name in quant["emulated_tensors"])
+    assert "48 tensors dequantized at load to float32" in quant["how"]
+    fp32_experts = sum(p.numel() * 4 for n, p in native.model.named_parameters() if ".experts." in n)
+    fp8 = sum(p.numel() + 4 * p.shape[0] for p in native.model.parameters() if p.dtype == FP8)
+    assert quant["runtime_bytes"] == fp32_experts + fp8
+    assert greedy_decode(native.model, [[1, 17, 93, 250]], 1) == greedy_decode(emulated.model, [[1, 17, 93, 250]], 1)

@@ -141,7 +141,9 @@ class ReplicatedLinear(nn.Module):
         self.bias = replicated(make_param((out_features,))) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dense_linear(x, self.weight, self.bias)
+        if is_native(self.weight):
+            return fp8_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(nn.Module):
