@@ -27,6 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"comma-separated, run in pipeline order; of {','.join(STAGE_ORDER)}")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--device", default="cpu", help="torch device of the target (default cpu)")
+    parser.add_argument("--quant-mode", default="auto", choices=("auto", "native", "emulated"),
+                        help="how an FP8 per-tensor/per-channel release runs: 'native' keeps its weights in FP8 and "
+                             "multiplies W8A8 (torch._scaled_mm); 'emulated' dequantizes at load; 'auto' (default) "
+                             "is native where --hardware declares float8 or the device has FP8. Other quantized "
+                             "formats run emulated, and 'native' refuses them (docs/quantized.md)")
     parser.add_argument("--tp", type=int, default=None, help="pin the plan's tensor-parallel degree")
     parser.add_argument("--ep", type=int, default=None, help="pin the plan's expert-parallel degree")
     parser.add_argument("--pp", type=int, default=None, help="pin the plan's pipeline stages")
@@ -241,6 +246,7 @@ def handle(args: argparse.Namespace) -> int:
         return 2
 
     ctx = StageContext(model_dir=model_dir, config=config, hardware=hardware, dtype=args.dtype, device=args.device,
+                       quant_mode=args.quant_mode,
                        tp=args.tp, ep=args.ep, pp=args.pp, thresholds=thresholds, workdir=args.workdir, manifest=manifest,
                        original_dir=args.original, emit_fn=ConsoleEmitter(args.quiet), node=node, bench={"compile": True} if args.compile else {}, engine=engine)
     if model_dir is None:  # a config alone: name the model after its file (deepseek-v3.json -> deepseek-v3)

@@ -20,7 +20,7 @@ from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.layout import effective_layout, effective_tp
 from agents.pipeline.support.nodes import RANKED_STAGES, serve_command, stage_node
 from agents.pipeline.support.server_process import REPO_ROOT
-from agents.pipeline.support.sharded_load import LOAD_TIMEOUT_S, load_rank
+from agents.pipeline.support.sharded_load import LOAD_TIMEOUT_S, load_rank, quant_args
 
 
 def follow(ctx: StageContext, stages: list[str]) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def _follow_load(ctx: StageContext) -> None:
     tp = effective_tp(ctx)[0]
     _, ep, pp = effective_layout(ctx)
     reports = launch(load_rank, pp * max(tp, ep), str(ctx.model_dir), ctx.dtype, ctx.device, ctx.manifest,
-                     bool(ctx.thresholds.get("fail_on_nonfinite", 0)), None, tp_size=tp, ep_size=ep, pp_size=pp,
+                     bool(ctx.thresholds.get("fail_on_nonfinite", 0)), None, quant_args(ctx), tp_size=tp, ep_size=ep, pp_size=pp,
                      timeout=LOAD_TIMEOUT_S, node=stage_node(ctx, "load"))
     failed = [r for r in reports if "error" in r]
     if failed:

@@ -70,7 +70,8 @@ def cell_title(cell: CellView, hardware_name: str, released_at: datetime | None,
         lines.append(f"a job was {cell.failed_stage} before proving its stages")
     elif cell.failed_stage:
         lines.append(f"newest job failed at {cell.failed_stage}")
-    mode = f" ({cell.quant_mode} on this hardware)" if cell.quant_mode else ""
+    why = f": {cell.quant_reason}" if cell.quant_mode == "emulated" and cell.quant_reason else ""
+    mode = f" ({cell.quant_mode} on this hardware{why})" if cell.quant_mode else ""
     if cell.fits is True:
         lines.append(f"fits on {cell.fits_devices} × {hardware_name} in {cell.fits_dtype or '?'}{mode}")
     elif cell.fits is False:

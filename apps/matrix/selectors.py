@@ -21,7 +21,8 @@ from contract.tiers import TIER_NAMES
 # lead_hours is stored on the cell: parsing 8,000 timestamps per request would cost more than the rest
 CELL_COLUMNS = ("model_id", "hardware_id", "tier", "failed_stage", "fits", "fits_devices", "lead_hours", "job_count",
                 "current_tier_reached_at", "fits_plan__dtype", "tier_reached_at", "custom_thresholds", "synthetic",
-                "disputed", "engine__name", "engine__version", "engine__default", "fits_plan__quant__mode")
+                "disputed", "engine__name", "engine__version", "engine__default", "fits_plan__quant__mode",
+                "fits_plan__quant__reason")
 
 
 def parse_tier(raw: str | None) -> int | None:
@@ -103,6 +104,7 @@ class CellView:
     engines: list[tuple[str, int]] = field(default_factory=list)  # every engine's (ref, tier), best first
     rank: tuple[Any, ...] = field(default=(), repr=False, compare=False)  # keep_best's order
     quant_mode: str | None = None  # a quantised format here: "native" or "emulated" (the fit estimate's quant.mode)
+    quant_reason: str | None = None  # why it runs emulated (the hardware lacks the type, or the runtime a kernel)
 
     @property
     def tier_name(self) -> str:
@@ -165,12 +167,13 @@ def _cells(actor: Actor, models: list[ModelRelease], hardware: list[Hardware],
     if not known:
         return cells
     for (model_id, hw_id, tier, failed, fits, devices, lead, jobs, reached, dtype, reached_map, custom, synthetic,
-         disputed, name, version, default, quant_mode) in Cell.objects.filter(cells_q).values_list(*CELL_COLUMNS):
+         disputed, name, version, default, quant_mode, quant_reason) in Cell.objects.filter(cells_q).values_list(*CELL_COLUMNS):
         if model_id in known:
             view = CellView(tier, failed, fits, devices, lead, jobs, reached, dtype,
                             reached_map if isinstance(reached_map, dict) else {}, bool(custom), bool(synthetic),
                             list(disputed or []), f"{name}@{version}" if version else name, bool(default),
-                            quant_mode=quant_mode if quant_mode in ("native", "emulated") else None)
+                            quant_mode=quant_mode if quant_mode in ("native", "emulated") else None,
+                            quant_reason=quant_reason if isinstance(quant_reason, str) else None)
             keep_best(cells, (model_id, hw_id), view, version)
     return cells
 

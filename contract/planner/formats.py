@@ -44,6 +44,9 @@ GROUPED = re.compile(r"^int4-g(\d+)(-zp)?$")
 # the element type a format's values are stored in: the hardware runs it natively when it declares that type
 NATIVE_TYPE = {"float8_e4m3fn-tensor": "float8_e4m3fn", "float8_e4m3fn-channel": "float8_e4m3fn",
                "mxfp4": "float4_e2m1fn", "nvfp4": "float4_e2m1fn", "int4": "int8", "q8_0": "int8"}
+# the formats the bundled runtime runs natively (FP8 values and scales kept, ``torch._scaled_mm`` W8A8) where the
+# hardware has the element type; every other format it dequantises at load (docs/quantized.md)
+RUNTIME_NATIVE = frozenset({"float8_e4m3fn-tensor", "float8_e4m3fn-channel"})
 # "experts": only the routed experts are quantised (Kimi-K2-Thinking's ignore list); True: attention stays 16-bit
 Keep = bool | str
 
@@ -62,6 +65,40 @@ def format_bits(name: str) -> tuple[float, float, float] | None:
 def native_type(name: str) -> str:
     """The element type a hardware must declare to run the format natively (``int4-g32`` -> ``int8``)."""
     return NATIVE_TYPE.get("int4" if GROUPED.match(name) else name, name)
+
+
+def format_label(name: str) -> str:
+    """How a sentence names the format's kind: ``FP4``, ``block FP8``, ``INT4``, ``GGUF q4_k``."""
+    if name in ("mxfp4", "nvfp4"):
+        return f"FP4 ({name})"
+    if name == "float8_e4m3fn":
+        return "block FP8"
+    if name.startswith("float8_e4m3fn-"):
+        return f"FP8 per {name.split('-', 1)[1]}"
+    if name.startswith(("int4", "int8")):
+        return name[:4].upper()
+    return f"GGUF {name}" if name.startswith("q") else name
+
+
+def emulated_reason(name: str, declared: bool) -> str | None:
+    """Why a quantised format runs emulated (dequantised at load) on a hardware, None when it runs native:
+    the hardware does not declare its element type, or the runtime has no native path for the format."""
+    if not declared:
+        return f"the hardware does not declare {native_type(name)}; dequantized at load"
+    if name not in RUNTIME_NATIVE:
+        kind = format_label(name)
+        what = "FP4" if kind.startswith("FP4") else kind
+        return f"{kind}: no native {what} matmul in the runtime; dequantized at load"
+    return None
+
+
+def hardware_declares(config: dict[str, Any] | None, dtypes: list[str] | tuple[str, ...] | None) -> bool | None:
+    """Whether a hardware's declared dtypes hold the element type of the config's quantised format (None: no
+    format, or no dtypes declared). AMD's fnuz FP8 runs the fn format."""
+    found = checkpoint_format(config or {})
+    if found is None or not dtypes:
+        return None
+    return native_type(found[0]) in {str(d).removesuffix("uz") for d in dtypes}
 
 
 def int4_name(group: int | None, asymmetric: bool) -> str:

@@ -10,7 +10,7 @@ from contract.model.native import FALLBACK_LAYOUT, config_runtime_path
 from contract.model.params import ParamCount, count_params
 from contract.model.spec import ModelSpec, parse_config
 from contract.planner import search as _candidates
-from contract.planner.formats import format_bits, native_type
+from contract.planner.formats import emulated_reason, format_bits, native_type
 from contract.planner.memory import PlanSettings, kv_bytes_per_token, resolve_dtype, weight_bytes
 
 # The per-model part of a plan (parse, count, per-layer bytes) is O(layers); the per-hardware part is O(candidate
@@ -31,14 +31,18 @@ def runtime_layouts(config: Any) -> dict[str, Any]:
 def quant_block(counts: ParamCount, dtype: str, keep: bool | str,
                 hardware_dtypes: list[str] | None) -> dict[str, Any]:
     """The ``quant`` block of a quantised plan: the format, its true bytes (packed values + scales + zero points),
-    and, given the hardware's declared dtypes, whether it runs ``native`` or ``emulated`` (the runtime dequantizes
-    the packed weights at load into bfloat16: ``runtime_bytes`` is what that takes). Empty for 16/32-bit."""
+    and, given the hardware's declared dtypes, whether it runs ``native`` (the hardware declares the element type
+    AND the runtime has a native path for the format: FP8 per tensor/channel) or ``emulated`` with the ``reason``
+    (the runtime dequantizes the packed weights at load into bfloat16: ``runtime_bytes`` is what that takes). Empty for 16/32-bit."""
     if format_bits(dtype)[0] >= 16:
         return {}
     block: dict[str, Any] = {"format": dtype, "bytes": weight_bytes(counts, dtype, keep), "mode": "unknown"}
     if hardware_dtypes:
         declared = {d.removesuffix("uz") for d in hardware_dtypes}  # AMD's fnuz FP8 runs the fn format
-        block["mode"] = "native" if native_type(dtype) in declared else "emulated"
+        reason = emulated_reason(dtype, native_type(dtype) in declared)
+        block["mode"] = "native" if reason is None else "emulated"
+        if reason:
+            block["reason"] = reason
     if block["mode"] == "emulated":
         block["how"] = "dequantized at load to bfloat16"
         block["runtime_bytes"] = weight_bytes(counts, "bfloat16", keep)
@@ -102,8 +106,9 @@ def plan_report(
     chosen = _candidates.choose(plans)
     warnings = list(spec.warnings)
     quant = quant_block(counts, dtype, keep_attention, hardware_dtypes)
-    if hardware_dtypes and quant.get("mode", "native") == "emulated" or hardware_dtypes and not quant \
-            and dtype not in hardware_dtypes:
+    if hardware_dtypes and quant.get("mode") == "emulated":
+        warnings.append(f"{dtype} runs emulated on this hardware: {quant['reason']}")
+    elif hardware_dtypes and not quant and dtype not in hardware_dtypes:
         warnings.append(f"{dtype} is not a native dtype of this hardware ({', '.join(hardware_dtypes)})")
     per_device = chosen.memory_per_device if chosen else memory_bytes
     report: dict[str, Any] = {

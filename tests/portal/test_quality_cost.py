@@ -85,3 +85,24 @@ def test_the_link_is_set_through_the_api_and_refused_when_it_cannot_hold(client)
     response = client.patch(f"/api/v1/models/{original.slug}/", {"quantized_from": other.slug},
                             content_type="application/json", **auth(token))
     assert response.status_code == 400 and "itself quantised" in str(response.json()["quantized_from"])
+
+
+def test_the_matrix_says_why_a_declared_format_runs_emulated() -> None:
+    """A B200 declares FP4, but the runtime has no native FP4 matmul: the fit estimate says emulated with the
+    reason, and the cell's hover text carries it (contract ``quant_block``, ``matrix/presenters.cell_title``)."""
+    from apps.matrix.models import Cell
+    from apps.matrix.presenters import cell_title
+    from apps.matrix.selectors import CellView
+
+    fp4 = HardwareFactory(dtypes=["bfloat16", "float8_e4m3fn", "float4_e2m1fn"])
+    release = ModelReleaseFactory(config=tiny_config(quantization_config={"quant_method": "mxfp4"}))
+    fp8 = ModelReleaseFactory(config=tiny_config(quantization_config={
+        "quant_method": "compressed-tensors", "format": "float-quantized",
+        "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}))
+    quant = Cell.objects.get(model=release, hardware=fp4).fits_plan["quant"]
+    assert quant["mode"] == "emulated" and quant["reason"] == (
+        "FP4 (mxfp4): no native FP4 matmul in the runtime; dequantized at load")
+    assert Cell.objects.get(model=fp8, hardware=fp4).fits_plan["quant"]["mode"] == "native"
+    view = CellView(0, "", True, 1, None, 0, fits_dtype="mxfp4", quant_mode=quant["mode"], quant_reason=quant["reason"])
+    assert "(emulated on this hardware: FP4 (mxfp4): no native FP4 matmul in the runtime" in cell_title(
+        view, fp4.name, None, [])

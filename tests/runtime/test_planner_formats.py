@@ -47,7 +47,10 @@ def test_gpt_oss_120b_mxfp4_bytes_within_one_percent_of_the_checkpoint() -> None
     assert report["quant"]["mode"] == "emulated" and report["quant"]["how"] == "dequantized at load to bfloat16"
     assert report["quant"]["runtime_bytes"] > 3.5 * report["weight_bytes"]  # the bf16 copy it really takes
     on_b200 = plan(CATALOG["gpt-oss-120b"], B200, dtype="auto", hardware_dtypes=B200.dtypes)["quant"]
-    assert on_b200["mode"] == "native" and on_b200["runtime_bytes"] == on_b200["bytes"]
+    # B200 declares FP4, but the runtime has no native FP4 matmul: emulated, and the plan says why
+    assert on_b200["mode"] == "emulated" and on_b200["reason"] == (
+        "FP4 (mxfp4): no native FP4 matmul in the runtime; dequantized at load")
+    assert report["quant"]["reason"] == "the hardware does not declare float4_e2m1fn; dequantized at load"
 
 
 def test_kimi_k2_thinking_int4_bytes_within_one_percent_of_the_checkpoint() -> None:
@@ -95,6 +98,13 @@ def test_native_or_emulated_follows_the_declared_dtypes() -> None:
     assert fp8["quant"]["mode"] == "emulated" and fp8["quant"]["runtime_bytes"] == plan(
         CATALOG["llama-3.1-8b"], a100, dtype="bf16")["weight_bytes"]
     mi300 = get_hardware("amd-mi300x")
-    assert plan(CATALOG["llama-3.1-8b"], mi300, dtype="fp8", hardware_dtypes=mi300.dtypes)["quant"]["mode"] == "native"
+    block = plan(CATALOG["llama-3.1-8b"], mi300, dtype="fp8", hardware_dtypes=mi300.dtypes)["quant"]
+    assert block["mode"] == "emulated" and block["reason"].startswith("block FP8: no native block FP8 matmul")
+    for hw in (mi300, H100):  # FP8 per tensor / per channel: the runtime's native W8A8 path
+        for fmt in ("float8_e4m3fn-tensor", "float8_e4m3fn-channel"):
+            quant = plan(CATALOG["llama-3.1-8b"], hw, dtype=fmt, hardware_dtypes=hw.dtypes)["quant"]
+            assert quant["mode"] == "native" and "reason" not in quant and quant["runtime_bytes"] == quant["bytes"]
+    assert plan(CATALOG["llama-3.1-8b"], a100, dtype="float8_e4m3fn-channel",
+                hardware_dtypes=a100.dtypes)["quant"]["mode"] == "emulated"
     assert "quant" not in plan(CATALOG["llama-3.1-8b"], dtype="bf16", hardware_dtypes=H100.dtypes)
     assert plan(CATALOG["llama-3.1-8b"], dtype="q4_k")["quant"]["mode"] == "unknown"  # no hardware given

@@ -14,7 +14,7 @@ from typing import Any
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.layout import effective_layout, effective_tp
-from agents.pipeline.support.sharded_load import load_sharded
+from agents.pipeline.support.sharded_load import load_sharded, quant_args
 from agents.pipeline.support.weight_probe import ChallengeError, answer_challenge
 from contract.planner.formats import native_type
 
@@ -58,6 +58,8 @@ def run(ctx: StageContext) -> dict[str, Any]:
             manifest=ctx.manifest,
             fail_on_nonfinite=bool(ctx.thresholds.get("fail_on_nonfinite", 0)),
             progress=progress,
+            quant_mode=ctx.quant_mode,
+            hardware_declares=quant_args(ctx)[1],
         )
     except LoadError as exc:
         raise StageFailed(str(exc)) from exc

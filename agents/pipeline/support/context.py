@@ -35,6 +35,7 @@ class StageContext:
     hardware: dict[str, Any]  # hardware spec: slug, memory_gb, devices_per_node, dtypes, operator_manifest …
     dtype: str = "float32"
     device: str = "cpu"  # torch device string of the target
+    quant_mode: str = "auto"  # FP8 per tensor/channel: auto, native (W8A8) or emulated (``layers/fp8_native.py``)
     tp: int | None = None  # plan override; None: the planner's choice clipped to local devices
     ep: int | None = None
     pp: int | None = None  # pipeline stages (``day0 adapt --pp``); the ranks are pp × max(tp, ep)

@@ -23,6 +23,7 @@ from agents.runtime.loader import LoadError
 from agents.runtime.loader.gguf_release import gguf_files_kwargs
 from agents.runtime.loader.int_release import dequantized_state
 from agents.runtime.loader.quant_reference import dequantized_reference
+from contract.planner.formats import hardware_declares
 from contract.thresholds import ALIGN as ALIGN_THRESHOLDS
 
 # contract.thresholds defaults (every dtype), overridable per job through ctx.thresholds.
@@ -46,7 +47,8 @@ def target_model(ctx: StageContext) -> Any:
     from agents.runtime.loader import LoadError, load_model
 
     try:
-        result = load_model(ctx.model_dir, dtype=ctx.dtype, device=ctx.device)
+        result = load_model(ctx.model_dir, dtype=ctx.dtype, device=ctx.device, quant_mode=ctx.quant_mode,
+                            hardware_declares=hardware_declares(ctx.config, (ctx.hardware or {}).get("dtypes")))
     except LoadError as exc:
         raise StageFailed(f"cannot load the target model: {exc}") from exc
     ctx.state.model = result.model
@@ -68,7 +70,8 @@ def fp32_target(ctx: StageContext) -> Any:
     from agents.runtime.loader import LoadError, load_model
 
     try:
-        model = load_model(ctx.model_dir, dtype="float32", device=ctx.device, stats=False).model
+        model = load_model(ctx.model_dir, dtype="float32", device=ctx.device, stats=False, quant_mode=ctx.quant_mode,
+                           hardware_declares=hardware_declares(ctx.config, (ctx.hardware or {}).get("dtypes"))).model
     except LoadError as exc:
         raise StageFailed(f"cannot load the model in fp32: {exc}") from exc
     ctx.state.model_fp32 = model

@@ -49,6 +49,9 @@ def start_server(ctx: StageContext) -> ServerProcess | EngineProcess:
         ctx.state.server = engine
         return engine
     extra = [str(a) for a in ctx.bench.get("serve_args", [])] + serve_args(ctx)  # bench.compile
+    ran = ((ctx.results.get("load") or {}).get("quant") or {}).get("mode")
+    if ran in ("native", "emulated"):  # serve a quantised release the way the load stage ran it
+        extra += ["--quant-mode", ran]
     tp, _ = effective_tp(ctx)
     _, ep, pp = effective_layout(ctx)
     layout = tuple(a for name, v in (("--ep", ep), ("--pp", pp)) if v > 1 for a in (name, str(v)))

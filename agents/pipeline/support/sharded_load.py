@@ -12,15 +12,17 @@ from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.layout import effective_layout
 from agents.pipeline.support.nodes import stage_node
+from contract.planner.formats import hardware_declares
 
 LOAD_TIMEOUT_S = 3600.0
 PROGRESS_INTERVAL_S = 0.5
 
 
-def load_rank(model_dir: str, dtype: str, device: str, manifest: Any,
-              fail_on_nonfinite: bool, progress_queue: Any = None) -> dict[str, Any]:
+def load_rank(model_dir: str, dtype: str, device: str, manifest: Any, fail_on_nonfinite: bool,
+              progress_queue: Any = None, quant: tuple[str, bool | None] = ("auto", None)) -> dict[str, Any]:
     """One rank (run by ``launch``): load this rank's slice; its report, or ``error`` with the loader's message.
-    Rank 0 puts ``(done, total)`` on ``progress_queue`` as tensors stream (at most every PROGRESS_INTERVAL_S)."""
+    Rank 0 puts ``(done, total)`` on ``progress_queue`` as tensors stream (at most every PROGRESS_INTERVAL_S).
+    ``quant``: the job's ``--quant-mode`` and whether its hardware declares the format's type (``quant_args``)."""
     import torch.distributed as dist
 
     from agents.runtime.loader import LoadError, load_model
@@ -40,7 +42,8 @@ def load_rank(model_dir: str, dtype: str, device: str, manifest: Any,
 
     try:
         result = load_model(model_dir, dtype=dtype, device=device, manifest=manifest,
-                            fail_on_nonfinite=fail_on_nonfinite, progress=progress)
+                            fail_on_nonfinite=fail_on_nonfinite, progress=progress, quant_mode=quant[0],
+                            hardware_declares=quant[1])
     except LoadError as exc:  # no collective runs while loading: the peers finish on their own
         return {"rank": rank, "error": str(exc)}
     report = dict(result.report)
@@ -69,7 +72,7 @@ def load_sharded(ctx: StageContext, tp: int) -> dict[str, Any]:
     with mp.get_context("spawn").Manager() as manager:
         updates = manager.Queue()
         args = (str(Path(ctx.model_dir)), ctx.dtype, ctx.device, ctx.manifest,
-                bool(ctx.thresholds.get("fail_on_nonfinite", 0)), updates)
+                bool(ctx.thresholds.get("fail_on_nonfinite", 0)), updates, quant_args(ctx))
 
         def run_ranks() -> None:
             try:
@@ -97,6 +100,11 @@ def load_sharded(ctx: StageContext, tp: int) -> dict[str, Any]:
     section.update(tp=tp, ep=ep, pp=pp)
     section["tp1_copy"] = tp1_copy(ctx, sum(r["bytes"] for r in section["ranks"]))
     return section
+
+
+def quant_args(ctx: StageContext) -> tuple[str, bool | None]:
+    """(``--quant-mode``, whether the job's hardware declares the release's quantised element type)."""
+    return ctx.quant_mode, hardware_declares(ctx.config, (ctx.hardware or {}).get("dtypes"))
 
 
 def tp1_copy(ctx: StageContext, model_bytes: int) -> dict[str, Any]:

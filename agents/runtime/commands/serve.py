@@ -56,6 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "evidence at /stats/compile")
     p.add_argument("--compile-cache", default=None,
                    help="Inductor's cache directory (default: $DAY0_COMPILE_CACHE_DIR, else var/compile-cache)")
+    p.add_argument("--quant-mode", default="auto", choices=["auto", "native", "emulated"],
+                   help="how an FP8 per-tensor/per-channel release runs: 'native' keeps its weights in FP8 and "
+                        "multiplies W8A8 (torch._scaled_mm, activations quantized per token); 'emulated' "
+                        "dequantizes at load; 'auto' (default) is native where the device has FP8 (CUDA compute "
+                        "capability 8.9+). Other quantized formats run emulated; 'native' refuses them")
     p.add_argument("--pack-weights", action=argparse.BooleanOptionalAction, default=None,
                    help="pack the layers' fp32 CPU weights once, in place: into the native kernels' panels "
                         "(batch-1 decode ~1.4x faster, batched products at oneDNN's rate), or oneDNN's blocked "
@@ -205,6 +210,7 @@ def handle(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
+        quant_mode=args.quant_mode,
         **({"compile": True, "compile_cache_dir": args.compile_cache} if args.compile else {}),
         **({"pack_weights": True} if args.pack_weights else {}),
         **({"chat_template": template} if template is not None else {}),

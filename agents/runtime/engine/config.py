@@ -26,8 +26,12 @@ class EngineConfig:
     # full KV blocks shared between requests by a chained hash of their tokens (``engine/block_manager.py``);
     # ignored on the recompute path (no paged cache)
     enable_prefix_caching: bool = False
+    # how an FP8 per-tensor/per-channel release runs (``layers/fp8_native.py``): auto, native (W8A8) or emulated
+    quant_mode: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.quant_mode not in ("auto", "native", "emulated"):
+            raise ValueError(f"quant_mode must be auto, native or emulated, got {self.quant_mode!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:

@@ -52,7 +52,8 @@ class LLMEngine:
         if model is None:
             from agents.runtime.loader import load_model
 
-            result = load_model(self.model_dir, dtype=self.config.dtype, device=self.config.device)
+            result = load_model(self.model_dir, dtype=self.config.dtype, device=self.config.device,
+                                quant_mode=self.config.quant_mode)
             model, config, self.load_report = result.model, result.config, result.report
         if config is None:
             raise ValueError("LLMEngine needs the model's config when given a built model")

@@ -137,7 +137,7 @@ def attach(engine: Any) -> None:
 
 
 def worker(model_dir: str, dtype: str, device: str, bind_threads: bool | None = False,
-           pack_weights: bool = False) -> None:
+           pack_weights: bool = False, quant_mode: str = "auto") -> None:
     """Ranks > 0: load this rank's shard, size the cache as rank 0 says, run every step rank 0 sends (this
     thread's compute threads pinned first, as ``bind_threads`` says, on a CPU; its weights packed as rank 0's
     engine packs its own when ``pack_weights``: a rank on the unpacked path made every step wait for it)."""
@@ -149,7 +149,7 @@ def worker(model_dir: str, dtype: str, device: str, bind_threads: bool | None = 
         from agents.runtime.threads import bind_engine_threads
 
         bind_engine_threads(bind_threads)  # this thread runs every step
-    model = load_model(model_dir, dtype=dtype, device=device).model
+    model = load_model(model_dir, dtype=dtype, device=device, quant_mode=quant_mode).model
     if pack_weights and hasattr(model, "pack_weights"):
         log.info("packed %d weights", model.pack_weights())  # before the KV pool takes the memory, as rank 0
     num_blocks, block_size = broadcast_from_rank0(None)
@@ -212,7 +212,7 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, serve_kwargs: d
             code = serve(model_dir, on_engine=attach, **serve_kwargs)  # the other ranks follow every step
             sys.exit(1 if failure() else code)
         worker(model_dir, serve_kwargs.get("dtype", "float32"), device, serve_kwargs.get("bind_threads", False),
-               bool(serve_kwargs.get("pack_weights")))
+               bool(serve_kwargs.get("pack_weights")), serve_kwargs.get("quant_mode", "auto"))
     finally:
         destroy_distributed()
 

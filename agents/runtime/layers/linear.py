@@ -12,6 +12,7 @@ from torch import nn
 
 from agents.runtime import kernels
 from agents.runtime.distributed import all_reduce, get_tp_rank, get_tp_world_size
+from agents.runtime.layers.fp8_native import fp8_linear, is_native
 from agents.runtime.layers.weights import (
     adopt_or_copy,
     bind_loader,
@@ -46,7 +47,9 @@ def is_packed(weight: torch.Tensor) -> bool:
 
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x W^T + b`` for ``x: [T, in]``, ``weight: [out, in]`` (either memory layout, or packed by
-    ``pack_weight``)."""
+    ``pack_weight``, or native FP8 with its row scales: ``fp8_native``)."""
+    if is_native(weight):
+        return fp8_linear(x, weight, bias)
     rows = getattr(weight, "panel_rows", 0)
     if rows:
         y = kernels.panel_linear(x, weight, rows, bias)
@@ -121,15 +124,25 @@ def replace_packed(module: nn.Module, name: str, packed: nn.Parameter, panel_row
         release_pages(param.data)
 
 
+def native_rows(param: nn.Parameter) -> nn.Parameter:
+    """A weight whose rows are never split (replicated, row-parallel): it may be held in native FP8, every
+    checkpoint row in place (``fp8_native``)."""
+    param.native_fp8 = True
+    param.rows_of = lambda _shard_id: (0, 0, param.shape[0])
+    return param
+
+
 class ReplicatedLinear(nn.Module):
     """Full weight on every rank (routers, small projections)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
-        self.weight = quantizable(replicated(make_param((out_features, in_features))))
+        self.weight = native_rows(quantizable(replicated(make_param((out_features, in_features)))))
         self.bias = replicated(make_param((out_features,))) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if is_native(self.weight):
+            return fp8_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -173,6 +186,10 @@ class ColumnParallelLinear(nn.Module):
             p.data.narrow(0, offset, rows).copy_(loaded.narrow(0, self.source_start(shard_id), rows))
 
         param.concatenates_shards = self.concatenates_shards
+        if with_input:  # the rows a shard fills (offset here, start in the checkpoint, count): FP8 row scales
+            param.native_fp8 = True
+            param.rows_of = lambda shard_id: (self.shard_layout(shard_id)[1], self.source_start(shard_id),
+                                              self.shard_layout(shard_id)[2])
         return bind_loader(param, load, self.shard_ids(), shape_of)
 
     def concatenates_shards(self) -> bool:
@@ -243,8 +260,8 @@ class RowParallelLinear(nn.Module):
             else:
                 p.data.copy_(loaded.narrow(1, self.tp_rank * self.in_local, self.in_local))
 
-        self.weight = quantizable(bind_loader(make_param((out_features, self.in_local)), load, [None],
-                                              lambda _s: full))
+        self.weight = native_rows(quantizable(bind_loader(make_param((out_features, self.in_local)), load, [None],
+                                                          lambda _s: full)))
         self.bias = replicated(make_param((out_features,))) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

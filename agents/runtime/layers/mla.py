@@ -77,6 +77,7 @@ class MLAttention(nn.Module):
         self.kv_a_proj_with_mqa = ReplicatedLinear(hidden, self.kv_lora_rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps)
         self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, [heads * (self.nope_dim + self.v_dim)])
+        self.kv_b_proj.weight.native_fp8 = False  # read directly (absorbed into q and o): never held in FP8
         self.o_proj = RowParallelLinear(heads * self.v_dim, hidden, bias=bias)
         if rotary.rotary_dim != self.rope_dim:
             raise ValueError(f"rotary dim {rotary.rotary_dim} != qk_rope_head_dim {self.rope_dim}")

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from agents.runtime.layers import quant_float  # noqa: F401 - registers MXFP4, NVFP4, FP8 per tensor/channel
+from agents.runtime.layers.fp8_native import is_native, load_native
 from agents.runtime.layers.quant_formats import QuantizedTensor, QuantSpec, quant_format
 
 FP8_CODES = ("F8_E4M3",)  # safetensors codes an FP8 weight may be stored in
@@ -141,10 +142,14 @@ def quantize_block_fp8(weight: torch.Tensor, block: tuple[int, int]) -> tuple[to
 
 
 def dequantizing(loader: Callable[..., None]) -> Callable[..., None]:
-    """Wrap a weight loader so that it also takes a ``BlockFp8Tensor``: dequantised to the parameter's dtype
-    first, then loaded (and TP-sliced) like any checkpoint tensor."""
+    """Wrap a weight loader so that it also takes a ``BlockFp8Tensor`` or ``QuantizedTensor``: dequantised to the
+    parameter's dtype first, then loaded (and TP-sliced) like any checkpoint tensor; into a parameter converted
+    to native FP8 (``fp8_native.convert``) the FP8 values go as they are, with their scales."""
 
     def load(param: nn.Parameter, loaded: Any, shard_id: Hashable = None) -> None:
+        if isinstance(loaded, QuantizedTensor) and is_native(param):  # kept FP8 (``fp8_native``)
+            load_native(param, loaded, shard_id, loader)
+            return
         if isinstance(loaded, BlockFp8Tensor | QuantizedTensor):
             loaded = loaded.dequantize(param.dtype, param.device)  # [R, C]
         loader(param, loaded, shard_id)

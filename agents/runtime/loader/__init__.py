@@ -34,11 +34,12 @@ from agents.runtime.loader.hashing import ShardHasher
 from agents.runtime.loader.int_release import load_int_release
 from agents.runtime.loader.manifest import compare_manifest, parse_manifest
 from agents.runtime.loader.memory import advise_huge_pages
-from agents.runtime.loader.quantized import check_parts, quant_report, quantized_tensor, release
+from agents.runtime.loader.quantized import check_parts, prepare_native, quant_report, quantized_tensor, release
 from agents.runtime.loader.safetensors_file import DTYPES, LoadError, MappedFile, TensorEntry
 from agents.runtime.loader.stats import current_rss, peak_rss, reset_peak_rss, tensor_stats
 from agents.runtime.loader.validate import declared_tensors, torch_dtype, validate
 from agents.runtime.models.registry import build_model
+from contract.planner.formats import RUNTIME_NATIVE, checkpoint_format, format_label
 
 __all__ = ["LoadError", "LoadResult", "load_model", "torch_dtype"]
 
@@ -74,6 +75,8 @@ def load_model(
     stats: bool = True,
     checksum_cache: bool = True,
     zero_copy: bool = True,
+    quant_mode: str = "auto",
+    hardware_declares: bool | None = None,
 ) -> LoadResult:
     """Build the model for ``model_dir/config.json`` and stream its safetensors weights into it, strictly.
 
@@ -85,7 +88,10 @@ def load_model(
     identity is unchanged since it was last hashed reuse that digest (see ``loader/hashing.py``); each shard's
     report says whether its digest was "computed" or came from the "cache". With ``zero_copy`` a CPU parameter
     that needs no slicing or casting keeps the mapped checkpoint bytes as its storage (a private mapping: the
-    weights survive a rename or delete of the files, but rewriting a shard in place while serving is unsafe)."""
+    weights survive a rename or delete of the files, but rewriting a shard in place while serving is unsafe).
+    ``quant_mode`` (``auto``, ``native``, ``emulated``; ``layers/fp8_native.py``) chooses how an FP8 per-tensor /
+    per-channel release runs: ``auto`` keeps it FP8 (W8A8) where ``hardware_declares`` (the job's hardware
+    declares float8) or the device has FP8; a forced ``native`` on any other format is a LoadError naming it."""
     model_dir = Path(model_dir)
     try:
         expected = parse_manifest(manifest) if manifest is not None else None
@@ -95,6 +101,8 @@ def load_model(
     rss_before = current_rss()
     t0 = time.perf_counter()
     gguf = gguf_file(model_dir) if not (model_dir / "config.json").exists() else None
+    if gguf is not None or quant_mode not in ("auto", "emulated"):
+        _refuse_native(model_dir, quant_mode, gguf)
     if gguf is not None:  # a GGUF release: dequantised at load (emulated), no safetensors, no manifest check
         model, report, config = load_gguf(gguf, dtype=torch_dtype(dtype), device=device)
         return _outside_safetensors(model, report, config, expected, rss_before)
@@ -118,6 +126,13 @@ def load_model(
     scales = validate(ckpt, declared, getattr(model, "is_ignored", None), config)
     blocks = {name: declared[name].fp8.block for name in scales}
     quantized = check_parts(ckpt, declared)  # registered formats (MXFP4, NVFP4, FP8 per tensor/channel, ...)
+    try:
+        mode, native = prepare_native(model, quantized, declared, quant_mode, hardware_declares, device)
+    except ValueError as exc:
+        raise LoadError(str(exc)) from exc
+    if mode == "native" and not native and (quantized or scales):
+        raise LoadError(f"--quant-mode native: no weight of this release can be held in FP8 "
+                        f"({'block FP8' if scales else 'its format'} has no native path in the runtime)")
     advise_huge_pages([p.data for p in model.parameters()])
 
     report: dict[str, Any] = {"ok": True, "path": model.path, "architecture": config.get("architectures", [None])[0],
@@ -228,8 +243,25 @@ def load_model(
         if hasher is not None else None,
     )
     if quantized:
-        report["quant"] = quant_report(quantized, declared, torch_dtype(dtype), device)
+        report["quant"] = quant_report(quantized, declared, torch_dtype(dtype), device, model, native)
     return LoadResult(model=model, report=report, config=config)
+
+
+def _refuse_native(model_dir: Path, quant_mode: str, gguf: Path | None) -> None:
+    """``quant_mode`` checked before anything loads: a forced ``native`` on a release without a native path
+    (GGUF, integer and FP4 formats, block FP8, an unquantised release) is a LoadError naming its format."""
+    if quant_mode not in ("auto", "native", "emulated"):
+        raise LoadError(f"quant mode {quant_mode!r}: expected auto, native or emulated")
+    if quant_mode != "native":
+        return
+    if gguf is not None:
+        raise LoadError(f"--quant-mode native: GGUF ({gguf.name}) has no native path in the runtime (native: FP8 "
+                        f"per tensor and per channel); it runs emulated (dequantized at load)")
+    found = checkpoint_format(read_config(model_dir))
+    if found is None or found[0] not in RUNTIME_NATIVE:
+        what = format_label(found[0]) if found else "an unquantised release"
+        raise LoadError(f"--quant-mode native: {what} has no native path in the runtime (native: FP8 per tensor "
+                        f"and per channel); it runs emulated (dequantized at load)")
 
 
 def _outside_safetensors(model: Any, report: dict[str, Any], config: dict[str, Any], expected: Any,

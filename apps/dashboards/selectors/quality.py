@@ -32,7 +32,7 @@ def quant_facts(model: ModelRelease, results: dict[str, StageResult]) -> dict[st
     for stage in ("load", "plan"):
         block = blocks.get(stage)
         if isinstance(block, dict) and block.get("format"):
-            keep = ("format", "mode", "how", "bytes", "runtime_bytes", "types", "bits", "group")
+            keep = ("format", "mode", "reason", "how", "bytes", "runtime_bytes", "types", "bits", "group")
             return {**{k: block.get(k) for k in keep}, "source": stage}
     return None
 

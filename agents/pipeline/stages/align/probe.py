@@ -17,6 +17,7 @@ from agents.pipeline.stages.align import refs as ref
 from agents.pipeline.support.errors import StageFailed
 from agents.pipeline.support.op_capture import OperatorRecorder
 from agents.runtime.context import ForwardContext
+from agents.runtime.layers.fp8_native import is_native, load_rows, quantize_weight
 
 TOKENS = 32
 BLOCK_SIZE = 16
@@ -109,6 +110,14 @@ def make_probe(path: str, module: nn.Module, config: dict[str, Any], dtype: torc
             fresh = nn.Parameter(torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device=p.device),
                                  requires_grad=False)
             loader = getattr(p, "weight_loader", None)
+            if is_native(p):  # native FP8: drawn per-channel FP8 with its scales (the reference: their product)
+                fresh.fp8_scale = torch.ones_like(p.fp8_scale)
+                for shard in p.shards:
+                    values, scale = quantize_weight(draw_checkpoint_tensor(name, tuple(p.checkpoint_shape(shard)), g))
+                    probe.ckpt[(name, shard)] = values.double() * scale.double()[:, None]
+                    load_rows(p, fresh, values.to(p.device), scale.to(p.device), shard, loader)
+                probe.params[name] = fresh
+                continue
             for shard in getattr(p, "shards", [None]) if loader is not None else [None]:
                 shape = tuple(p.checkpoint_shape(shard)) if loader is not None else tuple(p.shape)
                 value = draw_checkpoint_tensor(name, shape, g).to(p.dtype)
