@@ -16,7 +16,7 @@ LOCKED_ENV_VARS: tuple[str, ...] = (
     "OMP_PLACES", "KMP_AFFINITY", "GOMP_CPU_AFFINITY", "LD_PRELOAD", "MALLOC_ARENA_MAX", "MALLOC_CONF",
     "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "TCMALLOC_RELEASE_RATE", "CUDA_VISIBLE_DEVICES",
     "HIP_VISIBLE_DEVICES", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ATTENTION_BACKEND",
-    "VLLM_USE_V1", "DAY0_DECODE_GRAPH", "TOKENIZERS_PARALLELISM",
+    "VLLM_USE_V1", "TOKENIZERS_PARALLELISM",
 )
 # host facts and package versions of the env section, as they are named there
 HOST_KEYS: tuple[str, ...] = ("device", "device_count", "driver", "cpu_model", "cpu_count", "platform",
