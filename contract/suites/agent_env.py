@@ -100,7 +100,7 @@ class Episode:
         """Apply one model output (the line after ``Action:``); an episode that is done takes no more."""
         if self.done:
             raise ValueError(f"episode {self.seed} is done")
-        line = text.strip().split("\n", 1)[0]
+        line = text.strip().split("\n", 1)[0].replace("\x00", "\ufffd")  # a NUL cannot travel in the portal's JSON
         action, observation = parse(line)
         if action is None:
             self.actions.append(line)

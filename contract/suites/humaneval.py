@@ -50,7 +50,10 @@ def select(limit: int | None, seed: int | None = None) -> list[Problem]:
 
 
 def cut(completion: str) -> str:
-    """The completion up to the first stop sequence (a server may stop late: cut again here)."""
+    """The completion up to the first stop sequence (a server may stop late: cut again here), with NUL characters
+    as U+FFFD: a NUL cannot travel in the portal's JSON or be stored by PostgreSQL, and a random-weight model
+    writes them (byte-fallback tokens). Both sides cut alike, so hashes and programs still compare."""
+    completion = completion.replace("\x00", "\ufffd")
     end = len(completion)
     for stop in STOP:
         at = completion.find(stop)
