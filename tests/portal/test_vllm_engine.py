@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from agents.pipeline.runner import run_pipeline
 from agents.pipeline.support.context import StageContext
 from apps.catalog.engines import BUILTIN, ensure_builtin_engines
 from apps.catalog.models import Engine
 from apps.core import events
+from apps.fleet.models import Agent
 from apps.jobs import dispatch, services
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job
@@ -63,6 +65,7 @@ def _run_job(api_client: Any, model: Any, hardware: Any, token: Any, model_dir: 
     job = JobFactory(model=model, hardware=hardware, state=JobState.QUEUED, spec=spec)
     services.do_dispatch_job(job.pk)  # the portal draws this attempt's challenge
     job.refresh_from_db()
+    assert job.state == JobState.DISPATCHED, job.error  # an agent of the hardware has the engine: not waiting
     services.do_transition_job(job, JobState.RUNNING)
     payload = dispatch.task_payload(Job.objects.get(pk=job.pk))
     ctx = StageContext(model_dir=model_dir, config=json.loads((model_dir / "config.json").read_text()),
@@ -107,6 +110,9 @@ def test_smollm2_on_vllm_reaches_validated_and_a_wrong_rope_theta_fails_align_an
     model, hardware = _reference_run(api_client, real, tmp_path, django_capture_on_commit_callbacks)
     TIMINGS["reference run"] = round(time.monotonic() - started, 1)
     token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
+    # the agent that runs the jobs, online and advertising vLLM (else dispatch waits and draws no challenge)
+    Agent.objects.create(hardware=hardware, hostname="vllm-host", last_heartbeat_at=timezone.now(),
+                         capabilities={"engines": {"vllm": {"path": str(VLLM), "version": "0.32.0"}}})
     figures: dict[str, Any] = {"timings_s": TIMINGS}
 
     # the bundled runtime on the same model × hardware: its own cell beside vLLM's
