@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from agents.pipeline.stages.bench_vllm import run_vllm_benchmark, vllm_client
 from agents.pipeline.support.compiled import requested, skipped
 from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
@@ -40,19 +41,26 @@ def run(ctx: StageContext) -> dict[str, Any]:
     settings = {**DEFAULTS, **{k: v for k, v in ctx.bench.items() if k in DEFAULTS}}
     if isinstance(settings["concurrency"], str):
         settings["concurrency"] = [int(c) for c in settings["concurrency"].split(",")]
-    url = running_server(ctx).url
+    server = running_server(ctx)
+    url = server.url
     keep = "eval" in ctx.state.stages_requested  # the eval stage queries this server next
+    exe = vllm_client(ctx, server)  # vLLM's own client for vLLM's server, when the agent has it
     try:
-        section = run_benchmark(url, **settings)
+        if exe is not None:
+            section = run_vllm_benchmark(ctx, exe, server, settings, lambda level: run_benchmark(
+                url, **{**settings, "concurrency": [level], "long_context": False, "probe": True})["probe"])
+        else:
+            section = run_benchmark(url, **settings)
+            section["client"] = "day0 (agents.runtime.bench)"  # which client measured it
     except (ValueError, RuntimeError, httpx.HTTPError) as exc:
         keep = False
         raise StageFailed(f"benchmark against {url} failed: {exc}") from exc
+    except BaseException:
+        keep = False
+        raise
     finally:
         if not keep:
             stop_server(ctx)  # the bench is the server's last user
-    # which client measured it: the runtime's own, for an external engine too (vLLM's ``vllm bench serve`` is
-    # not driven from a job yet, docs/engines.md)
-    section["client"] = "day0 (agents.runtime.bench)"
     for run in [*section["runs"], *([section["long_context"]] if section.get("long_context") else [])]:
         add_rank_overheads(run)
     ctx.emit("log", "benchmark:\n" + format_table(section))

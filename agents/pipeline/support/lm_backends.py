@@ -25,6 +25,8 @@ from telemetry import tracing
 
 Progress = Callable[[int, int], None]
 
+MAX_STOP = 4  # stop strings an OpenAI-compatible server takes in one request (vLLM refuses more)
+
 
 def _noop(*_: Any) -> None:
     return None
@@ -248,11 +250,12 @@ class ServedLM:
 
     def generate(self, prompts: Sequence[list[int]], max_tokens: int, until: Sequence[str],
                  progress: Progress = _noop, check: Callable[[], None] = _noop) -> list[str]:
-        """Greedy continuations (temperature 0) stopping at ``until``."""
+        """Greedy continuations (temperature 0) stopping at ``until``: the server is sent its first ``MAX_STOP``
+        (the OpenAI API's limit, which vLLM enforces with a 400), and every one of them cuts the text here."""
 
         def one(prompt: list[int]) -> str:
             body = self._post({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                               **({"stop": list(until)} if until else {})})
+                               **({"stop": list(until)[:MAX_STOP]} if until else {})})
             try:
                 return cut_at_stop(str(body["choices"][0]["text"]), until)
             except (KeyError, IndexError, TypeError) as exc:
