@@ -18,7 +18,7 @@ from apps.catalog.models import Engine, Hardware, ModelRelease
 from apps.catalog.selectors import visible_models
 from apps.core.formatting import hours_text, human_bytes, human_count, reached_times
 from apps.dashboards.selectors.jobs import previous_job_ids
-from apps.dashboards.selectors.quality import original_e2e, quality_cost_view, quant_facts
+from apps.dashboards.selectors.quality import is_quantized, original_e2e, quality_cost_view, quant_facts
 from apps.evidence.conformance import conformance_evidence
 from apps.evidence.models import (
     AlignmentLayer,
@@ -319,7 +319,7 @@ def cell_page(actor: Actor, model_slug: str, hardware_slug: str, *, jobs_page: A
     page.quant = quant_facts(model, results)
     original = visible_model(actor, model.quantized_from.slug) if model.quantized_from_id else None
     page.quality_cost = quality_cost_view(original, hardware, results)
-    page.quant_e2e = original_e2e(results)
+    page.quant_e2e = original_e2e(results) if is_quantized(model) else None  # (no query for an unquantised release)
     if model.takes_images:
         page.image_path = image_path_evidence(results.get("serve"), results.get("align"))
     return page

@@ -22,10 +22,15 @@ def _section(result: StageResult | None) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {}
 
 
+def is_quantized(model: ModelRelease) -> bool:
+    """A quantised release: its config names a quantisation, or the catalog links it to its original."""
+    return bool((model.config or {}).get("quantization_config")) or model.quantized_from_id is not None
+
+
 def quant_facts(model: ModelRelease, results: dict[str, StageResult]) -> dict[str, Any] | None:
     """``{format, mode, how, bytes, runtime_bytes, source}`` from the newest load's ``quant`` block (what ran), else
     the plan's (what the planner expects); None for an unquantised release (no query then)."""
-    if not (model.config or {}).get("quantization_config") and model.quantized_from_id is None:
+    if not is_quantized(model):
         return None
     ids = {r.pk: stage for stage, r in results.items() if stage in ("load", "plan")}
     blocks = dict(StageResult.objects.filter(pk__in=list(ids)).values_list("stage", "section__quant"))  # one query
