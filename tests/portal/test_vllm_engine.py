@@ -59,6 +59,8 @@ def _run_job(api_client: Any, model: Any, hardware: Any, token: Any, model_dir: 
              ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """A certify job of ``engine`` (None: the bundled runtime) run by the agent's stages, its sections judged by
     the portal, then settled (succeeded, or failed at its failed stage) as an agent's job is."""
+    # the agent's heartbeat, as a live agent sends it: a job of several minutes would leave it offline otherwise
+    Agent.objects.filter(hardware=hardware).update(last_heartbeat_at=timezone.now())
     spec = {"stages": list(stages), "dtype": "float32", "bench": {**BENCH, "serve_args": serve_args}}
     if engine is not None:
         spec["engine"] = dict(engine)
