@@ -83,13 +83,27 @@ def release_config(model_dir: Path) -> dict[str, Any] | None:
     config from its metadata, plus ``quantization_config: {quant_method: "gguf", type, types}`` where ``type``
     is the GGUF type holding the most 2-D weights' values (the planner counts that format's bytes) and ``types``
     counts every tensor's type. LoadError for an unreadable file or an architecture the runtime lacks."""
-    import gguf
 
     if (model_dir / "config.json").exists():
         return None
     path = gguf_file(model_dir)
     if path is None:
         return None
+    reader, arch, config = _open(path)
+    values: Counter[str] = Counter()
+    for tensor in reader.tensors:
+        if len(tensor.shape) == 2:
+            values[tensor.tensor_type.name] += int(tensor.n_elements)
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    dominant = values.most_common(1)[0][0].lower() if values else "float32"
+    config["quantization_config"] = {"quant_method": "gguf", "type": dominant, "types": dict(sorted(types.items()))}
+    return config
+
+
+def _open(path: Path) -> tuple[Any, str, dict]:
+    """(reader, architecture, config) of a GGUF file of a supported architecture; LoadError naming the file otherwise."""
+    import gguf
+
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as exc:
@@ -99,15 +113,7 @@ def release_config(model_dir: Path) -> dict[str, Any] | None:
     if arch not in GGUF_ARCHITECTURES:
         raise LoadError(f"{path.name}: GGUF architecture {arch!r} is not supported (supported: "
                         f"{', '.join(GGUF_ARCHITECTURES)})")
-    config = read_config(path, GGUF_ARCHITECTURES[arch])
-    values: Counter[str] = Counter()
-    for tensor in reader.tensors:
-        if len(tensor.shape) == 2:
-            values[tensor.tensor_type.name] += int(tensor.n_elements)
-    types = Counter(t.tensor_type.name for t in reader.tensors)
-    dominant = values.most_common(1)[0][0].lower() if values else "float32"
-    config["quantization_config"] = {"quant_method": "gguf", "type": dominant, "types": dict(sorted(types.items()))}
-    return config
+    return reader, arch, read_config(path, GGUF_ARCHITECTURES[arch])
 
 
 def load_gguf(path: Path, *, dtype: torch.dtype, device: str | torch.device = "cpu") -> tuple[Any, dict, dict]:
@@ -119,16 +125,7 @@ def load_gguf(path: Path, *, dtype: torch.dtype, device: str | torch.device = "c
     from agents.runtime.models.registry import build_model
 
     t0 = time.perf_counter()
-    try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, OSError) as exc:
-        raise LoadError(f"{path.name}: not a readable GGUF file: {exc}") from exc
-    arch_field = reader.fields.get("general.architecture")
-    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else None
-    if arch not in GGUF_ARCHITECTURES:
-        raise LoadError(f"{path.name}: GGUF architecture {arch!r} is not supported (supported: "
-                        f"{', '.join(GGUF_ARCHITECTURES)})")
-    config = read_config(path, GGUF_ARCHITECTURES[arch])
+    reader, arch, config = _open(path)
     model = build_model(config, dtype=dtype, device=device)
     declared = declared_tensors(model, config)
     heads = {"attn_q": config["num_attention_heads"],
