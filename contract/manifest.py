@@ -37,6 +37,23 @@ def manifest_mismatches(shards: Sequence[Mapping[str, Any]], manifest: Sequence[
     return out
 
 
+def shard_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a weight file's name (None when it is): a bare file name, no directories (a manifest's
+    names and a load's shards alike)."""
+    if not name or len(name) > 255 or "/" in name or "\\" in name or name in (".", ".."):
+        return "must be a file name without directories (at most 255 characters)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "must be a file name without control characters"
+    return None
+
+
+def sha256_problem(digest: str) -> str | None:
+    """Why ``digest`` is not a sha256 digest (None when it is): 64 hexadecimal digits."""
+    if len(digest) != 64 or not set(digest.lower()) <= _HEX:
+        return "must be 64 hexadecimal digits (a sha256 digest)"
+    return None
+
+
 def check_manifest(value: Any, *, max_files: int = MAX_MANIFEST_FILES) -> list[dict[str, Any]]:
     """A checksum manifest ``[{"name", "size", "sha256"}]`` normalised (lower-case digests); a ValueError
     naming the entry and what is wrong otherwise. ``size`` may be null (unknown)."""
@@ -53,13 +70,13 @@ def check_manifest(value: Any, *, max_files: int = MAX_MANIFEST_FILES) -> list[d
         if unknown:
             raise ValueError(f"{where} has unknown keys {unknown} (expected name, size, sha256)")
         name, size, digest = item.get("name"), item.get("size"), item.get("sha256")
-        if not isinstance(name, str) or not name or len(name) > 255 or "/" in name or "\\" in name or name in (".", ".."):
+        if not isinstance(name, str) or shard_name_problem(name) is not None:
             raise ValueError(f"{where}.name must be a file name without directories (at most 255 characters)")
         if name in seen:
             raise ValueError(f"{where}.name {name!r} is listed twice")
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**63):
             raise ValueError(f"{where}.size ({name}) must be a non-negative integer of bytes or null")
-        if not isinstance(digest, str) or len(digest) != 64 or not set(digest.lower()) <= _HEX:
+        if not isinstance(digest, str) or sha256_problem(digest) is not None:
             raise ValueError(f"{where}.sha256 ({name}) must be 64 hexadecimal digits")
         seen.add(name)
         out.append({"name": name, "size": size, "sha256": digest.lower()})

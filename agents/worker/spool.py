@@ -34,6 +34,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from contract.events import EVENT_MESSAGE_MAX
+
 logger = logging.getLogger(__name__)
 
 # post(job_id, events) -> highest contiguous seq the portal stored; raises on any failure to deliver
@@ -155,7 +157,7 @@ class JobSpool:
             seq = self._next_seq
             self._next_seq += 1
             event = {"seq": seq, "ts": datetime.now(UTC).isoformat(), "stage": stage[:32], "kind": kind[:32],
-                     "level": level, "message": message, "data": data}
+                     "level": level, "message": message[:EVENT_MESSAGE_MAX], "data": data}
             self._file.write(json.dumps(event, default=str) + "\n")
             self._file.flush()  # in the OS page cache: survives the process being killed
             self._dirty = True

@@ -16,6 +16,7 @@ from apps.evidence.services import do_record_stage_results, validate_stage_names
 from apps.jobs.choices import ACTIVE_STATES
 from apps.jobs.models import Job
 from apps.jobs.services import InvalidTransition, check_agent_for_job
+from contract.events import EVENT_MESSAGE_MAX, failed_stage_problem
 
 
 def parse_result_document(doc: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -38,6 +39,11 @@ def parse_result_document(doc: Any) -> tuple[dict[str, dict[str, Any]], dict[str
         for key, value in extra.items():
             if not isinstance(value, str):
                 raise ValidationError({key: "must be a string or null"})
+        if (problem := failed_stage_problem(extra.get("failed_stage", ""))) is not None:
+            raise ValidationError({"failed_stage": problem})
+        if len(extra.get("error", "")) > EVENT_MESSAGE_MAX:
+            raise ValidationError({"error": f"is {len(extra['error'])} characters long; a job's error is at most "
+                                            f"{EVENT_MESSAGE_MAX}"})
         return dict(stages), extra
     raise ValidationError({"detail": "expected {'stage', 'section'} or a stage report with 'stages'"})
 
@@ -107,7 +113,7 @@ def do_record_job_results(job: Job, doc: Any, *, actor: Actor | None = None) -> 
     for result in results:
         result.attempt = attempt
     if extra:
-        Job.objects.filter(pk=job.pk).update(failed_stage=(extra.get("failed_stage") or "")[:32],
+        Job.objects.filter(pk=job.pk).update(failed_stage=extra.get("failed_stage") or "",
                                              error=extra.get("error") or "")
     events.send_now(events.cell_inputs_changed, model_id=job.model_id, hardware_id=job.hardware_id, history=None,
                     reason=f"results of job {job.pk} attempt {attempt}: {', '.join(sorted(sections))}")

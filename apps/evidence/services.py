@@ -40,6 +40,7 @@ from apps.jobs.models import Job
 from apps.references.sections import parse_reference
 from contract import verdicts
 from contract.conformance import ALL_CHECKS
+from contract.manifest import sha256_problem, shard_name_problem
 from contract.quant_cost import problems as quant_cost_problems
 from contract.sections import type_problems
 from contract.tiers import STAGE_ORDER
@@ -83,11 +84,19 @@ def _load(s: dict[str, Any], path: str) -> Saver:
         bytes=p.integer(s, "bytes", path), seconds=p.num(s, "seconds", path), gb_per_s=p.num(s, "gb_per_s", path),
         peak_rss_bytes=p.integer(s, "peak_rss_bytes", path),
     )
-    shards = []
+    shards, names = [], set()
     for i, raw in enumerate(p.arr(s.get("shards"), f"{path}.shards", max_items=MAX_SHARDS)):
         row = p.obj(raw, f"{path}.shards[{i}]")
-        shards.append(ShardChecksum(file=p.text(row, "file", f"{path}.shards[{i}]", required=True),
-                                    sha256=p.text(row, "sha256", f"{path}.shards[{i}]", max_length=64)))
+        at = f"{path}.shards[{i}]"
+        name, digest = p.text(row, "file", at, required=True), p.text(row, "sha256", at, max_length=64)
+        if (problem := shard_name_problem(name)) is not None:  # as a manifest's names: staff may settle on them
+            raise p.fail(f"{at}.file", problem)
+        if digest and (problem := sha256_problem(digest)) is not None:
+            raise p.fail(f"{at}.sha256", problem)
+        if name in names:
+            raise p.fail(f"{at}.file", f"{name!r} is listed twice")
+        names.add(name)
+        shards.append(ShardChecksum(file=name, sha256=digest))
     problems = []
     for i, raw in enumerate(p.arr(s.get("problems"), f"{path}.problems", max_items=MAX_LOAD_PROBLEMS)):
         row = p.obj(raw, f"{path}.problems[{i}]")

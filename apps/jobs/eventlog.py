@@ -17,6 +17,7 @@ from apps.core.validators import as_utc
 from apps.jobs.choices import EventLevel
 from apps.jobs.events import JobEventPayload, broadcast_job_events
 from apps.jobs.models import Job, JobEvent
+from contract.events import EVENT_MESSAGE_MAX, EVENT_NAME_MAX, KIND_CHARACTERS, event_stages
 
 EVENT_LEVELS = frozenset(EventLevel.values)
 
@@ -56,12 +57,16 @@ def parse_event_batch(raw: Any, *, max_events: int) -> list[dict[str, Any]]:
         if level not in EVENT_LEVELS:
             raise ValidationError({f"{at}.level": f"must be one of {', '.join(sorted(EVENT_LEVELS))}"})
         kind, stage, message = item.get("kind"), item.get("stage") or "", item.get("message") or ""
-        if not isinstance(kind, str) or not kind or len(kind) > 32:
-            raise ValidationError({f"{at}.kind": "must be a non-empty string of at most 32 characters"})
-        if not isinstance(stage, str) or len(stage) > 32:
-            raise ValidationError({f"{at}.stage": "must be a string of at most 32 characters"})
+        if not isinstance(kind, str) or not kind or len(kind) > EVENT_NAME_MAX or not set(kind) <= KIND_CHARACTERS:
+            raise ValidationError({f"{at}.kind": f"must be a non-empty name of at most {EVENT_NAME_MAX} letters, "
+                                                 "digits, '_', '-' or '.'"})
+        if not isinstance(stage, str) or len(stage) > EVENT_NAME_MAX:
+            raise ValidationError({f"{at}.stage": f"must be a string of at most {EVENT_NAME_MAX} characters"})
         if not isinstance(message, str):
             raise ValidationError({f"{at}.message": "must be a string"})
+        if len(message) > EVENT_MESSAGE_MAX:
+            raise ValidationError({f"{at}.message": f"is {len(message)} characters long; an event's message is at "
+                                                    f"most {EVENT_MESSAGE_MAX}"})
         data = item.get("data")
         if data is not None and not isinstance(data, dict):
             raise ValidationError({f"{at}.data": "must be an object or null"})
@@ -78,6 +83,17 @@ FROM jsonb_to_recordset(%s::jsonb)
 ON CONFLICT (job_id, node, seq) DO NOTHING
 RETURNING seq
 """
+
+
+def check_event_stages(job: Job, events: list[dict[str, Any]]) -> None:
+    """Each event names a stage of ``job`` (``contract.events.event_stages``) or none: a stage the job never asked
+    for cannot appear on its page as run."""
+    allowed = event_stages(job.stages)
+    for i, event in enumerate(events):
+        if event["stage"] not in allowed:
+            shown = sorted(s for s in allowed if s)
+            raise ValidationError({f"events[{i}].stage": f"{event['stage']!r} is not a stage of job {job.pk} "
+                                                         f"(its stages: {', '.join(shown)}; or none)"})
 
 
 def _insert_events(job_id: int, events: list[dict[str, Any]]) -> set[int]:

@@ -225,6 +225,15 @@ def check_agent_for_job(actor: Actor, job: Job, *, reporting: bool = False) -> N
             raise PermissionDenied(f"job {job.pk} is run by agent {job.agent_id}, registered with another token")
 
 
+def check_event_log_open(job: Job) -> None:
+    """A job's agent flushes its events before it reports the job succeeded or failed, so the log of a job in
+    either state is closed (409). A cancelled or lost job's is not: the portal ended it while its agent ran, and
+    the agent's last lines still arrive."""
+    if job.state in (JobState.SUCCEEDED, JobState.FAILED):
+        raise InvalidTransition(f"job {job.pk} is {job.state}: its event log is closed (an agent posts its events "
+                                "before it reports the job's final state)")
+
+
 AGENT_STATES = (JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED)
 
 

@@ -7,6 +7,7 @@ from rest_framework import serializers
 from apps.catalog.choices import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.selectors import engine_label, job_waiting_reason
+from contract.events import failed_stage_problem
 from contract.planner.memory import ALIASES as DTYPE_ALIASES
 from contract.thresholds import check_thresholds, looser_keys
 from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
@@ -200,6 +201,12 @@ class JobStateSerializer(serializers.Serializer):
     error = serializers.CharField(required=False, allow_blank=True, max_length=100_000)
     agent = serializers.IntegerField(required=False, allow_null=True)
     attempt = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)
+
+    def validate_failed_stage(self, value: str) -> str:
+        problem = failed_stage_problem(value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
+        return value
 
 
 def _bound(value: float) -> str:
