@@ -38,7 +38,8 @@ def judging_context(job: Job, sections: dict[str, dict[str, Any]] | None = None)
         else None,
         hardware=verdicts.HardwareFacts(memory_bytes=hardware.memory_bytes, devices_per_node=hardware.devices_per_node,
                                         shared_memory=hardware.shared_memory, dtypes=tuple(hardware.dtypes or ()),
-                                        memory_bandwidth_gbps=hardware.memory_bandwidth_gbps),
+                                        memory_bandwidth_gbps=hardware.memory_bandwidth_gbps,
+                                        owned=hardware.organization_id is not None),
         dtype=job.spec.get("dtype") or "auto", **physics,
         challenge=challenge_judge(job),  # the portal judges e2e and eval from its own scores
         engine=(job.spec.get("engine") or {}).get("name") if isinstance(job.spec.get("engine"), dict) else None,

@@ -43,6 +43,9 @@ class HardwareFacts:
     shared_memory: bool = False
     dtypes: Sequence[str] = ()
     memory_bandwidth_gbps: float | None = None  # per device, the spec sheet's; None: unknown (no TPOT floor)
+    # an organization's own hardware (its spec is its owner's word): a bench there is held to a stated bandwidth,
+    # so clearing it cannot lift the physics floor; a shared entry operated by staff may state none (a note)
+    owned: bool = False
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,11 @@ def _floor(v: Verdict, s: Mapping[str, Any], ctx: Context, asked: Mapping[str, A
     hw = ctx.hardware
     bandwidth = _number(hw.memory_bandwidth_gbps) if hw is not None else None
     if bandwidth is None or bandwidth <= 0:
-        v.note("TPOT floor not checked: the hardware states no memory bandwidth")
+        if hw is not None and hw.owned:
+            v.missing("the hardware states no memory bandwidth, so the TPOT floor cannot be checked (its owner "
+                      "sets memory_bandwidth_gbps)")
+        else:
+            v.note("TPOT floor not checked: the hardware states no memory bandwidth")
         return None
     if not ctx.model.config:
         v.note("TPOT floor not checked: the model's config is not known")

@@ -11,7 +11,9 @@ import pytest
 from agents.worker.client import PortalClient
 from agents.worker.spool import JobSpool, SpoolSender
 from apps.accounts.choices import Scope
+from apps.jobs.eventlog import parse_event_batch
 from apps.jobs.models import Job, JobEvent
+from contract.events import EVENT_MESSAGE_MAX
 from tests.agents.conftest import PortalProcess
 from tests.factories import JobFactory, make_token
 
@@ -39,6 +41,17 @@ def test_spool_file_survives_a_restart_and_continues_the_seq(tmp_path: Path) -> 
     reopened.close(remove_if_acked=False)
     assert [e["seq"] for e in JobSpool(tmp_path, 7).pending(100)] == [3, 4, 5, 6]  # not glued to the torn line
     assert JobSpool(tmp_path, 7, portal_acked=10).append(stage="", kind="log", message="x") == 11  # portal knows more
+
+
+def test_a_message_longer_than_the_portal_takes_is_cut_to_its_bound(tmp_path: Path) -> None:
+    """The portal refuses an event message past ``EVENT_MESSAGE_MAX`` (a batch it refuses stops the sender), so the
+    spool cuts a longer one (a long traceback) to the bound instead of losing the log."""
+    spool = JobSpool(tmp_path, 8)
+    spool.append(stage="load", kind="log", message="x" * (EVENT_MESSAGE_MAX + 10))
+    (event,) = spool.pending(10)
+    assert len(event["message"]) == EVENT_MESSAGE_MAX
+    assert parse_event_batch([event], max_events=1)[0]["message"] == event["message"]
+    spool.close(remove_if_acked=False)
 
 
 @pytest.mark.parametrize("outage_seconds", [2, pytest.param(10, marks=pytest.mark.slow)])

@@ -10,6 +10,7 @@ from apps.accounts.models import Organization
 from apps.catalog.choices import DTYPE_NAMES, Visibility
 from apps.catalog.models import Hardware, ModelRelease
 from apps.catalog.services import model_fields_from_config
+from contract.hardware import MAX_MEMORY_BANDWIDTH_GBPS
 from contract.manifest import check_manifest
 
 # What the loads of a release say about its weights' digests, read from load evidence by the evidence app (it sits
@@ -162,4 +163,9 @@ class HardwareSerializer(serializers.ModelSerializer):
         for name in ("intra_node_gbps", "inter_node_gbps", "memory_bandwidth_gbps"):
             if (attrs.get(name) or 0) < 0:
                 raise serializers.ValidationError({name: "must not be negative"})
+        bandwidth = attrs.get("memory_bandwidth_gbps")
+        if bandwidth is not None and not 0 < bandwidth <= MAX_MEMORY_BANDWIDTH_GBPS:
+            raise serializers.ValidationError({"memory_bandwidth_gbps": (
+                f"{bandwidth:g} GB/s is not a device's memory bandwidth: give one above 0 and at most "
+                f"{MAX_MEMORY_BANDWIDTH_GBPS:g} GB/s (the bench's physics floor is read from it), or null")})
         return attrs
