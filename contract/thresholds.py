@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 # Bump when a default or a range changes: stored with every verdict so old verdicts say what they used.
-DEFAULTS_VERSION = "2026.12.6"
+DEFAULTS_VERSION = "2026.12.7"  # .7: a bench on owned hardware without a memory bandwidth is incomplete
 
 
 @dataclass(frozen=True)

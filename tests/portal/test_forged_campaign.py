@@ -12,6 +12,7 @@ import pytest
 from apps.accounts.choices import Role
 from apps.catalog.models import Hardware
 from apps.evidence.models import StageResult
+from apps.fleet.models import Agent
 from apps.jobs.choices import JobState
 from apps.jobs.models import Job, JobEvent
 from apps.matrix.models import Cell
@@ -182,3 +183,19 @@ def test_clearing_its_own_hardwares_bandwidth_does_not_lift_the_physics_floor(ap
     assert ("bench: the hardware states no memory bandwidth, so the TPOT floor cannot be checked (its owner sets "
             "memory_bandwidth_gbps)") in stored["reasons"]
     assert body["cell"]["tier"] == 4 and _tier(model, hardware) == 4
+
+
+def test_an_agents_capabilities_or_versions_past_64_kib_are_400_and_not_stored(api_client, cell) -> None:
+    """Every agent list and every dispatch reads them: a forger's 5 MB blob is refused, naming the field."""
+    _, hardware, token = cell
+    blob = {"x": "c" * 70_000}
+    url = "/api/v1/agents/"
+    response = api_client.post(url, {"hostname": "big", "hardware": hardware.slug, "capabilities": blob},
+                               format="json", **auth(token))
+    assert response.status_code == 400 and "at most 65536 are stored" in str(response.json()["capabilities"])
+    assert not Agent.objects.filter(hostname="big").exists()
+    agent = api_client.post(url, {"hostname": "node-1", "hardware": hardware.slug, "capabilities": {"devices": 8}},
+                            format="json", **auth(token)).json()
+    response = api_client.post(f"{url}{agent['id']}/heartbeat/", {"versions": blob}, format="json", **auth(token))
+    assert response.status_code == 400 and "at most 65536 are stored" in str(response.json()["versions"])
+    assert Agent.objects.get(pk=agent["id"]).versions == {}
