@@ -11,14 +11,16 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from django.test import Client
 
 from agents.runtime.testing.make_model import cached_model
 from apps.accounts.choices import Scope
 from apps.evidence.models import StageResult
 from apps.jobs.models import Job, JobEvent
 from apps.matrix.models import Cell
+from apps.references.models import ReferenceRun, ReferenceState
 from tests.agents.conftest import model_config, unique_slug, wait_for
-from tests.factories import HardwareFactory, ModelReleaseFactory, OrganizationFactory, make_token
+from tests.factories import HardwareFactory, ModelReleaseFactory, OrganizationFactory, UserFactory, make_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -130,6 +132,22 @@ def test_cancel_reaches_a_running_agent(portal, start_agent, cell) -> None:  # n
 
 @pytest.mark.slow
 def test_every_stage_of_a_tiny_model_job_reaches_baselined(portal, start_agent, cell) -> None:  # noqa: ANN001
+    # align is scored against the portal's own reference: staff queue the release's reference run on reference
+    # hardware, whose agent answers the whole challenge pool with transformers fp32 on the true weights
+    reference_hw = HardwareFactory(slug=unique_slug("ref"), memory_bytes=8 * 10**9, devices_per_node=1,
+                                   dtypes=["float32", "bfloat16"], reference=True)
+    reference_agent = make_token(organization=OrganizationFactory(slug=unique_slug("ref-org")), scopes=[Scope.AGENT],
+                                 hardware=reference_hw, name="reference agent")
+    staff = Client()
+    staff.force_login(UserFactory(is_staff=True))
+    queued = staff.post(f"/api/v1/models/{cell.model.slug}/reference/",
+                        {"model_path": str(cell.models_dir / cell.model.slug)}, content_type="application/json")
+    assert queued.status_code == 201, queued.content
+    run_id = queued.json()["id"]
+    referee = start_agent(reference_hw.slug, reference_agent.secret, models_dir=cell.models_dir)
+    wait_for(lambda: ReferenceRun.objects.get(pk=run_id).state != ReferenceState.QUEUED, 600,
+             "the reference run to finish", referee)
+    assert ReferenceRun.objects.get(pk=run_id).state == ReferenceState.FINISHED, ReferenceRun.objects.get(pk=run_id).error
     stages = ["plan", "load", "inventory", "align", "serve", "bench", "env"]
     job_id = submit(portal.url, cell, stages)
     agent = start_agent(cell.hardware.slug, cell.agent.secret, models_dir=cell.models_dir)
