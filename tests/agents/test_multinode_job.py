@@ -20,6 +20,7 @@ from tests.factories import HardwareFactory, ModelReleaseFactory, OrganizationFa
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.slow
 def test_a_two_node_job_runs_on_two_agents_and_node_0_reports_every_rank(portal, start_agent,
                                                                           tmp_path: Path) -> None:  # noqa: ANN001
     model_dir = cached_model("llama")

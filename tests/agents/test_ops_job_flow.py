@@ -42,6 +42,7 @@ def traced_portal(django_db_setup, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_job_moves_the_portal_counters_and_leaves_one_trace(traced_portal, start_agent, cell) -> None:  # noqa: ANN001, F811
     portal, folder = traced_portal
     slug = cell.hardware.slug

@@ -50,7 +50,7 @@ def test_seeds_jobs_lead_times_history_and_a_detectable_regression():
     assert Job.objects.filter(spec__seeded=True).count() < 41
 
 
-@pytest.mark.parametrize("hour", [0, 1, 3, 23])
+@pytest.mark.parametrize("hour", [0, *(pytest.param(h, marks=pytest.mark.slow) for h in (1, 3, 23))])
 def test_the_history_has_as_many_daily_runs_as_days_at_any_hour_of_seeding(hour):
     """The daily runs start at 02:00: seeded before 02:00 the first run is the day before, not one day lost."""
     from datetime import UTC, datetime, timedelta

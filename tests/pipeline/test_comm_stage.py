@@ -14,6 +14,7 @@ from agents.pipeline.support.context import StageContext
 from agents.pipeline.support.errors import StageFailed
 
 
+@pytest.mark.slow
 def test_the_stage_reports_the_tp_layouts_collectives_in_the_contracts_keys(tmp_path: Path) -> None:
     ctx = StageContext(model_dir=None, config={"architectures": ["LlamaForCausalLM"]},
                        hardware={"slug": "cpu", "dtypes": ["float32", "bfloat16"]}, tp=2, workdir=tmp_path,

@@ -36,6 +36,7 @@ def test_an_integer_release_plans_loads_and_aligns_emulated(fmt: str, tmp_path: 
     assert all(row["cosine"] > 0.9999 for row in align["layers"])
 
 
+@pytest.mark.slow
 def test_a_gguf_only_directory_is_planned_in_its_own_format() -> None:
     from agents.runtime.testing.real_models import real_gguf_release
 

@@ -35,6 +35,7 @@ def _copy_with(model_dir: Path, out: Path, config: dict[str, Any] | None = None)
     return out
 
 
+@pytest.mark.slow
 def test_eval_on_the_real_model_passes_with_both_sides_on_every_task(make_ctx, smollm2, tmp_path) -> None:  # noqa: F811
     ctx, log = make_ctx(smollm2, bench=SMALL, workdir=tmp_path)
     torch.set_num_threads(2)
@@ -59,6 +60,7 @@ def test_eval_on_the_real_model_passes_with_both_sides_on_every_task(make_ctx, s
     assert any(m.startswith("eval needle reference") for m in progress)
 
 
+@pytest.mark.slow
 def test_eval_fails_naming_the_task_when_the_served_target_has_a_wrong_rope_theta(
         make_ctx, smollm2, tmp_path) -> None:  # noqa: F811
     config = json.loads((smollm2 / "config.json").read_text())

@@ -87,6 +87,7 @@ def _greedy(url: str) -> list[str]:
     return texts
 
 
+@pytest.mark.slow
 def test_serve_at_tp2_answers_the_text_path_with_tp1_greedy_output(make_ctx, tmp_path):
     outputs = {}
     for tp in (2, 1):

@@ -57,6 +57,7 @@ def test_day0_demo_serves_the_seed_catalog_on_the_embedded_default(tmp_path) -> 
             process.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_day0_demo_adapts_a_tiny_moe_end_to_end_and_prints_the_tier(tmp_path) -> None:
     """The README's first command: portal, portal worker and a CPU agent on the embedded default; the tiny MoE

@@ -109,6 +109,7 @@ def _reference_run(api_client: Any, model_dir: Path, tmp_path: Path, capture: An
     return model, HardwareFactory()
 
 
+@pytest.mark.slow
 def test_a_wrong_rope_theta_fails_align_by_the_portals_scores(api_client, sharp_llama, tmp_path,  # noqa: F811
                                                               django_capture_on_commit_callbacks) -> None:
     model, vendor_hw = _reference_run(api_client, sharp_llama, tmp_path, django_capture_on_commit_callbacks)

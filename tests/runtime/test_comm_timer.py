@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from agents.runtime.distributed import COMM_TIMER, CommTimer, all_gather, all_reduce, launch
@@ -30,6 +31,7 @@ def _steps() -> dict[str, Any]:
     return {"untimed": untimed, "timed": timed}
 
 
+@pytest.mark.slow
 def test_each_rank_times_its_collectives_within_its_steps() -> None:
     for rank in launch(_steps, 2, timeout=120):
         assert rank["untimed"]["steps"] == 0 and rank["untimed"]["comm_seconds"] == 0.0  # off: nothing counted

@@ -57,6 +57,7 @@ def _first_compile(cache) -> dict:
     return first
 
 
+@pytest.mark.slow
 def test_a_fresh_process_compiles_one_region_and_its_tokens_equal_eager(tmp_path):
     _first_compile(tmp_path / "compile-cache")
 

@@ -194,6 +194,7 @@ def _rank_logits(model_dir: str, lengths: list[int], vocab: int) -> torch.Tensor
 )
 @pytest.mark.parametrize("layout", [{"tp_size": 2, "ep_size": 1}, {"tp_size": 1, "ep_size": 2}],
                          ids=["tp2", "ep2"])
+@pytest.mark.slow
 def test_tensor_and_expert_parallel_match_a_single_process(variant, layout, tmp_path) -> None:  # noqa: ANN001
     """Two gloo processes: TP splits heads, dense and shared-expert intermediates and the vocab; EP splits the
     routed experts. Prefill logits and a paged decode step equal the single-process run."""

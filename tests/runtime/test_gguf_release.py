@@ -33,6 +33,7 @@ def test_the_release_is_only_the_pinned_gguf(release) -> None:
     assert [p.name for p in release.iterdir()] == [REAL_MODELS["smollm2-135m"].member.split("/")[-1]]
 
 
+@pytest.mark.slow
 def test_loaded_emulated_with_the_bytes_it_takes(loaded, release) -> None:
     report = loaded.report
     assert report["ok"] and report["path"] == "native" and report["architecture"] == "LlamaForCausalLM"
@@ -45,6 +46,7 @@ def test_loaded_emulated_with_the_bytes_it_takes(loaded, release) -> None:
     assert quant["bytes"] <= report["bytes"] and quant["runtime_bytes"] > 5 * quant["bytes"]
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_transformers_gguf_loader_in_fp32(loaded, release) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -69,6 +71,7 @@ def test_unpermute_inverts_llama_cpp_rope_permutation() -> None:
     assert hf_name("blk.3.ssm_a") is None
 
 
+@pytest.mark.slow
 def test_a_quant_type_the_runtime_cannot_take_is_refused_naming_tensor_and_format(release, tmp_path) -> None:
     import gguf
 

@@ -79,6 +79,7 @@ def test_without_a_compiler_or_a_prebuilt_library_the_torch_code_runs(tmp_path):
     assert got["close"] is None  # the wrapper said None: the caller runs its torch code
 
 
+@pytest.mark.slow
 def test_a_prebuilt_library_of_another_abi_version_is_refused(tmp_path):
     lib = _variant(tmp_path, "abi", ("#define DAY0_ABI_VERSION 8", "#define DAY0_ABI_VERSION 99"))
     assert abi.mismatch(ctypes.CDLL(str(lib))) == f"the library has ABI version 99, the Python mirror {abi.ABI_VERSION}"

@@ -46,10 +46,11 @@ NARROWER = {  # compiler flags -> the width they build, where the host has a wid
 }
 
 
+@pytest.mark.slow
 @needs_kernels
 @pytest.mark.skipif(os.environ.get("DAY0_KERNEL_CFLAGS") is not None, reason="already a narrower build")
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 widths")
-@pytest.mark.parametrize("width", [pytest.param(4, marks=pytest.mark.slow), 8])  # SSE / NEON-sized: rarer hosts
+@pytest.mark.parametrize("width", [4, 8])  # SSE / NEON-sized: rarer hosts
 def test_every_kernel_at_a_narrower_vector_width(width, tmp_path):
     """A hypervisor or an older core can hide AVX-512 (or AVX2): the same source built for that width passes
     every kernel test file. Built into its own cache here, from the host's flags minus the wider units."""

@@ -21,6 +21,7 @@ from tests.runtime.served import wait_until_ready
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_a_pp2_moe_server_reports_every_ranks_overhead_and_every_stages_experts(tmp_path):
     model_dir = cached_model("qwen3-moe")
     layers = json.loads((model_dir / "config.json").read_text())["num_hidden_layers"]

@@ -47,6 +47,7 @@ def test_the_runtime_loads_it_strictly_on_the_native_path(pair) -> None:
     assert 134_000_000 < sum(p.numel() for p in result.model.parameters()) < 135_000_000
 
 
+@pytest.mark.slow
 def test_logits_and_greedy_tokens_equal_transformers_in_fp32(pair) -> None:
     from agents.runtime.context import ForwardContext
 

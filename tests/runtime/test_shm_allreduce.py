@@ -47,6 +47,7 @@ def test_the_ranks_of_one_host_sum_through_shared_memory_in_rank_order():
     assert [d for _, d in per_rank[0]["sums"]] == [d for _, d in per_rank[1]["sums"]]  # the same bits
 
 
+@pytest.mark.slow
 def test_three_ranks_and_gloo_when_it_is_turned_off(monkeypatch):
     assert all(r["shm"] and all(eq for eq, _ in r["sums"]) for r in launch(sums, 3, timeout=120))
     monkeypatch.setenv("DAY0_SHM_ALLREDUCE", "0")
@@ -80,6 +81,7 @@ def peer_abandons() -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_a_peer_that_is_gone_or_abandoned_ends_the_wait_with_an_error():
     left = launch(peer_leaves, 2, timeout=60)[0]
     assert left.startswith("all-reduce: rank 1 is gone"), left
@@ -115,6 +117,7 @@ def shm_fails(where: str) -> dict:
     return {"shm": shm_allreduce.active() is not None, "left": left, "sum": torch.equal(got, expected)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["reserve", "map"])
 def test_a_segment_that_cannot_be_made_or_mapped_falls_back_to_gloo_on_every_rank(where):
     per_rank = launch(shm_fails, 2, where, timeout=120)

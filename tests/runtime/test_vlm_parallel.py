@@ -118,6 +118,7 @@ def _check(per_rank: list[dict], single: tuple, layout: tuple[int, int], request
         assert encoded == (images if first else 0), (rank, layout)
 
 
+@pytest.mark.slow
 def test_llava_under_tp_2_and_pp_2_matches_a_single_process(model_dir, requests, single) -> None:
     layouts = [(2, 1), (1, 2)]
     per_rank = launch(run_layouts, 2, layouts, model_dir, requests, timeout=600)
