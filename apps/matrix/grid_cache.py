@@ -2,7 +2,7 @@
 
 A key holds the viewer's *scope* and a digest of everything else the output depends on (filters, page, the
 viewer's open regression flags); an entry holds the matrix *version* it was built under. The version is one
-integer in the cache, replaced whenever a cell, a model or a hardware changes (``matrix_changed``: at the write
+integer in the cache, replaced whenever a cell, a model, a hardware or an engine changes (``matrix_changed``: at the write
 and again once its transaction commits, so a reader that raced the write cannot keep its stale render under the
 new version); an entry of another version is a miss and is rebuilt in place. The scope is what decides which rows exist for a viewer: every model for staff, else the
 public ones plus those of the viewer's organizations — two viewers share an entry only when they see the same
@@ -160,6 +160,6 @@ def cached_pieces(kind: str, actor: Actor, parts: Any, build: Callable[[], list[
 
 
 def on_catalog_change(sender: type, **kwargs: Any) -> None:  # noqa: ARG001 - a signal receiver
-    """``post_save``/``post_delete`` of a model or a hardware: names, release times, visibility and configs show
-    in the grid."""
+    """``post_save``/``post_delete`` of a model, a hardware, an engine or a cell: names, release times, visibility,
+    configs and which engine's cell ranks best show in the grid."""
     matrix_changed()
