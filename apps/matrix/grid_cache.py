@@ -2,10 +2,11 @@
 
 A key holds the viewer's *scope* and a digest of everything else the output depends on (filters, page, the
 viewer's open regression flags); an entry holds the matrix *version* it was built under. The version is one
-integer in the cache, replaced whenever a cell, a model, a hardware or an engine changes (``matrix_changed``: at the write
-and again once its transaction commits, so a reader that raced the write cannot keep its stale render under the
-new version); an entry of another version is a miss and is rebuilt in place. The scope is what decides which rows exist for a viewer: every model for staff, else the
-public ones plus those of the viewer's organizations — two viewers share an entry only when they see the same
+integer in the cache, replaced whenever a cell, a model, a hardware or an engine changes (``matrix_changed``: at
+the write and again once its transaction commits, so a reader that raced the write cannot keep its stale render
+under the new version); an entry of another version is a miss and is rebuilt in place. The scope is what decides
+which rows exist for a viewer: every model for staff, else the public ones plus those of the viewer's
+organizations — two viewers share an entry only when they see the same
 rows. An embargo that ends changes what the public sees without a write, so an entry for a non-staff viewer
 expires no later than the next embargo's end."""
 
