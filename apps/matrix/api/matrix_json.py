@@ -22,7 +22,14 @@ from apps.catalog.engines import parse_engine_filter
 from apps.catalog.models import Engine, Hardware, ModelRelease
 from apps.matrix.grid_cache import Piece, piece
 from apps.matrix.models import Cell
-from apps.matrix.selectors import MatrixFilters, build_matrix, build_matrix_page, engine_rank, page_of, select_rows
+from apps.matrix.selectors import (
+    MatrixFilters,
+    build_matrix,
+    build_matrix_page,
+    engine_rank,
+    page_of,
+    select_row_values,
+)
 from contract.tiers import TIER_NAMES
 
 
@@ -51,10 +58,23 @@ def _hardware(h: Hardware) -> dict[str, Any]:
             "devices_per_node": h.devices_per_node}
 
 
+# the keys of a model row (``matrix_data``) and the columns they come from (``select_row_values``)
+_MODEL_KEYS = ("slug", "name", "organization", "architecture", "family", "params_total", "params_active",
+               "released_at")
+_MODEL_FIELDS = ("slug", "name", "organization__slug", "architecture", "family", "params_total", "params_active",
+                 "released_at")
+
+
 def _model(m: ModelRelease) -> dict[str, Any]:
-    return {"slug": m.slug, "name": m.name, "organization": m.organization.slug, "architecture": m.architecture,
-            "family": m.family, "params_total": m.params_total, "params_active": m.params_active,
-            "released_at": m.released_at.isoformat() if m.released_at else None}
+    return _model_keys((m.slug, m.name, m.organization.slug, m.architecture, m.family, m.params_total,
+                        m.params_active, m.released_at))
+
+
+def _model_keys(values: tuple[Any, ...]) -> dict[str, Any]:
+    """A model row's own keys from its ``_MODEL_FIELDS`` values."""
+    row = dict(zip(_MODEL_KEYS, values, strict=True))
+    row["released_at"] = row["released_at"].isoformat() if row["released_at"] else None
+    return row
 
 
 def _dumps(value: Any) -> str:
@@ -133,20 +153,20 @@ def _row_set(key: RowKey) -> dict[int, Row]:
         return rows
 
 
-def _row_pieces(models: list[ModelRelease], hardware: list[Hardware], by_hardware: bool,
+def _row_pieces(models: list[tuple[Any, ...]], hardware: list[Hardware], by_hardware: bool,
                 engine: tuple[str, str | None] | None) -> list[Piece]:
     """Each model's row, ``{…model…,"cells":{"hardware slug":cell,…}}``, in two queries whatever the cells: the
     rows' versions, then the cells of the rows not kept in this process under the same versions (on a warm
     process, the rows whose cells changed; every row on the first request; no query when none changed). A row's
     cells are only reused for the very cells, engines and columns they were built from; its model's own keys
     are written at every request and the row rebuilt (not re-read) when they differ."""
-    params: list[Any] = [[m.pk for m in models], *([[h.pk for h in hardware]] if by_hardware else [])]
+    params: list[Any] = [[m[0] for m in models], *([[h.pk for h in hardware]] if by_hardware else [])]
     with connection.cursor() as cursor:
         cursor.execute(_versions_sql(by_hardware), params)
         versions: dict[int | None, str] = dict(cursor.fetchall())
         columns = tuple((h.pk, h.slug) for h in hardware)
         rows = _row_set((str(connection.settings_dict.get("NAME")), engine, columns, versions.pop(None, None) or ""))
-        stale = [m.pk for m in models if (kept := rows.get(m.pk)) is None or kept[0] != versions.get(m.pk, "")]
+        stale = [m[0] for m in models if (kept := rows.get(m[0])) is None or kept[0] != versions.get(m[0], "")]
         cells: list[Fragment] = []
         if stale:
             cursor.execute(_cells_sql(_where(by_hardware)), [*(_dumps(n) for n in TIER_NAMES.values()), stale,
@@ -162,16 +182,16 @@ def _row_pieces(models: list[ModelRelease], hardware: list[Hardware], by_hardwar
             row = texts.get(model_id, {})
             built[model_id] = ",".join(map(str.__add__, keys, [row.get(h, "null") for h, _ in columns])).encode()
     out = []
-    for m in models:
-        head = f'{_dumps(_model(m))[:-1]},"cells":{{'.encode()
-        kept = rows.get(m.pk)
-        if (body := built.get(m.pk)) is None and kept is not None:
+    for model_id, *values in models:
+        head = f'{_dumps(_model_keys(values))[:-1]},"cells":{{'.encode()
+        kept = rows.get(model_id)
+        if (body := built.get(model_id)) is None and kept is not None:
             if kept[2].data[:kept[1]] == head:
                 out.append(kept[2])
                 continue
             body = kept[2].data[kept[1]:-2]  # the model's own keys changed (a rename): its cells did not
-        rows[m.pk] = (versions.get(m.pk, ""), len(head), piece(head + body + b"}}"))
-        out.append(rows[m.pk][2])
+        rows[model_id] = (versions.get(model_id, ""), len(head), piece(head + body + b"}}"))
+        out.append(rows[model_id][2])
     return out
 
 
@@ -206,7 +226,7 @@ def matrix_pieces(actor: Actor, filters: MatrixFilters, number: int | None, size
     models, the rows' versions, the cells of the rows that changed (none changed: no query)."""
     if connection.vendor != "postgresql":
         return [piece(JSONRenderer().render(matrix_data(actor, filters, number, size)))]
-    hardware, models = select_rows(actor, filters)
+    hardware, models = select_row_values(actor, filters, *_MODEL_FIELDS)
     page = None
     if number is not None:
         count = len(models)
