@@ -84,9 +84,10 @@ def _dumps(value: Any) -> str:
 # a timestamp as Python's isoformat() writes an aware UTC datetime, quoted (microseconds only when there are some)
 _ISO = ("COALESCE('\"' || replace(to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'), '.000000', '') "
         "|| '+00:00\"', 'null')")
-# per process: each model row's JSON (``_row_set``): the cells' versions, the length of the model's own keys, the row
+# per process: each model row's JSON (``_row_set``): its cells' versions, the model's values (``_MODEL_FIELDS``), the
+# length of the model's own keys in the row's text, the row
 RowKey = tuple[str, tuple[str, str | None] | None, tuple[tuple[int, str], ...], str]  # db, engine, columns, engines
-Row = tuple[str, int, Piece]
+Row = tuple[str, list[Any], int, Piece]
 _ROWS: OrderedDict[RowKey, dict[int, Row]] = OrderedDict()
 _MAX_SETS = 16  # filter sets (engine × vendor columns) kept: ~3.7 MB each at 200 models × 40 hardware
 _MAX_ROWS = 20_000  # rows in one set (models deleted, rows never listed again): cleared past it
@@ -159,7 +160,8 @@ def _row_pieces(models: list[tuple[Any, ...]], hardware: list[Hardware], by_hard
     rows' versions, then the cells of the rows not kept in this process under the same versions (on a warm
     process, the rows whose cells changed; every row on the first request; no query when none changed). A row's
     cells are only reused for the very cells, engines and columns they were built from; its model's own keys
-    are written at every request and the row rebuilt (not re-read) when they differ."""
+    are compared at every request (the values of ``_MODEL_FIELDS``) and the row rebuilt (not re-read) when they
+    differ."""
     params: list[Any] = [[m[0] for m in models], *([[h.pk for h in hardware]] if by_hardware else [])]
     with connection.cursor() as cursor:
         cursor.execute(_versions_sql(by_hardware), params)
@@ -183,15 +185,15 @@ def _row_pieces(models: list[tuple[Any, ...]], hardware: list[Hardware], by_hard
             built[model_id] = ",".join(map(str.__add__, keys, [row.get(h, "null") for h, _ in columns])).encode()
     out = []
     for model_id, *values in models:
-        head = f'{_dumps(_model_keys(values))[:-1]},"cells":{{'.encode()
         kept = rows.get(model_id)
         if (body := built.get(model_id)) is None and kept is not None:
-            if kept[2].data[:kept[1]] == head:
-                out.append(kept[2])
+            if kept[1] == values:  # the model's own keys as they were: the row as it was
+                out.append(kept[3])
                 continue
-            body = kept[2].data[kept[1]:-2]  # the model's own keys changed (a rename): its cells did not
-        rows[model_id] = (versions.get(model_id, ""), len(head), piece(head + body + b"}}"))
-        out.append(rows[model_id][2])
+            body = kept[3].data[kept[2]:-2]  # the model's own keys changed (a rename): its cells did not
+        head = f'{_dumps(_model_keys(values))[:-1]},"cells":{{'.encode()
+        rows[model_id] = (versions.get(model_id, ""), values, len(head), piece(head + body + b"}}"))
+        out.append(rows[model_id][3])
     return out
 
 
