@@ -15,7 +15,8 @@ class MatrixConfig(AppConfig):
         from apps.matrix.grid_cache import on_catalog_change
 
         receivers.connect()
-        # the rendered matrix shows models and hardware: any save or delete of one makes it stale
+        # the rendered matrix shows models, hardware and each cell's engine (its name, version and whether it is the
+        # default, which ranks it): any save or delete of one makes it stale
         for name, signal in (("save", post_save), ("delete", post_delete)):
-            for sender in ("catalog.ModelRelease", "catalog.Hardware", "matrix.Cell"):
+            for sender in ("catalog.ModelRelease", "catalog.Hardware", "catalog.Engine", "matrix.Cell"):
                 signal.connect(on_catalog_change, sender=sender, dispatch_uid=f"matrix-grid:{sender}:{name}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db.models import Q
 
@@ -144,12 +144,16 @@ def _hardware(filters: MatrixFilters) -> list[Hardware]:
     return list(hardware_qs.only("id", "slug", "vendor", "name", "memory_bytes", "devices_per_node"))
 
 
-def _models(actor: Actor, filters: MatrixFilters) -> list[ModelRelease]:
+def _models_q(actor: Actor, filters: MatrixFilters) -> Q:
     models_q = visible_models_q(actor)
     if filters.family:
         models_q &= Q(family=filters.family)
+    return models_q
+
+
+def _models(actor: Actor, filters: MatrixFilters) -> list[ModelRelease]:
     return list(
-        ModelRelease.objects.filter(models_q).select_related("organization").only(
+        ModelRelease.objects.filter(_models_q(actor, filters)).select_related("organization").only(
             "id", "slug", "name", "architecture", "family", "params_total", "params_active", "context_length",
             "released_at", "visibility", "organization__slug", "organization__name",
         )
@@ -235,22 +239,40 @@ class MatrixPage:
         return min(self.shown, self.number * self.size)
 
 
+def _reaching(filters: MatrixFilters, model_ids: list[int], hardware: list[Hardware]) -> set[int]:
+    """The models of ``model_ids`` reaching ``filters.min_tier`` on some hardware (of the engine filter's cells)."""
+    reaching = Cell.objects.filter(filters.engine_q(), model_id__in=model_ids, tier__gte=filters.min_tier)
+    if filters.vendor:
+        reaching = reaching.filter(hardware_id__in=[h.pk for h in hardware])
+    return set(reaching.values_list("model_id", flat=True).distinct())
+
+
 def select_rows(actor: Actor, filters: MatrixFilters) -> tuple[list[Hardware], list[ModelRelease]]:
     """The hardware columns and the model rows of ``build_matrix`` without their cells: two queries, three with
     ``min_tier`` (the models reaching it)."""
     hardware = _hardware(filters)
     models = _models(actor, filters)
     if filters.min_tier and models:
-        reaching = Cell.objects.filter(filters.engine_q(), model_id__in=[m.pk for m in models],
-                                       tier__gte=filters.min_tier)
-        if filters.vendor:
-            reaching = reaching.filter(hardware_id__in=[h.pk for h in hardware])
-        ids = set(reaching.values_list("model_id", flat=True).distinct())
+        ids = _reaching(filters, [m.pk for m in models], hardware)
         models = [m for m in models if m.pk in ids]
     return hardware, models
 
 
-def page_of(models: list[ModelRelease], number: int, size: int) -> tuple[int, list[ModelRelease]]:
+def select_row_values(actor: Actor, filters: MatrixFilters, *fields: str) -> tuple[list[Hardware], list[tuple]]:
+    """``select_rows`` with each model as a tuple (its id, then ``fields``, ``values_list`` names): the same rows
+    in the same order, without building model objects (half the time at 200 rows)."""
+    hardware = _hardware(filters)
+    models = list(ModelRelease.objects.filter(_models_q(actor, filters)).values_list("id", *fields))
+    if filters.min_tier and models:
+        ids = _reaching(filters, [m[0] for m in models], hardware)
+        models = [m for m in models if m[0] in ids]
+    return hardware, models
+
+
+Row = TypeVar("Row")
+
+
+def page_of(models: list[Row], number: int, size: int) -> tuple[int, list[Row]]:
     """Page ``number`` (from 1; past the last, the last) of ``size`` rows: its number and its rows."""
     number = min(max(1, number), max(1, -(-len(models) // size)))
     return number, models[(number - 1) * size:number * size]

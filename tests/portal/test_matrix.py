@@ -77,7 +77,7 @@ def test_query_count_does_not_grow_with_models_hardware_or_jobs(client, url: str
 
 def test_query_count_is_fixed_for_anonymous_readers(client, django_assert_num_queries) -> None:
     build_matrix(5, 3, 2, tag="a")
-    with django_assert_num_queries(5):  # hardware, models, cell versions, changed cells, the next embargo's end
+    with django_assert_num_queries(5):  # hardware, models, row versions, the new rows' cells, the next embargo's end
         client.get("/api/v1/matrix/")
     with django_assert_num_queries(0):  # cached until a cell, a model or a hardware changes
         client.get("/api/v1/matrix/")

@@ -1,13 +1,17 @@
 """The body of ``GET /api/v1/matrix/`` as JSON text, built with a constant number of queries: PostgreSQL writes
 each cell's object as compact text (the keys of ``CellView.as_dict`` in their order) and Python only joins the
-8,000 texts into rows, instead of decoding each cell's JSON columns and timestamps into objects and encoding them
-again. The texts are kept in this process by row version (``xmin`` and ``ctid``), so a rebuild after a change
-(the cached body invalidated) asks PostgreSQL for the versions and for the changed cells' texts only. Other
-databases take ``matrix_data`` through DRF's renderer; both give the same JSON value (tested)."""
+texts into rows, instead of decoding each cell's JSON columns and timestamps into objects and encoding them
+again. Each model row's cells are kept in this process as one text under the versions of the cells it was built
+from (``xmin`` and ``ctid``), the engines' versions, the columns and the engine filter, so a rebuild after a
+change (the cached body invalidated) asks PostgreSQL for the rows' versions and builds only the rows whose cells
+changed: the response is a join of kept row texts. Other databases take ``matrix_data`` through DRF's renderer;
+both give the same JSON value (tested)."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from typing import Any
 
 from django.db import connection
@@ -16,8 +20,16 @@ from rest_framework.renderers import JSONRenderer
 from apps.accounts.access import Actor
 from apps.catalog.engines import parse_engine_filter
 from apps.catalog.models import Engine, Hardware, ModelRelease
+from apps.matrix.grid_cache import Piece, piece
 from apps.matrix.models import Cell
-from apps.matrix.selectors import MatrixFilters, build_matrix, build_matrix_page, engine_rank, page_of, select_rows
+from apps.matrix.selectors import (
+    MatrixFilters,
+    build_matrix,
+    build_matrix_page,
+    engine_rank,
+    page_of,
+    select_row_values,
+)
 from contract.tiers import TIER_NAMES
 
 
@@ -46,10 +58,23 @@ def _hardware(h: Hardware) -> dict[str, Any]:
             "devices_per_node": h.devices_per_node}
 
 
+# the keys of a model row (``matrix_data``) and the columns they come from (``select_row_values``)
+_MODEL_KEYS = ("slug", "name", "organization", "architecture", "family", "params_total", "params_active",
+               "released_at")
+_MODEL_FIELDS = ("slug", "name", "organization__slug", "architecture", "family", "params_total", "params_active",
+                 "released_at")
+
+
 def _model(m: ModelRelease) -> dict[str, Any]:
-    return {"slug": m.slug, "name": m.name, "organization": m.organization.slug, "architecture": m.architecture,
-            "family": m.family, "params_total": m.params_total, "params_active": m.params_active,
-            "released_at": m.released_at.isoformat() if m.released_at else None}
+    return _model_keys((m.slug, m.name, m.organization.slug, m.architecture, m.family, m.params_total,
+                        m.params_active, m.released_at))
+
+
+def _model_keys(values: tuple[Any, ...]) -> dict[str, Any]:
+    """A model row's own keys from its ``_MODEL_FIELDS`` values."""
+    row = dict(zip(_MODEL_KEYS, values, strict=True))
+    row["released_at"] = row["released_at"].isoformat() if row["released_at"] else None
+    return row
 
 
 def _dumps(value: Any) -> str:
@@ -59,9 +84,14 @@ def _dumps(value: Any) -> str:
 # a timestamp as Python's isoformat() writes an aware UTC datetime, quoted (microseconds only when there are some)
 _ISO = ("COALESCE('\"' || replace(to_char({c} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US'), '.000000', '') "
         "|| '+00:00\"', 'null')")
-# per process and database: a cell's "id:version" -> (model id, hardware id, its JSON text); bounded
-_FRAGMENTS: dict[str, dict[str, tuple[int, int, str]]] = {}
-_MAX_FRAGMENTS = 120_000  # ~50 MB of texts at ~400 bytes a cell: 15 x the 8,000-cell matrix
+# per process: each model row's JSON (``_row_set``): its cells' versions, the model's values (``_MODEL_FIELDS``), the
+# length of the model's own keys in the row's text, the row
+RowKey = tuple[str, tuple[str, str | None] | None, tuple[tuple[int, str], ...], str]  # db, engine, columns, engines
+Row = tuple[str, list[Any], int, Piece]
+_ROWS: OrderedDict[RowKey, dict[int, Row]] = OrderedDict()
+_MAX_SETS = 16  # filter sets (engine × vendor columns) kept: ~3.7 MB each at 200 models × 40 hardware
+_MAX_ROWS = 20_000  # rows in one set (models deleted, rows never listed again): cleared past it
+_LOCK = threading.Lock()
 
 
 def _bool(column: str) -> str:
@@ -75,7 +105,7 @@ def _cells_sql(where: str) -> str:
     2-core host); the keys of ``CellView.as_dict`` in their order, less ``engine``/``engines`` (``_best_texts``)."""
     names = " ".join(f"WHEN {int(t)} THEN %s" for t in TIER_NAMES)
     return (
-        "SELECT c.id, c.model_id, c.hardware_id, e.name, e.version, e.\"default\", c.tier, c.job_count, concat("
+        "SELECT c.model_id, c.hardware_id, e.name, e.version, e.\"default\", c.tier, c.job_count, concat("
         "'{\"tier\":', tier, ',\"tier_name\":', COALESCE(CASE tier " + names + " END, 'null'), "
         "',\"failed_stage\":', COALESCE(to_json(NULLIF(failed_stage, ''))::text, 'null'), "
         "',\"fits\":', " + _bool("fits") + ", ',\"fits_devices\":', COALESCE(fits_devices::text, 'null'), "
@@ -95,39 +125,76 @@ def _where(by_hardware: bool) -> str:
 
 
 def _versions_sql(by_hardware: bool) -> str:
-    """Every cell's ``id:version`` in one text: the version is ``xmin`` (the writing transaction) with ``ctid``
-    (the tuple's place, new at every UPDATE, twice in one transaction too), so any write is seen, bulk updates and
-    raw SQL included. One text instead of 8,000 rows: nothing per cell for the driver to decode. (An engine row's
-    own edit is not a cell version: engines are keyed by name and version and not renamed.)"""
-    return (f"SELECT string_agg(c.id::text || ':' || c.xmin::text || c.ctid::text, ' ') "
-            f"FROM {Cell._meta.db_table} c WHERE {_where(by_hardware)}")
+    """Each model row's cell versions as one text (``id:version`` per cell, the version ``xmin`` (the writing
+    transaction) with ``ctid`` (the tuple's place, new at every UPDATE, twice in one transaction too), so any
+    write is seen, bulk updates and raw SQL included), then a row with no model: every engine's version (a cell
+    shows its engine's name, version and default flag). A text per row, not per cell: nothing per cell for the
+    driver to decode. The cells come in the order of the (model, hardware, engine) unique index, read as it is
+    (no sort); were PostgreSQL to aggregate them in another order, the row would only be rebuilt."""
+    return (f"SELECT c.model_id, string_agg(c.id::text || ':' || c.xmin::text || c.ctid::text, ' ') FROM ("
+            f"SELECT c.model_id, c.id, c.xmin, c.ctid FROM {Cell._meta.db_table} c WHERE {_where(by_hardware)} "
+            "ORDER BY c.model_id, c.hardware_id, c.engine_id) c GROUP BY c.model_id UNION ALL "
+            f"SELECT NULL, string_agg(e.id::text || ':' || e.xmin::text || e.ctid::text, ' ' ORDER BY e.id) "
+            f"FROM {Engine._meta.db_table} e")
 
 
 Fragment = tuple[int, int, str, str, bool, int, int, str]  # model, hardware, engine name, version, default, tier, jobs, text
 
 
-def _cell_texts(models: list[ModelRelease], hardware: list[Hardware], by_hardware: bool) -> list[Fragment]:
-    """Every engine's cell of the rows, in two queries whatever the cells: their versions, then the texts of those
-    not kept in this process under the same version (on a warm process, the cells that changed; every cell on the
-    first request)."""
-    fragments = _FRAGMENTS.setdefault(str(connection.settings_dict.get("NAME")), {})
-    params: list[Any] = [[m.pk for m in models], *([[h.pk for h in hardware]] if by_hardware else [])]
+def _row_set(key: RowKey) -> dict[int, Row]:
+    """The rows kept for one database, engine filter, column list (hardware ids and slugs, in order) and engine
+    versions, by model id. The least recently used set goes first."""
+    with _LOCK:
+        rows = _ROWS.get(key)
+        if rows is None or len(rows) > _MAX_ROWS:
+            rows = _ROWS[key] = {}
+        _ROWS.move_to_end(key)
+        while len(_ROWS) > _MAX_SETS:
+            _ROWS.popitem(last=False)
+        return rows
+
+
+def _row_pieces(models: list[tuple[Any, ...]], hardware: list[Hardware], by_hardware: bool,
+                engine: tuple[str, str | None] | None) -> list[Piece]:
+    """Each model's row, ``{…model…,"cells":{"hardware slug":cell,…}}``, in two queries whatever the cells: the
+    rows' versions, then the cells of the rows not kept in this process under the same versions (on a warm
+    process, the rows whose cells changed; every row on the first request; no query when none changed). A row's
+    cells are only reused for the very cells, engines and columns they were built from; its model's own keys
+    are compared at every request (the values of ``_MODEL_FIELDS``) and the row rebuilt (not re-read) when they
+    differ."""
+    params: list[Any] = [[m[0] for m in models], *([[h.pk for h in hardware]] if by_hardware else [])]
     with connection.cursor() as cursor:
         cursor.execute(_versions_sql(by_hardware), params)
-        tokens = (cursor.fetchone()[0] or "").split()
-        found = {token: cell for token in tokens if (cell := fragments.get(token)) is not None}
-        missing = {int(token.partition(":")[0]): token for token in tokens if token not in found}
-        # most cells unknown (a fresh process): select them as the versions were, faster than 8,000 ids
-        whole = len(missing) * 4 > len(tokens)
-        cursor.execute(_cells_sql(_where(by_hardware) if whole else "c.id = ANY(%s)"),
-                       [*(_dumps(n) for n in TIER_NAMES.values()), *(params if whole else [list(missing)])])
-        for cid, *cell in cursor.fetchall():
-            if (token := missing.get(cid)) is not None:  # (whole: a cell already known is skipped)
-                found[token] = fragments[token] = tuple(cell)
-    if len(fragments) > _MAX_FRAGMENTS:  # versions no cell has any more: keep this request's only
-        fragments.clear()
-        fragments.update(found)
-    return list(found.values())
+        versions: dict[int | None, str] = dict(cursor.fetchall())
+        columns = tuple((h.pk, h.slug) for h in hardware)
+        rows = _row_set((str(connection.settings_dict.get("NAME")), engine, columns, versions.pop(None, None) or ""))
+        stale = [m[0] for m in models if (kept := rows.get(m[0])) is None or kept[0] != versions.get(m[0], "")]
+        cells: list[Fragment] = []
+        if stale:
+            cursor.execute(_cells_sql(_where(by_hardware)), [*(_dumps(n) for n in TIER_NAMES.values()), stale,
+                                                            *params[1:]])
+            cells = cursor.fetchall()
+    built: dict[int, bytes] = {}
+    if stale:
+        # a cell written between the two queries is built as it is now and kept under the versions before it,
+        # which no later request reads: rebuilt again, never served stale
+        texts = _best_texts(cells, engine)
+        keys = [f"{_dumps(slug)}:" for _, slug in columns]
+        for model_id in stale:
+            row = texts.get(model_id, {})
+            built[model_id] = ",".join(map(str.__add__, keys, [row.get(h, "null") for h, _ in columns])).encode()
+    out = []
+    for model_id, *values in models:
+        kept = rows.get(model_id)
+        if (body := built.get(model_id)) is None and kept is not None:
+            if kept[1] == values:  # the model's own keys as they were: the row as it was
+                out.append(kept[3])
+                continue
+            body = kept[3].data[kept[2]:-2]  # the model's own keys changed (a rename): its cells did not
+        head = f'{_dumps(_model_keys(values))[:-1]},"cells":{{'.encode()
+        rows[model_id] = (versions.get(model_id, ""), values, len(head), piece(head + body + b"}}"))
+        out.append(rows[model_id][3])
+    return out
 
 
 def _best_texts(cells: list[Fragment], engine: tuple[str, str | None] | None) -> dict[int, dict[int, str]]:
@@ -152,25 +219,30 @@ def _best_texts(cells: list[Fragment], engine: tuple[str, str | None] | None) ->
     return out
 
 
-def matrix_json(actor: Actor, filters: MatrixFilters, number: int | None, size: int) -> str:
-    """``matrix_data`` as JSON text. Four queries (five with ``min_tier``): hardware, models, the cells' versions,
-    the texts of the cells that changed."""
+_COMMA = piece(b",")
+
+
+def matrix_pieces(actor: Actor, filters: MatrixFilters, number: int | None, size: int) -> list[Piece]:
+    """``matrix_data`` as JSON, in pieces (``grid_cache.cached_pieces``): the head, then each row (kept in this
+    process) with a comma between, then the tail. Three or four queries (one more with ``min_tier``): hardware,
+    models, the rows' versions, the cells of the rows that changed (none changed: no query)."""
     if connection.vendor != "postgresql":
-        return JSONRenderer().render(matrix_data(actor, filters, number, size)).decode()
-    hardware, models = select_rows(actor, filters)
+        return [piece(JSONRenderer().render(matrix_data(actor, filters, number, size)))]
+    hardware, models = select_row_values(actor, filters, *_MODEL_FIELDS)
     page = None
     if number is not None:
         count = len(models)
         number, models = page_of(models, number, size)
         page = {"number": number, "size": size, "pages": max(1, -(-count // size)), "count": count}
-    cells = _cell_texts(models, hardware, bool(filters.vendor)) if models and hardware else []
-    texts = _best_texts(cells, parse_engine_filter(filters.engine))
-    keys, hw_ids = [f"{_dumps(h.slug)}:" for h in hardware], [h.pk for h in hardware]
-    rows = []
-    for m in models:
-        row = texts.get(m.pk, {})
-        cells = ",".join(map(str.__add__, keys, [row.get(h, "null") for h in hw_ids]))
-        rows.append(f'{_dumps(_model(m))[:-1]},"cells":{{{cells}}}}}')
-    body = (f'{{"tiers":{_dumps(TIER_NAMES)},"hardware":{_dumps([_hardware(h) for h in hardware])},'
-            f'"models":[{",".join(rows)}]')
-    return body + (f',"page":{_dumps(page)}}}' if page is not None else "}")
+    rows = _row_pieces(models, hardware, bool(filters.vendor), parse_engine_filter(filters.engine)) if models else []
+    head = f'{{"tiers":{_dumps(TIER_NAMES)},"hardware":{_dumps([_hardware(h) for h in hardware])},"models":['
+    tail = f'],"page":{_dumps(page)}}}' if page is not None else "]}"
+    out = [piece(head.encode())]
+    for n, row in enumerate(rows):
+        out += (_COMMA, row) if n else (row,)
+    return [*out, piece(tail.encode())]
+
+
+def matrix_json(actor: Actor, filters: MatrixFilters, number: int | None, size: int) -> str:
+    """``matrix_pieces`` as one text."""
+    return b"".join(p.data for p in matrix_pieces(actor, filters, number, size)).decode()

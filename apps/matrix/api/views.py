@@ -23,7 +23,7 @@ from apps.evidence.selectors import cell_evidence, newest_results
 from apps.jobs.api.serializers import JobSerializer
 from apps.jobs.models import Job
 from apps.matrix import grid_cache
-from apps.matrix.api.matrix_json import matrix_data, matrix_json
+from apps.matrix.api.matrix_json import matrix_data, matrix_pieces
 from apps.matrix.api.serializers import CellDetailSerializer
 from apps.matrix.history import cell_history
 from apps.matrix.models import Cell
@@ -81,7 +81,7 @@ class MatrixView(APIView):
         if getattr(request.accepted_renderer, "format", "") != "json":  # the browsable API renders the data
             return Response(matrix_data(actor, filters, number, size))
         parts = [filters.vendor, filters.family, filters.min_tier, number, size if paged else None, filters.engine]
-        body = grid_cache.cached("api", actor, parts, lambda: matrix_json(actor, filters, number, size))
+        body = grid_cache.cached_pieces("api", actor, parts, lambda: matrix_pieces(actor, filters, number, size))
         return HttpResponse(body, content_type="application/json")
 
 
