@@ -2,7 +2,7 @@
 of the layers in one native call, the O and down projections' partial sums all-reduced inside the call through the
 shared-memory segment. Its greedy tokens equal one process's; every step's logits equal the ranks' torch path
 (the layers' own forwards, a Python all-reduce per projection) bit for bit, chunked prefills beside decodes
-included; one rank may take either path on a step; MoE layers between the runs sum through the Python all-reduce
+included, and sums cut in pieces larger than a slot; one rank may take either path on a step; MoE layers between the runs sum through the Python all-reduce
 on the same sequence; a group without the segment keeps the torch path with the reason; a peer that is gone or
 abandoned its step ends the wait with an error, not a hang."""
 
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from agents.runtime import distributed, kernels
-from agents.runtime.distributed import launch, shm_allreduce
+from agents.runtime.distributed import ShmAllReduce, launch, shm_allreduce
 from agents.runtime.engine import LLMEngine, SamplingParams
 from agents.runtime.testing.make_model import cached_model
 
@@ -22,10 +22,17 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="no native kerne
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = [list(range(5, 45)), [7, 3, 9], list(range(60, 78)), [11] * 13]
 ARCHES = ("llama", "qwen3-moe")
+SMALL_SLOT = 40  # floats: below one row of the tiny models' hidden size
+
+
+@pytest.fixture(autouse=True)
+def panels(monkeypatch):
+    """Weights packed as panels (the layout the native decode reads), in this process and the ranks it starts."""
+    monkeypatch.delenv("DAY0_PACK_LAYOUT", raising=False)
 
 
 def _engine(arch: str) -> LLMEngine:
-    """The test models' weights are below the size worth packing: pack them all, as panels (in the rank too)."""
+    """The test models' weights are below the size worth packing: a rank packs them all (its own process)."""
     from agents.runtime.layers import linear
 
     linear.ONEDNN_MIN_WEIGHT = 0
@@ -72,16 +79,27 @@ def tp_paths() -> dict:
         out[arch] = {"plan": None if plan is None else [len(run.layers) for run in plan.runs],
                      "reason": engine.model.decode_plan_reason, "torch": want, "native": got, "mixed": mixed,
                      "layers": len(engine.model.stage_layers)}
+    # a segment of small slots: each step's [B, hidden] sums go in pieces, cut alike on both paths
+    shm_allreduce.stop()
+    ShmAllReduce.SLOT = SMALL_SLOT
+    shm_allreduce.start(rank, dist.get_world_size(), "gloo", 60.0, None)
+    engine = _engine("llama")
+    out["pieces"] = {"hidden": engine.model.hidden, "torch": _generate(engine, native=False),
+                     "native": _generate(engine, native=True)}
     return out
 
 
 @pytest.fixture(scope="module")
 def single() -> dict:
     """One process: the tokens ``--tp 2`` must give."""
-    return {arch: _generate(_engine(arch), native=True)[0] for arch in ARCHES}
+    from agents.runtime.layers import linear
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(linear, "ONEDNN_MIN_WEIGHT", 0)
+        mp.delenv("DAY0_PACK_LAYOUT", raising=False)
+        return {arch: _generate(_engine(arch), native=True)[0] for arch in ARCHES}
 
 
-@pytest.mark.slow  # two ranks load two models and generate three times each: ~20 s on a busy 2-core host
 def test_tp_ranks_decode_natively_with_the_all_reduce_inside(single):
     per_rank = launch(tp_paths, 2, timeout=300)
     for rank, result in enumerate(per_rank):
@@ -100,6 +118,10 @@ def test_tp_ranks_decode_natively_with_the_all_reduce_inside(single):
             m_tokens, m_logits, m_calls = r["mixed"]
             assert (m_calls > 0) == (rank == 0) and m_tokens == t_tokens
             assert all(torch.equal(g, w) for g, w in zip(m_logits, t_logits, strict=True))
+        pieces = result["pieces"]
+        assert pieces["hidden"] > SMALL_SLOT and pieces["native"][2] > 0
+        assert pieces["native"][0] == pieces["torch"][0] == single["llama"]
+        assert all(torch.equal(g, w) for g, w in zip(pieces["native"][1], pieces["torch"][1], strict=True))
     for arch in ARCHES:  # every rank computed the same logits
         assert all(torch.equal(a, b) for a, b in zip(per_rank[0][arch]["native"][1], per_rank[1][arch]["native"][1],
                                                      strict=True))
@@ -111,6 +133,7 @@ def without_segment() -> tuple[str | None, int, bool]:
     return engine.model.decode_plan_reason, engine.model.native_decode_steps, shm_allreduce.active() is None
 
 
+@pytest.mark.slow  # two more ranks: ~10 s
 def test_a_group_without_the_shared_memory_all_reduce_keeps_the_torch_path(monkeypatch):
     monkeypatch.setenv("DAY0_SHM_ALLREDUCE", "0")
     for reason, steps, no_shm in launch(without_segment, 2, timeout=180):
@@ -143,6 +166,7 @@ def peer_fails(how: str) -> str:
     return "no error"
 
 
+@pytest.mark.slow  # two more ranks each: ~8-12 s
 @pytest.mark.parametrize("how", ["leave", "abandon"])
 def test_a_peer_gone_or_abandoned_mid_run_ends_the_wait_with_an_error(how):
     said = launch(peer_fails, 2, how, timeout=120)[0]

@@ -34,7 +34,8 @@ class ShmAllReduce:
     collectives of 3 KB; gloo took 0.9-1.9 ms each, this 0.09-0.12. Made by ``init_distributed`` (``start``) where
     it applies (gloo, one host, the native kernels loaded; ``DAY0_SHM_ALLREDUCE=0`` keeps gloo); fp32 tensors of a
     group that is the whole world take it, anything else gloo. A peer that is gone (its process ended) or that abandoned its step
-    (``abandon``) ends the wait with an error instead of a hang."""
+    (``abandon``) ends the wait with an error instead of a hang. A native decode run of a TP rank sums through
+    the same segment inside its call (``native_comm``, ``native_done``), on the same sequence numbers."""
 
     SLOT = 1 << 18  # floats a rank publishes per call (1 MiB); larger tensors go in pieces
     POLL_S = 0.05  # the native wait returns this often so the peers' liveness is checked

@@ -33,7 +33,7 @@ struct day0_comm {
     double poll_s, timeout_s;  /* how often a wait checks the peers' processes; how long it may last in all */
     int64_t failed;            /* out: the rank found gone (DAY0_COMM_GONE) */
     int64_t calls;             /* out, added to: the all-reduces done */
-    double wait_s;             /* out, added to: seconds in them (publishing, waiting, adding the slots excluded) */
+    double wait_s;             /* out, added to: seconds spent publishing and waiting in them (the adding not counted) */
 };
 
 /* day0_decode_layers' results past -1 (a shape refused): a collective failed mid-run, the stream is partly written */
