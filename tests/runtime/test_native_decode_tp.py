@@ -8,6 +8,8 @@ abandoned its step ends the wait with an error, not a hang."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="no native kerne
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 PROMPTS = [list(range(5, 45)), [7, 3, 9], list(range(60, 78)), [11] * 13]
-ARCHES = ("llama", "qwen3-moe")
+ARCHES = ("llama", "qwen3-moe", "qwen3-biases")  # the last: QK-norm, attention biases (O's added after the sum)
 SMALL_SLOT = 40  # floats: below one row of the tiny models' hidden size
 
 
@@ -31,12 +33,27 @@ def panels(monkeypatch):
     monkeypatch.delenv("DAY0_PACK_LAYOUT", raising=False)
 
 
-def _engine(arch: str) -> LLMEngine:
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    """Each arch's model directory, built here (not raced by the ranks)."""
+    from transformers import Qwen3Config
+
+    from tests.runtime.variants import save_variant
+
+    config = Qwen3Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         attention_bias=True)
+    biased = save_variant(tmp_path_factory.mktemp("qwen3-biases"), config, scale=0.05, tokenizer=True)
+    return {"llama": str(cached_model("llama")), "qwen3-moe": str(cached_model("qwen3-moe")),
+            "qwen3-biases": str(biased)}
+
+
+def _engine(model_dir: str) -> LLMEngine:
     """The test models' weights are below the size worth packing: a rank packs them all (its own process)."""
     from agents.runtime.layers import linear
 
     linear.ONEDNN_MIN_WEIGHT = 0
-    return LLMEngine(cached_model(arch), num_blocks=96, block_size=8, max_num_batched_tokens=24, pack_weights=True)
+    return LLMEngine(model_dir, num_blocks=96, block_size=8, max_num_batched_tokens=24, pack_weights=True)
 
 
 def _generate(engine: LLMEngine, native: bool) -> tuple[list[list[int]], list[torch.Tensor], int]:
@@ -65,13 +82,13 @@ def _generate(engine: LLMEngine, native: bool) -> tuple[list[list[int]], list[to
     return tokens, logits, calls[0]
 
 
-def tp_paths() -> dict:
+def tp_paths(models: dict[str, str], arches: tuple[str, ...], pieces: bool) -> dict:
     """Per arch, on this rank: the torch path's and the native run's tokens and logits, and a run where only rank
-    0 takes the native decode."""
+    0 takes the native decode; with ``pieces``, llama again over a segment of small slots."""
     rank = dist.get_rank()
     out: dict = {"shm": shm_allreduce.active() is not None}
-    for arch in ARCHES:
-        engine = _engine(arch)
+    for arch in arches:
+        engine = _engine(models[arch])
         plan = engine.model.decode_plan()
         want = _generate(engine, native=False)
         got = _generate(engine, native=True)
@@ -79,56 +96,73 @@ def tp_paths() -> dict:
         out[arch] = {"plan": None if plan is None else [len(run.layers) for run in plan.runs],
                      "reason": engine.model.decode_plan_reason, "torch": want, "native": got, "mixed": mixed,
                      "layers": len(engine.model.stage_layers)}
-    # a segment of small slots: each step's [B, hidden] sums go in pieces, cut alike on both paths
-    shm_allreduce.stop()
-    ShmAllReduce.SLOT = SMALL_SLOT
-    shm_allreduce.start(rank, dist.get_world_size(), "gloo", 60.0, None)
-    engine = _engine("llama")
-    out["pieces"] = {"hidden": engine.model.hidden, "torch": _generate(engine, native=False),
-                     "native": _generate(engine, native=True)}
+    if pieces:  # a segment of small slots: each step's [B, hidden] sums go in pieces, cut alike on both paths
+        shm_allreduce.stop()
+        ShmAllReduce.SLOT = SMALL_SLOT
+        shm_allreduce.start(rank, dist.get_world_size(), "gloo", 60.0, None)
+        engine = _engine(models["llama"])
+        out["pieces"] = {"hidden": engine.model.hidden, "torch": _generate(engine, native=False),
+                         "native": _generate(engine, native=True)}
     return out
 
 
 @pytest.fixture(scope="module")
-def single() -> dict:
-    """One process: the tokens ``--tp 2`` must give."""
+def single(models) -> Callable[[str], list[list[int]]]:
+    """One process: the tokens ``--tp 2`` must give, per arch (each made once)."""
     from agents.runtime.layers import linear
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(linear, "ONEDNN_MIN_WEIGHT", 0)
-        mp.delenv("DAY0_PACK_LAYOUT", raising=False)
-        return {arch: _generate(_engine(arch), native=True)[0] for arch in ARCHES}
+    made: dict[str, list[list[int]]] = {}
+
+    def tokens(arch: str) -> list[list[int]]:
+        if arch not in made:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(linear, "ONEDNN_MIN_WEIGHT", 0)
+                mp.delenv("DAY0_PACK_LAYOUT", raising=False)
+                made[arch] = _generate(_engine(models[arch]), native=True)[0]
+        return made[arch]
+
+    return tokens
 
 
-def test_tp_ranks_decode_natively_with_the_all_reduce_inside(single):
-    per_rank = launch(tp_paths, 2, timeout=300)
+def _check(per_rank: list[dict], arches: tuple[str, ...], single: Callable[[str], list[list[int]]]) -> None:
     for rank, result in enumerate(per_rank):
         assert result["shm"] is True
-        for arch in ARCHES:
+        for arch in arches:
             r = result[arch]
             moe = arch == "qwen3-moe"
             # dense: every layer in one call; routed experts: one call per layer, the experts between them
             assert r["plan"] == ([1] * r["layers"] if moe else [r["layers"]]), (arch, r["reason"])
             (t_tokens, t_logits, t_calls), (n_tokens, n_logits, n_calls) = r["torch"], r["native"]
             assert t_calls == 0 and n_calls > 0, arch
-            assert n_tokens == t_tokens == single[arch], (arch, rank)
+            assert n_tokens == t_tokens == single(arch), (arch, rank)
             assert len(n_logits) == len(t_logits)
             for got, want in zip(n_logits, t_logits, strict=True):  # the same collectives: the same bits
                 assert torch.equal(got, want), arch
             m_tokens, m_logits, m_calls = r["mixed"]
             assert (m_calls > 0) == (rank == 0) and m_tokens == t_tokens
             assert all(torch.equal(g, w) for g, w in zip(m_logits, t_logits, strict=True))
-        pieces = result["pieces"]
-        assert pieces["hidden"] > SMALL_SLOT and pieces["native"][2] > 0
-        assert pieces["native"][0] == pieces["torch"][0] == single["llama"]
-        assert all(torch.equal(g, w) for g, w in zip(pieces["native"][1], pieces["torch"][1], strict=True))
-    for arch in ARCHES:  # every rank computed the same logits
+        pieces = result.get("pieces")
+        if pieces is not None:
+            assert pieces["hidden"] > SMALL_SLOT and pieces["native"][2] > 0
+            assert pieces["native"][0] == pieces["torch"][0] == single("llama")
+            assert all(torch.equal(g, w) for g, w in zip(pieces["native"][1], pieces["torch"][1], strict=True))
+    for arch in arches:  # every rank computed the same logits
         assert all(torch.equal(a, b) for a, b in zip(per_rank[0][arch]["native"][1], per_rank[1][arch]["native"][1],
                                                      strict=True))
 
 
+def test_tp_ranks_decode_natively_with_the_all_reduce_inside(models, single):
+    """The dense Llama: ~10 s on a busy 2-core host (two ranks start)."""
+    _check(launch(tp_paths, 2, models, ("llama",), False, timeout=300), ("llama",), single)
+
+
+@pytest.mark.slow  # three models in each rank, and a second segment: ~25 s on a busy 2-core host
+def test_tp_native_decode_across_variants_mixed_paths_and_pieces(models, single):
+    _check(launch(tp_paths, 2, models, ARCHES, True, timeout=300), ARCHES, single)
+
+
 def without_segment() -> tuple[str | None, int, bool]:
-    engine = _engine("llama")
+    engine = _engine(str(cached_model("llama")))
     engine.generate([PROMPTS[1]], PARAMS)
     return engine.model.decode_plan_reason, engine.model.native_decode_steps, shm_allreduce.active() is None
 
@@ -148,7 +182,7 @@ def peer_fails(how: str) -> str:
 
     from agents.pipeline.support.models import paged_context
 
-    model = _engine("llama").model
+    model = _engine(str(cached_model("llama"))).model
     model.forward(torch.tensor([5, 6, 7, 8, 9]), torch.arange(5), paged_context(0, 5, 4, "cpu"))
     assert model.decode_plan() is not None, model.decode_plan_reason
     if dist.get_rank() == 1:
