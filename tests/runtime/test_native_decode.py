@@ -195,11 +195,11 @@ def test_shapes_past_the_kernels_buffers_are_refused(packs_small, monkeypatch):
     slots, tables, seqlens = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int32),
                               torch.ones(1, dtype=torch.int32))
     assert kernels.decode_scratch(layers, model.hidden, 1) == -1
-    assert not kernels.decode_layers(x, delta, False, normed, layers, one, one, slots, tables, seqlens, 8)
+    assert kernels.decode_layers(x, delta, False, normed, layers, one, one, slots, tables, seqlens, 8) == kernels.DECODE_REFUSED
     scratch = torch.empty(1 << 20)  # the C call itself, past the wrapper's scratch count: refused before writing
     rc = library.lib.day0_decode_layers(x.data_ptr(), delta.data_ptr(), 0, normed.data_ptr(), ctypes.addressof(layers),
                                          1, 1, model.hidden, one.data_ptr(), one.data_ptr(), slots.data_ptr(),
-                                         tables.data_ptr(), seqlens.data_ptr(), 8, 1, scratch.data_ptr())
+                                         tables.data_ptr(), seqlens.data_ptr(), 8, 1, scratch.data_ptr(), None)
     assert rc == -1 and torch.equal(x, before)
 
 

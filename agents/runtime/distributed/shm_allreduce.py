@@ -4,6 +4,7 @@ peers' liveness, the error instead of a hang (the sum itself is the native ``day
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import time
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from agents.runtime import kernels
+from agents.runtime.distributed.comm_timer import COMM_TIMER
 from agents.runtime.kernels.shm_allreduce import shm_allreduce
 
 if TYPE_CHECKING:
@@ -32,13 +34,13 @@ class ShmAllReduce:
     collectives of 3 KB; gloo took 0.9-1.9 ms each, this 0.09-0.12. Made by ``init_distributed`` (``start``) where
     it applies (gloo, one host, the native kernels loaded; ``DAY0_SHM_ALLREDUCE=0`` keeps gloo); fp32 tensors of a
     group that is the whole world take it, anything else gloo. A peer that is gone (its process ended) or that abandoned its step
-    (``abandon``) ends the wait with an error instead of a hang."""
+    (``abandon``) ends the wait with an error instead of a hang. A native decode run of a TP rank sums through
+    the same segment inside its call (``native_comm``, ``native_done``), on the same sequence numbers."""
 
     SLOT = 1 << 18  # floats a rank publishes per call (1 MiB); larger tensors go in pieces
     POLL_S = 0.05  # the native wait returns this often so the peers' liveness is checked
 
     def __init__(self, rank: int, world: int, timeout: float | None) -> None:
-        import ctypes
         import mmap
         import secrets
 
@@ -86,6 +88,8 @@ class ShmAllReduce:
         pids: list[Any] = [None] * world
         dist.all_gather_object(pids, os.getpid())
         self.peers = {r: pid for r, pid in enumerate(pids) if r != rank}
+        self._pids = (ctypes.c_int64 * world)(*pids)  # what a native run checks while it waits (native_comm)
+        self._comm: kernels.DecodeComm | None = None
 
     def takes(self, x: torch.Tensor, size: int) -> bool:
         return size == self.world and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
@@ -106,6 +110,32 @@ class ShmAllReduce:
             if rc == -2:
                 raise CollectiveAbandoned("all-reduce: another rank abandoned the step (it failed)")
         return x
+
+    def native_comm(self) -> kernels.DecodeComm:
+        """The segment as a native run makes its collectives inside (``kernels.decode_layers``): the same slots,
+        pieces, sequence numbers, liveness checks and timeout as ``__call__``, so a rank may take either path on any
+        step. Starts from this object's sequence number; hand it back with ``native_done``."""
+        comm = self._comm
+        if comm is None:
+            comm = self._comm = kernels.DecodeComm(
+                seg=self._address, pids=ctypes.addressof(self._pids), rank=self.rank, world=self.world, slot=self.SLOT,
+                poll_s=self.POLL_S, timeout_s=self.timeout)
+        comm.seq, comm.failed, comm.calls, comm.wait_s = self.seq, -1, 0, 0.0
+        return comm
+
+    def native_done(self, comm: kernels.DecodeComm, rc: int) -> None:
+        """Take back the sequence number a native run advanced, count its collectives and their time on
+        ``COMM_TIMER``, and raise what ``__call__`` raises for a failed one (``rc``, ``kernels.COMM_*``)."""
+        self.seq = comm.seq
+        if COMM_TIMER.enabled:  # the native run times its waits itself (the CPU has no device to synchronise)
+            COMM_TIMER.comm_seconds += comm.wait_s
+            COMM_TIMER.calls += comm.calls
+        if rc == kernels.COMM_ABANDONED:
+            raise CollectiveAbandoned("all-reduce: another rank abandoned the step (it failed)")
+        if rc == kernels.COMM_GONE:
+            raise RuntimeError(f"all-reduce: rank {comm.failed} is gone (its process ended mid-step)")
+        if rc == kernels.COMM_TIMEOUT:
+            raise RuntimeError(f"all-reduce: a rank did not arrive within {self.timeout:g} s")
 
     def abandon(self) -> None:
         """This rank's step failed: the peers waiting in an all-reduce stop waiting (their step fails too)."""

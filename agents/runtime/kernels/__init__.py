@@ -2,7 +2,7 @@
 decode attention read straight from the paged KV cache, prefill attention of every prompt (or chunk) of a step over
 that cache in one call, the greedy argmax of the logits, the routed SwiGLU experts of a MoE layer in one call, dense
 linears over panel-packed weights, and a decode step through a run of decoder layers in one call
-(``decode_layers``); also the thread pinning and the shared-memory all-reduce the runtime's ranks use.
+(``decode_layers``, on a tensor-parallel rank with the all-reduce of its partial sums inside); also the thread pinning and the shared-memory all-reduce the runtime's ranks use.
 
 The C side is a header (``csrc/day0_kernels.h``) and one file per op family, compiled as one unit and loaded with
 ctypes (``library``): a prebuilt library (``python -m agents.runtime.kernels build``) where one matches, else built
@@ -18,7 +18,17 @@ Callers import this package (``from agents.runtime import kernels``) and use the
 
 from __future__ import annotations
 
-from agents.runtime.kernels.abi import MAX_GROUP, MAX_HEAD_DIM, DecodeLayer
+from agents.runtime.kernels.abi import (
+    COMM_ABANDONED,
+    COMM_GONE,
+    COMM_TIMEOUT,
+    DECODE_DONE,
+    DECODE_REFUSED,
+    MAX_GROUP,
+    MAX_HEAD_DIM,
+    DecodeComm,
+    DecodeLayer,
+)
 from agents.runtime.kernels.attention import paged_decode_attention, paged_prefill_attention
 from agents.runtime.kernels.decode import decode_layers, decode_scratch
 from agents.runtime.kernels.elementwise import add_rms_norm, argmax_rows, rms_norm, rotary_, silu_and_mul
@@ -29,7 +39,8 @@ from agents.runtime.kernels.shm_allreduce import shm_allreduce
 from agents.runtime.kernels.threads import bind_threads
 
 __all__ = [
-    "MAX_GROUP", "MAX_HEAD_DIM", "PANEL", "DecodeLayer", "add_rms_norm", "argmax_rows", "available", "bind_threads",
+    "COMM_ABANDONED", "COMM_GONE", "COMM_TIMEOUT", "DECODE_DONE", "DECODE_REFUSED", "MAX_GROUP", "MAX_HEAD_DIM",
+    "PANEL", "DecodeComm", "DecodeLayer", "add_rms_norm", "argmax_rows", "available", "bind_threads",
     "decode_layers", "decode_scratch", "moe_experts", "moe_panels", "ok", "pack_expert_panels", "pack_panels",
     "paged_decode_attention", "paged_prefill_attention", "panel_linear", "rms_norm", "rotary_", "shm_allreduce",
     "silu_and_mul", "status", "unpack_expert_panels",

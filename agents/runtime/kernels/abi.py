@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C side's fixed buffers (DAY0_MAX_HEAD_DIM, DAY0_MAX_GROUP)
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -26,8 +26,23 @@ class DecodeLayer(ctypes.Structure):
         (name, _f32) for name in ("in_eps", "post_eps", "qk_eps", "scale")]
 
 
+class DecodeComm(ctypes.Structure):
+    """The shared-memory all-reduce as ``day0_decode_layers`` runs it on a tensor-parallel rank (``struct
+    day0_comm``): the segment's address, every rank's process id, this rank's place, the sequence number (each
+    call advances it), the poll and timeout; out: the rank found gone, the calls made and the seconds in them."""
+
+    _fields_ = [("seg", _ptr), ("pids", _ptr), ("rank", _i64), ("world", _i64), ("slot", _i64), ("seq", _i64),
+                ("poll_s", ctypes.c_double), ("timeout_s", ctypes.c_double), ("failed", _i64), ("calls", _i64),
+                ("wait_s", ctypes.c_double)]
+
+
+# ``day0_decode_layers``' results: done, a shape refused (nothing written), then a collective's failure mid-run
+# (DAY0_COMM_* in the header)
+DECODE_DONE, DECODE_REFUSED, COMM_ABANDONED, COMM_GONE, COMM_TIMEOUT = 0, -1, -2, -3, -4
+
 # index of ``enum day0_struct`` -> (the C name, its mirror)
-STRUCTS: dict[int, tuple[str, type[ctypes.Structure]]] = {0: ("struct day0_layer", DecodeLayer)}
+STRUCTS: dict[int, tuple[str, type[ctypes.Structure]]] = {0: ("struct day0_layer", DecodeLayer),
+                                                           1: ("struct day0_comm", DecodeComm)}
 
 # checked before the signatures are bound: a library too old to export them is refused by name
 _CHECKS = {
@@ -55,7 +70,7 @@ SIGNATURES = {
     "day0_moe_panels": ([_ptr] * 6 + [_i64] * 5 + [_ptr, _ptr], ctypes.c_int),
     "day0_shm_allreduce": ([_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, ctypes.c_double], ctypes.c_int),
     "day0_decode_layers": ([_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64,
-                            _ptr], ctypes.c_int),
+                            _ptr, _ptr], ctypes.c_int),
     "day0_decode_scratch": ([_ptr, _i64, _i64, _i64], _i64),
 }
 

@@ -5,12 +5,21 @@ tensor per op. A layer whose MLP is not a dense SwiGLU over panels (routed exper
 call returns that layer's post-attention norm and the layer's own MLP module runs it (its hooks included).
 
 ``DecodePlan.build`` says whether a model's layers are covered (fp32 CPU weights packed as panels, paged
-``Attention`` with a bound fp32 cache, rotate-half RoPE, RMSNorms, one tensor-parallel rank); the model keeps the
-plan until its weights or caches change (``DecoderCausalLM.invalidate_decode_plan``). ``usable`` is the per-step
-check: a decode step whose every token has a cache slot, nothing tracing the ops, no forward hooks on the
-layers, and every weight and cache the plan points into still the one the layers hold (a parameter swapped in,
-as ``torch.func.functional_call`` does, runs the layers' own forwards). ``DAY0_NATIVE_DECODE=0`` turns it off for
-a process."""
+``Attention`` with a bound fp32 cache, rotate-half RoPE, RMSNorms; one tensor-parallel rank, or TP ranks whose
+group is the whole world of one host summing through the shared-memory all-reduce); the model keeps the plan until
+its weights or caches change (``DecoderCausalLM.invalidate_decode_plan``). ``usable`` is the per-step check: a
+decode step whose every token has a cache slot, nothing tracing the ops, no forward hooks on the layers, every
+weight and cache the plan points into still the one the layers hold (a parameter swapped in, as
+``torch.func.functional_call`` does, runs the layers' own forwards), and on a TP rank the same shared-memory
+segment still active. ``DAY0_NATIVE_DECODE=0`` turns it off for a process.
+
+Under tensor parallelism each rank's descriptors point at its shards (its heads of QKV and O, its slice of gate/up
+and down) and the native call sums the O and down projections' partial outputs over the ranks itself, through the
+shared-memory all-reduce (``ShmAllReduce.native_comm``), with no return to Python per layer: the same collectives
+in the same order and pieces as the layers' own forwards make, so the values are theirs bit for bit, and a rank
+that steps aside on a step (a hook on one rank only) still meets its peers' collectives. Ranks across hosts, gloo
+kept by ``DAY0_SHM_ALLREDUCE=0``, or a TP group smaller than the world (TP x PP, replicas) keep the layers' own
+forwards, with the reason logged."""
 
 from __future__ import annotations
 
@@ -24,6 +33,8 @@ from torch import nn
 from torch.nn.modules import module as _module_hooks
 
 from agents.runtime import kernels
+from agents.runtime.distributed import layout, shm_allreduce
+from agents.runtime.distributed.shm_allreduce import ShmAllReduce
 from agents.runtime.layers.attention import Attention, AttentionMetadata
 from agents.runtime.layers.mlp import SwiGLUMLP
 from agents.runtime.layers.norm import RMSNorm
@@ -59,6 +70,22 @@ def _rms(norm: nn.Module | None, size: int) -> bool:
     return norm is None or (type(norm) is RMSNorm and _plain(norm.weight, size))
 
 
+def tp_comm(tp_size: int) -> ShmAllReduce | str | None:
+    """The shared-memory all-reduce a native run of TP ranks sums through (None at one rank), or why there is none
+    (the layers' own forwards then sum through ``distributed.all_reduce``)."""
+    if tp_size == 1:
+        return None
+    shm = shm_allreduce.active()
+    if shm is None:
+        return (f"tensor-parallel projections ({tp_size} ranks) without the shared-memory all-reduce (ranks on more "
+                "than one host, DAY0_SHM_ALLREDUCE=0, or a segment that could not be made)")
+    _handle, size = layout.group("tp")
+    if size != tp_size or size != shm.world:
+        return (f"a tensor-parallel group of {size} of the world's {shm.world} ranks (the shared-memory all-reduce "
+                "sums the whole world)")
+    return shm
+
+
 def _uncovered(layer: nn.Module, hidden: int) -> str | None:
     """Why ``layer``'s attention block is not one ``decode_layers`` runs; None when it is."""
     sa = getattr(layer, "self_attn", None)
@@ -71,7 +98,7 @@ def _uncovered(layer: nn.Module, hidden: int) -> str | None:
         (qkv.weight.device.type == "cpu", f"weights on {qkv.weight.device.type} (a CPU path)"),
         (all(c is not None and c.dtype == torch.float32 and c.is_cpu and c.is_contiguous()
              for c in (attn.k_cache, attn.v_cache)), "no fp32 CPU KV cache bound"),
-        (qkv.tp_size == 1 and o.tp_size == 1, "tensor-parallel projections"),
+        (qkv.tp_size == o.tp_size and o.reduce_results, "an O projection whose partial sums are not reduced"),
         (_panels(qkv.weight, (h + 2 * hkv) * d, hidden) and _panels(o.weight, hidden, h * d),
          "projections not packed as fp32 panels (--pack-weights)"),
         (_plain(qkv.bias, (h + 2 * hkv) * d) and _plain(o.bias, hidden), "biases not fp32"),
@@ -99,7 +126,8 @@ def _describe(layer: nn.Module, hidden: int) -> tuple[kernels.DecodeLayer, list[
     caches = attn.k_cache, attn.v_cache
     mlp = layer.mlp
     inter = mlp.down_proj.in_local if type(mlp) is SwiGLUMLP else 0
-    fused = (inter > 0 and mlp.down_proj.tp_size == 1 and mlp.down_proj.bias is None and mlp.gate_up_proj.bias is None
+    fused = (inter > 0 and mlp.down_proj.tp_size == o.tp_size and (o.tp_size == 1 or mlp.down_proj.reduce_results)
+             and mlp.down_proj.bias is None and mlp.gate_up_proj.bias is None
              and _panels(mlp.down_proj.weight, hidden, inter) and _panels(mlp.gate_up_proj.weight, 2 * inter, hidden))
     # where each tensor the descriptor points into is held: (the dict holding it, its key); usable() checks they
     # still hold the same tensors (a parameter swapped, as torch.func.functional_call does, or caches re-bound)
@@ -136,8 +164,9 @@ class DecodePlan:
     """The native decode of one model's stage layers (see the module docstring)."""
 
     def __init__(self, runs: list[_Run], modules: list[nn.Module], held: list[tuple[dict, str, Any]], hidden: int,
-                 block_size: int) -> None:
+                 block_size: int, shm: ShmAllReduce | None = None) -> None:
         self.runs, self.modules, self.hidden, self.block_size = runs, modules, hidden, block_size
+        self.shm = shm  # TP ranks: the all-reduce the native calls sum through
         self._held = held  # the tensors the descriptors point into and where they sit
         # their storage, alive while the plan lives: even a ``param.data = ...`` swap cannot free what it reads
         self._storage = [tensor.data for _where, _name, tensor in held if tensor is not None]
@@ -169,8 +198,11 @@ class DecodePlan:
                 pending = []
         if pending:
             runs.append(cls._run(pending, None))
+        shm = tp_comm(layers[0].self_attn.qkv_proj.tp_size)  # every layer's projections split as the first's
+        if isinstance(shm, str):
+            return shm
         modules = [m for layer in layers for m in (layer, layer.self_attn, layer.mlp)]
-        return cls(runs, modules, held, hidden, block_size)
+        return cls(runs, modules, held, hidden, block_size, shm)
 
     @staticmethod
     def _run(descs: list[kernels.DecodeLayer], mlp: nn.Module | None) -> _Run:
@@ -186,7 +218,8 @@ class DecodePlan:
             return False
         if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
                 or any(m._forward_hooks or m._forward_pre_hooks for m in self.modules)
-                or any(where.get(name) is not tensor for where, name, tensor in self._held)):
+                or any(where.get(name) is not tensor for where, name, tensor in self._held)
+                or (self.shm is not None and shm_allreduce.active() is not self.shm)):
             return False
         b = x.shape[0]
         cos, sin, slots, tables, seqlens = meta.cos, meta.sin, meta.slots, ctx.block_tables, ctx.seqlens_k
@@ -203,8 +236,12 @@ class DecodePlan:
         has_delta = False
         ctx = meta.ctx
         for i, run in enumerate(self.runs):
-            if not kernels.decode_layers(x, delta, has_delta, normed, run.layers, meta.cos, meta.sin, meta.slots,
-                                         ctx.block_tables, ctx.seqlens_k, self.block_size):
+            comm = self.shm.native_comm() if self.shm is not None else None
+            rc = kernels.decode_layers(x, delta, has_delta, normed, run.layers, meta.cos, meta.sin, meta.slots,
+                                       ctx.block_tables, ctx.seqlens_k, self.block_size, comm)
+            if comm is not None:
+                self.shm.native_done(comm, rc)  # its sequence number back; a failed collective raises here
+            if rc == kernels.DECODE_REFUSED:
                 if i == 0:
                     return None
                 raise RuntimeError("the native decode refused a run of layers after the first")

@@ -13,6 +13,8 @@ int64_t day0_struct_size(int which) {
     switch (which) {
     case DAY0_STRUCT_LAYER:
         return (int64_t)sizeof(struct day0_layer);
+    case DAY0_STRUCT_COMM:
+        return (int64_t)sizeof(struct day0_comm);
     default:
         return -1;
     }

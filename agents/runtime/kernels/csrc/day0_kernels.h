@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#define DAY0_ABI_VERSION 8
+#define DAY0_ABI_VERSION 9
 #define DAY0_MAX_HEAD_DIM 512
 #define DAY0_MAX_GROUP 32
 
@@ -22,8 +22,27 @@ struct day0_layer {
     float in_eps, post_eps, qk_eps, scale;
 };
 
+/* The shared-memory all-reduce of the ranks of one host as day0_decode_layers runs it on a tensor-parallel rank
+ * (after the row-parallel O and down projections): the segment agents/runtime/distributed/shm_allreduce.py made,
+ * this rank's place in it and its sequence number, which each call advances (the Python side takes it back). */
+struct day0_comm {
+    char *seg;                 /* the segment's address in this process */
+    const int64_t *pids;       /* [world] every rank's process id: a peer whose process ended fails the wait */
+    int64_t rank, world, slot; /* slot: floats a rank publishes per call (larger tensors go in pieces) */
+    int64_t seq;               /* the last sequence number used (in and out) */
+    double poll_s, timeout_s;  /* how often a wait checks the peers' processes; how long it may last in all */
+    int64_t failed;            /* out: the rank found gone (DAY0_COMM_GONE) */
+    int64_t calls;             /* out, added to: the all-reduces done */
+    double wait_s;             /* out, added to: seconds spent publishing and waiting in them (the adding not counted) */
+};
+
+/* day0_decode_layers' results past -1 (a shape refused): a collective failed mid-run, the stream is partly written */
+#define DAY0_COMM_ABANDONED (-2) /* a rank set the segment's abort line (its step failed) */
+#define DAY0_COMM_GONE (-3)      /* the process of rank comm->failed ended */
+#define DAY0_COMM_TIMEOUT (-4)   /* a rank did not arrive within comm->timeout_s */
+
 /* the structs the Python side mirrors, by the index day0_struct_size takes */
-enum day0_struct { DAY0_STRUCT_LAYER = 0, DAY0_STRUCT_COUNT };
+enum day0_struct { DAY0_STRUCT_LAYER = 0, DAY0_STRUCT_COMM = 1, DAY0_STRUCT_COUNT };
 
 /* abi.c: what the loader checks before it binds anything */
 int day0_abi_version(void);
@@ -83,6 +102,6 @@ int64_t day0_decode_scratch(const struct day0_layer *layers, int64_t n_layers, i
 int day0_decode_layers(float *x, float *delta, int64_t has_delta, float *normed_out, const struct day0_layer *layers,
                        int64_t n_layers, int64_t B, int64_t hidden, const float *cos_t, const float *sin_t,
                        const int64_t *slots, const int32_t *tables, const int32_t *seqlens, int64_t block_size,
-                       int64_t width, float *scratch);
+                       int64_t width, float *scratch, struct day0_comm *comm);
 
 #endif

@@ -6,8 +6,9 @@
  * A decode step (one new token per sequence) through a run of decoder layers in one parallel region: the same
  * work, in the same order and by the same code, as the layers' separate kernels (rms norm, QKV panels, QK-norm,
  * RoPE, the cache write, paged decode attention, O panels, residual add + norm, gate/up panels, SiLU-and-mul,
- * down panels), so every value is the one the separate calls give; what goes is a parallel region, a Python
- * module call and a result tensor per op (~75 of them a token in a small model, ~15 % of its step). The stages
+ * down panels; on a tensor-parallel rank the all-reduce of the O and down projections' partial sums), so every
+ * value is the one the separate calls give; what goes is a parallel region, a Python module call and a result
+ * tensor per op (~75 of them a token in a small model, ~15 % of its step). The stages
  * are separated by barriers. A layer's weights and cache: struct day0_layer
  * (day0_kernels.h). */
 
@@ -16,9 +17,15 @@
  * hidden]: on return, the post-attention norm of the last layer's stream when that layer has no MLP here (the
  * caller runs it: routed experts). cos/sin: the step's rotary tables ([B, 2, rot/2] each, RotaryEmbedding's
  * layout); slots [B] the cache slots of the new tokens; tables [B, width] and seqlens [B] as for
- * day0_paged_decode_attention. scratch: day0_decode_scratch floats. Returns 0, or -1 for a shape the kernels do not
- * take (checked
- * before anything is written), or a layer without an MLP that is not the run's last. */
+ * day0_paged_decode_attention. scratch: day0_decode_scratch floats.
+ *
+ * comm: NULL on one rank. On a tensor-parallel rank the layers are its shards (its heads of QKV and O, its slice
+ * of gate/up and down) and the O and down projections give partial sums: each is summed over the ranks right
+ * there by the shared-memory all-reduce (day0_team_allreduce: one thread publishes and waits, the team adds the
+ * slots in rank order), then the O bias is added, as RowParallelLinear does (all_reduce, then + bias) -- the same
+ * collectives, in the same order and pieces, as the layers' own forwards make, so a rank may take either path
+ * on any step. Returns 0, -1 for a shape the kernels do not take (checked before anything is written), or a
+ * layer without an MLP that is not the run's last, or a collective's failure (DAY0_COMM_*, day0_kernels.h). */
 /* The largest per-layer sizes of a run (QKV row, attention row, intermediate size, inner dimension of a
  * product): -1 for a layer the kernels do not take, or a layer without an MLP that is not the run's last. */
 static int day0_run_sizes(const struct day0_layer *layers, int64_t n_layers, int64_t hidden, int64_t sizes[4]) {
@@ -50,7 +57,7 @@ int64_t day0_decode_scratch(const struct day0_layer *layers, int64_t n_layers, i
 int day0_decode_layers(float *x, float *delta, int64_t has_delta, float *normed_out, const struct day0_layer *layers,
                        int64_t n_layers, int64_t B, int64_t hidden, const float *cos_t, const float *sin_t,
                        const int64_t *slots, const int32_t *tables, const int32_t *seqlens, int64_t block_size,
-                       int64_t width, float *scratch) {
+                       int64_t width, float *scratch, struct day0_comm *comm) {
     int64_t z[4];
     if (day0_run_sizes(layers, n_layers, hidden, z)) return -1;
     const int64_t qkv_max = z[0], attn_max = z[1], inter_max = z[2];
@@ -58,6 +65,7 @@ int day0_decode_layers(float *x, float *delta, int64_t has_delta, float *normed_
     float *proj = normed + B * hidden; /* the O projection's output, then gate/up ([B, 2 I]) */
     float *act = proj + B * (2 * inter_max > hidden ? 2 * inter_max : hidden);
     float *xp = act + B * inter_max; /* the panels' re-laid rows: (B + 15) * z[3] floats */
+    int comm_rc = 0; /* a collective's failure: the same on every thread of the team, which then stops */
 #pragma omp parallel
     {
         int64_t pending = has_delta;
@@ -94,14 +102,19 @@ int day0_decode_layers(float *x, float *delta, int64_t has_delta, float *normed_
             }
             day0_decode_attn_for(attn_buf, qkv_buf, L->k_cache, L->v_cache, tables, seqlens, B, H, Hkv, D, block_size,
                                  width, row, L->scale, L->window);
-            day0_panel_for(proj, attn_buf, L->o, L->o_bias, B, hidden, H * D, H * D, hidden, xp);
+            day0_panel_for(proj, attn_buf, L->o, comm ? 0 : L->o_bias, B, hidden, H * D, H * D, hidden, xp);
 #pragma omp barrier
-            /* the residual add and the post-attention norm */
+            if (comm && day0_team_allreduce(proj, B * hidden, comm, &comm_rc)) break;
+            /* (the O bias after the sum) the residual add and the post-attention norm */
             float *post = L->gate_up ? normed : normed_out;
+            const float *late_bias = comm ? L->o_bias : 0;
 #pragma omp for schedule(static)
-            for (int64_t b = 0; b < B; ++b)
+            for (int64_t b = 0; b < B; ++b) {
+                if (late_bias)
+                    for (int64_t c = 0; c < hidden; ++c) proj[b * hidden + c] += late_bias[c];
                 day0_add_rms_row(x + b * hidden, post + b * hidden, x + b * hidden, proj + b * hidden, L->post_norm,
                                  hidden, L->post_eps);
+            }
             if (!L->gate_up) { /* the caller runs this layer's MLP (the run ends here) */
                 pending = 0;
                 continue;
@@ -113,8 +126,9 @@ int day0_decode_layers(float *x, float *delta, int64_t has_delta, float *normed_
             for (int64_t b = 0; b < B; ++b) day0_silu_row(act + b * I, proj + b * 2 * I, proj + b * 2 * I + I, I);
             day0_panel_for(delta, act, L->down, 0, B, hidden, I, I, hidden, xp);
 #pragma omp barrier
+            if (comm && day0_team_allreduce(delta, B * hidden, comm, &comm_rc)) break;
             pending = 1;
         }
     }
-    return 0;
+    return comm_rc;
 }
