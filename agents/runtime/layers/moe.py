@@ -73,6 +73,7 @@ class RoutedExperts(nn.Module):
                                            [(e, w) for e in ids for w in ("w1", "w3")], self._shape))
         self.w2 = quantizable(bind_loader(make_param((self.num_local, hidden, self.inter_local)), self._load,
                                           [(e, "w2") for e in ids], self._shape))
+        self.w13.direct_target = self.w2.direct_target = self._target
         self.hidden = hidden
         self.panels = False  # w13/w2 hold kernels.pack_expert_panels' layout (pack_panels)
         self._group_ids: torch.Tensor | None = None  # [E_local] 0..E_local-1 on the weights' device
@@ -91,6 +92,18 @@ class RoutedExperts(nn.Module):
             param.data[local].copy_(loaded.narrow(1, start, n))
         else:
             param.data[local].narrow(0, 0 if which == "w1" else n, n).copy_(loaded.narrow(0, start, n))
+
+    def _target(self, param: nn.Parameter, shard_id: Hashable) -> torch.Tensor | None:
+        """Where a whole expert shard goes unchanged (``loader/direct.py`` reads it straight there): w1 and w3
+        into the gate and up rows of ``w13[e]``, w2 into ``w2[e]``; None for another rank's expert, a TP slice, or
+        panels."""
+        expert, which = shard_id
+        local = expert - self.first
+        if self.tp_size != 1 or self.panels or not 0 <= local < self.num_local:
+            return None
+        if which == "w2":
+            return param.data[local]
+        return param.data[local].narrow(0, 0 if which == "w1" else self.inter, self.inter)
 
     def _groups(self, device: torch.device) -> torch.Tensor:
         ids = self._group_ids

@@ -29,8 +29,9 @@ from agents.runtime.layers.int_quant import int_format
 from agents.runtime.layers.quant import BlockFp8Tensor
 from agents.runtime.layers.weights import adopt_or_copy, mapped_tensor
 from agents.runtime.loader.checkpoint import Checkpoint
+from agents.runtime.loader.direct import DirectReader, direct_reads
 from agents.runtime.loader.gguf_release import gguf_file, load_gguf
-from agents.runtime.loader.hashing import ShardHasher
+from agents.runtime.loader.hashing import ShardHasher, hash_workers
 from agents.runtime.loader.int_release import load_int_release
 from agents.runtime.loader.manifest import compare_manifest, parse_manifest
 from agents.runtime.loader.memory import advise_huge_pages
@@ -145,14 +146,18 @@ def load_model(
     ignored = getattr(model, "is_ignored", elsewhere)
     runs = _stored_runs(model, ckpt, set(scales) | scale_names, ignored) if zero_copy else []  # CPU params only
     in_runs = {e.name for _, group in runs for e in group}
-    entries = sorted((e for e in ckpt.tensors.values()
-                      if e.name not in scale_names and e.name not in in_runs and not elsewhere(e.name)),
+    # shards that go unchanged into part of a parameter (stacked experts, merged linears): read straight there
+    direct = direct_reads(model, ckpt, set(scales) | scale_names | in_runs, ignored)
+    in_direct = {e.name for e, _ in direct}
+    entries = sorted((e for e in ckpt.tensors.values() if e.name not in scale_names and e.name not in in_runs
+                      and e.name not in in_direct and not elsewhere(e.name)),
                      key=lambda e: (-e.nbytes, e.file.name, e.start))
     state = {"current": None, "bytes": 0, "adopted": 0}
-    total_entries = len(entries) + len(in_runs) + len(quantized)
+    total_entries = len(entries) + len(in_runs) + len(quantized) + len(direct)
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         mapped = {path: MappedFile(path) for path in ckpt.files}
+        reader = DirectReader(direct, hash_workers()) if direct else None
         try:
             done = 0
             for param, group in runs:  # merged parameters stored back to back: adopted whole, nothing copied
@@ -216,7 +221,17 @@ def load_model(
                 state["bytes"] += entry.nbytes
                 if progress is not None:
                     progress(done, total_entries)
+            for entry, view in reader.done() if reader is not None else ():
+                done += 1
+                state["current"] = entry
+                if stats and lead:
+                    _record(entry, tensor_stats(view), report, fail_on_nonfinite)
+                state["bytes"] += entry.nbytes
+                if progress is not None:
+                    progress(done, total_entries)
         finally:
+            if reader is not None:
+                reader.close()
             for source in mapped.values():
                 source.close()
 
