@@ -78,6 +78,7 @@ def load_model(
     zero_copy: bool = True,
     quant_mode: str = "auto",
     hardware_declares: bool | None = None,
+    pack_weights: bool = False,
 ) -> LoadResult:
     """Build the model for ``model_dir/config.json`` and stream its safetensors weights into it, strictly.
 
@@ -92,7 +93,10 @@ def load_model(
     weights survive a rename or delete of the files, but rewriting a shard in place while serving is unsafe).
     ``quant_mode`` (``auto``, ``native``, ``emulated``; ``layers/fp8_native.py``) chooses how an FP8 per-tensor /
     per-channel release runs: ``auto`` keeps it FP8 (W8A8) where ``hardware_declares`` (the job's hardware
-    declares float8) or the device has FP8; a forced ``native`` on any other format is a LoadError naming it."""
+    declares float8) or the device has FP8; a forced ``native`` on any other format is a LoadError naming it.
+    ``pack_weights`` returns the model packed as ``model.pack_weights()`` packs it (``day0 serve``'s default on a
+    CPU in fp32), its routed experts packed into their panels straight from the checkpoint while loading
+    (``panels_at_load``: one copy, no stacked tensor); the report's ``packed_weights`` says how many weights."""
     model_dir = Path(model_dir)
     try:
         expected = parse_manifest(manifest) if manifest is not None else None
@@ -106,7 +110,7 @@ def load_model(
         _refuse_native(model_dir, quant_mode, gguf)
     if gguf is not None:  # a GGUF release: dequantised at load (emulated), no safetensors, no manifest check
         model, report, config = load_gguf(gguf, dtype=torch_dtype(dtype), device=device)
-        return _outside_safetensors(model, report, config, expected, rss_before)
+        return _outside_safetensors(model, report, config, expected, rss_before, pack_weights)
     config = read_config(model_dir)
     try:
         int_fmt = int_format(config)
@@ -114,7 +118,7 @@ def load_model(
         raise LoadError(f"config.json: {exc}") from exc
     if int_fmt is not None:  # integer weights (compressed-tensors, GPTQ, AWQ): dequantised at load (emulated)
         model, report = load_int_release(model_dir, config, int_fmt, dtype=torch_dtype(dtype), device=device)
-        return _outside_safetensors(model, report, config, expected, rss_before)
+        return _outside_safetensors(model, report, config, expected, rss_before, pack_weights)
     ckpt = Checkpoint.open(model_dir)
     lead = get_tp_rank() == 0 and get_ep_rank() == 0
     hasher = ShardHasher(ckpt.files, checksum_cache) if lead else None
@@ -134,6 +138,7 @@ def load_model(
     if mode == "native" and not native and (quantized or scales):
         raise LoadError(f"--quant-mode native: no weight of this release can be held in FP8 "
                         f"({'block FP8' if scales else 'its format'} has no native path in the runtime)")
+    panels = model.panels_at_load() if pack_weights and hasattr(model, "panels_at_load") else 0
     advise_huge_pages([p.data for p in model.parameters()])
 
     report: dict[str, Any] = {"ok": True, "path": model.path, "architecture": config.get("architectures", [None])[0],
@@ -157,7 +162,7 @@ def load_model(
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         mapped = {path: MappedFile(path) for path in ckpt.files}
-        reader = DirectReader(direct, hash_workers()) if direct else None
+        reader = DirectReader(direct, hash_workers(), stats and lead) if direct else None
         try:
             done = 0
             for param, group in runs:  # merged parameters stored back to back: adopted whole, nothing copied
@@ -221,11 +226,11 @@ def load_model(
                 state["bytes"] += entry.nbytes
                 if progress is not None:
                     progress(done, total_entries)
-            for entry, view in reader.done() if reader is not None else ():
+            for entry, st in reader.done() if reader is not None else ():
                 done += 1
                 state["current"] = entry
-                if stats and lead:
-                    _record(entry, tensor_stats(view), report, fail_on_nonfinite)
+                if st is not None:
+                    _record(entry, st, report, fail_on_nonfinite)
                 state["bytes"] += entry.nbytes
                 if progress is not None:
                     progress(done, total_entries)
@@ -236,7 +241,7 @@ def load_model(
                 source.close()
 
     try:
-        with _one_thread_while(hasher):
+        with _one_thread_while(hasher, bool(direct)):
             model.load_weights(stream())
     except LoadError:
         raise
@@ -244,6 +249,7 @@ def load_model(
         entry: TensorEntry | None = state["current"]
         where = f"{entry.file.name}: tensor {entry.name!r}: " if entry else ""
         raise LoadError(f"{where}{exc}") from exc
+    report["packed_weights"] = panels + _pack(model) if pack_weights else None
     shards = _checksums(ckpt, hasher)
     if expected is not None and hasher is not None:  # the lead rank hashes every shard and checks them
         report["problems"] += compare_manifest(shards, expected)
@@ -279,9 +285,15 @@ def _refuse_native(model_dir: Path, quant_mode: str, gguf: Path | None) -> None:
                         f"and per channel); it runs emulated (dequantized at load)")
 
 
+def _pack(model: Any) -> int:
+    """``model.pack_weights()`` where the model has it (the native decoders): how many weights it packed."""
+    return model.pack_weights() if hasattr(model, "pack_weights") else 0
+
+
 def _outside_safetensors(model: Any, report: dict[str, Any], config: dict[str, Any], expected: Any,
-                         rss_before: int) -> LoadResult:
+                         rss_before: int, pack_weights: bool) -> LoadResult:
     """A GGUF or integer-format load's result: its shards compared with the manifest like any load's."""
+    report["packed_weights"] = _pack(model) if pack_weights else None
     if expected is not None:
         report["problems"] += compare_manifest(report["shards"], expected)
         report["manifest"] = {"files": len(expected), "matched": sum(1 for s in report["shards"] if s.get("matches"))}
@@ -291,11 +303,12 @@ def _outside_safetensors(model: Any, report: dict[str, Any], config: dict[str, A
 
 
 @contextmanager
-def _one_thread_while(hasher: ShardHasher | None) -> Iterator[None]:
-    """Copy on one thread while shards are being hashed: the hash threads already hold every core, and a second
-    OpenMP team beside them only contends (its barrier waits spin on cores the hash needs)."""
+def _one_thread_while(hasher: ShardHasher | None, reading: bool) -> Iterator[None]:
+    """Copy on one thread while shards are being hashed or read straight into parameters: the hash threads or the
+    read threads already hold every core, and a second OpenMP team beside them only contends (its barrier waits
+    spin on cores they need)."""
     threads = torch.get_num_threads()
-    fewer = hasher is not None and hasher.busy and threads > 1
+    fewer = (reading or hasher is not None and hasher.busy) and threads > 1
     if fewer:
         torch.set_num_threads(1)
     try:
