@@ -303,7 +303,7 @@ def _outside_safetensors(model: Any, report: dict[str, Any], config: dict[str, A
 
 
 @contextmanager
-def _one_thread_while(hasher: ShardHasher | None, reading: bool) -> Iterator[None]:
+def _one_thread_while(hasher: ShardHasher | None, reading: bool = False) -> Iterator[None]:
     """Copy on one thread while shards are being hashed or read straight into parameters: the hash threads or the
     read threads already hold every core, and a second OpenMP team beside them only contends (its barrier waits
     spin on cores they need)."""
