@@ -51,7 +51,10 @@ class RoutedExperts(nn.Module):
     ``pack_panels`` (``pack_weights`` on a CPU, fp32, every expert local (whole, or this rank's TP slice of the intermediate size)) re-lays both stacks, in place
     of the originals, as the native kernels' panels (``kernels.pack_expert_panels``); ``kernels.moe_panels`` then
     computes every row count (decode and whole prefills) with each token's result independent of its batch, and
-    the paths that read the stacked layout (a tracer, inputs the kernel does not cover) get it back per call."""
+    the paths that read the stacked layout (a tracer, inputs the kernel does not cover) get it back per call.
+    ``load_as_panels`` makes the empty panels before loading instead, and each checkpoint shard is packed straight
+    into them (``direct_fill``); stacked, a whole shard is read straight into its rows (``direct_target``; both
+    run by ``loader/direct.py``)."""
 
     one_token_cpu = True
     fused_cpu = True

@@ -5,7 +5,9 @@ model expects before any byte is copied; tensors then stream one at a time from 
 already-allocated parameters (each rank copies only its slice) and their pages are dropped from the process
 right after, so no second copy of the model is ever resident. On the CPU a tensor that is already what its
 parameter needs is not copied at all: the parameter adopts the mapped bytes (``zero_copy``), and so does a
-merged parameter (gate/up) whose shards the file stores back to back in its order. A block-scaled FP8 weight
+merged parameter (gate/up) whose shards the file stores back to back in its order. A shard that goes unchanged
+into part of a parameter (a stacked expert's w1/w3/w2, q/k/v) is read straight there from the file instead, on a
+thread per core (``direct.py``), as is an expert shard packed into its panels when ``pack_weights``. A block-scaled FP8 weight
 streams together with its ``_scale_inv`` as one ``BlockFp8Tensor``; the parameter's weight loader dequantises it
 (``layers/quant.py``), and its statistics are those of the dequantised values. A directory holding one GGUF
 file and no config.json is a GGUF release (``gguf_release.py``: dequantised at load), and a config declaring an
