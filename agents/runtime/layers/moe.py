@@ -151,7 +151,7 @@ class RoutedExperts(nn.Module):
         for name, old, shape in shapes:
             new = make_param(shape)
             replace_packed(self, name, new, old.shape[1])
-            new.loads_panels = True  # packed, and still takes checkpoint shards (``_load``)
+            new.loads_panels = True  # packed, and takes checkpoint shards until the load ends (``_load``)
         self.panels = True
         return True
 

@@ -251,6 +251,8 @@ def load_model(
         entry: TensorEntry | None = state["current"]
         where = f"{entry.file.name}: tensor {entry.name!r}: " if entry else ""
         raise LoadError(f"{where}{exc}") from exc
+    for param in model.parameters() if panels else ():  # loaded: a reload is refused, as after pack_weights
+        param.loads_panels = False
     report["packed_weights"] = panels + _pack(model) if pack_weights else None
     shards = _checksums(ckpt, hasher)
     if expected is not None and hasher is not None:  # the lead rank hashes every shard and checks them
