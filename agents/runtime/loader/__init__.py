@@ -251,6 +251,8 @@ def load_model(
         entry: TensorEntry | None = state["current"]
         where = f"{entry.file.name}: tensor {entry.name!r}: " if entry else ""
         raise LoadError(f"{where}{exc}") from exc
+    direct.clear()  # its views hold the parameters' first storage: packing must be able to free it
+    runs.clear()
     for param in model.parameters() if panels else ():  # loaded: a reload is refused, as after pack_weights
         param.loads_panels = False
     report["packed_weights"] = panels + _pack(model) if pack_weights else None
