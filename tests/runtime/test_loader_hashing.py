@@ -98,6 +98,9 @@ def test_the_load_copies_on_one_thread_only_while_shards_are_hashed(monkeypatch)
     with _one_thread_while(None):
         pass
     assert calls == []
+    with _one_thread_while(None, reading=True):  # shards read straight into parameters on the read threads
+        assert calls == [1]
+    assert calls == [1, 2]
 
 
 def test_a_verifying_load_copies_on_one_thread_and_gives_the_threads_back_even_when_refused(model_dir, monkeypatch):

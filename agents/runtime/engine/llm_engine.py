@@ -53,13 +53,15 @@ class LLMEngine:
             from agents.runtime.loader import load_model
 
             result = load_model(self.model_dir, dtype=self.config.dtype, device=self.config.device,
-                                quant_mode=self.config.quant_mode)
+                                quant_mode=self.config.quant_mode, pack_weights=self.config.pack_weights)
             model, config, self.load_report = result.model, result.config, result.report
-        if config is None:
-            raise ValueError("LLMEngine needs the model's config when given a built model")
-        if self.config.pack_weights and hasattr(model, "pack_weights"):
+            if self.config.pack_weights:  # packed by the load (experts straight into their panels)
+                log.info("packed %d weights (layout: %s)", result.report["packed_weights"], pack_layout())
+        elif self.config.pack_weights and hasattr(model, "pack_weights"):
             packed = model.pack_weights()  # before the KV pool takes the memory
             log.info("packed %d weights (layout: %s)", packed, pack_layout())
+        if config is None:
+            raise ValueError("LLMEngine needs the model's config when given a built model")
         self.model = model
         self.model_config = config
         self.tokenizer = tokenizer or Tokenizer(self.model_dir)

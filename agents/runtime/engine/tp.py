@@ -149,9 +149,10 @@ def worker(model_dir: str, dtype: str, device: str, bind_threads: bool | None = 
         from agents.runtime.threads import bind_engine_threads
 
         bind_engine_threads(bind_threads)  # this thread runs every step
-    model = load_model(model_dir, dtype=dtype, device=device, quant_mode=quant_mode).model
-    if pack_weights and hasattr(model, "pack_weights"):
-        log.info("packed %d weights", model.pack_weights())  # before the KV pool takes the memory, as rank 0
+    result = load_model(model_dir, dtype=dtype, device=device, quant_mode=quant_mode, pack_weights=pack_weights)
+    model = result.model
+    if pack_weights:  # packed by the load, before the KV pool takes the memory, as rank 0
+        log.info("packed %d weights", result.report["packed_weights"])
     num_blocks, block_size = broadcast_from_rank0(None)
     runner = ModelRunner(model, device, block_size, num_blocks)
     rank, step = dist.get_rank(), 0

@@ -21,6 +21,16 @@ def pack_panels(w: torch.Tensor) -> torch.Tensor | None:
     return wp
 
 
+def pack_panels_into(wp: torch.Tensor, w: torch.Tensor) -> bool:
+    """``pack_panels`` into an existing contiguous ``wp [ceil(N / 16), K, 16]`` (a view into a larger buffer, such
+    as one expert's panels): rows of ``w [N, K]`` contiguous, any row stride. False when not covered."""
+    if (not library.ok(wp, w) or w.dim() != 2 or w.stride(1) != 1 or w.shape[0] == 0 or wp.dim() != 3
+            or not wp.is_contiguous() or tuple(wp.shape) != (-(-w.shape[0] // PANEL), w.shape[1], PANEL)):
+        return False
+    library.lib.day0_pack_panels(wp.data_ptr(), w.data_ptr(), w.shape[0], w.shape[1], w.stride(0))
+    return True
+
+
 def panel_linear(x: torch.Tensor, wp: torch.Tensor, n: int, bias: torch.Tensor | None = None) -> torch.Tensor | None:
     """``x W^T (+ bias)`` for ``x [M, K]`` (rows contiguous) and ``W [n, K]`` packed by ``pack_panels`` ->
     ``[M, n]``; every output one multiply-add chain over k in order, the same whatever M or the thread count.

@@ -16,3 +16,17 @@ def bind_threads(cpus: list[int]) -> bool:
         return False
     ids = torch.tensor(cpus, dtype=torch.int32)
     return library.lib.day0_bind_threads(ids.data_ptr(), len(cpus)) == len(cpus)
+
+
+def one_thread_here() -> bool:
+    """Run the calling thread's later OpenMP regions (the kernels' and torch's) on that thread alone (OpenMP's
+    per-thread ``omp_set_num_threads``): for worker threads that already run one per core, such as the loader's,
+    whose teams would only spin at their barriers on each other's cores. False when the library is not loaded."""
+    if not library.available():
+        return False
+    try:
+        set_threads = library.lib.omp_set_num_threads  # the OpenMP runtime the library (and torch) share
+    except AttributeError:
+        return False
+    set_threads(1)
+    return True

@@ -185,7 +185,16 @@ class ColumnParallelLinear(nn.Module):
                 return
             p.data.narrow(0, offset, rows).copy_(loaded.narrow(0, self.source_start(shard_id), rows))
 
+        def target(p: nn.Parameter, shard_id: Hashable) -> torch.Tensor | None:
+            """Where a whole shard of a merged parameter goes unchanged (``loader/direct.py``); None for a TP
+            slice or a shard that is the whole parameter (adopted, zero-copy)."""
+            rows, offset, taken = self.shard_layout(shard_id)
+            if rows != taken or rows == p.shape[0]:
+                return None
+            return p.data.narrow(0, offset, rows)
+
         param.concatenates_shards = self.concatenates_shards
+        param.direct_target = target
         if with_input:  # the rows a shard fills (offset here, start in the checkpoint, count): FP8 row scales
             param.native_fp8 = True
             param.rows_of = lambda shard_id: (self.shard_layout(shard_id)[1], self.source_start(shard_id),

@@ -4,7 +4,7 @@ when EP is 1), optional shared experts, and one ``all_reduce`` to combine partia
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +51,10 @@ class RoutedExperts(nn.Module):
     ``pack_panels`` (``pack_weights`` on a CPU, fp32, every expert local (whole, or this rank's TP slice of the intermediate size)) re-lays both stacks, in place
     of the originals, as the native kernels' panels (``kernels.pack_expert_panels``); ``kernels.moe_panels`` then
     computes every row count (decode and whole prefills) with each token's result independent of its batch, and
-    the paths that read the stacked layout (a tracer, inputs the kernel does not cover) get it back per call."""
+    the paths that read the stacked layout (a tracer, inputs the kernel does not cover) get it back per call.
+    ``load_as_panels`` makes the empty panels before loading instead, and each checkpoint shard is packed straight
+    into them (``direct_fill``); stacked, a whole shard is read straight into its rows (``direct_target``; both
+    run by ``loader/direct.py``)."""
 
     one_token_cpu = True
     fused_cpu = True
@@ -73,6 +76,8 @@ class RoutedExperts(nn.Module):
                                            [(e, w) for e in ids for w in ("w1", "w3")], self._shape))
         self.w2 = quantizable(bind_loader(make_param((self.num_local, hidden, self.inter_local)), self._load,
                                           [(e, "w2") for e in ids], self._shape))
+        self.w13.direct_target = self.w2.direct_target = self._target
+        self.w13.direct_fill = self.w2.direct_fill = self._fill
         self.hidden = hidden
         self.panels = False  # w13/w2 hold kernels.pack_expert_panels' layout (pack_panels)
         self._group_ids: torch.Tensor | None = None  # [E_local] 0..E_local-1 on the weights' device
@@ -87,16 +92,68 @@ class RoutedExperts(nn.Module):
         if not 0 <= local < self.num_local:
             return  # another EP rank holds this expert
         n, start = self.inter_local, self.tp_rank * self.inter_local
-        if which == "w2":
+        if self.panels:  # load_as_panels: the shard packed straight into this expert's panels
+            self._pack_shard(param.data[local], loaded, which, start, n)
+        elif which == "w2":
             param.data[local].copy_(loaded.narrow(1, start, n))
         else:
             param.data[local].narrow(0, 0 if which == "w1" else n, n).copy_(loaded.narrow(0, start, n))
+
+    def _target(self, param: nn.Parameter, shard_id: Hashable) -> torch.Tensor | None:
+        """Where a whole expert shard goes unchanged (``loader/direct.py`` reads it straight there): w1 and w3
+        into the gate and up rows of ``w13[e]``, w2 into ``w2[e]``; None for another rank's expert, a TP slice, or
+        panels."""
+        expert, which = shard_id
+        local = expert - self.first
+        if self.tp_size != 1 or self.panels or not 0 <= local < self.num_local:
+            return None
+        if which == "w2":
+            return param.data[local]
+        return param.data[local].narrow(0, 0 if which == "w1" else self.inter, self.inter)
+
+    def _fill(self, param: nn.Parameter, shard_id: Hashable) -> Callable[[torch.Tensor], None] | None:
+        """With panels (``load_as_panels``): the function that packs one checkpoint shard into its expert's panels
+        (``loader/direct.py`` runs it on the mapped tensor, beside the other shards); None otherwise."""
+        if not self.panels or not 0 <= shard_id[0] - self.first < self.num_local:
+            return None
+        return lambda loaded: self._load(param, loaded, shard_id)
+
+    def _pack_shard(self, dest: torch.Tensor, loaded: torch.Tensor, which: str, start: int, n: int) -> None:
+        """This rank's slice of one checkpoint shard into one expert's panels ``dest`` (w13: ``[2 GP, H, 16]``, w1
+        into the first GP panels and w3 into the rest; w2: ``[HP, I, 16]``), as ``pack_expert_panels`` lays them."""
+        src = loaded.narrow(1, start, n) if which == "w2" else loaded.narrow(0, start, n)
+        if src.dtype != torch.float32 or src.stride(-1) != 1:
+            src = src.to(torch.float32).contiguous()
+        gp = dest.shape[0] // 2
+        if which != "w2":
+            dest = dest[:gp] if which == "w1" else dest[gp:]
+        if not kernels.pack_panels_into(dest, src):
+            raise RuntimeError(f"expert shard {which} {tuple(src.shape)} cannot be packed into panels "
+                               f"{tuple(dest.shape)}")
 
     def _groups(self, device: torch.device) -> torch.Tensor:
         ids = self._group_ids
         if ids is None or ids.device != device:
             ids = self._group_ids = torch.arange(self.num_local, dtype=torch.int64, device=device)
         return ids
+
+    def load_as_panels(self) -> bool:
+        """Before loading: w13 and w2 become empty panels (``pack_panels``' layout, same conditions) that ``_load``
+        packs each checkpoint shard straight into: one copy from the checkpoint, no stacked tensor allocated,
+        filled and packed again. True when switched."""
+        w13, w2 = self.w13, self.w2
+        if (self.panels or self.num_local != self.num_experts or w13.dtype != torch.float32
+                or w13.device.type != "cpu" or pack_layout() != "panels" or not kernels.ok(w13, w2)):
+            return False
+        e, h, inter = self.num_local, self.hidden, self.inter_local
+        panel = kernels.PANEL
+        shapes = (("w13", w13, (e, 2 * -(-inter // panel), h, panel)), ("w2", w2, (e, -(-h // panel), inter, panel)))
+        for name, old, shape in shapes:
+            new = make_param(shape)
+            replace_packed(self, name, new, old.shape[1])
+            new.loads_panels = True  # packed, and takes checkpoint shards until the load ends (``_load``)
+        self.panels = True
+        return True
 
     def pack_panels(self) -> bool:
         """Re-lay w13 and w2 as panels (see the class), freeing the stacked originals; True when packed. Only where

@@ -5,7 +5,9 @@ model expects before any byte is copied; tensors then stream one at a time from 
 already-allocated parameters (each rank copies only its slice) and their pages are dropped from the process
 right after, so no second copy of the model is ever resident. On the CPU a tensor that is already what its
 parameter needs is not copied at all: the parameter adopts the mapped bytes (``zero_copy``), and so does a
-merged parameter (gate/up) whose shards the file stores back to back in its order. A block-scaled FP8 weight
+merged parameter (gate/up) whose shards the file stores back to back in its order. A shard that goes unchanged
+into part of a parameter (a stacked expert's w1/w3/w2, q/k/v) is read straight there from the file instead, on a
+thread per core (``direct.py``), as is an expert shard packed into its panels when ``pack_weights``. A block-scaled FP8 weight
 streams together with its ``_scale_inv`` as one ``BlockFp8Tensor``; the parameter's weight loader dequantises it
 (``layers/quant.py``), and its statistics are those of the dequantised values. A directory holding one GGUF
 file and no config.json is a GGUF release (``gguf_release.py``: dequantised at load), and a config declaring an
@@ -29,8 +31,9 @@ from agents.runtime.layers.int_quant import int_format
 from agents.runtime.layers.quant import BlockFp8Tensor
 from agents.runtime.layers.weights import adopt_or_copy, mapped_tensor
 from agents.runtime.loader.checkpoint import Checkpoint
+from agents.runtime.loader.direct import DirectReader, direct_reads
 from agents.runtime.loader.gguf_release import gguf_file, load_gguf
-from agents.runtime.loader.hashing import ShardHasher
+from agents.runtime.loader.hashing import ShardHasher, hash_workers
 from agents.runtime.loader.int_release import load_int_release
 from agents.runtime.loader.manifest import compare_manifest, parse_manifest
 from agents.runtime.loader.memory import advise_huge_pages
@@ -77,6 +80,7 @@ def load_model(
     zero_copy: bool = True,
     quant_mode: str = "auto",
     hardware_declares: bool | None = None,
+    pack_weights: bool = False,
 ) -> LoadResult:
     """Build the model for ``model_dir/config.json`` and stream its safetensors weights into it, strictly.
 
@@ -91,7 +95,10 @@ def load_model(
     weights survive a rename or delete of the files, but rewriting a shard in place while serving is unsafe).
     ``quant_mode`` (``auto``, ``native``, ``emulated``; ``layers/fp8_native.py``) chooses how an FP8 per-tensor /
     per-channel release runs: ``auto`` keeps it FP8 (W8A8) where ``hardware_declares`` (the job's hardware
-    declares float8) or the device has FP8; a forced ``native`` on any other format is a LoadError naming it."""
+    declares float8) or the device has FP8; a forced ``native`` on any other format is a LoadError naming it.
+    ``pack_weights`` returns the model packed as ``model.pack_weights()`` packs it (``day0 serve``'s default on a
+    CPU in fp32), its routed experts packed into their panels straight from the checkpoint while loading
+    (``panels_at_load``: one copy, no stacked tensor); the report's ``packed_weights`` says how many weights."""
     model_dir = Path(model_dir)
     try:
         expected = parse_manifest(manifest) if manifest is not None else None
@@ -105,7 +112,7 @@ def load_model(
         _refuse_native(model_dir, quant_mode, gguf)
     if gguf is not None:  # a GGUF release: dequantised at load (emulated), no safetensors, no manifest check
         model, report, config = load_gguf(gguf, dtype=torch_dtype(dtype), device=device)
-        return _outside_safetensors(model, report, config, expected, rss_before)
+        return _outside_safetensors(model, report, config, expected, rss_before, pack_weights)
     config = read_config(model_dir)
     try:
         int_fmt = int_format(config)
@@ -113,7 +120,7 @@ def load_model(
         raise LoadError(f"config.json: {exc}") from exc
     if int_fmt is not None:  # integer weights (compressed-tensors, GPTQ, AWQ): dequantised at load (emulated)
         model, report = load_int_release(model_dir, config, int_fmt, dtype=torch_dtype(dtype), device=device)
-        return _outside_safetensors(model, report, config, expected, rss_before)
+        return _outside_safetensors(model, report, config, expected, rss_before, pack_weights)
     ckpt = Checkpoint.open(model_dir)
     lead = get_tp_rank() == 0 and get_ep_rank() == 0
     hasher = ShardHasher(ckpt.files, checksum_cache) if lead else None
@@ -133,6 +140,7 @@ def load_model(
     if mode == "native" and not native and (quantized or scales):
         raise LoadError(f"--quant-mode native: no weight of this release can be held in FP8 "
                         f"({'block FP8' if scales else 'its format'} has no native path in the runtime)")
+    panels = model.panels_at_load() if pack_weights and hasattr(model, "panels_at_load") else 0
     advise_huge_pages([p.data for p in model.parameters()])
 
     report: dict[str, Any] = {"ok": True, "path": model.path, "architecture": config.get("architectures", [None])[0],
@@ -145,14 +153,18 @@ def load_model(
     ignored = getattr(model, "is_ignored", elsewhere)
     runs = _stored_runs(model, ckpt, set(scales) | scale_names, ignored) if zero_copy else []  # CPU params only
     in_runs = {e.name for _, group in runs for e in group}
-    entries = sorted((e for e in ckpt.tensors.values()
-                      if e.name not in scale_names and e.name not in in_runs and not elsewhere(e.name)),
+    # shards that go unchanged into part of a parameter (stacked experts, merged linears): read straight there
+    direct = direct_reads(model, ckpt, set(scales) | scale_names | in_runs, ignored)
+    in_direct = {e.name for e, _ in direct}
+    entries = sorted((e for e in ckpt.tensors.values() if e.name not in scale_names and e.name not in in_runs
+                      and e.name not in in_direct and not elsewhere(e.name)),
                      key=lambda e: (-e.nbytes, e.file.name, e.start))
     state = {"current": None, "bytes": 0, "adopted": 0}
-    total_entries = len(entries) + len(in_runs) + len(quantized)
+    total_entries = len(entries) + len(in_runs) + len(quantized) + len(direct)
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         mapped = {path: MappedFile(path) for path in ckpt.files}
+        reader = DirectReader(direct, hash_workers(), stats and lead) if direct else None
         try:
             done = 0
             for param, group in runs:  # merged parameters stored back to back: adopted whole, nothing copied
@@ -216,12 +228,22 @@ def load_model(
                 state["bytes"] += entry.nbytes
                 if progress is not None:
                     progress(done, total_entries)
+            for entry, st in reader.done() if reader is not None else ():
+                done += 1
+                state["current"] = entry
+                if st is not None:
+                    _record(entry, st, report, fail_on_nonfinite)
+                state["bytes"] += entry.nbytes
+                if progress is not None:
+                    progress(done, total_entries)
         finally:
+            if reader is not None:
+                reader.close()
             for source in mapped.values():
                 source.close()
 
     try:
-        with _one_thread_while(hasher):
+        with _one_thread_while(hasher, bool(direct)):
             model.load_weights(stream())
     except LoadError:
         raise
@@ -229,6 +251,11 @@ def load_model(
         entry: TensorEntry | None = state["current"]
         where = f"{entry.file.name}: tensor {entry.name!r}: " if entry else ""
         raise LoadError(f"{where}{exc}") from exc
+    direct.clear()  # its views hold the parameters' first storage: packing must be able to free it
+    runs.clear()
+    for param in model.parameters() if panels else ():  # loaded: a reload is refused, as after pack_weights
+        param.loads_panels = False
+    report["packed_weights"] = panels + _pack(model) if pack_weights else None
     shards = _checksums(ckpt, hasher)
     if expected is not None and hasher is not None:  # the lead rank hashes every shard and checks them
         report["problems"] += compare_manifest(shards, expected)
@@ -264,9 +291,15 @@ def _refuse_native(model_dir: Path, quant_mode: str, gguf: Path | None) -> None:
                         f"and per channel); it runs emulated (dequantized at load)")
 
 
+def _pack(model: Any) -> int:
+    """``model.pack_weights()`` where the model has it (the native decoders): how many weights it packed."""
+    return model.pack_weights() if hasattr(model, "pack_weights") else 0
+
+
 def _outside_safetensors(model: Any, report: dict[str, Any], config: dict[str, Any], expected: Any,
-                         rss_before: int) -> LoadResult:
+                         rss_before: int, pack_weights: bool) -> LoadResult:
     """A GGUF or integer-format load's result: its shards compared with the manifest like any load's."""
+    report["packed_weights"] = _pack(model) if pack_weights else None
     if expected is not None:
         report["problems"] += compare_manifest(report["shards"], expected)
         report["manifest"] = {"files": len(expected), "matched": sum(1 for s in report["shards"] if s.get("matches"))}
@@ -276,11 +309,12 @@ def _outside_safetensors(model: Any, report: dict[str, Any], config: dict[str, A
 
 
 @contextmanager
-def _one_thread_while(hasher: ShardHasher | None) -> Iterator[None]:
-    """Copy on one thread while shards are being hashed: the hash threads already hold every core, and a second
-    OpenMP team beside them only contends (its barrier waits spin on cores the hash needs)."""
+def _one_thread_while(hasher: ShardHasher | None, reading: bool = False) -> Iterator[None]:
+    """Copy on one thread while shards are being hashed or read straight into parameters: the hash threads or the
+    read threads already hold every core, and a second OpenMP team beside them only contends (its barrier waits
+    spin on cores they need)."""
     threads = torch.get_num_threads()
-    fewer = hasher is not None and hasher.busy and threads > 1
+    fewer = (reading or hasher is not None and hasher.busy) and threads > 1
     if fewer:
         torch.set_num_threads(1)
     try:

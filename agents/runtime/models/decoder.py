@@ -179,6 +179,17 @@ class DecoderCausalLM(nn.Module):
         self.use_decode_layout()  # what is left plain (``column_major`` leaves packed weights alone)
         return packed
 
+    def panels_at_load(self) -> int:
+        """Before loading: routed experts that ``pack_weights`` would turn into panels get empty panels now, and
+        their checkpoint shards are packed straight into them while loading (``RoutedExperts.load_as_panels``);
+        returns how many weights (two per MoE layer)."""
+        switched = 0
+        for layer in self.stage_layers:
+            experts = getattr(layer.mlp, "experts", None)
+            if isinstance(experts, RoutedExperts) and experts.load_as_panels():
+                switched += 2
+        return switched
+
     def invalidate_decode_plan(self) -> None:
         """Forget the native decode plan (it holds the addresses of weights and caches): made again on the next
         decode step. Called when weights are loaded or packed, caches bound, or the module moved or cast."""
@@ -338,7 +349,7 @@ class DecoderCausalLM(nn.Module):
                 param = params.get(param_name)
                 if param is None:
                     raise KeyError(f"unexpected tensor {name!r}: {type(self).__name__} has no parameter for it")
-                if is_packed(param):
+                if is_packed(param) and not getattr(param, "loads_panels", False):
                     raise RuntimeError(f"{param_name} is packed (pack_weights): load before packing")
                 param.weight_loader(param, tensor, shard)
                 loaded.add(name)
