@@ -3,7 +3,8 @@ preemption. It only does bookkeeping; the tensors live in the model runner.
 
 Prefix caching (``enable_prefix_caching``, vLLM's flag): a block whose ``block_size`` tokens all hold computed
 K/V is named by a chained hash, ``h_i = H(h_{i-1}, tokens of block i)`` (the chain's root is the hash of the
-request's images, if any, so the same placeholder ids over other pixels never match). Blocks are ref-counted:
+request's images, if any, so the same placeholder ids over other pixels never match), named when the step that
+computes it is scheduled (``register``: a request admitted later in that step shares it). Blocks are ref-counted:
 a request admitted with a prompt whose leading full blocks are known takes those blocks (ref + 1) and skips
 their prefill. A block whose last holder finishes goes back to the free list with its hash kept, reusable until
 the allocator takes it for something else: the free list is in eviction order, unhashed blocks first, then
