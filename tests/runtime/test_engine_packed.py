@@ -1,6 +1,6 @@
 """Packed weights (``EngineConfig.pack_weights``), in either layout (the native kernels' panels, oneDNN's blocks):
-the same greedy tokens as the plain layout, the packed tensors in place of the originals (never a second copy),
-and a packed model refuses a reload."""
+the same greedy tokens as the plain layout, the packed tensors in place of the originals (never a second copy; a
+tied LM head's panels serve the embedding table too), and a packed model refuses a reload."""
 
 from __future__ import annotations
 
@@ -85,11 +85,36 @@ def test_an_unknown_pack_layout_is_refused(monkeypatch):
 
 
 def test_a_tied_lm_head_stays_the_embedding_table(layout):
-    engine = LLMEngine(cached_model("qwen3"), num_blocks=32, pack_weights=True)  # tie_word_embeddings
+    """Tied: one parameter for the table and the head. As panels the head is packed and the table reads its rows
+    from them (the same greedy tokens as the plain model, no second copy); oneDNN's blocks leave it plain."""
+    path = cached_model("qwen3")  # tie_word_embeddings
+    want = [o.output_token_ids for o in LLMEngine(path, num_blocks=64).generate(PROMPTS, PARAMS)]
+    engine = LLMEngine(path, num_blocks=64, pack_weights=True)
     model = engine.model
-    assert model.lm_head.weight is model.model.embed_tokens.weight and not linear.is_packed(model.lm_head.weight)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert _packed_as(model.lm_head.weight, layout) == (layout == "panels")
+    assert layout == "onednn" or model.lm_head.weight.panel_rows == model.config["vocab_size"]
     assert any(_packed_as(p, layout) for p in model.parameters())
-    assert len(engine.generate([[5, 6, 7]], PARAMS)[0].output_token_ids) == PARAMS.max_tokens
+    assert [o.output_token_ids for o in engine.generate(PROMPTS, PARAMS)] == want
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no native kernels")
+def test_embedding_rows_read_a_panel_packed_table_as_the_plain_one():
+    """``embedding_rows`` over panels gives ``F.embedding``'s rows, the last partial panel included, and refuses
+    an id past the table (the padding rows are not tokens) as ``F.embedding`` refuses it."""
+    from agents.runtime.layers.embedding import embedding_rows
+
+    torch.manual_seed(0)
+    table = torch.randn(37, 24)  # 3 panels, the last one 5 of 16 rows
+    panels = kernels.pack_panels(table)
+    panels.panel_rows = 37
+    ids = torch.tensor([0, 15, 16, 36, 5, 5, 32])
+    assert torch.equal(embedding_rows(ids, panels), torch.nn.functional.embedding(ids, table))
+    assert torch.equal(embedding_rows(ids, table), table[ids])
+    assert embedding_rows(ids[:0], panels).shape == (0, 24)
+    for bad in (37, 40, -1):
+        with pytest.raises(IndexError, match=r"range \[0, 37\)"):
+            embedding_rows(torch.tensor([3, bad]), panels)
 
 
 def test_packed_model_refuses_a_reload(layout):

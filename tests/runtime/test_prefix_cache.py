@@ -1,5 +1,6 @@
 """Prefix caching: the block manager's hashed, ref-counted, LRU-evicted blocks, and the engine's greedy output
-unchanged by it (shared prefixes batched with other requests, under eviction pressure)."""
+unchanged by it (shared prefixes batched with other requests, under eviction pressure, shared within the step
+that computes them, and forgotten when that step fails)."""
 
 from __future__ import annotations
 
@@ -237,3 +238,50 @@ def test_packed_native_path_and_a_prompt_one_token_past_its_cached_blocks(model_
         outputs[on] = [o.output_token_ids for o in engine.generate(prompts, GREEDY)]
         assert engine.stats()["prefix_cache_hits"] == (32 + 32 + 16 if on else 0)
     assert outputs[True] == outputs[False]
+
+
+def test_requests_admitted_in_one_step_share_a_prefix_the_first_computes_in_that_step(model_dir):
+    """Blocks are named when the step that computes them is scheduled (as vLLM does): requests admitted after
+    the first in the same step take its prefix blocks and compute their own tails only, their attention reading
+    the K/V the step writes before it; the same greedy tokens as without caching."""
+    settings = dict(num_blocks=64, block_size=8, max_num_batched_tokens=256)
+    head = list(range(5, 45))  # 40 tokens: 5 full blocks
+    prompts = [[*head, 50 + i, 60 + i, 70 + i] for i in range(3)]
+    off = [o.output_token_ids for o in LLMEngine(model_dir, **settings).generate(prompts, GREEDY)]
+    engine = LLMEngine(model_dir, enable_prefix_caching=True, **settings)
+    for i, p in enumerate(prompts):
+        engine.add_request(p, GREEDY, request_id=str(i))
+    engine.step()  # all three admitted and prefilled in this one step
+    assert engine.stats()["prefix_cache_hits"] == 2 * 40 and engine.num_steps == 1
+    final = {}
+    while engine.has_unfinished():
+        final.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
+    assert [final[str(i)] for i in range(3)] == off
+
+
+def test_a_failed_step_forgets_the_blocks_named_for_it(model_dir, monkeypatch):
+    """The forward pass of a step that named blocks fails: those names are dropped (their K/V may be missing),
+    so nothing can hit them; the requests, retried, give the tokens of a run that never failed."""
+    settings = dict(num_blocks=64, block_size=8, max_num_batched_tokens=256, enable_prefix_caching=True)
+    prompts = [[*range(5, 45), 50], [*range(5, 45), 51]]
+    want = [o.output_token_ids for o in LLMEngine(model_dir, **settings).generate(prompts, GREEDY)]
+    engine = LLMEngine(model_dir, **settings)
+    real = engine.runner.run_step
+    calls = []
+
+    def fail_once(batch):
+        calls.append(len(batch.seqs))
+        if len(calls) == 1:
+            assert engine.blocks.num_cached_blocks == 5  # named at scheduling: the first prompt's full blocks
+            raise RuntimeError("injected")
+        return real(batch)
+
+    monkeypatch.setattr(engine.runner, "run_step", fail_once)
+    for i, p in enumerate(prompts):
+        engine.add_request(p, GREEDY, request_id=str(i))
+    engine.step()
+    assert engine.blocks.num_cached_blocks == 0 and engine.blocks.num_used_blocks == 0
+    final = {}
+    while engine.has_unfinished():
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+    assert [final[str(i)].output_token_ids for i in range(2)] == want and all(o.error is None for o in final.values())

@@ -98,3 +98,21 @@ def test_cli_copies_the_converted_model_and_names_a_bad_output(smollm2, tmp_path
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == sorted(p.name for p in smollm2.iterdir())
     assert main(["make-model", "--real", "smollm2-135m", "--out", str(tmp_path / "m")]) == 2
     assert "is not empty" in capsys.readouterr().out
+
+
+def test_packed_engine_with_its_tied_head_as_panels_draws_transformers_tokens(smollm2, pair) -> None:  # noqa: F811
+    """``day0 serve``'s CPU default (``pack_weights``): the tied 49152 x 576 embedding is packed as the LM head's
+    panels, one copy, the embedding reading its rows from them; the engine's greedy tokens are transformers'."""
+    from agents.runtime.engine import LLMEngine, SamplingParams
+    from agents.runtime.layers.linear import is_packed
+
+    _, ref, tok = pair
+    engine = LLMEngine(smollm2, num_blocks=64, pack_weights=True)
+    model = engine.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight and is_packed(model.lm_head.weight)
+    seqs = [tok(p)["input_ids"] for p in PROMPTS]
+    outs = engine.generate(seqs, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    with torch.no_grad():
+        for s, out in zip(seqs, outs, strict=True):
+            want = ref.generate(torch.tensor([s]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+            assert out.output_token_ids == want[0, len(s):].tolist()

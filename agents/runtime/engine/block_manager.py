@@ -3,7 +3,8 @@ preemption. It only does bookkeeping; the tensors live in the model runner.
 
 Prefix caching (``enable_prefix_caching``, vLLM's flag): a block whose ``block_size`` tokens all hold computed
 K/V is named by a chained hash, ``h_i = H(h_{i-1}, tokens of block i)`` (the chain's root is the hash of the
-request's images, if any, so the same placeholder ids over other pixels never match). Blocks are ref-counted:
+request's images, if any, so the same placeholder ids over other pixels never match), named when the step that
+computes it is scheduled (``register``: a request admitted later in that step shares it). Blocks are ref-counted:
 a request admitted with a prompt whose leading full blocks are known takes those blocks (ref + 1) and skips
 their prefill. A block whose last holder finishes goes back to the free list with its hash kept, reusable until
 the allocator takes it for something else: the free list is in eviction order, unhashed blocks first, then
@@ -161,18 +162,34 @@ class BlockManager:
         self.num_queries += seq.num_tokens
         self.num_hits += seq.num_computed_tokens
 
-    def register(self, seq: Sequence) -> None:
-        """Name the blocks of ``seq`` that became full of computed tokens (after a step); a block whose hash
-        another block holds already stays unnamed (a duplicate, freed first)."""
+    def register(self, seq: Sequence, num_tokens: int | None = None) -> list[int]:
+        """Name the blocks of ``seq`` full once its first ``num_tokens`` tokens are computed (default: those
+        computed now); a block whose hash another block holds already stays unnamed (a duplicate, freed first).
+        The scheduler names them when it schedules the step that computes them (as vLLM does): a request admitted
+        later in the same step takes them, and its chunk's attention reads their K/V, which the step writes for
+        every token of a layer before that layer's attention. Returns the blocks named now (``forget`` drops
+        them when that step fails)."""
         if not self.enable_prefix_caching:
-            return
-        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+            return []
+        done = seq.num_computed_tokens if num_tokens is None else num_tokens
+        full = min(done // self.block_size, len(seq.block_table))
         if full <= seq.num_registered_blocks:
-            return
+            return []
         hashes = self._hashes(seq, full)
+        named = []
         for i in range(seq.num_registered_blocks, full):
             block = seq.block_table[i]
             if block not in self._hash_of and hashes[i] not in self._cached:
                 self._hash_of[block] = hashes[i]
                 self._cached[hashes[i]] = block
+                named.append(block)
         seq.num_registered_blocks = full
+        return named
+
+    def forget(self, blocks: list[int]) -> None:
+        """Unname ``blocks`` (named for a step whose forward pass failed: their K/V may be missing); call before
+        their holders free them, so that they go back to the free list as plain blocks."""
+        for block in blocks:
+            h = self._hash_of.pop(block, None)
+            if h is not None and self._cached.get(h) == block:
+                del self._cached[h]

@@ -206,6 +206,7 @@ class LLMEngine:
         except Exception as exc:  # a failing batch never ends the engine, and ends only the request at fault
             error = f"{type(exc).__name__}: {exc}"
             log.exception("forward pass failed for %d sequence(s)", len(batch.seqs))
+            self.blocks.forget(batch.registered)  # named for this step's tokens, whose K/V may not be written
             for seq in batch.seqs:
                 if len(batch.seqs) == 1 or seq.num_failures >= MAX_FAILURES:
                     self.scheduler.finish(seq, "error")

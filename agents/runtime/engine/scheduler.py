@@ -38,6 +38,7 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    registered: list[int] = field(default_factory=list)  # prefix-cache blocks named for this step's tokens
 
     @property
     def empty(self) -> bool:
@@ -119,6 +120,7 @@ class Scheduler:
             if not self._make_room(seq, seq.num_computed_tokens + n, scheduled, batch):
                 continue
             self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            batch.registered += self.blocks.register(seq, seq.num_computed_tokens + n)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             scheduled.add(id(seq))
@@ -141,6 +143,8 @@ class Scheduler:
             if self.blocks.enable_prefix_caching and not seq.block_table:
                 self.blocks.take(seq, hits)
             self.blocks.allocate(seq, seq.num_computed_tokens + n)
+            # named now: a request admitted after this one in the same step shares them (see BlockManager.register)
+            batch.registered += self.blocks.register(seq, seq.num_computed_tokens + n)
             seq.first_scheduled_time = seq.first_scheduled_time or time.monotonic()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -187,7 +191,7 @@ class Scheduler:
         ready = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
-            self.blocks.register(seq)  # its blocks now full of computed tokens become reusable prefixes
+            self.blocks.register(seq)  # named when scheduled already; an isolated retry's blocks are named here
             if seq.num_uncomputed_tokens == 0:
                 ready.append(seq)
         return ready

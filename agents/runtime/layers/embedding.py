@@ -12,6 +12,20 @@ from agents.runtime.distributed import all_gather, all_reduce, get_tp_rank, get_
 from agents.runtime.layers.linear import dense_linear
 from agents.runtime.layers.weights import adopt_or_copy, bind_loader, check_shape, make_param
 
+PANEL = 16  # outputs per weight panel (``kernels.pack_panels``)
+
+
+def embedding_rows(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.embedding(ids, weight)`` for a plain ``[V, hidden]`` table or one packed as panels (a tied LM head packed
+    by ``pack_weight``: ``[ceil(V / 16), hidden, 16]``, row v at ``[v // 16, :, v % 16]``), so the table and the
+    head share one copy. An id outside the table is refused, as ``F.embedding`` refuses it."""
+    rows = getattr(weight, "panel_rows", 0)
+    if not rows:
+        return F.embedding(ids, weight)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+        raise IndexError(f"token id out of the embedding table's range [0, {rows})")
+    return weight[ids // PANEL, :, ids % PANEL]  # [*ids.shape, hidden]
+
 
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden: int) -> None:
@@ -35,10 +49,10 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)  # [T, hidden]
+            return embedding_rows(input_ids, self.weight)  # [T, hidden]
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.vocab_local)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)  # out: [T, hidden]
+        out = embedding_rows(local.masked_fill(outside, 0), self.weight)  # out: [T, hidden]
         out.masked_fill_(outside.unsqueeze(-1), 0)
         return all_reduce(out)
 

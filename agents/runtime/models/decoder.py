@@ -22,7 +22,7 @@ from agents.runtime.distributed import broadcast, get_parallel_state, recv, send
 from agents.runtime.interface import ForwardOutput, KVCacheSpec
 from agents.runtime.layers.attention import AttentionMetadata
 from agents.runtime.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from agents.runtime.layers.linear import is_packed, pack_weight
+from agents.runtime.layers.linear import is_packed, pack_layout, pack_weight
 from agents.runtime.layers.mlp import SwiGLUMLP
 from agents.runtime.layers.moe import RoutedExperts
 from agents.runtime.layers.norm import RMSNorm
@@ -156,10 +156,11 @@ class DecoderCausalLM(nn.Module):
 
     def pack_weights(self) -> int:
         """Pack the layers' dense fp32 CPU weights in place (``pack_weight``: the native kernels' panels, else
-        oneDNN's blocks): the attention and MLP projections, shared experts included, and the LM head unless it
-        is the embedding table (tied). Panels stream 1.5-2x faster than a plain or oneDNN weight at 1-2 rows and
-        run batched products at oneDNN's rate; oneDNN's blocks run batched steps 1.2-2x faster than the plain
-        layout. Routed experts' stacks become panels too (``RoutedExperts.pack_panels``; with oneDNN's layout they
+        oneDNN's blocks): the attention and MLP projections, shared experts included, and the LM head, a tied one
+        (the embedding table) too where the layout is panels: the table then reads its rows from the head's
+        panels (``embedding_rows``), one copy (SmolLM2-135M's 49152 x 576 head is a fifth of its decode reads).
+        Panels stream 1.5-2x faster than a plain or oneDNN weight at 1-2 rows and run batched products at oneDNN's
+        rate; oneDNN's blocks run batched steps 1.2-2x faster than the plain layout. Routed experts' stacks become panels too (``RoutedExperts.pack_panels``; with oneDNN's layout they
         stay stacked). Call after loading; returns the number of weights packed."""
         modules: list[nn.Module] = []
         for layer in self.stage_layers:
@@ -167,11 +168,14 @@ class DecoderCausalLM(nn.Module):
                 modules += [layer.self_attn.qkv_proj, layer.self_attn.o_proj]
             mlps = [layer.mlp, getattr(layer.mlp, "shared_experts", None)]
             modules += [m for mlp in mlps if isinstance(mlp, SwiGLUMLP) for m in (mlp.gate_up_proj, mlp.down_proj)]
-        head = self.lm_head
-        if head is not None and (self.model.embed_tokens is None or head.weight is not self.model.embed_tokens.weight):
+        head, embed = self.lm_head, self.model.embed_tokens
+        tied = head is not None and embed is not None and head.weight is embed.weight
+        if head is not None and (not tied or pack_layout() == "panels"):  # oneDNN's blocks: no embedding rows
             modules.append(head)
         self.invalidate_decode_plan()
         packed = sum(pack_weight(module) for module in modules)
+        if tied and head.weight is not embed.weight:  # one copy: the table reads its rows from the head's panels
+            embed.weight = head.weight
         for layer in self.stage_layers:  # routed experts: both stacks as panels where the kernels run
             experts = getattr(layer.mlp, "experts", None)
             if isinstance(experts, RoutedExperts) and experts.pack_panels():
