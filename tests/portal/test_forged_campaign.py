@@ -18,28 +18,18 @@ from apps.jobs.models import Job, JobEvent
 from apps.matrix.models import Cell
 from contract.events import EVENT_MESSAGE_MAX
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
-from tests.portal.challenges import answer
-from tests.portal.reports import TIER_STAGES, bound, passing
+from tests.portal.forger import agent_cell, climb_to, post_result
+from tests.portal.reports import passing
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def cell() -> tuple:
-    hardware = HardwareFactory()
-    model = ModelReleaseFactory()
-    token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
-    return model, hardware, token
+    return agent_cell()
 
 
-def _post(api_client: Any, job: Any, token: Any, doc: dict[str, Any]) -> Any:
-    return api_client.post(f"/api/v1/jobs/{job.pk}/results/", bound(job, doc), format="json", **auth(token))
 
-
-def _climb_to(api_client: Any, job: Any, token: Any, tier: int) -> None:
-    for stage in TIER_STAGES[tier]:
-        response = _post(api_client, job, token, {"stage": stage, "section": answer(job, stage, passing(stage))})
-        assert response.status_code == 201 and response.json()["stored"][0]["verdict"] == "pass", response.content
 
 
 def _tier(model: Any, hardware: Any) -> int:
@@ -80,8 +70,8 @@ def test_a_forged_result_document_is_400_naming_the_field_and_stores_nothing(api
                                                                              message) -> None:
     model, hardware, token = cell
     job = JobFactory(model=model, hardware=hardware)
-    _climb_to(api_client, job, token, 1)
-    response = _post(api_client, job, token, doc)
+    climb_to(api_client, job, token, 1)
+    response = post_result(api_client, job, token, doc)
     assert response.status_code == 400, response.content
     assert message in str(response.json()[field]), response.json()
     assert not StageResult.objects.filter(job=job, stage="load").exists()
@@ -89,7 +79,7 @@ def test_a_forged_result_document_is_400_naming_the_field_and_stores_nothing(api
     assert job.failed_stage == "" and job.error == ""
     assert _tier(model, hardware) == 1
     # the honest section still goes in, in the same attempt: the refusal took nothing
-    response = _post(api_client, job, token, {"stage": "load", "section": passing("load")})
+    response = post_result(api_client, job, token, {"stage": "load", "section": passing("load")})
     assert response.status_code == 201 and response.json()["cell"]["tier"] == 2
 
 
@@ -169,7 +159,7 @@ def test_clearing_its_own_hardwares_bandwidth_does_not_lift_the_physics_floor(ap
     owner = make_token(organization=org, role=Role.ADMIN)
     token = make_token(organization=org, scopes=["agent"], hardware=hardware)
     job = JobFactory(model=model, hardware=hardware)
-    _climb_to(api_client, job, token, 4)
+    climb_to(api_client, job, token, 4)
     response = api_client.patch(f"/api/v1/hardware/{hardware.slug}/", {"memory_bandwidth_gbps": None},
                                 format="json", **auth(owner))
     assert response.status_code == 200, response.content
@@ -177,7 +167,7 @@ def test_clearing_its_own_hardwares_bandwidth_does_not_lift_the_physics_floor(ap
     bench = passing("bench")
     for run in bench["runs"]:
         run.update(tpot_ms=dict(fast), itl_ms=dict(fast))
-    body = _post(api_client, job, token, {"stage": "bench", "section": bench}).json()
+    body = post_result(api_client, job, token, {"stage": "bench", "section": bench}).json()
     stored = body["stored"][0]
     assert stored["verdict"] == "incomplete", stored
     assert ("bench: the hardware states no memory bandwidth, so the TPOT floor cannot be checked (its owner sets "

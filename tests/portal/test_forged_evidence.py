@@ -14,9 +14,10 @@ from apps.catalog.models import ModelRelease
 from apps.evidence.models import StageResult
 from apps.matrix.models import Cell
 from tests.endpoint_sections import endpoint_align
-from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
+from tests.factories import JobFactory, auth, make_token
 from tests.portal.challenges import answer
-from tests.portal.reports import PASSING, TIER_STAGES, bound, new_attempt, passing
+from tests.portal.forger import agent_cell, climb_to, post_result
+from tests.portal.reports import PASSING, new_attempt, passing
 
 pytestmark = pytest.mark.django_db
 
@@ -115,20 +116,10 @@ FORGED: list[tuple[str, str, dict[str, Any], str, str]] = [
 
 @pytest.fixture
 def cell() -> tuple:
-    hardware = HardwareFactory()
-    model = ModelReleaseFactory()
-    token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
-    return model, hardware, token
+    return agent_cell()
 
 
-def _post(api_client: Any, job: Any, token: Any, doc: dict[str, Any]) -> Any:
-    return api_client.post(f"/api/v1/jobs/{job.pk}/results/", bound(job, doc), format="json", **auth(token))
 
-
-def _climb_to(api_client: Any, job: Any, token: Any, tier: int) -> None:
-    for stage in TIER_STAGES[tier] if tier else []:
-        response = _post(api_client, job, token, {"stage": stage, "section": answer(job, stage, passing(stage))})
-        assert response.status_code == 201 and response.json()["stored"][0]["verdict"] == "pass", response.content
 
 
 @pytest.mark.parametrize(("case", "stage", "section", "verdict", "reason"), FORGED, ids=[f[0] for f in FORGED])
@@ -137,10 +128,10 @@ def test_forged_or_broken_results_leave_the_tier_and_name_the_reason(api_client,
     model, hardware, token = cell
     job = JobFactory(model=model, hardware=hardware)
     below = GATE_TIER[stage] - 1
-    _climb_to(api_client, job, token, below)
+    climb_to(api_client, job, token, below)
     if case != "eval without raw outputs":
         section = answer(job, stage, section)
-    response = _post(api_client, job, token, {"stage": stage, "section": section})
+    response = post_result(api_client, job, token, {"stage": stage, "section": section})
     assert response.status_code == 201, response.content
     body = response.json()
     stored = body["stored"][0]
@@ -164,7 +155,7 @@ def test_forged_or_broken_results_leave_the_tier_and_name_the_reason(api_client,
 def test_honest_evidence_still_climbs_to_validated(api_client, cell) -> None:
     model, hardware, token = cell
     job = JobFactory(model=model, hardware=hardware)
-    _climb_to(api_client, job, token, 6)
+    climb_to(api_client, job, token, 6)
     cell_row = Cell.objects.get(model=model, hardware=hardware)
     assert cell_row.tier == 6 and cell_row.disputed == [] and not cell_row.custom_thresholds
 
@@ -180,14 +171,14 @@ def test_a_shard_digest_differing_from_the_manifest_fails_load_naming_both(api_c
     job = JobFactory(model=model, hardware=hardware)
     assert api_client.get(f"/api/v1/jobs/{job.pk}/", **auth(token)).json()["manifest"] is None  # not for the agent
     assert api_client.get(f"/api/v1/jobs/{job.pk}/", **auth(owner)).json()["manifest"] == manifest  # for users
-    _climb_to(api_client, job, token, 1)
-    body = _post(api_client, job, token, {"stage": "load", "section": passing("load")}).json()
+    climb_to(api_client, job, token, 1)
+    body = post_result(api_client, job, token, {"stage": "load", "section": passing("load")}).json()
     assert body["cell"]["tier"] == 1 and body["stored"][0]["disputed"] is True
     assert (f"load: shard model-00002-of-00002.safetensors sha256 {'b' * 64} differs from the manifest's "
             f"{'c' * 64}") in body["stored"][0]["reasons"]
     wrong_count = _patched("load", _set("tensors", 200))
     new_attempt(job)  # a stage is posted once per attempt
-    body = _post(api_client, job, token, {"stage": "load", "section": wrong_count}).json()
+    body = post_result(api_client, job, token, {"stage": "load", "section": wrong_count}).json()
     assert "load: 200 tensors loaded, the model declares 201" in body["stored"][0]["reasons"]
 
 
@@ -237,9 +228,9 @@ def test_looser_thresholds_mark_the_job_and_every_tier_it_reaches(api_client, ce
     assert response.status_code == 201 and response.json()["custom_thresholds"] == ["layer_cosine"]
     job = JobFactory(model=model, hardware=hardware,
                      spec={**JobFactory.spec.function(), "thresholds": {"layer_cosine": 0.5}})
-    _climb_to(api_client, job, token, 3)
+    climb_to(api_client, job, token, 3)
     weak = _patched("align", _set("layers.5.cosine", 0.8))  # passes only under the looser threshold
-    body = _post(api_client, job, token, {"stage": "align", "section": answer(job, "align", weak)}).json()
+    body = post_result(api_client, job, token, {"stage": "align", "section": answer(job, "align", weak)}).json()
     assert body["stored"][0]["verdict"] == "pass" and body["stored"][0]["custom_thresholds"] == ["layer_cosine"]
     assert body["cell"] == {**body["cell"], "tier": 4, "custom_thresholds": True}
     row = next(r for r in api_client.get("/api/v1/matrix/").json()["models"] if r["slug"] == model.slug)
@@ -247,7 +238,7 @@ def test_looser_thresholds_mark_the_job_and_every_tier_it_reaches(api_client, ce
     assert api_client.get(f"/api/v1/cells/{model.slug}/{hardware.slug}/").json()["custom_thresholds"] is True
     # the same numbers under the defaults do not pass
     strict = JobFactory(model=model, hardware=hardware)
-    body = _post(api_client, strict, token, {"stage": "align", "section": answer(strict, "align", weak)}).json()
+    body = post_result(api_client, strict, token, {"stage": "align", "section": answer(strict, "align", weak)}).json()
     assert body["stored"][0]["verdict"] == "fail" and body["cell"]["tier"] == 3
     assert StageResult.objects.filter(job=job, stage="align", verdict="pass").exists()  # nothing lost
 
@@ -256,11 +247,11 @@ def test_the_issues_forgery_as_one_report_stays_at_serves(api_client, client, ce
     """A forged report: ``{"align": {"passed": true}}`` and a bench whose only run has 99 failed requests."""
     model, hardware, token = cell
     job = JobFactory(model=model, hardware=hardware)
-    _climb_to(api_client, job, token, 3)
+    climb_to(api_client, job, token, 3)
     bench = {**passing("bench"), "runs": [{**PASSING["bench"]["runs"][0], "failed": 99, "completed": 1}]}
     report = {"hardware": hardware.slug, "tier": 5, "failed_stage": None, "error": None,
               "stages": {"align": {"passed": True}, "bench": bench}}
-    body = _post(api_client, job, token, report).json()
+    body = post_result(api_client, job, token, report).json()
     verdicts = {r["stage"]: r for r in body["stored"]}
     assert verdicts["align"]["verdict"] == "incomplete" and verdicts["align"]["disputed"] is True
     assert verdicts["align"]["reasons"][:2] == ["align: ops missing", "align: layers missing"]

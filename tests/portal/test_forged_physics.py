@@ -13,6 +13,7 @@ from apps.evidence.models import StageResult
 from apps.matrix.models import Cell
 from tests.factories import HardwareFactory, JobFactory, ModelReleaseFactory, OrganizationFactory, auth, make_token
 from tests.portal.challenges import answer
+from tests.portal.forger import agent_cell
 from tests.portal.reports import PASSING, TIER_STAGES, bound, new_attempt, passing
 
 pytestmark = pytest.mark.django_db
@@ -96,10 +97,7 @@ FORGED: list[tuple[str, str, dict[str, Any], str]] = [
 
 @pytest.fixture
 def cell() -> tuple:
-    hardware = HardwareFactory()
-    model = ModelReleaseFactory()
-    token = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=hardware)
-    return model, hardware, token
+    return agent_cell()
 
 
 def _post(api_client: Any, job: Any, token: Any, stage: str, section: dict[str, Any]) -> dict[str, Any]:
