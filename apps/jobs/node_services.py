@@ -16,6 +16,7 @@ from apps.accounts.access import Actor
 from apps.accounts.choices import Scope
 from apps.core.validators import as_utc
 from apps.jobs.choices import ACTIVE_STATES, JobState
+from apps.jobs.eventlog import check_event_stages
 from apps.jobs.events import JobEventPayload, broadcast_job_node_events
 from apps.jobs.models import Job, JobEvent, JobNode, NodeState
 from apps.jobs.services import InvalidTransition, do_transition_job
@@ -88,6 +89,7 @@ def check_store_node_events(actor: Actor, job: Job, rank: int, events: list[dict
     that extend that contiguous prefix join the job's log as node ``rank``'s sequence (``append_node_stream``)."""
     locked = Job.objects.select_for_update().get(pk=job.pk)
     node = _node_of(actor, locked, rank)
+    check_event_stages(locked, events)  # (after the token is known to be the node's: a 403 comes first)
     if node.state not in (NodeState.RUNNING, NodeState.FINISHED, NodeState.FAILED) and not _released_after_claim(node):
         raise InvalidTransition(f"node {rank} of job {job.pk} is {node.state}: it claims its node before it reports")
     stored = {e["seq"]: e for e in node.events}

@@ -130,3 +130,17 @@ def test_node_events_are_broadcast_once_naming_the_node(api_client, two_node_job
     assert [[e["seq"] for e in m["node_events"]] for m in messages] == [[1, 2], [3]]
     assert "events" not in messages[0]  # a client that knows only job.events leaves it alone
     assert messages[0]["node_events"][0]["message"] == "node 1 step 1" and messages[0]["job"] == job.pk
+
+
+def test_a_node_event_naming_no_stage_of_the_job_is_403_to_a_stranger_and_400_to_the_node(api_client,
+                                                                                         two_node_job) -> None:
+    """The token is checked before the batch's stages: a stranger learns nothing of the job's stages."""
+    job, url, headers, _ = two_node_job
+    stranger = make_token(organization=OrganizationFactory(), scopes=["agent"], hardware=HardwareFactory())
+    forged = _events([1], stage="../x")
+    response = api_client.post(f"{url}/nodes/1/events/", forged, format="json",
+                               HTTP_AUTHORIZATION=f"Token {stranger.secret}")
+    assert response.status_code == 403, response.content
+    response = api_client.post(f"{url}/nodes/1/events/", forged, format="json", **headers)
+    assert response.status_code == 400 and "'../x' is not a stage of job" in str(response.json()["events[0].stage"])
+    assert JobNode.objects.get(job=job, rank=1, attempt=1).events == []

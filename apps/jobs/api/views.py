@@ -161,7 +161,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         actor = get_actor(request)
         require(actor.authenticated, actor, "")
         events = eventlog.parse_event_batch(request.data, max_events=settings.EVENT_BATCH_MAX)
-        eventlog.check_event_stages(job, events)
         return Response({"acked": node_services.check_store_node_events(actor, job, int(rank), events)})
 
     @extend_schema(request=JobStateSerializer, responses=JobSerializer)
