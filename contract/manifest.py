@@ -70,8 +70,10 @@ def check_manifest(value: Any, *, max_files: int = MAX_MANIFEST_FILES) -> list[d
         if unknown:
             raise ValueError(f"{where} has unknown keys {unknown} (expected name, size, sha256)")
         name, size, digest = item.get("name"), item.get("size"), item.get("sha256")
-        if not isinstance(name, str) or shard_name_problem(name) is not None:
+        if not isinstance(name, str):
             raise ValueError(f"{where}.name must be a file name without directories (at most 255 characters)")
+        if (problem := shard_name_problem(name)) is not None:
+            raise ValueError(f"{where}.name {problem}")
         if name in seen:
             raise ValueError(f"{where}.name {name!r} is listed twice")
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**63):

@@ -4,6 +4,7 @@ load, a disagreement between hardware shows until staff settle it, and only staf
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from apps.evidence.models import StageResult
 from apps.jobs.choices import JobPurpose, JobState
 from apps.jobs.dispatch import task_payload
 from apps.jobs.services import do_transition_job
+from contract.manifest import check_manifest
 from tests.factories import (
     HardwareFactory,
     JobFactory,
@@ -224,3 +226,12 @@ def test_the_migration_keeps_a_first_seen_manifest_and_marks_it_legacy() -> None
     executor.migrate(executor.loader.graph.leaf_nodes())  # later migrations too: the model reads their fields
     release = ModelRelease.objects.get(slug="legacy-1b")
     assert release.manifest_source == "first seen (legacy)" and release.manifest[0]["sha256"] == A
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("../model.safetensors", "[0].name must be a file name without directories"),
+    ("a\x07.safetensors", "[0].name must be a file name without control characters"),
+])
+def test_a_manifest_name_says_what_is_wrong_with_it(name, message) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_manifest([{"name": name, "size": None, "sha256": A}])
