@@ -7,7 +7,7 @@ from rest_framework import serializers
 from apps.catalog.choices import DTYPE_NAMES
 from apps.jobs.models import Job, JobEvent
 from apps.jobs.selectors import engine_label, job_waiting_reason
-from contract.events import failed_stage_problem
+from contract.events import EVENT_MESSAGE_MAX, failed_stage_problem
 from contract.planner.memory import ALIASES as DTYPE_ALIASES
 from contract.thresholds import check_thresholds, looser_keys
 from contract.tiers import DEFAULT_STAGES, STAGE_ORDER
@@ -198,7 +198,7 @@ class JobStateSerializer(serializers.Serializer):
 
     state = serializers.ChoiceField(choices=["dispatched", "running", "succeeded", "failed", "lost", "queued"])
     failed_stage = serializers.CharField(required=False, allow_blank=True, max_length=32)
-    error = serializers.CharField(required=False, allow_blank=True, max_length=100_000)
+    error = serializers.CharField(required=False, allow_blank=True, max_length=EVENT_MESSAGE_MAX)
     agent = serializers.IntegerField(required=False, allow_null=True)
     attempt = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)
 
@@ -223,4 +223,4 @@ class JobNodeStateSerializer(serializers.Serializer):
 
     state = serializers.ChoiceField(choices=["running", "finished", "failed"])
     attempt = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)
-    error = serializers.CharField(required=False, allow_blank=True, max_length=100_000)
+    error = serializers.CharField(required=False, allow_blank=True, max_length=EVENT_MESSAGE_MAX)
