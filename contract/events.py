@@ -25,10 +25,16 @@ def event_stages(requested: Iterable[str]) -> frozenset[str]:
     return frozenset({"", *stages})
 
 
-def failed_stage_problem(value: str) -> str | None:
-    """Why ``value`` is not a failed stage a job may report (None when it is): "" (none), a stage name or
-    ``agent``."""
-    if value in ("", AGENT_FAILURE) or value in STAGE_ORDER:
+def failed_stage_problem(value: str, requested: Iterable[str] | None = None) -> str | None:
+    """Why ``value`` is not a failed stage a job may report (None when it is): "" (none), ``agent``, or a stage
+    name; given the job's ``requested`` stages, one of its own (``event_stages``): a job cannot fail at a stage
+    it never ran."""
+    if value in ("", AGENT_FAILURE):
         return None
     shown = value if len(value) <= 40 else value[:40] + "…"
-    return f"{shown!r} is not a stage; a failed stage is one of {', '.join(STAGE_ORDER)} or {AGENT_FAILURE!r}"
+    if value not in STAGE_ORDER:
+        return f"{shown!r} is not a stage; a failed stage is one of {', '.join(STAGE_ORDER)} or {AGENT_FAILURE!r}"
+    if requested is not None and value not in (own := event_stages(requested)):
+        return (f"{shown!r} is not a stage of the job (its stages: {', '.join(s for s in STAGE_ORDER if s in own)}; "
+                f"or {AGENT_FAILURE!r})")
+    return None

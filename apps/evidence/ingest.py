@@ -102,6 +102,8 @@ def do_record_job_results(job: Job, doc: Any, *, actor: Actor | None = None) -> 
     if claimed is not None and claimed != job.hardware.slug:
         raise ValidationError({"hardware": f"the report is for {claimed!r}, job {job.pk} runs on {job.hardware.slug!r}"})
     validate_stage_names(job, list(sections))
+    if (problem := failed_stage_problem(extra.get("failed_stage", ""), job.stages)) is not None:
+        raise ValidationError({"failed_stage": problem})
     locked = Job.objects.select_for_update().get(pk=job.pk)
     if actor is not None:
         check_agent_for_job(actor, locked, reporting=True)

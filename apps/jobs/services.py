@@ -25,6 +25,7 @@ from apps.jobs.choices import ACTIVE_STATES, ALLOWED_TRANSITIONS, FINISHED_STATE
 from apps.jobs.eventlog import do_append_job_event
 from apps.jobs.events import JobStateMessage, broadcast_job_state
 from apps.jobs.models import ACTIVE_NODE_STATES, Job, JobNode, NodeState
+from contract.events import failed_stage_problem
 from contract.planner.search import config_layout_error
 from contract.queues import hardware_queue
 from contract.thresholds import check_thresholds
@@ -286,6 +287,10 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
         else:
             if locked.state != JobState.RUNNING:
                 raise InvalidTransition(f"job {job.pk} is {locked.state}; an agent finishes only a running job")
+            if failed_stage and to_state == JobState.SUCCEEDED:
+                raise ValidationError({"failed_stage": f"a succeeded job names no failed stage, got {failed_stage!r}"})
+            if failed_stage and (problem := failed_stage_problem(failed_stage, locked.stages)) is not None:
+                raise ValidationError({"failed_stage": problem})
             if agent is not None and locked.agent_id is not None and agent.pk != locked.agent_id:
                 raise PermissionDenied(f"job {job.pk} is run by agent {locked.agent_id}, not {agent.pk}")
             if to_state == JobState.SUCCEEDED:

@@ -189,3 +189,27 @@ def test_an_agents_capabilities_or_versions_past_64_kib_are_400_and_not_stored(a
     response = api_client.post(f"{url}{agent['id']}/heartbeat/", {"versions": blob}, format="json", **auth(token))
     assert response.status_code == 400 and "at most 65536 are stored" in str(response.json()["versions"])
     assert Agent.objects.get(pk=agent["id"]).versions == {}
+
+
+def test_a_failed_stage_the_job_never_ran_is_400_and_changes_nothing(api_client, cell) -> None:
+    """A job that asked for plan and load cannot fail at eval (the cell would show, and wait on, a stage it never
+    ran), nor name a failed stage when it succeeded; by state or by its stage report alike."""
+    model, hardware, token = cell
+    job = JobFactory(model=model, hardware=hardware, spec={"stages": ["plan", "load"], "dtype": "bfloat16"})
+    climb_to(api_client, job, token, 1)
+    report = {"stages": {"load": passing("load")}, "failed_stage": "eval", "error": "e"}
+    response = post_result(api_client, job, token, report)
+    assert response.status_code == 400, response.content
+    assert "'eval' is not a stage of the job (its stages: plan, load; or 'agent')" in str(response.json()["failed_stage"])
+    assert not StageResult.objects.filter(job=job, stage="load").exists()
+    url = f"/api/v1/jobs/{job.pk}/state/"
+    for body, message in (({"state": "failed", "failed_stage": "eval", "error": "e"}, "'eval' is not a stage of the job"),
+                          ({"state": "succeeded", "failed_stage": "load"}, "a succeeded job names no failed stage")):
+        response = api_client.post(url, body, format="json", **auth(token))
+        assert response.status_code == 400 and message in str(response.json()["failed_stage"]), response.content
+        job.refresh_from_db()
+        assert job.state == JobState.RUNNING and job.failed_stage == ""
+    assert _tier(model, hardware) == 1
+    response = api_client.post(url, {"state": "failed", "failed_stage": "load", "error": "e"}, format="json",
+                               **auth(token))
+    assert response.status_code == 200 and response.json()["failed_stage"] == "load", response.content
