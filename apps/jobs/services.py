@@ -264,6 +264,11 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         check_agent_for_job(actor, locked)  # again on the locked row: it may have been lost and re-queued meanwhile
+        if failed_stage and to_state != JobState.FAILED:
+            raise ValidationError({"failed_stage": f"a {to_state} report names no failed stage (a failed one does), "
+                                                   f"got {failed_stage!r}"})
+        if failed_stage and (problem := failed_stage_problem(failed_stage, locked.stages)) is not None:
+            raise ValidationError({"failed_stage": problem})
         if to_state == JobState.RUNNING:
             if locked.state != JobState.DISPATCHED:
                 raise InvalidTransition(f"job {job.pk} is {locked.state}; an agent claims only a dispatched job")
@@ -287,10 +292,6 @@ def check_agent_transition_job(actor: Actor, job: Job, to_state: str, *, agent_i
         else:
             if locked.state != JobState.RUNNING:
                 raise InvalidTransition(f"job {job.pk} is {locked.state}; an agent finishes only a running job")
-            if failed_stage and to_state == JobState.SUCCEEDED:
-                raise ValidationError({"failed_stage": f"a succeeded job names no failed stage, got {failed_stage!r}"})
-            if failed_stage and (problem := failed_stage_problem(failed_stage, locked.stages)) is not None:
-                raise ValidationError({"failed_stage": problem})
             if agent is not None and locked.agent_id is not None and agent.pk != locked.agent_id:
                 raise PermissionDenied(f"job {job.pk} is run by agent {locked.agent_id}, not {agent.pk}")
             if to_state == JobState.SUCCEEDED:

@@ -204,7 +204,7 @@ def test_a_failed_stage_the_job_never_ran_is_400_and_changes_nothing(api_client,
     assert not StageResult.objects.filter(job=job, stage="load").exists()
     url = f"/api/v1/jobs/{job.pk}/state/"
     for body, message in (({"state": "failed", "failed_stage": "eval", "error": "e"}, "'eval' is not a stage of the job"),
-                          ({"state": "succeeded", "failed_stage": "load"}, "a succeeded job names no failed stage")):
+                          ({"state": "succeeded", "failed_stage": "load"}, "a succeeded report names no failed stage")):
         response = api_client.post(url, body, format="json", **auth(token))
         assert response.status_code == 400 and message in str(response.json()["failed_stage"]), response.content
         job.refresh_from_db()
@@ -213,3 +213,18 @@ def test_a_failed_stage_the_job_never_ran_is_400_and_changes_nothing(api_client,
     response = api_client.post(url, {"state": "failed", "failed_stage": "load", "error": "e"}, format="json",
                                **auth(token))
     assert response.status_code == 200 and response.json()["failed_stage"] == "load", response.content
+
+
+def test_a_claim_naming_a_failed_stage_is_400_and_the_job_stays_dispatched(api_client, cell) -> None:
+    model, hardware, token = cell
+    agent = api_client.post("/api/v1/agents/", {"hostname": "n1", "hardware": hardware.slug}, format="json",
+                            **auth(token)).json()["id"]
+    job = JobFactory(model=model, hardware=hardware, state=JobState.DISPATCHED)
+    url = f"/api/v1/jobs/{job.pk}/state/"
+    body = {"state": "running", "agent": agent, "attempt": 1}
+    response = api_client.post(url, {**body, "failed_stage": "load"}, format="json", **auth(token))
+    assert response.status_code == 400, response.content
+    assert "a running report names no failed stage" in str(response.json()["failed_stage"])
+    job.refresh_from_db()
+    assert job.state == JobState.DISPATCHED and job.failed_stage == ""
+    assert api_client.post(url, body, format="json", **auth(token)).status_code == 200
