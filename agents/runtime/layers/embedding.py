@@ -21,7 +21,8 @@ def embedding_rows(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = getattr(weight, "panel_rows", 0)
     if not rows:
         return F.embedding(ids, weight)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+    lo, hi = torch.aminmax(ids) if ids.numel() else (0, 0)  # one pass over the ids a step, not two
+    if int(lo) < 0 or int(hi) >= rows:
         raise IndexError(f"token id out of the embedding table's range [0, {rows})")
     return weight[ids // kernels.PANEL, :, ids % kernels.PANEL]  # [*ids.shape, hidden]
 
