@@ -23,37 +23,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from agents.runtime.context import ForwardContext  # noqa: E402
 from agents.runtime.distributed import launch  # noqa: E402
 
 
-def _context(batch: int, context: int, block_size: int) -> ForwardContext:
-    """A decode step of ``batch`` sequences with ``context`` cached tokens each, sequence b in its own blocks."""
-    per = (context + 1 + block_size - 1) // block_size
-    tables = torch.arange(batch * per, dtype=torch.int32).view(batch, per)
-    return ForwardContext(
-        cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32),
-        seqlens_k=torch.full((batch,), context + 1, dtype=torch.int32),
-        max_seqlen_q=1, max_seqlen_k=context + 1,
-        slot_mapping=tables[:, context // block_size].long() * block_size + context % block_size,
-        block_tables=tables, is_decode=True,
-    )
-
-
 def rank_main(model_dir: str, threads: int, batches: list[int], context: int, steps: int, rounds: int) -> dict:
-    from agents.runtime.engine import LLMEngine
+    from agents.runtime.loader import load_model
+    from agents.runtime.models.simple_decode import PagedCache, prefill_context
 
     torch.set_num_threads(threads)
-    block_size = 16
-    blocks = max(batches) * ((context + block_size) // block_size + 1)
-    engine = LLMEngine(model_dir, num_blocks=blocks, block_size=block_size, pack_weights=True)
-    model = engine.model
+    model = load_model(model_dir, pack_weights=True).model  # packed as the server packs it
     out: dict = {"plan": None, "batches": {}}
     with torch.inference_mode():
-        for batch in batches:
-            ctx = _context(batch, context, block_size)
+        for batch in batches:  # sequence b in its own blocks, its token at position ``context``
+            cache = PagedCache(model, context + 1, batch)
+            ctx, positions = prefill_context(cache, list(range(batch)), [context] * batch, [1] * batch)
             ids = torch.randint(0, model.config["vocab_size"], (batch,), generator=torch.Generator().manual_seed(0))
-            positions = torch.full((batch,), context, dtype=torch.int64)
 
             def step(native: bool, ctx=ctx, ids=ids, positions=positions) -> torch.Tensor:
                 model.native_decode = native

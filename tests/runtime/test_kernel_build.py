@@ -81,7 +81,7 @@ def test_without_a_compiler_or_a_prebuilt_library_the_torch_code_runs(tmp_path):
 
 @pytest.mark.slow
 def test_a_prebuilt_library_of_another_abi_version_is_refused(tmp_path):
-    lib = _variant(tmp_path, "abi", ("#define DAY0_ABI_VERSION 9", "#define DAY0_ABI_VERSION 99"))
+    lib = _variant(tmp_path, "abi", (f"#define DAY0_ABI_VERSION {abi.ABI_VERSION}", "#define DAY0_ABI_VERSION 99"))
     assert abi.mismatch(ctypes.CDLL(str(lib))) == f"the library has ABI version 99, the Python mirror {abi.ABI_VERSION}"
     got = _without_compiler(tmp_path, DAY0_KERNEL_PREBUILT=str(lib.parent))
     assert not got["loaded"]

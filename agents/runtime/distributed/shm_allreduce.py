@@ -1,5 +1,6 @@
 """The shared-memory all-reduce of the CPU ranks of one host: the segment every rank maps, the sequence numbers, the
-peers' liveness, the error instead of a hang (the sum itself is the native ``day0_shm_allreduce``)."""
+error instead of a hang (the sum, the wait and the peers' liveness checks are the native ``day0_shm_allreduce``'s,
+the same as a native decode run makes inside)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import contextlib
 import ctypes
 import logging
 import os
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,7 +38,7 @@ class ShmAllReduce:
     the same segment inside its call (``native_comm``, ``native_done``), on the same sequence numbers."""
 
     SLOT = 1 << 18  # floats a rank publishes per call (1 MiB); larger tensors go in pieces
-    POLL_S = 0.05  # the native wait returns this often so the peers' liveness is checked
+    POLL_S = 0.05  # how often the native wait checks the peers' processes
 
     def __init__(self, rank: int, world: int, timeout: float | None) -> None:
         import mmap
@@ -87,34 +87,23 @@ class ShmAllReduce:
         self._abort = ctypes.c_int64.from_address(self._address + world * 64)
         pids: list[Any] = [None] * world
         dist.all_gather_object(pids, os.getpid())
-        self.peers = {r: pid for r, pid in enumerate(pids) if r != rank}
-        self._pids = (ctypes.c_int64 * world)(*pids)  # what a native run checks while it waits (native_comm)
+        self._pids = (ctypes.c_int64 * world)(*pids)  # what the native wait checks while it waits (native_comm)
         self._comm: kernels.DecodeComm | None = None
 
     def takes(self, x: torch.Tensor, size: int) -> bool:
         return size == self.world and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.view(-1)
-        for lo in range(0, flat.numel(), self.SLOT):
-            piece = flat[lo : lo + self.SLOT]
-            self.seq += 1
-            started = time.monotonic()
-            while (rc := shm_allreduce(piece, self._address, self.rank, self.world, self.SLOT, self.seq,
-                                               self.POLL_S)) == -1:
-                gone = [r for r, pid in self.peers.items() if not _alive(pid)]
-                if gone:
-                    raise RuntimeError(f"all-reduce: rank {gone[0]} is gone (its process ended mid-step)")
-                if time.monotonic() - started > self.timeout:
-                    raise RuntimeError(f"all-reduce: a rank did not arrive within {self.timeout:g} s")
-            if rc == -2:
-                raise CollectiveAbandoned("all-reduce: another rank abandoned the step (it failed)")
+        """Sum ``x`` (``takes``) over the ranks in place, in pieces of ``SLOT`` floats; a peer gone, late past the
+        timeout or abandoned raises (``native_done``). The wait is the native run's own (``kernels.shm_allreduce``)."""
+        comm = self.native_comm()
+        self.native_done(comm, shm_allreduce(x, comm), timed=False)  # COMM_TIMER times this call (collectives)
         return x
 
     def native_comm(self) -> kernels.DecodeComm:
-        """The segment as a native run makes its collectives inside (``kernels.decode_layers``): the same slots,
-        pieces, sequence numbers, liveness checks and timeout as ``__call__``, so a rank may take either path on any
-        step. Starts from this object's sequence number; hand it back with ``native_done``."""
+        """The segment as the native wait sees it, for ``__call__`` and for a native run's collectives inside
+        (``kernels.decode_layers``): one wait, one set of slots, pieces and sequence numbers, so a rank may take
+        either path on any step. Starts from this object's sequence number; hand it back with ``native_done``."""
         comm = self._comm
         if comm is None:
             comm = self._comm = kernels.DecodeComm(
@@ -123,11 +112,11 @@ class ShmAllReduce:
         comm.seq, comm.failed, comm.calls, comm.wait_s = self.seq, -1, 0, 0.0
         return comm
 
-    def native_done(self, comm: kernels.DecodeComm, rc: int) -> None:
+    def native_done(self, comm: kernels.DecodeComm, rc: int, timed: bool = True) -> None:
         """Take back the sequence number a native run advanced, count its collectives and their time on
-        ``COMM_TIMER``, and raise what ``__call__`` raises for a failed one (``rc``, ``kernels.COMM_*``)."""
+        ``COMM_TIMER`` (``timed``), and raise for a failed one (``rc``, ``kernels.COMM_*``)."""
         self.seq = comm.seq
-        if COMM_TIMER.enabled:  # the native run times its waits itself (the CPU has no device to synchronise)
+        if timed and COMM_TIMER.enabled:  # the native run times its waits itself (the CPU has no device to synchronise)
             COMM_TIMER.comm_seconds += comm.wait_s
             COMM_TIMER.calls += comm.calls
         if rc == kernels.COMM_ABANDONED:
@@ -148,15 +137,6 @@ class ShmAllReduce:
 
 class ShmUnavailable(RuntimeError):
     """The segment could not be made or mapped on some rank: every rank sums through gloo instead."""
-
-
-def _alive(pid: int) -> bool:
-    """False once ``pid`` has ended (a zombie counts as ended: it runs nothing)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 _ACTIVE: ShmAllReduce | None = None  # this process's segment, while its world takes it

@@ -119,10 +119,7 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, seq.num_computed_tokens + n, scheduled, batch):
                 continue
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
-            batch.registered += self.blocks.register(seq, seq.num_computed_tokens + n)
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
+            self._add(batch, seq, n)
             scheduled.add(id(seq))
             budget -= n
         if batch.preempted:
@@ -142,14 +139,10 @@ class Scheduler:
             self.waiting.popleft()
             if self.blocks.enable_prefix_caching and not seq.block_table:
                 self.blocks.take(seq, hits)
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
-            # named now: a request admitted after this one in the same step shares them (see BlockManager.register)
-            batch.registered += self.blocks.register(seq, seq.num_computed_tokens + n)
             seq.first_scheduled_time = seq.first_scheduled_time or time.monotonic()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(n)
+            self._add(batch, seq, n)
             budget -= n
         return batch
 
@@ -170,10 +163,17 @@ class Scheduler:
         n = min(seq.num_uncomputed_tokens, self.config.max_num_batched_tokens)
         if not self._make_room(seq, seq.num_computed_tokens + n, {id(seq)}, batch):
             return batch
+        self._add(batch, seq, n)
+        return batch
+
+    def _add(self, batch: ScheduledBatch, seq: Sequence, n: int) -> None:
+        """Put ``seq``'s next ``n`` tokens in ``batch`` with the blocks they need. The blocks full once they are
+        computed are named now, not after the step: a request admitted later in this step shares them (see
+        ``BlockManager.register``); ``batch.registered`` lists them for ``BlockManager.forget`` if the step fails."""
         self.blocks.allocate(seq, seq.num_computed_tokens + n)
+        batch.registered += self.blocks.register(seq, seq.num_computed_tokens + n)
         batch.seqs.append(seq)
         batch.num_new_tokens.append(n)
-        return batch
 
     def _make_room(self, seq: Sequence, num_tokens: int, scheduled: set[int], batch: ScheduledBatch) -> bool:
         """Preempt the newest unscheduled running sequences until ``seq`` fits; False if ``seq`` itself went."""
@@ -190,8 +190,7 @@ class Scheduler:
         """Advance progress after a forward pass; return the sequences that reached their end (to sample)."""
         ready = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            seq.num_computed_tokens += n
-            self.blocks.register(seq)  # named when scheduled already; an isolated retry's blocks are named here
+            seq.num_computed_tokens += n  # its full blocks were named when it was scheduled (_add)
             if seq.num_uncomputed_tokens == 0:
                 ready.append(seq)
         return ready

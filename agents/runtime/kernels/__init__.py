@@ -32,7 +32,13 @@ from agents.runtime.kernels.abi import (
 from agents.runtime.kernels.attention import paged_decode_attention, paged_prefill_attention
 from agents.runtime.kernels.decode import decode_layers, decode_scratch
 from agents.runtime.kernels.elementwise import add_rms_norm, argmax_rows, rms_norm, rotary_, silu_and_mul
-from agents.runtime.kernels.experts import moe_experts, moe_panels, pack_expert_panels, unpack_expert_panels
+from agents.runtime.kernels.experts import (
+    expert_panel_shapes,
+    moe_experts,
+    moe_panels,
+    pack_expert_panels,
+    unpack_expert_panels,
+)
 from agents.runtime.kernels.library import available, ok, status
 from agents.runtime.kernels.panels import PANEL, pack_panels, pack_panels_into, panel_linear
 from agents.runtime.kernels.shm_allreduce import shm_allreduce
@@ -41,7 +47,7 @@ from agents.runtime.kernels.threads import bind_threads, one_thread_here
 __all__ = [
     "COMM_ABANDONED", "COMM_GONE", "COMM_TIMEOUT", "DECODE_DONE", "DECODE_REFUSED", "MAX_GROUP", "MAX_HEAD_DIM",
     "PANEL", "DecodeComm", "DecodeLayer", "add_rms_norm", "argmax_rows", "available", "bind_threads",
-    "decode_layers", "decode_scratch", "moe_experts", "moe_panels", "ok", "one_thread_here", "pack_expert_panels",
+    "decode_layers", "decode_scratch", "expert_panel_shapes", "moe_experts", "moe_panels", "ok", "one_thread_here", "pack_expert_panels",
     "pack_panels", "pack_panels_into",
     "paged_decode_attention", "paged_prefill_attention", "panel_linear", "rms_norm", "rotary_", "shm_allreduce",
     "silu_and_mul", "status", "unpack_expert_panels",

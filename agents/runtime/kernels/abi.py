@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 MAX_HEAD_DIM, MAX_GROUP = 512, 32  # the C side's fixed buffers (DAY0_MAX_HEAD_DIM, DAY0_MAX_GROUP)
 
 _i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -68,7 +68,7 @@ SIGNATURES = {
     "day0_pack_panels": ([_ptr, _ptr, _i64, _i64, _i64], None),
     "day0_panel_linear": ([_ptr] * 4 + [_i64] * 5 + [_ptr], None),
     "day0_moe_panels": ([_ptr] * 6 + [_i64] * 5 + [_ptr, _ptr], ctypes.c_int),
-    "day0_shm_allreduce": ([_ptr, _i64, _ptr, _i64, _i64, _i64, _i64, ctypes.c_double], ctypes.c_int),
+    "day0_shm_allreduce": ([_ptr, _i64, _ptr], ctypes.c_int),
     "day0_decode_layers": ([_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64,
                             _ptr, _ptr], ctypes.c_int),
     "day0_decode_scratch": ([_ptr, _i64, _i64, _i64], _i64),

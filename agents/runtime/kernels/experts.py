@@ -34,6 +34,12 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch
     return out if rc == 0 else None
 
 
+def expert_panel_shapes(e: int, inter: int, h: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes ``pack_expert_panels`` gives ``e`` experts of intermediate size ``inter`` and hidden size ``h``:
+    ``[E, 2 ceil(I/16), H, 16]`` and ``[E, ceil(H/16), I, 16]``."""
+    return (e, 2 * -(-inter // PANEL), h, PANEL), (e, -(-h // PANEL), inter, PANEL)
+
+
 def pack_expert_panels(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Stacked SwiGLU experts ``w13 [E, 2I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]`` as the panels
     ``moe_panels`` streams: ``[E, 2 ceil(I/16), H, 16]`` (each expert's gate panels, then its up panels, each
@@ -44,9 +50,10 @@ def pack_expert_panels(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tenso
     inter = two_i // 2
     if two_i % 2 or inter == 0 or h == 0 or tuple(w2.shape) != (e, h, inter):
         return None
-    gp, hp = -(-inter // PANEL), -(-h // PANEL)
-    w13p = torch.empty((e, 2 * gp, h, PANEL), dtype=torch.float32)
-    w2p = torch.empty((e, hp, inter, PANEL), dtype=torch.float32)
+    gp = -(-inter // PANEL)
+    w13_shape, w2_shape = expert_panel_shapes(e, inter, h)
+    w13p = torch.empty(w13_shape, dtype=torch.float32)
+    w2p = torch.empty(w2_shape, dtype=torch.float32)
     for i in range(e):
         library.lib.day0_pack_panels(w13p[i, :gp].data_ptr(), w13[i, :inter].data_ptr(), inter, h, h)
         library.lib.day0_pack_panels(w13p[i, gp:].data_ptr(), w13[i, inter:].data_ptr(), inter, h, h)

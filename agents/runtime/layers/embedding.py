@@ -8,11 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agents.runtime import kernels
 from agents.runtime.distributed import all_gather, all_reduce, get_tp_rank, get_tp_world_size
 from agents.runtime.layers.linear import dense_linear
 from agents.runtime.layers.weights import adopt_or_copy, bind_loader, check_shape, make_param
-
-PANEL = 16  # outputs per weight panel (``kernels.pack_panels``)
 
 
 def embedding_rows(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -22,9 +21,10 @@ def embedding_rows(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     rows = getattr(weight, "panel_rows", 0)
     if not rows:
         return F.embedding(ids, weight)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= rows):
+    lo, hi = torch.aminmax(ids) if ids.numel() else (0, 0)  # one pass over the ids a step, not two
+    if int(lo) < 0 or int(hi) >= rows:
         raise IndexError(f"token id out of the embedding table's range [0, {rows})")
-    return weight[ids // PANEL, :, ids % PANEL]  # [*ids.shape, hidden]
+    return weight[ids // kernels.PANEL, :, ids % kernels.PANEL]  # [*ids.shape, hidden]
 
 
 class VocabParallelEmbedding(nn.Module):

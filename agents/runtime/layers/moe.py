@@ -137,18 +137,22 @@ class RoutedExperts(nn.Module):
             ids = self._group_ids = torch.arange(self.num_local, dtype=torch.int64, device=device)
         return ids
 
+    def _panels_apply(self) -> bool:
+        """Whether the stacks may become panels (not yet panels, every expert local, fp32 CPU weights, the panel
+        layout chosen): ``pack_panels`` and ``load_as_panels`` alike."""
+        w13 = self.w13
+        return (not self.panels and self.num_local == self.num_experts and w13.dtype == torch.float32
+                and w13.device.type == "cpu" and pack_layout() == "panels")
+
     def load_as_panels(self) -> bool:
         """Before loading: w13 and w2 become empty panels (``pack_panels``' layout, same conditions) that ``_load``
         packs each checkpoint shard straight into: one copy from the checkpoint, no stacked tensor allocated,
         filled and packed again. True when switched."""
         w13, w2 = self.w13, self.w2
-        if (self.panels or self.num_local != self.num_experts or w13.dtype != torch.float32
-                or w13.device.type != "cpu" or pack_layout() != "panels" or not kernels.ok(w13, w2)):
+        if not self._panels_apply() or not kernels.ok(w13, w2):
             return False
-        e, h, inter = self.num_local, self.hidden, self.inter_local
-        panel = kernels.PANEL
-        shapes = (("w13", w13, (e, 2 * -(-inter // panel), h, panel)), ("w2", w2, (e, -(-h // panel), inter, panel)))
-        for name, old, shape in shapes:
+        shapes = kernels.expert_panel_shapes(self.num_local, self.inter_local, self.hidden)
+        for name, old, shape in zip(("w13", "w2"), (w13, w2), shapes, strict=True):
             new = make_param(shape)
             replace_packed(self, name, new, old.shape[1])
             new.loads_panels = True  # packed, and takes checkpoint shards until the load ends (``_load``)
@@ -159,8 +163,7 @@ class RoutedExperts(nn.Module):
         """Re-lay w13 and w2 as panels (see the class), freeing the stacked originals; True when packed. Only where
         the native kernels run (fp32 CPU weights, every expert local (whole, or this rank's TP slice of the intermediate size), the panel layout chosen)."""
         w13, w2 = self.w13, self.w2
-        if (self.panels or self.num_local != self.num_experts or w13.dtype != torch.float32
-                or w13.device.type != "cpu" or pack_layout() != "panels"):
+        if not self._panels_apply():
             return False
         with torch.inference_mode(False), torch.no_grad():
             packed = kernels.pack_expert_panels(w13.data.contiguous(), w2.data.contiguous())

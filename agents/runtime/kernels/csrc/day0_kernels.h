@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#define DAY0_ABI_VERSION 9
+#define DAY0_ABI_VERSION 10
 #define DAY0_MAX_HEAD_DIM 512
 #define DAY0_MAX_GROUP 32
 
@@ -54,9 +54,8 @@ int day0_vector_width(void);
 /* threads.c */
 int day0_bind_threads(const int *cpus, int n);
 
-/* shm_allreduce.c */
-int day0_shm_allreduce(float *x, int64_t n, char *seg, int64_t rank, int64_t world, int64_t slot, int64_t seq,
-                       double budget_s);
+/* shm_allreduce.c: the all-reduce of x [n] in place through comm (its seq advanced); 0 or DAY0_COMM_* */
+int day0_shm_allreduce(float *x, int64_t n, struct day0_comm *comm);
 
 /* elementwise.c */
 void day0_rms_norm(float *out, const float *x, const float *w, int64_t outer, int64_t inner, int64_t cols,

@@ -46,21 +46,6 @@ static inline float day0_shm_sum(const float *slots, int64_t i, int64_t world, i
     return sum;
 }
 
-/* All-reduce (sum) of fp32 x [n] in place over the `world` ranks of one host through the segment. Returns 0 done,
- * -1 when `budget_s` seconds passed with a rank missing (the caller checks its peers are alive and calls again
- * with the same seq), -2 when a rank set abort. */
-int day0_shm_allreduce(float *x, int64_t n, char *seg, int64_t rank, int64_t world, int64_t slot, int64_t seq,
-                       double budget_s) {
-    const int rc = day0_shm_publish_wait(x, n, seg, rank, world, slot, seq, budget_s);
-    if (rc) return rc;
-    const float *slots = day0_shm_slots(seg, world, slot, seq);
-#pragma omp parallel for schedule(static) if (n * world >= DAY0_PAR_MIN)
-    for (int64_t i = 0; i < n; ++i) x[i] = day0_shm_sum(slots, i, world, slot);
-    return 0;
-}
-
-/* ---- the all-reduce inside a native run (day0_decode_layers) ------------------------------------------------- */
-
 /* Whether process `pid` still runs: /proc/<pid>/stat exists and its state is not zombie or dead. */
 static int day0_pid_alive(int64_t pid) {
     char path[64], buf[512];
@@ -112,6 +97,21 @@ static int day0_team_allreduce(float *x, int64_t n, struct day0_comm *c, int *sh
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < len; ++i) x[lo + i] = day0_shm_sum(slots, i, c->world, c->slot);
         /* the for's barrier: every thread is done reading the slots before a later call publishes again */
+    }
+    return 0;
+}
+
+/* All-reduce (sum) of fp32 x [n] in place over the ranks of one host through comm's segment, in pieces of
+ * comm->slot floats, each on the next sequence number: the collective day0_team_allreduce makes inside a native
+ * run, as a call of its own (distributed.ShmAllReduce). 0, or DAY0_COMM_* with comm->failed set for a rank gone. */
+int day0_shm_allreduce(float *x, int64_t n, struct day0_comm *c) {
+    for (int64_t lo = 0; lo < n; lo += c->slot) {
+        const int64_t len = n - lo < c->slot ? n - lo : c->slot;
+        const int rc = day0_comm_wait(x + lo, len, c);
+        if (rc) return rc;
+        const float *slots = day0_shm_slots(c->seg, c->world, c->slot, c->seq);
+#pragma omp parallel for schedule(static) if (len * c->world >= DAY0_PAR_MIN)
+        for (int64_t i = 0; i < len; ++i) x[lo + i] = day0_shm_sum(slots, i, c->world, c->slot);
     }
     return 0;
 }
