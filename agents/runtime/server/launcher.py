@@ -3,6 +3,7 @@ engine thread, ``/ready`` turns 200 after the warm-up step."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -85,14 +86,34 @@ def build_server(
     return server
 
 
+def freeze_heap() -> int:
+    """Collect once, then move every object the process holds (the model's modules and parameters' wrappers,
+    the tokenizer, torch's and transformers' own) to the collector's permanent generation; returns how many.
+    A full collection, which the requests' garbage triggers now and then, walks only what was made since: with
+    SmolLM2-135M served, one walked 182k objects in 163 ms, holding the GIL, so the engine loop's step waited
+    for it. For a process that serves and nothing else (``serve``): a frozen object that later becomes cyclic
+    garbage is not reclaimed."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def serve(model_dir: str | Path, **kwargs: Any) -> int:
-    """Run until interrupted; exit code 1 when the model could not be loaded."""
+    """Run until interrupted; exit code 1 when the model could not be loaded. Once the engine is built, the
+    heap so far is frozen (``freeze_heap``)."""
     torch_threads = os.environ.get("DAY0_TORCH_THREADS")
     if torch_threads:
         import torch
 
         torch.set_num_threads(int(torch_threads))
-    server = build_server(model_dir, **kwargs)
+    hook = kwargs.pop("on_engine", None)
+
+    def on_engine(engine: Any) -> None:
+        if hook is not None:
+            hook(engine)
+        log.info("garbage collector: %d objects made while starting frozen", freeze_heap())
+
+    server = build_server(model_dir, on_engine=on_engine, **kwargs)
     server.run()
     app_state = server.config.app.state  # type: ignore[union-attr]
     return 1 if app_state.runtime.error else 0
