@@ -14,10 +14,9 @@ from safetensors.torch import load_file
 
 import agents.runtime.loader as loader
 from agents.runtime import kernels
-from agents.runtime.loader import LoadError, direct, load_model
+from agents.runtime.loader import LoadError, load_model
 from agents.runtime.loader.checkpoint import Checkpoint
 from agents.runtime.loader.direct import direct_reads, read_into
-from agents.runtime.loader.hashing import ShardHasher
 from agents.runtime.loader.safetensors_file import TensorEntry
 from agents.runtime.testing.make_model import cached_model
 from tests.runtime.checkpoint_files import replace_tensors, shard_of
@@ -71,39 +70,6 @@ def test_expert_and_qkv_shards_are_read_straight_into_place_holding_the_checkpoi
     streamed = load_model(moe_dir)
     _same_parameters(model, streamed.model)
     assert set(streamed.report["stats"]) == set(report["stats"])
-
-
-@pytest.mark.skipif(not hasattr(os, "getpriority") or os.getpriority(os.PRIO_PROCESS, 0) >= 19,
-                    reason="per-thread nice values (Linux), from a priority below the lowest")
-def test_reads_beside_the_hash_run_at_the_lowest_priority_and_the_rest_at_the_usual_one(moe_dir, monkeypatch):
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    seen: list[int] = []
-    real = direct.read_into
-
-    def spy(fd, entry, dest):
-        seen.append(os.getpriority(os.PRIO_PROCESS, 0))  # this thread's nice value
-        return real(fd, entry, dest)
-
-    monkeypatch.setattr(direct, "read_into", spy)
-    loads = {}
-    for busy in (True, False):  # still hashing when the reads start, or every digest already known
-        monkeypatch.setattr(ShardHasher, "busy", property(lambda self, b=busy: b))
-        seen.clear()
-        loads[busy] = load_model(moe_dir)
-        assert loads[busy].report["ok"]
-        assert seen and set(seen) == ({direct.BACKGROUND_NICE} if busy else {base}), (busy, seen)
-    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the loading thread keeps its own
-    _same_parameters(loads[True].model, loads[False].model)
-
-    calls = []  # the hash ends after the first item has started: the later ones run at the usual priority
-    monkeypatch.setattr(ShardHasher, "busy", property(lambda self: calls.append(1) or len(calls) <= 2))
-    monkeypatch.setattr(loader, "hash_workers", lambda: 1)
-    seen.clear()
-    flipped = load_model(moe_dir)
-    assert seen[0] == direct.BACKGROUND_NICE and set(seen[1:]) == {base} and len(seen) > 1, seen
-    _same_parameters(loads[True].model, flipped.model)
-    monkeypatch.setattr(loader, "direct_reads", lambda *args: [])
-    _same_parameters(flipped.model, load_model(moe_dir).model)
 
 
 def test_experts_packed_while_loading_equal_the_panels_packed_after_the_load(moe_dir):

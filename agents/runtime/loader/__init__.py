@@ -164,8 +164,7 @@ def load_model(
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         mapped = {path: MappedFile(path) for path in ckpt.files}
-        busy = (lambda: hasher.busy) if hasher is not None and hasher.busy else None  # reads beside the hash
-        reader = DirectReader(direct, hash_workers(), stats and lead, busy) if direct else None
+        reader = DirectReader(direct, hash_workers(), stats and lead) if direct else None
         try:
             done = 0
             for param, group in runs:  # merged parameters stored back to back: adopted whole, nothing copied

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -98,68 +97,31 @@ def _fill(source: MappedFile, entry: TensorEntry, fill: Fill, stats: bool) -> di
         source.release(entry.start, entry.end)
 
 
-BACKGROUND_NICE = 19  # the read threads' nice value while shards are hashed (``DirectReader``'s ``background``)
-
-
-def _background_thread() -> None:
-    kernels.one_thread_here()
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)  # Linux: the calling thread's own nice value
-    except (AttributeError, OSError):
-        pass
-
-
 class DirectReader:
     """Runs each (entry, view or fill) on ``workers`` threads, from the start, largest first; ``done()`` yields
     (entry, its ``tensor_stats`` or None without ``stats``) as each finishes (a failure is a LoadError naming
-    the file and tensor). ``close()`` must follow.
+    the file and tensor). ``close()`` must follow."""
 
-    ``background`` (while shards are hashed: ``ShardHasher.busy``): while it says True, items start on threads
-    of the lowest priority (nice 19), which take the cores the hash threads leave (one whose shards are done, a
-    moment one waits for a page) and little of the rest; items that start once it says False run on threads of
-    the usual priority (a thread's nice value cannot be lowered again without privileges). The hash sets a
-    verifying load's pace, each shard on one core: a read that takes its turn on those cores stretches the shard
-    that finishes last. Mixtral-100M (4 shards, 417 MB, 2 cores, best of 3, two runs each): 2.13-2.26 GB/s with
-    the reads at the hash's priority, 2.32-2.37 at nice 10, 2.47-2.49 at nice 19."""
-
-    def __init__(self, items: list[tuple[TensorEntry, Action]], workers: int, stats: bool,
-                 background: Callable[[], bool] | None = None) -> None:
+    def __init__(self, items: list[tuple[TensorEntry, Action]], workers: int, stats: bool) -> None:
         self._fds: dict[Path, int] = {}
         self._maps: dict[Path, MappedFile] = {}
         self._futures: dict[Future, TensorEntry] = {}
-        self._workers = max(1, min(workers, len(items)))
-        self._background = background
-        self._foreground: ThreadPoolExecutor | None = None
-        if background is not None:  # its threads started here, from this thread: a new thread takes its maker's nice
-            self._foreground = ThreadPoolExecutor(self._workers, thread_name_prefix="day0-read",
-                                                  initializer=kernels.one_thread_here)
-            started = threading.Barrier(self._workers + 1)
-            for _ in range(self._workers):  # each waits for the others: every submit starts a thread
-                self._foreground.submit(started.wait)
-            started.wait()
-        self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="day0-read",
-                                        initializer=_background_thread if background else kernels.one_thread_here)
+        self._pool = ThreadPoolExecutor(max(1, min(workers, len(items))), thread_name_prefix="day0-read",
+                                        initializer=kernels.one_thread_here)
         try:
             for entry, action in sorted(items, key=lambda r: -r[0].nbytes):  # the threads finish together
                 if isinstance(action, torch.Tensor):
                     if entry.file not in self._fds:
                         self._fds[entry.file] = os.open(entry.file, os.O_RDONLY)
-                    future = self._pool.submit(self._start, _read, self._fds[entry.file], entry, action, stats)
+                    future = self._pool.submit(_read, self._fds[entry.file], entry, action, stats)
                 else:
                     if entry.file not in self._maps:
                         self._maps[entry.file] = MappedFile(entry.file)
-                    future = self._pool.submit(self._start, _fill, self._maps[entry.file], entry, action, stats)
+                    future = self._pool.submit(_fill, self._maps[entry.file], entry, action, stats)
                 self._futures[future] = entry
         except OSError as exc:
             self.close()
             raise LoadError(f"{exc.filename}: cannot open: {exc.strerror}") from exc
-
-    def _start(self, fn: Callable, *args: object) -> dict | None:
-        """Run one item here, or, on a low-priority thread once ``background`` says False, on a thread of the
-        usual priority (this one waits for it)."""
-        if self._foreground is None or self._background():
-            return fn(*args)
-        return self._foreground.submit(fn, *args).result()
 
     def done(self) -> Iterator[tuple[TensorEntry, dict | None]]:
         for future in as_completed(self._futures):
@@ -174,8 +136,6 @@ class DirectReader:
     def close(self) -> None:
         """Cancel what has not started, wait for what has, close the files and mappings."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._foreground is not None:
-            self._foreground.shutdown(wait=True)
         for fd in self._fds.values():
             os.close(fd)
         for source in self._maps.values():
