@@ -1,36 +1,36 @@
-"""``serve``: once the engine is built, the heap made while starting is frozen (a later full collection walks only
-what requests made), after the caller's own ``on_engine`` hook."""
+"""``day0 serve``: once the engine is built, the heap made while starting is frozen (a later full collection walks
+only what requests made), and the server then serves."""
 
 from __future__ import annotations
 
-import gc
-from types import SimpleNamespace
+import re
+import subprocess
+import sys
 
-from agents.runtime.server import launcher
+import httpx
+
+from agents.runtime.server.launcher import free_port
+from agents.runtime.testing.make_model import cached_model
+from tests.runtime.served import wait_until_ready
 
 
-def test_serve_freezes_the_starting_heap_after_the_callers_engine_hook(monkeypatch, tmp_path):
-    calls: list[tuple[str, int]] = []
-    built: dict = {}
-
-    class Server:  # build_server's uvicorn server: run() builds the engine, which calls on_engine
-        config = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(runtime=SimpleNamespace(error=None))))
-
-        def run(self) -> None:
-            built["on_engine"]("the engine")
-            calls.append(("after", gc.get_freeze_count()))
-
-    def build_server(model_dir, **kwargs):
-        built.update(kwargs, model_dir=model_dir)
-        return Server()
-
-    monkeypatch.setattr(launcher, "build_server", build_server)
-    gc.unfreeze()
-    try:
-        assert launcher.serve(tmp_path, on_engine=lambda engine: calls.append((engine, gc.get_freeze_count())),
-                              max_num_seqs=4) == 0
-        assert built["model_dir"] == tmp_path and built["max_num_seqs"] == 4
-        assert calls[0] == ("the engine", 0)  # the caller's hook first, nothing frozen yet
-        assert calls[1][0] == "after" and calls[1][1] > 1000  # then the interpreter's and torch's objects
-    finally:
-        gc.unfreeze()
+def test_day0_serve_freezes_the_heap_made_while_starting_and_serves(tmp_path):
+    port, log = free_port(), tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "day0cli", "serve", str(cached_model("llama")), "--port",
+                                 str(port), "--num-blocks", "32", "--allocator", "system"],
+                                stdout=out, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_until_ready(url, proc, log)
+            frozen = re.search(r"garbage collector: (\d+) objects made while starting frozen", log.read_text())
+            assert frozen and int(frozen.group(1)) > 10_000, log.read_text()[-3000:]  # torch's and the model's
+            text = log.read_text()
+            assert text.index("objects made while starting frozen") < text.index("engine ready")
+            body = {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0}
+            resp = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["usage"]["completion_tokens"] == 3
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

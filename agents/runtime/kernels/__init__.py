@@ -47,8 +47,8 @@ from agents.runtime.kernels.threads import bind_threads, one_thread_here
 __all__ = [
     "COMM_ABANDONED", "COMM_GONE", "COMM_TIMEOUT", "DECODE_DONE", "DECODE_REFUSED", "MAX_GROUP", "MAX_HEAD_DIM",
     "PANEL", "DecodeComm", "DecodeLayer", "add_rms_norm", "argmax_rows", "available", "bind_threads",
-    "decode_layers", "decode_scratch", "expert_panel_shapes", "moe_experts", "moe_panels", "ok", "one_thread_here", "pack_expert_panels",
-    "pack_panels", "pack_panels_into",
+    "decode_layers", "decode_scratch", "expert_panel_shapes", "moe_experts", "moe_panels", "ok", "one_thread_here",
+    "pack_expert_panels", "pack_panels", "pack_panels_into",
     "paged_decode_attention", "paged_prefill_attention", "panel_linear", "rms_norm", "rotary_", "shm_allreduce",
     "silu_and_mul", "status", "unpack_expert_panels",
 ]
